@@ -1,0 +1,84 @@
+//! Every SQLSTATE the sheaf extension raises, and what each means.
+//!
+//! sheaf uses standard codes only: pgrx cannot raise custom ones from Rust, and
+//! a standard code lets any client's error handling work unchanged. The README's
+//! error table is checked against this list by a test.
+
+/// One documented code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Code {
+    pub code: &'static str,
+    pub name: &'static str,
+    pub meaning: &'static str,
+}
+
+/// A required argument is NULL. The message names the argument.
+pub const NULL_VALUE_NOT_ALLOWED: &str = "22004";
+/// An argument's value is out of range or malformed. The message names it.
+pub const INVALID_PARAMETER_VALUE: &str = "22023";
+/// The shard is not in a state that allows the call (not initialized, or
+/// already initialized as another shard).
+pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+/// The caller's role may not call this function (raised by Postgres).
+pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
+/// A bug in sheaf's own SQL; never a caller's mistake. Please report it.
+pub const INTERNAL_ERROR: &str = "XX000";
+
+pub const ALL: &[Code] = &[
+    Code {
+        code: NULL_VALUE_NOT_ALLOWED,
+        name: "null_value_not_allowed",
+        meaning: "a required argument is NULL; the message names it",
+    },
+    Code {
+        code: INVALID_PARAMETER_VALUE,
+        name: "invalid_parameter_value",
+        meaning: "an argument is out of range or malformed; the message names it and the accepted range",
+    },
+    Code {
+        code: INSUFFICIENT_PRIVILEGE,
+        name: "insufficient_privilege",
+        meaning: "the caller's role is not granted this function (see Roles)",
+    },
+    Code {
+        code: OBJECT_NOT_IN_PREREQUISITE_STATE,
+        name: "object_not_in_prerequisite_state",
+        meaning: "the shard is not initialized, or init_shard asked for a different id than the one it holds",
+    },
+    Code {
+        code: INTERNAL_ERROR,
+        name: "internal_error",
+        meaning: "a bug in sheaf itself, never a caller's mistake; please report it with the message",
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's error table lists exactly these codes.
+    #[test]
+    fn readme_documents_every_code() {
+        let readme = include_str!("../../README.md");
+        let table: Vec<&str> = readme
+            .lines()
+            .skip_while(|l| !l.starts_with("## Errors"))
+            .filter(|l| l.starts_with("| `"))
+            .collect();
+        for c in ALL {
+            assert!(
+                table
+                    .iter()
+                    .any(|l| l.starts_with(&format!("| `{}` | {} |", c.code, c.name))),
+                "README error table is missing {} {}",
+                c.code,
+                c.name
+            );
+        }
+        assert_eq!(
+            table.len(),
+            ALL.len(),
+            "README error table lists codes sheaf does not raise"
+        );
+    }
+}

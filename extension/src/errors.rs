@@ -1,0 +1,62 @@
+//! The SQLSTATEs sheaf raises (the README's error table lists the same codes).
+//!
+//! Every refusal goes through one of these, so a code and the shape of its
+//! message stay consistent across functions.
+
+use pgrx::prelude::*;
+
+/// 22023: an argument has a value sheaf cannot accept. `arg` names it.
+pub fn bad_argument(arg: &str, why: impl std::fmt::Display) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("invalid {arg}: {why}")
+    );
+}
+
+/// 22004: a required argument is NULL.
+pub fn null_argument(arg: &str) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+        format!("{arg} must not be null")
+    );
+}
+
+/// 55000: the shard is not in a state that allows the call.
+pub fn not_ready(what: impl std::fmt::Display) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        what.to_string()
+    );
+}
+
+/// Unwraps an argument that must not be NULL.
+pub fn required<T>(value: Option<T>, arg: &str) -> T {
+    match value {
+        Some(v) => v,
+        None => null_argument(arg),
+    }
+}
+
+/// An SPI failure is a bug in sheaf's own SQL, never a caller's mistake:
+/// report it as an internal error that names the statement's purpose.
+pub trait SpiResultExt<T> {
+    fn or_internal(self, doing: &str) -> T;
+}
+
+impl<T> SpiResultExt<T> for Result<T, pgrx::spi::SpiError> {
+    fn or_internal(self, doing: &str) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) => {
+                ereport!(
+                    ERROR,
+                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                    format!("sheaf internal error while {doing}: {e}")
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! sheaf: the durable queue primitives that run inside every shard database.
+//!
+//! The schema is hand-written SQL in `sql/` (the spec); this crate adds the
+//! functions. Each module is one concept; pure logic lives in `sheaf-core`.
+
+::pgrx::pg_module_magic!(name, version);
+
+mod errors;
+mod ids;
+mod shard;
+
+// The tables come first so every function below can reference them.
+pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
+// Roles and grants come last: they name functions that must already exist.
+pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,39 @@
+-- Least privilege. Runs last in the install script, after every function exists.
+--
+-- Two roles, created once per cluster (roles are cluster-wide, so a second
+-- database's CREATE EXTENSION reuses them). Neither can touch a table: every
+-- function is SECURITY DEFINER with a pinned search_path, so a role's rights are
+-- exactly the functions granted to it.
+--   sheaf_worker: enqueue, claim, complete, fail, heartbeat, and read-only helpers.
+--   sheaf_admin:  everything a worker may do, plus init, policies, limits,
+--                 redrive and migration.
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'sheaf_worker') THEN
+        CREATE ROLE sheaf_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'sheaf_admin') THEN
+        CREATE ROLE sheaf_admin NOLOGIN;
+    END IF;
+END
+$roles$;
+GRANT sheaf_worker TO sheaf_admin;
+
+REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA @extschema@ FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA @extschema@ FROM PUBLIC;
+GRANT USAGE ON SCHEMA @extschema@ TO sheaf_worker, sheaf_admin;
+
+-- Worker surface.
+GRANT EXECUTE ON FUNCTION
+    @extschema@.shard_id(),
+    @extschema@.version(),
+    @extschema@.new_id(),
+    @extschema@.id_shard(uuid),
+    @extschema@.id_timestamp(uuid)
+TO sheaf_worker;
+
+-- Admin surface.
+GRANT EXECUTE ON FUNCTION
+    @extschema@.init_shard(integer)
+TO sheaf_admin;
