@@ -30,10 +30,26 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.version(),
     @extschema@.new_id(),
     @extschema@.id_shard(uuid),
-    @extschema@.id_timestamp(uuid)
+    @extschema@.id_timestamp(uuid),
+    @extschema@.enqueue(text, jsonb, jsonb),
+    @extschema@.enqueue_batch(text, jsonb[], jsonb),
+    @extschema@.claim(text, text, integer, interval),
+    @extschema@.complete(uuid, bigint, jsonb),
+    @extschema@.complete_batch(uuid[], bigint[]),
+    @extschema@.fail(uuid, bigint, text, interval),
+    @extschema@.release(uuid, bigint),
+    @extschema@.heartbeat(uuid, bigint, interval),
+    @extschema@.reap_expired(integer),
+    @extschema@.maintain(),
+    @extschema@.worker_heartbeat(text, text[]),
+    @extschema@.queue_stats(text),
+    @extschema@.concurrency_stats()
 TO sheaf_worker;
 
 -- Admin surface.
 GRANT EXECUTE ON FUNCTION
-    @extschema@.init_shard(integer)
+    @extschema@.init_shard(integer),
+    @extschema@.configure_queue(text, jsonb),
+    @extschema@.set_concurrency_limit(text, integer),
+    @extschema@.redrive(uuid[])
 TO sheaf_admin;

@@ -16,42 +16,102 @@ CREATE TABLE shard_identity (
 );
 
 -- Queues exist implicitly: the first enqueue to a name creates its row.
+-- One ordering mode per queue: priority (default), aging, or fairness.
 CREATE TABLE queues (
     name        text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 128),
     aging_secs  integer CHECK (aging_secs > 0),
     fairness    boolean NOT NULL DEFAULT false,
     notify      boolean NOT NULL DEFAULT true,
+    -- Fairness virtual time: the start tag of the tasks being claimed. Moved
+    -- forward lazily by claims (never waited on), read by admissions.
+    vtime       double precision NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT now(),
     CHECK (NOT (fairness AND aging_secs IS NOT NULL))
 );
 
 -- Every unfinished task. A task leaves this table when it completes or is
--- dead-lettered; the claim never reads it by scan, only by primary key.
+-- dead-lettered. No foreign key to queues: every task insert would share-lock
+-- the queue row, and the functions keep the two consistent anyway.
+--   scheduled: run_at is in the future, or a retry is backing off
+--   waiting:   its concurrency key has no free slot
+--   ready:     claimable; it has a row in `ready`
+--   running:   claimed, under a lease fenced by `token`
 CREATE TABLE tasks (
     id              uuid PRIMARY KEY,
-    queue           text NOT NULL REFERENCES queues (name),
+    queue           text NOT NULL,
     kind            text NOT NULL DEFAULT 'activity' CHECK (kind IN ('activity', 'workflow')),
     payload         jsonb NOT NULL,
     priority        integer NOT NULL DEFAULT 0,
     state           text NOT NULL CHECK (state IN ('scheduled', 'waiting', 'ready', 'running')),
     seq             bigint NOT NULL,
+    -- Fairness start tag, fixed when the task first becomes ready.
+    fair_start      double precision,
     enqueued_at     timestamptz NOT NULL DEFAULT now(),
     run_at          timestamptz NOT NULL DEFAULT now(),
     attempts        integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     max_attempts    integer NOT NULL DEFAULT 25 CHECK (max_attempts >= 1),
     execution_id    uuid,
-    concurrency_key text CHECK (length(concurrency_key) BETWEEN 1 AND 256),
-    fairness_key    text CHECK (length(fairness_key) BETWEEN 1 AND 256),
+    concurrency_key text CHECK (octet_length(concurrency_key) BETWEEN 1 AND 256),
+    fairness_key    text CHECK (octet_length(fairness_key) BETWEEN 1 AND 256),
     fairness_weight double precision NOT NULL DEFAULT 1 CHECK (fairness_weight > 0),
-    idempotency_key text CHECK (length(idempotency_key) BETWEEN 1 AND 256),
+    idempotency_key text CHECK (octet_length(idempotency_key) BETWEEN 1 AND 256),
     lease_owner     text,
+    lease_secs      double precision,
     lease_expires_at timestamptz,
     token           bigint,
     last_error      text
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 CREATE UNIQUE INDEX tasks_idempotency ON tasks (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX tasks_execution ON tasks (execution_id) WHERE execution_id IS NOT NULL;
+-- Due-time promotion: a million future tasks cost one index probe per check.
+CREATE INDEX tasks_scheduled ON tasks (queue, run_at) WHERE state = 'scheduled';
+-- Lease expiry.
+CREATE INDEX tasks_running ON tasks (queue, lease_expires_at) WHERE state = 'running';
+-- Per-key waiting line: the next task to admit when a slot frees.
+CREATE INDEX tasks_waiting ON tasks (concurrency_key, priority DESC, seq) WHERE state = 'waiting';
+
+-- The ready set: narrow rows, inserted when a task becomes claimable and
+-- deleted by the claim. The claim is one ordered seek on ready_claim; a task
+-- whose key has no free slot is never here, so the claim needs no gate.
+-- k1 = -priority or the aging key (sheaf.ready_k1), k2 = fairness start tag.
+CREATE TABLE ready (
+    task_id     uuid PRIMARY KEY,
+    queue       text NOT NULL,
+    k1          double precision NOT NULL,
+    k2          double precision NOT NULL,
+    seq         bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
+
+-- The primary ready key. Aging: effective priority priority + age/aging_secs
+-- orders exactly like enqueued_at - priority * aging_secs ascending (now is
+-- common to all rows); sheaf-core's ordering module proves it, and a test
+-- checks this function against it.
+CREATE FUNCTION ready_k1(priority integer, enqueued_at timestamptz, aging_secs integer)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN aging_secs IS NULL THEN -priority::double precision
+            ELSE extract(epoch FROM enqueued_at)::double precision
+                 - priority::double precision * aging_secs END;
+
+-- Per-key caps. `admitted` counts the key's tasks holding a slot: ready plus
+-- running. Admission keeps admitted <= max_running (lowering a cap can leave
+-- running tasks above it; they finish and no slot is handed out until below).
+CREATE TABLE concurrency_limits (
+    key         text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 256),
+    max_running integer NOT NULL CHECK (max_running >= 0),
+    admitted    integer NOT NULL DEFAULT 0 CHECK (admitted >= 0)
+);
+
+-- Fairness: the finish tag of each key's last task, per queue.
+CREATE TABLE fairness_keys (
+    queue       text NOT NULL,
+    key         text NOT NULL,
+    finish      double precision NOT NULL,
+    PRIMARY KEY (queue, key)
+);
 
 -- Tasks whose attempts ran out. redrive() moves them back into tasks.
 CREATE TABLE dead_letters (
@@ -66,13 +126,14 @@ CREATE TABLE dead_letters (
     concurrency_key text,
     fairness_key    text,
     fairness_weight double precision NOT NULL,
+    idempotency_key text,
     last_error      text,
     enqueued_at     timestamptz NOT NULL,
     dead_at         timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX dead_letters_queue ON dead_letters (queue, dead_at);
 
--- Live-worker registry: a worker is live while its heartbeat is recent.
+-- Live-worker registry: a worker is live while its heartbeat is under 60 s old.
 CREATE TABLE workers (
     name            text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 256),
     queues          text[] NOT NULL,

@@ -19,6 +19,9 @@ pub const INVALID_PARAMETER_VALUE: &str = "22023";
 /// The shard is not in a state that allows the call (not initialized, or
 /// already initialized as another shard).
 pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+/// The task is not running under the given token: its lease was lost
+/// (expired and claimed again) or it already finished. Nothing changed.
+pub const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// The caller's role may not call this function (raised by Postgres).
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 /// A bug in sheaf's own SQL; never a caller's mistake. Please report it.
@@ -44,6 +47,11 @@ pub const ALL: &[Code] = &[
         code: OBJECT_NOT_IN_PREREQUISITE_STATE,
         name: "object_not_in_prerequisite_state",
         meaning: "the shard is not initialized, or init_shard asked for a different id than the one it holds",
+    },
+    Code {
+        code: LOCK_NOT_AVAILABLE,
+        name: "lock_not_available",
+        meaning: "stale fencing token: the task is not running under this token (lease lost, or already finished); nothing changed",
     },
     Code {
         code: INTERNAL_ERROR,

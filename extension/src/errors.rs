@@ -60,3 +60,15 @@ impl<T> SpiResultExt<T> for Result<T, pgrx::spi::SpiError> {
         }
     }
 }
+
+/// 55P03: the task is not running under this token (its lease expired and it
+/// was claimed again, or it already finished). Nothing was changed.
+pub fn stale_token(task_id: pgrx::Uuid, token: i64) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        format!(
+            "task {task_id} is not running under token {token}: its lease was lost (expired and claimed again) or it already finished"
+        )
+    );
+}

@@ -5,9 +5,26 @@
 
 ::pgrx::pg_module_magic!(name, version);
 
+mod claim;
+mod complete;
+mod concurrency;
+mod dead_letters;
 mod errors;
+mod history;
 mod ids;
+mod lease;
+mod maintain;
+mod plans;
+mod promote;
+mod queue;
+mod ready;
+mod retry;
 mod shard;
+mod stats;
+mod tasks;
+#[cfg(any(test, feature = "pg_test"))]
+mod testing;
+mod workers;
 
 // The tables come first so every function below can reference them.
 pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);

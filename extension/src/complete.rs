@@ -1,0 +1,216 @@
+//! Completing claimed tasks. A completed task leaves the hot table; its slot
+//! goes to the next waiting task of its key; its result goes to its
+//! execution's history.
+
+use std::collections::{BTreeMap, HashSet};
+
+use pgrx::prelude::*;
+
+use crate::errors::{SpiResultExt, bad_argument, required, stale_token};
+use crate::plans::{Stmt, run};
+use crate::{concurrency, history};
+
+pub const MAX_BATCH: usize = 10_000;
+
+const COMPLETE: Stmt = Stmt::write(
+    "DELETE FROM tasks WHERE id = $1 AND token = $2 AND state = 'running' \
+     RETURNING concurrency_key, execution_id, kind",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+const COMPLETE_BATCH: Stmt = Stmt::write(
+    "DELETE FROM tasks t USING unnest($1::uuid[], $2::bigint[]) AS x(id, token) \
+     WHERE t.id = x.id AND t.token = x.token AND t.state = 'running' \
+     RETURNING t.id, t.concurrency_key, t.execution_id, t.kind",
+    &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::INT8ARRAYOID],
+);
+
+/// Completes a task claimed under `token`. A stale token (the lease was lost)
+/// raises 55P03 and changes nothing.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Option<pgrx::JsonB>, "NULL")) {
+    let task_id = required(task_id, "task_id");
+    let token = required(token, "token");
+    let done = Spi::connect_mut(|client| {
+        let row = run(client, &COMPLETE, &[task_id.into(), token.into()])
+            .into_iter()
+            .next()?;
+        Some((
+            row.get::<String>(1).or_internal("completing a task"),
+            row.get::<pgrx::Uuid>(2).or_internal("completing a task"),
+            row.get::<String>(3)
+                .or_internal("completing a task")
+                .unwrap_or_default(),
+        ))
+    });
+    let Some((key, execution_id, kind)) = done else {
+        stale_token(task_id, token);
+    };
+    if let Some(key) = key {
+        concurrency::release(&key, 1);
+    }
+    if let Some(execution_id) = execution_id {
+        record(execution_id, task_id, &kind, result.map(|r| r.0));
+    }
+}
+
+/// Completes many tasks at once; reports each entry, in input order:
+/// `completed = false` for a stale one (nothing changed for it), the rest
+/// complete. At most 10,000 entries.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete_batch(
+    task_ids: Option<Vec<Option<pgrx::Uuid>>>,
+    tokens: Option<Vec<Option<i64>>>,
+) -> TableIterator<'static, (name!(task_id, pgrx::Uuid), name!(completed, bool))> {
+    let task_ids = required(task_ids, "task_ids");
+    let tokens = required(tokens, "tokens");
+    if task_ids.len() != tokens.len() {
+        bad_argument(
+            "tokens",
+            format!(
+                "must pair up with task_ids: {} ids, {} tokens",
+                task_ids.len(),
+                tokens.len()
+            ),
+        );
+    }
+    if task_ids.is_empty() || task_ids.len() > MAX_BATCH {
+        bad_argument(
+            "task_ids",
+            format!("must hold 1 to {MAX_BATCH} ids, got {}", task_ids.len()),
+        );
+    }
+    let ids: Vec<pgrx::Uuid> = task_ids
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| id.unwrap_or_else(|| bad_argument("task_ids", format!("element {} is NULL", i + 1))))
+        .collect();
+    let tokens: Vec<i64> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.unwrap_or_else(|| bad_argument("tokens", format!("element {} is NULL", i + 1))))
+        .collect();
+    let done: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>, String)> = Spi::connect_mut(|client| {
+        run(client, &COMPLETE_BATCH, &[ids.clone().into(), tokens.into()])
+            .into_iter()
+            .filter_map(|row| {
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?,
+                    row.get::<String>(2).or_internal("completing tasks"),
+                    row.get::<pgrx::Uuid>(3).or_internal("completing tasks"),
+                    row.get::<String>(4)
+                        .or_internal("completing tasks")
+                        .unwrap_or_default(),
+                ))
+            })
+            .collect()
+    });
+    // Keys in a fixed order: no two batches lock two keys in opposite orders.
+    let mut per_key: BTreeMap<&str, i32> = BTreeMap::new();
+    for (_, key, _, _) in &done {
+        if let Some(key) = key {
+            *per_key.entry(key.as_str()).or_default() += 1;
+        }
+    }
+    for (key, n) in per_key {
+        concurrency::release(key, n);
+    }
+    for (id, _, execution_id, kind) in &done {
+        if let Some(execution_id) = execution_id {
+            record(*execution_id, *id, kind, None);
+        }
+    }
+    let completed: HashSet<pgrx::Uuid> = done.iter().map(|d| d.0).collect();
+    TableIterator::new(
+        ids.into_iter()
+            .map(move |id| (id, completed.contains(&id)))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn record(execution_id: pgrx::Uuid, task_id: pgrx::Uuid, kind: &str, result: Option<serde_json::Value>) {
+    history::append(
+        execution_id,
+        "TaskCompleted",
+        serde_json::json!({"task_id": task_id.to_string(), "kind": kind, "result": result}),
+    );
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, count, enqueue, init};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    #[pg_test]
+    fn complete_batch_reports_stale_entries_and_completes_the_rest() {
+        init();
+        for n in 0..3 {
+            enqueue("q", json!({"n": n}), json!({}));
+        }
+        let t = claim("q", 3);
+        let report: Vec<bool> = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT completed FROM sheaf.complete_batch(ARRAY[$1, $2, $3], ARRAY[$4, $5, $6])",
+                    None,
+                    &[
+                        t[0].0.into(),
+                        t[1].0.into(),
+                        t[2].0.into(),
+                        t[0].1.into(),
+                        (t[1].1 + 1000).into(),
+                        t[2].1.into(),
+                    ],
+                )
+                .unwrap()
+                .into_iter()
+                .map(|r| r.get::<bool>(1).unwrap().unwrap())
+                .collect()
+        });
+        assert_eq!(report, vec![true, false, true]);
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.tasks"),
+            1,
+            "the stale one is untouched"
+        );
+    }
+
+    #[pg_test]
+    fn a_result_goes_to_the_execution_history() {
+        init();
+        Spi::run(
+            "INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state) \
+             VALUES ('00010000-0000-8000-8000-000000000001', 'wf', 'w1', 'RUNNING')",
+        )
+        .unwrap();
+        enqueue(
+            "q",
+            json!({}),
+            json!({"execution_id": "00010000-0000-8000-8000-000000000001"}),
+        );
+        let t = claim("q", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.complete($1, $2, '{\"ok\": 42}')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        let (kind, result) = Spi::get_two::<String, i64>(
+            "SELECT event_type, (payload #>> '{result,ok}')::bigint FROM sheaf.events",
+        )
+        .unwrap();
+        assert_eq!(kind.as_deref(), Some("TaskCompleted"));
+        assert_eq!(result, Some(42));
+        assert!(count("SELECT history_bytes FROM sheaf.executions") > 0);
+    }
+
+    #[pg_test(
+        error = "task 00010000-0000-8000-8000-000000000009 is not running under token 7: its lease was lost (expired and claimed again) or it already finished"
+    )]
+    fn completing_twice_is_stale() {
+        init();
+        Spi::run("SELECT sheaf.complete('00010000-0000-8000-8000-000000000009', 7)").unwrap();
+    }
+}

@@ -1,0 +1,99 @@
+//! Dead letters: tasks whose attempts ran out, kept until redriven.
+
+use pgrx::prelude::*;
+
+use crate::errors::{SpiResultExt, bad_argument, required};
+use crate::plans::{Stmt, run};
+use crate::{concurrency, history, promote};
+
+const BURY: Stmt = Stmt::write(
+    "WITH t AS (DELETE FROM tasks WHERE id = $1 RETURNING *) \
+     INSERT INTO dead_letters (id, queue, kind, payload, priority, attempts, max_attempts, execution_id, \
+                               concurrency_key, fairness_key, fairness_weight, idempotency_key, \
+                               last_error, enqueued_at) \
+     SELECT id, queue, kind, payload, priority, attempts, max_attempts, execution_id, concurrency_key, \
+            fairness_key, fairness_weight, idempotency_key, $2, enqueued_at FROM t \
+     RETURNING concurrency_key, execution_id, kind, attempts",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID],
+);
+
+/// Moves a running task to the dead letters and frees its slot.
+pub fn bury(task_id: pgrx::Uuid, error: &str) {
+    let row: Option<(Option<String>, Option<pgrx::Uuid>, String, i32)> = Spi::connect_mut(|client| {
+        let row = run(client, &BURY, &[task_id.into(), error.into()])
+            .into_iter()
+            .next()?;
+        Some((
+            row.get::<String>(1).or_internal("burying a task"),
+            row.get::<pgrx::Uuid>(2).or_internal("burying a task"),
+            row.get::<String>(3)
+                .or_internal("burying a task")
+                .unwrap_or_default(),
+            row.get::<i32>(4).or_internal("burying a task").unwrap_or(0),
+        ))
+    });
+    let Some((key, execution_id, kind, attempts)) = row else {
+        return;
+    };
+    if let Some(key) = key {
+        concurrency::release(&key, 1);
+    }
+    if let Some(execution_id) = execution_id {
+        history::append(
+            execution_id,
+            "TaskDeadLettered",
+            serde_json::json!({"task_id": task_id.to_string(), "kind": kind, "attempts": attempts, "error": error}),
+        );
+    }
+}
+
+/// Puts dead letters back in line with fresh attempts; returns how many moved.
+/// Ids that are not dead letters are ignored, and so is a dead letter whose
+/// idempotency key an unfinished task holds again (it stays a dead letter).
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
+    let ids = required(task_ids, "task_ids");
+    if ids.len() > 10_000 {
+        bad_argument(
+            "task_ids",
+            format!("must hold at most 10000 ids, got {}", ids.len()),
+        );
+    }
+    let ids: Vec<pgrx::Uuid> = ids
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| id.unwrap_or_else(|| bad_argument("task_ids", format!("element {} is NULL", i + 1))))
+        .collect();
+    let moved: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
+        client
+            .update(
+                "WITH d AS (DELETE FROM dead_letters d WHERE id = ANY($1) \
+                   AND NOT EXISTS (SELECT 1 FROM tasks t \
+                                   WHERE t.queue = d.queue AND t.idempotency_key = d.idempotency_key) \
+                   RETURNING *) \
+                 INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, enqueued_at, run_at, \
+                                    attempts, max_attempts, execution_id, concurrency_key, fairness_key, \
+                                    fairness_weight, idempotency_key, last_error) \
+                 SELECT id, queue, kind, payload, priority, 'scheduled', nextval('task_seq'), enqueued_at, now(), \
+                        0, max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
+                        idempotency_key, last_error \
+                 FROM d \
+                 RETURNING id, concurrency_key",
+                None,
+                &[ids.into()],
+            )
+            .or_internal("redriving dead letters")
+            .into_iter()
+            .filter_map(|row| {
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal("redriving")?,
+                    row.get::<String>(2).or_internal("redriving"),
+                ))
+            })
+            .collect()
+    });
+    let n = moved.len() as i32;
+    promote::place(moved);
+    n
+}

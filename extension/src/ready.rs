@@ -1,0 +1,107 @@
+//! The ready set: the only place the claim looks. A task enters it once it is
+//! due and its concurrency key has a free slot.
+
+use std::collections::BTreeMap;
+
+use pgrx::prelude::*;
+use sheaf_core::ordering::fair_tags;
+
+use crate::errors::SpiResultExt;
+use crate::plans::{Stmt, run};
+
+const INSERT: Stmt = Stmt::write(
+    "WITH r AS (\
+       INSERT INTO ready (task_id, queue, k1, k2, seq) \
+       SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, q.aging_secs), coalesce(t.fair_start, 0), t.seq \
+       FROM tasks t JOIN queues q ON q.name = t.queue \
+       WHERE t.id = ANY($1) AND t.state = 'ready' \
+       RETURNING queue) \
+     SELECT DISTINCT queue FROM r",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+// NOTIFY coalesces equal (channel, payload) pairs within a transaction, so a
+// batch sends one notification per queue, never one per row.
+const NOTIFY: Stmt = Stmt::write(
+    "SELECT pg_notify('sheaf_ready', name) FROM queues WHERE name = ANY($1) AND notify",
+    &[PgBuiltInOids::TEXTARRAYOID],
+);
+const VTIME: Stmt = Stmt::read(
+    "SELECT vtime FROM queues WHERE name = $1",
+    &[PgBuiltInOids::TEXTOID],
+);
+// Advances a key's finish tag by `$4` (the sum of 1/weight of its new tasks)
+// from max(finish, vtime), returning the new finish tag.
+const ADVANCE_KEY: Stmt = Stmt::write(
+    "INSERT INTO fairness_keys AS f (queue, key, finish) VALUES ($1, $2, $3 + $4) \
+     ON CONFLICT (queue, key) DO UPDATE SET finish = greatest(f.finish, $3) + $4 \
+     RETURNING finish",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::FLOAT8OID,
+    ],
+);
+
+/// Inserts ready rows for tasks whose state is already `ready`, and notifies
+/// their queues' listeners.
+pub fn insert(ids: &[pgrx::Uuid]) {
+    if ids.is_empty() {
+        return;
+    }
+    Spi::connect_mut(|client| {
+        let queues: Vec<String> = run(client, &INSERT, &[ids.to_vec().into()])
+            .into_iter()
+            .filter_map(|row| row.get::<String>(1).or_internal("reading ready queues"))
+            .collect();
+        if !queues.is_empty() {
+            run(client, &NOTIFY, &[queues.into()]);
+        }
+    })
+}
+
+/// Fairness start tags for tasks about to become ready in a fairness queue,
+/// given in claim order as `(fairness key, weight)`. Keyless tasks start at
+/// the queue's virtual time; a key's tasks follow one another by 1/weight.
+pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
+    Spi::connect_mut(|client| {
+        let vtime: f64 = run(client, &VTIME, &[queue.into()])
+            .into_iter()
+            .next()
+            .and_then(|row| row.get::<f64>(1).or_internal("reading vtime"))
+            .unwrap_or(0.0);
+        let mut per_key: BTreeMap<&str, f64> = BTreeMap::new();
+        for (key, weight) in tasks {
+            if let Some(key) = key {
+                *per_key.entry(key.as_str()).or_insert(0.0) += 1.0 / weight;
+            }
+        }
+        // Each key's finish tag moves once, by the sum of its tasks' 1/weight;
+        // the tasks take the starts in between, in order.
+        let mut next_start: BTreeMap<&str, f64> = BTreeMap::new();
+        for (key, total) in &per_key {
+            let finish: f64 = run(
+                client,
+                &ADVANCE_KEY,
+                &[queue.into(), (*key).into(), vtime.into(), (*total).into()],
+            )
+            .into_iter()
+            .next()
+            .and_then(|row| row.get::<f64>(1).or_internal("advancing a fairness key"))
+            .unwrap_or(vtime + total);
+            next_start.insert(key, finish - total);
+        }
+        tasks
+            .iter()
+            .map(|(key, weight)| match key {
+                None => fair_tags(vtime, None, *weight).0,
+                Some(key) => {
+                    let start = next_start.get_mut(key.as_str()).expect("every key was advanced");
+                    let this = *start;
+                    *start += 1.0 / weight;
+                    this
+                }
+            })
+            .collect()
+    })
+}

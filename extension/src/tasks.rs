@@ -1,0 +1,275 @@
+//! Enqueueing tasks, and moving existing tasks between states.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use sheaf_core::options::EnqueueOptions;
+use sheaf_core::ordering::Mode;
+
+use crate::errors::{SpiResultExt, bad_argument, required};
+use crate::plans::{Stmt, exec, run};
+use crate::{concurrency, ids, queue, ready};
+
+/// The most payloads one `enqueue_batch` accepts.
+pub const MAX_BATCH: usize = 10_000;
+
+// One statement inserts the tasks (in input order, so `seq` keeps the batch's
+// order) and the ready rows of those admitted now.
+const INSERT: Stmt = Stmt::write(
+    "WITH t AS (\
+       INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, fair_start, run_at, \
+                          max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
+                          idempotency_key) \
+       SELECT x.id, $2, $3, x.payload, $4, x.state, nextval('task_seq'), x.fair_start, \
+              coalesce($5, now()), $6, $7, $8, $9, $10, $11 \
+       FROM unnest($1::uuid[], $12::jsonb[], $13::text[], $14::float8[]) \
+            AS x(id, payload, state, fair_start) \
+       ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+       RETURNING id, queue, priority, enqueued_at, fair_start, seq, state) \
+     INSERT INTO ready (task_id, queue, k1, k2, seq) \
+     SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
+     FROM t WHERE t.state = 'ready'",
+    &[
+        PgBuiltInOids::UUIDARRAYOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBARRAYOID,
+        PgBuiltInOids::TEXTARRAYOID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
+        PgBuiltInOids::INT4OID,
+    ],
+);
+const BY_IDEMPOTENCY_KEY: Stmt = Stmt::read(
+    "SELECT id FROM tasks WHERE queue = $1 AND idempotency_key = $2",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
+);
+const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_ready', $1)", &[PgBuiltInOids::TEXTOID]);
+
+/// Enqueues one task and returns its id. `opts` (all optional): `priority`
+/// (higher first), `run_at`, `concurrency_key`, `fairness_key`,
+/// `fairness_weight`, `max_attempts` (default 25), `execution_id`, `kind`
+/// (`activity` | `workflow`), `idempotency_key` (while a task with the key is
+/// unfinished, enqueueing again returns its id and writes nothing).
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn enqueue(
+    queue: Option<&str>,
+    payload: Option<pgrx::JsonB>,
+    opts: default!(Option<pgrx::JsonB>, "'{}'"),
+) -> pgrx::Uuid {
+    let payload = required(payload, "payload");
+    let ids = enqueue_many(queue, vec![payload.0], opts);
+    ids[0]
+}
+
+/// Enqueues several payloads with the same `opts`, in order; returns their ids
+/// in the same order. At most 10,000 payloads per call.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn enqueue_batch(
+    queue: Option<&str>,
+    payloads: Option<Vec<Option<pgrx::JsonB>>>,
+    opts: default!(Option<pgrx::JsonB>, "'{}'"),
+) -> SetOfIterator<'static, pgrx::Uuid> {
+    let payloads = required(payloads, "payloads");
+    if payloads.is_empty() || payloads.len() > MAX_BATCH {
+        bad_argument(
+            "payloads",
+            format!("must hold 1 to {MAX_BATCH} payloads, got {}", payloads.len()),
+        );
+    }
+    let mut values = Vec::with_capacity(payloads.len());
+    for (i, p) in payloads.into_iter().enumerate() {
+        match p {
+            Some(p) => values.push(p.0),
+            None => bad_argument("payloads", format!("element {} is NULL", i + 1)),
+        }
+    }
+    SetOfIterator::new(enqueue_many(queue, values, opts))
+}
+
+fn enqueue_many(
+    queue: Option<&str>,
+    payloads: Vec<serde_json::Value>,
+    opts: Option<pgrx::JsonB>,
+) -> Vec<pgrx::Uuid> {
+    let name = queue::check_name(queue);
+    let opts = required(opts, "opts");
+    let o = match EnqueueOptions::parse(&opts.0) {
+        Ok(o) => o,
+        Err(e) => bad_argument(&e.option, e.why),
+    };
+    let run_at = o
+        .run_at
+        .as_deref()
+        .map(|s| match s.parse::<TimestampWithTimeZone>() {
+            Ok(t) if t.is_finite() => t,
+            _ => bad_argument(
+                "opts.run_at",
+                format!("must be a finite timestamp with time zone, got {s:?}"),
+            ),
+        });
+    let execution_id = o.execution_id.map(pgrx::Uuid::from_bytes);
+    if let Some(id) = execution_id {
+        let exists = Spi::get_one_with_args::<bool>(
+            "SELECT EXISTS (SELECT 1 FROM executions WHERE id = $1)",
+            &[id.into()],
+        )
+        .or_internal("looking up an execution");
+        if exists != Some(true) {
+            bad_argument("opts.execution_id", format!("no execution {id} on this shard"));
+        }
+    }
+    if let Some(key) = &o.idempotency_key {
+        if payloads.len() > 1 {
+            bad_argument(
+                "opts.idempotency_key",
+                "names one task: it cannot apply to a batch of several payloads",
+            );
+        }
+        if let Some(existing) = by_idempotency_key(name, key) {
+            return vec![existing];
+        }
+    }
+    let q = queue::load_or_create(name);
+
+    let n = payloads.len();
+    let due = match run_at {
+        None => true,
+        Some(t) => Spi::get_one_with_args::<bool>("SELECT $1 <= now()", &[t.into()])
+            .or_internal("comparing run_at")
+            .unwrap_or(true),
+    };
+    let admitted = match (&o.concurrency_key, due) {
+        (_, false) => 0,
+        (None, true) => n,
+        (Some(key), true) => concurrency::admit(key, n as i32) as usize,
+    };
+    let mut fair_start: Vec<Option<f64>> = vec![None; n];
+    if q.mode == Mode::Fairness && admitted > 0 {
+        let starts = ready::fair_starts(name, &vec![(o.fairness_key.clone(), o.fairness_weight); admitted]);
+        for (slot, s) in fair_start.iter_mut().zip(starts) {
+            *slot = Some(s);
+        }
+    }
+    let states: Vec<&str> = (0..n)
+        .map(|i| match (due, i < admitted) {
+            (false, _) => "scheduled",
+            (true, true) => "ready",
+            (true, false) => "waiting",
+        })
+        .collect();
+    let mut mint = ids::minter();
+    let new_ids: Vec<pgrx::Uuid> = (0..n).map(|_| mint()).collect();
+    let aging = match q.mode {
+        Mode::Aging { secs } => Some(secs as i32),
+        _ => None,
+    };
+    let payloads: Vec<pgrx::JsonB> = payloads.into_iter().map(pgrx::JsonB).collect();
+    exec(
+        &INSERT,
+        &[
+            new_ids.clone().into(),
+            name.into(),
+            o.kind.as_str().into(),
+            o.priority.into(),
+            run_at.into(),
+            o.max_attempts.into(),
+            execution_id.into(),
+            o.concurrency_key.clone().into(),
+            o.fairness_key.clone().into(),
+            o.fairness_weight.into(),
+            o.idempotency_key.clone().into(),
+            payloads.into(),
+            states.into(),
+            fair_start.into(),
+            aging.into(),
+        ],
+    );
+    if let Some(key) = &o.idempotency_key
+        && let Some(existing) = by_idempotency_key(name, key)
+        && existing != new_ids[0]
+    {
+        // A concurrent enqueue with the same key won the insert: give back
+        // the slot taken for ours and answer with theirs.
+        if let Some(ckey) = &o.concurrency_key
+            && admitted > 0
+        {
+            concurrency::release(ckey, admitted as i32);
+        }
+        return vec![existing];
+    }
+    if admitted > 0 && q.notify {
+        exec(&NOTIFY, &[name.into()]);
+    }
+    new_ids
+}
+
+fn by_idempotency_key(queue: &str, key: &str) -> Option<pgrx::Uuid> {
+    Spi::connect_mut(|client| {
+        run(client, &BY_IDEMPOTENCY_KEY, &[queue.into(), key.into()])
+            .into_iter()
+            .next()
+            .and_then(|row| row.get::<pgrx::Uuid>(1).or_internal("reading an idempotency key"))
+    })
+}
+
+/// Marks existing tasks ready (the caller has admitted them), fixing the
+/// fairness start tag of those entering a fairness queue for the first time.
+/// The caller then inserts their ready rows with `ready::insert`.
+pub fn set_ready(ids: &[pgrx::Uuid]) {
+    if ids.is_empty() {
+        return;
+    }
+    let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT t.id, t.queue, t.fairness_key, t.fairness_weight \
+                 FROM tasks t JOIN queues q ON q.name = t.queue \
+                 WHERE t.id = ANY($1) AND q.fairness AND t.fair_start IS NULL \
+                 ORDER BY t.queue, t.priority DESC, t.seq",
+                None,
+                &[ids.to_vec().into()],
+            )
+            .or_internal("reading fairness keys")
+            .into_iter()
+            .filter_map(|row| {
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal("fairness")?,
+                    row.get::<String>(2).or_internal("fairness")?,
+                    row.get::<String>(3).or_internal("fairness"),
+                    row.get::<f64>(4).or_internal("fairness")?,
+                ))
+            })
+            .collect()
+    });
+    let mut starts: Vec<Option<f64>> = vec![None; ids.len()];
+    let mut i = 0;
+    while i < needing.len() {
+        let queue = &needing[i].1;
+        let group: Vec<_> = needing[i..].iter().take_while(|t| &t.1 == queue).collect();
+        let tags = ready::fair_starts(
+            queue,
+            &group.iter().map(|t| (t.2.clone(), t.3)).collect::<Vec<_>>(),
+        );
+        for (t, tag) in group.iter().zip(tags) {
+            if let Some(pos) = ids.iter().position(|id| *id == t.0) {
+                starts[pos] = Some(tag);
+            }
+        }
+        i += group.len();
+    }
+    Spi::run_with_args(
+        "UPDATE tasks t SET state = 'ready', fair_start = coalesce(x.fair_start, t.fair_start) \
+         FROM unnest($1::uuid[], $2::float8[]) AS x(id, fair_start) WHERE t.id = x.id",
+        &[ids.to_vec().into(), starts.into()],
+    )
+    .or_internal("marking tasks ready");
+}
