@@ -73,3 +73,39 @@ pub fn sqlstate(result: Result<impl Sized, tokio_postgres::Error>) -> String {
         },
     }
 }
+
+/// A small deterministic PRNG (xorshift64*) for test workloads; the seed is
+/// printed by the tests that use it so a failure can be replayed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn from_time() -> (Rng, u64) {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(42);
+        (Rng::new(seed), seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A name no other test run uses, for queues and keys.
+pub fn unique(prefix: &str) -> String {
+    let (mut rng, _) = Rng::from_time();
+    format!("{prefix}-{:x}", rng.next())
+}

@@ -1,0 +1,284 @@
+//! The claim engine under real concurrency: 8 claimers on one shard, thousands
+//! of tasks over hundreds of capped keys, random complete / fail / release /
+//! crash, caps lowered mid-run. Checks: a key's running count never exceeds
+//! its cap (sampled from consistent snapshots while the run goes on), every
+//! task ends exactly once (completed or dead-lettered), no stale token ever
+//! succeeds, and the per-key counters end at zero.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sheaf_tests::{Rng, connect, fleet, unique};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+const WORKERS: usize = 8;
+const KEYS: usize = 200;
+const TASKS: usize = 4_000;
+
+#[derive(Default)]
+struct Outcome {
+    completed: HashMap<Uuid, u32>,
+    dead: HashSet<Uuid>,
+    crashed: Vec<(Uuid, i64)>,
+    stale_refused: u64,
+}
+
+fn cap_of(key: usize) -> i64 {
+    (key % 3) as i64 + 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn caps_hold_and_every_task_ends_exactly_once_under_8_claimers() {
+    let shard = fleet().shards().next().unwrap();
+    let queue = unique("conc");
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}, queue {queue}");
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("{queue}-k{k}")).collect();
+
+    let admin = connect(shard).await;
+    for (k, key) in keys.iter().enumerate() {
+        admin
+            .execute(
+                "SELECT sheaf.set_concurrency_limit($1, $2::int)",
+                &[key, &(cap_of(k) as i32)],
+            )
+            .await
+            .unwrap();
+    }
+    let mut all = HashSet::new();
+    for chunk in 0..TASKS / 100 {
+        let k = chunk % KEYS;
+        let opts = serde_json::json!({
+            "concurrency_key": keys[k],
+            "priority": rng.below(3),
+            "max_attempts": 1 + rng.below(3),
+        });
+        let payloads: Vec<serde_json::Value> = (0..100).map(|i| serde_json::json!({"i": i})).collect();
+        // One batch per key slice so every key gets tasks.
+        for row in admin
+            .query(
+                "SELECT sheaf.enqueue_batch($1, $2::jsonb[], $3)",
+                &[&queue, &payloads, &opts],
+            )
+            .await
+            .unwrap()
+        {
+            all.insert(row.get::<_, Uuid>(0));
+        }
+    }
+    // Spread: 40 batches hit 40 keys; the rest of the keys get single tasks.
+    for (k, key) in keys.iter().enumerate().skip(TASKS / 100) {
+        let opts = serde_json::json!({"concurrency_key": key, "max_attempts": 2});
+        for _ in 0..5 {
+            let id: Uuid = admin
+                .query_one(
+                    "SELECT sheaf.enqueue($1, $2, $3)",
+                    &[&queue, &serde_json::json!({"k": k}), &opts],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            all.insert(id);
+        }
+    }
+    let total = all.len();
+
+    let outcome = Arc::new(Mutex::new(Outcome::default()));
+    let lowered: Arc<Mutex<HashMap<String, i64>>> = Arc::new(Mutex::new(HashMap::new()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    // Sampler: running per key from one consistent snapshot, again and again.
+    let sampler = {
+        let lowered = lowered.clone();
+        let mut stop = stop_rx.clone();
+        let queue = queue.clone();
+        let caps: HashMap<String, i64> = keys
+            .iter()
+            .enumerate()
+            .map(|(k, key)| (key.clone(), cap_of(k)))
+            .collect();
+        tokio::spawn(async move {
+            let db = connect(fleet().shards().next().unwrap()).await;
+            let mut ceiling = caps.clone();
+            let mut samples = 0u64;
+            loop {
+                let rows = db
+                    .query(
+                        "SELECT concurrency_key, count(*) FROM sheaf.tasks \
+                         WHERE queue = $1 AND state = 'running' GROUP BY 1",
+                        &[&queue],
+                    )
+                    .await
+                    .unwrap();
+                let lowered_now = lowered.lock().unwrap().clone();
+                let running: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+                for (key, ceil) in ceiling.iter_mut() {
+                    let n = running.get(key).copied().unwrap_or(0);
+                    assert!(n <= *ceil, "key {key}: {n} running, allowed {ceil}");
+                    if let Some(new_cap) = lowered_now.get(key) {
+                        // After a lowering, running may only fall until it is under the new cap.
+                        *ceil = n.max(*new_cap);
+                    }
+                }
+                samples += 1;
+                if *stop.borrow_and_update() {
+                    return samples;
+                }
+            }
+        })
+    };
+
+    // Controller: lowers the caps of 20 keys to 1 once the run is under way.
+    let controller = {
+        let lowered = lowered.clone();
+        let keys = keys.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let db = connect(fleet().shards().next().unwrap()).await;
+            for (k, key) in keys.iter().enumerate().filter(|(k, _)| cap_of(*k) == 3).take(20) {
+                db.execute("SELECT sheaf.set_concurrency_limit($1, 1)", &[key])
+                    .await
+                    .unwrap();
+                lowered.lock().unwrap().insert(key.clone(), 1);
+                let _ = k;
+            }
+        })
+    };
+
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let outcome = outcome.clone();
+        let queue = queue.clone();
+        let mut rng = Rng::new(seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        workers.push(tokio::spawn(async move {
+            let db = connect(fleet().shards().next().unwrap()).await;
+            let worker = format!("w{w}");
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                assert!(Instant::now() < deadline, "the run did not drain in 120 s");
+                let batch = 1 + rng.below(5) as i32;
+                let claimed = db
+                    .query(
+                        "SELECT task_id, token FROM sheaf.claim($1, $2, $3, '1 second')",
+                        &[&queue, &worker, &batch],
+                    )
+                    .await
+                    .unwrap();
+                if claimed.is_empty() {
+                    let left: i64 = db
+                        .query_one("SELECT count(*) FROM sheaf.tasks WHERE queue = $1", &[&queue])
+                        .await
+                        .unwrap()
+                        .get(0);
+                    if left == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                for row in claimed {
+                    let (id, token): (Uuid, i64) = (row.get(0), row.get(1));
+                    match rng.below(100) {
+                        0..=69 => {
+                            db.execute("SELECT sheaf.complete($1, $2)", &[&id, &token])
+                                .await
+                                .unwrap();
+                            *outcome.lock().unwrap().completed.entry(id).or_default() += 1;
+                        }
+                        70..=79 => {
+                            let r = db
+                                .query_one(
+                                    "SELECT dead_lettered FROM sheaf.fail($1, $2, 'boom', '0 seconds')",
+                                    &[&id, &token],
+                                )
+                                .await
+                                .unwrap();
+                            if r.get::<_, bool>(0) {
+                                outcome.lock().unwrap().dead.insert(id);
+                            }
+                        }
+                        80..=89 => {
+                            db.execute("SELECT sheaf.release($1, $2)", &[&id, &token])
+                                .await
+                                .unwrap();
+                        }
+                        90..=94 => outcome.lock().unwrap().crashed.push((id, token)),
+                        _ => {
+                            db.execute("SELECT sheaf.heartbeat($1, $2)", &[&id, &token])
+                                .await
+                                .unwrap();
+                            db.execute("SELECT sheaf.complete($1, $2)", &[&id, &token])
+                                .await
+                                .unwrap();
+                            *outcome.lock().unwrap().completed.entry(id).or_default() += 1;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    controller.await.unwrap();
+    stop_tx.send(true).unwrap();
+    let samples = sampler.await.unwrap();
+    assert!(samples > 10, "the sampler ran {samples} times");
+
+    // Every crashed claim's token is stale now: refused, nothing changed.
+    let mut outcome = Arc::try_unwrap(outcome).ok().unwrap().into_inner().unwrap();
+    for (id, token) in outcome.crashed.clone() {
+        let r = admin
+            .execute("SELECT sheaf.complete($1, $2)", &[&id, &token])
+            .await;
+        let code = r.expect_err("a stale token must be refused").code().cloned();
+        assert_eq!(code.map(|c| c.code().to_owned()).as_deref(), Some("55P03"));
+        outcome.stale_refused += 1;
+    }
+    // Tasks dead-lettered by lease expiry on their last attempt.
+    for row in admin
+        .query("SELECT id FROM sheaf.dead_letters WHERE queue = $1", &[&queue])
+        .await
+        .unwrap()
+    {
+        outcome.dead.insert(row.get(0));
+    }
+    let dead_rows: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM sheaf.dead_letters WHERE queue = $1",
+            &[&queue],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dead_rows as usize, outcome.dead.len());
+    for (id, n) in &outcome.completed {
+        assert_eq!(*n, 1, "task {id} completed {n} times");
+        assert!(!outcome.dead.contains(id), "task {id} both completed and dead");
+    }
+    let ended: HashSet<Uuid> = outcome
+        .completed
+        .keys()
+        .chain(outcome.dead.iter())
+        .copied()
+        .collect();
+    assert_eq!(ended.len(), total, "every task ends exactly once");
+    assert_eq!(ended, all);
+    let drift: i64 = admin
+        .query_one(
+            "SELECT coalesce(sum(admitted), 0) FROM sheaf.concurrency_limits WHERE key LIKE $1 || '-k%'",
+            &[&queue],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(drift, 0, "slot counters end at zero");
+    println!(
+        "{total} tasks: {} completed, {} dead, {} stale tokens refused, {samples} samples",
+        outcome.completed.len(),
+        outcome.dead.len(),
+        outcome.stale_refused
+    );
+}
