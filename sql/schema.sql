@@ -31,7 +31,10 @@ CREATE TABLE queues (
 
 -- Every unfinished task. A task leaves this table when it completes or is
 -- dead-lettered. No foreign key to queues: every task insert would share-lock
--- the queue row, and the functions keep the two consistent anyway.
+-- the queue row. No CHECK constraints either: Postgres re-reads every CHECK
+-- expression on each statement that writes the table, which costs more than
+-- the rest of an enqueue; the functions validate every value (the comments
+-- give the domains) and nothing else may write here.
 --   scheduled: run_at is in the future, or a retry is backing off
 --   waiting:   its concurrency key has no free slot
 --   ready:     claimable; it has a row in `ready`
@@ -39,22 +42,22 @@ CREATE TABLE queues (
 CREATE TABLE tasks (
     id              uuid PRIMARY KEY,
     queue           text NOT NULL,
-    kind            text NOT NULL DEFAULT 'activity' CHECK (kind IN ('activity', 'workflow')),
+    kind            text NOT NULL DEFAULT 'activity',      -- activity | workflow
     payload         jsonb NOT NULL,
     priority        integer NOT NULL DEFAULT 0,
-    state           text NOT NULL CHECK (state IN ('scheduled', 'waiting', 'ready', 'running')),
+    state           text NOT NULL,                         -- see above
     seq             bigint NOT NULL,
     -- Fairness start tag, fixed when the task first becomes ready.
     fair_start      double precision,
     enqueued_at     timestamptz NOT NULL DEFAULT now(),
     run_at          timestamptz NOT NULL DEFAULT now(),
-    attempts        integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    max_attempts    integer NOT NULL DEFAULT 25 CHECK (max_attempts >= 1),
+    attempts        integer NOT NULL DEFAULT 0,
+    max_attempts    integer NOT NULL DEFAULT 25,           -- 1..1000
     execution_id    uuid,
-    concurrency_key text CHECK (octet_length(concurrency_key) BETWEEN 1 AND 256),
-    fairness_key    text CHECK (octet_length(fairness_key) BETWEEN 1 AND 256),
-    fairness_weight double precision NOT NULL DEFAULT 1 CHECK (fairness_weight > 0),
-    idempotency_key text CHECK (octet_length(idempotency_key) BETWEEN 1 AND 256),
+    concurrency_key text,                                  -- 1..256 bytes
+    fairness_key    text,                                  -- 1..256 bytes
+    fairness_weight double precision NOT NULL DEFAULT 1,   -- (0, 1e6]
+    idempotency_key text,                                  -- 1..256 bytes
     lease_owner     text,
     lease_secs      double precision,
     lease_expires_at timestamptz,
@@ -87,13 +90,16 @@ CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
 -- The primary ready key. Aging: effective priority priority + age/aging_secs
 -- orders exactly like enqueued_at - priority * aging_secs ascending (now is
 -- common to all rows); sheaf-core's ordering module proves it, and a test
--- checks this function against it.
+-- checks this function against it. Written so the planner inlines it into the
+-- statements that insert ready rows: no SET clause, and only immutable
+-- operations (extract from a timestamptz is merely stable, extract from an
+-- interval is immutable). A SQL-standard body binds its names at creation,
+-- so search_path cannot change what it calls.
 CREATE FUNCTION ready_k1(priority integer, enqueued_at timestamptz, aging_secs integer)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN aging_secs IS NULL THEN -priority::double precision
-            ELSE extract(epoch FROM enqueued_at)::double precision
+            ELSE extract(epoch FROM enqueued_at - '1970-01-01 00:00:00+00'::timestamptz)::double precision
                  - priority::double precision * aging_secs END;
 
 -- Per-key caps. `admitted` counts the key's tasks holding a slot: ready plus

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
-use sheaf_core::ordering::Mode;
 
 use crate::errors::{SpiResultExt, bad_argument, required};
 use crate::plans::{Stmt, exec, run};
@@ -27,8 +26,8 @@ const CLAIM: Stmt = Stmt::write(
        SELECT task_id, k1, k2, seq FROM ready WHERE queue = $1 \
        ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
      gone AS (\
-       DELETE FROM ready r USING picked p WHERE r.task_id = p.task_id \
-       RETURNING p.task_id, p.k1, p.k2, p.seq) \
+       DELETE FROM ready WHERE task_id = ANY (ARRAY(SELECT task_id FROM picked)) \
+       RETURNING task_id, k1, k2, seq) \
      UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, token = nextval('fence_token'), \
             lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
      FROM gone g WHERE t.id = g.task_id \
@@ -94,10 +93,6 @@ fn claim(
         bad_argument("batch", format!("must be 1 to {MAX_BATCH}, got {batch}"));
     }
     let lease_secs = lease::check_lease("lease", required(lease, "lease"));
-    let Some(q) = queue::load(name) else {
-        return TableIterator::new(Vec::new());
-    };
-
     let mut swept = false;
     if sweep_due(name) {
         sweep(name);
@@ -108,8 +103,10 @@ fn claim(
         rows.extend(claim_once(name, batch - rows.len() as i32, worker, lease_secs));
     }
     rows.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)));
-    if q.mode == Mode::Fairness
-        && let Some(max_k2) = rows.iter().map(|r| r.2).reduce(f64::max)
+    // Only fairness queues have start tags above 0; for them, move the
+    // virtual time up to what was just claimed.
+    if let Some(max_k2) = rows.iter().map(|r| r.2).reduce(f64::max)
+        && max_k2 > 0.0
     {
         exec(&ADVANCE_VTIME, &[name.into(), max_k2.into()]);
     }

@@ -17,11 +17,15 @@ const COMPLETE: Stmt = Stmt::write(
      RETURNING concurrency_key, execution_id, kind",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
 );
-const COMPLETE_BATCH: Stmt = Stmt::write(
-    "DELETE FROM tasks t USING unnest($1::uuid[], $2::bigint[]) AS x(id, token) \
-     WHERE t.id = x.id AND t.token = x.token AND t.state = 'running' \
-     RETURNING t.id, t.concurrency_key, t.execution_id, t.kind",
-    &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::INT8ARRAYOID],
+// Two steps, so every statement is a primary-key seek whatever the batch:
+// lock the entries still running, then delete those whose token matches.
+const RUNNING_TOKENS: Stmt = Stmt::write(
+    "SELECT id, token FROM tasks WHERE id = ANY($1) AND state = 'running' FOR UPDATE",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+const DELETE_BATCH: Stmt = Stmt::write(
+    "DELETE FROM tasks WHERE id = ANY($1) RETURNING id, concurrency_key, execution_id, kind",
+    &[PgBuiltInOids::UUIDARRAYOID],
 );
 
 /// Completes a task claimed under `token`. A stale token (the lease was lost)
@@ -91,8 +95,20 @@ fn complete_batch(
         .enumerate()
         .map(|(i, t)| t.unwrap_or_else(|| bad_argument("tokens", format!("element {} is NULL", i + 1))))
         .collect();
+    let wanted: HashSet<(pgrx::Uuid, i64)> = ids.iter().copied().zip(tokens).collect();
     let done: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>, String)> = Spi::connect_mut(|client| {
-        run(client, &COMPLETE_BATCH, &[ids.clone().into(), tokens.into()])
+        let matching: Vec<pgrx::Uuid> = run(client, &RUNNING_TOKENS, &[ids.clone().into()])
+            .into_iter()
+            .filter_map(|row| {
+                let id = row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?;
+                let token = row.get::<i64>(2).or_internal("completing tasks")?;
+                wanted.contains(&(id, token)).then_some(id)
+            })
+            .collect();
+        if matching.is_empty() {
+            return Vec::new();
+        }
+        run(client, &DELETE_BATCH, &[matching.into()])
             .into_iter()
             .filter_map(|row| {
                 Some((

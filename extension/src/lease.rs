@@ -149,6 +149,10 @@ pub fn reap_queue(queue: &str, max: i64) -> i64 {
             .collect()
     });
     let n = expired.len() as i64;
+    // Keys in a fixed order: two reapers never take two keys' slot rows in
+    // opposite orders.
+    let mut expired = expired;
+    expired.sort_by(|a, b| a.1.cmp(&b.1));
     let error = "lease expired before the task was completed (worker crashed or stalled)";
     for (id, key, last_attempt) in expired {
         if last_attempt {

@@ -11,7 +11,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
 
 use crate::errors::SpiResultExt;
 
-/// One statement: its SQL (also its cache key), argument types, and whether
+/// One statement: its SQL (its address is the cache key), argument types, and whether
 /// it writes (SPI runs read-only statements against the transaction snapshot).
 pub struct Stmt {
     pub sql: &'static str,
@@ -39,7 +39,9 @@ impl Stmt {
 
 thread_local! {
     // A backend is single-threaded; the cache lives as long as the backend.
-    static PLANS: RefCell<HashMap<&'static str, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    // Keyed by the address of the statement's SQL text: every statement is a
+    // `&'static str`, so the address identifies it without hashing the text.
+    static PLANS: RefCell<HashMap<usize, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
 /// Runs `stmt` with `args` through its kept plan, preparing it on first use.
@@ -50,16 +52,18 @@ pub fn run<'conn>(
 ) -> SpiTupleTable<'conn> {
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();
-        if !plans.contains_key(stmt.sql) {
+        let key = stmt.sql.as_ptr() as usize;
+        if !plans.contains_key(&key) {
             let types: Vec<PgOid> = stmt.args.iter().map(|t| PgOid::BuiltIn(*t)).collect();
             let prepared = if stmt.writes {
                 client.prepare_mut(stmt.sql, &types)
             } else {
                 client.prepare(stmt.sql, &types)
             };
-            plans.insert(stmt.sql, prepared.or_internal("preparing a statement").keep());
+            plans.insert(key, prepared.or_internal("preparing a statement").keep());
         }
-        let plan = plans.get(stmt.sql).expect("inserted above");
+        let plan = plans.get(&key).expect("inserted above");
+        let _generic = GenericPlans::force();
         let result = if stmt.writes {
             client.update(plan, None, args)
         } else {
@@ -74,4 +78,34 @@ pub fn exec(stmt: &Stmt, args: &[DatumWithOid<'_>]) {
     Spi::connect_mut(|client| {
         run(client, stmt, args);
     })
+}
+
+/// Forces the generic plan while one of sheaf's statements runs. Left to
+/// itself the plan cache keeps choosing custom plans for statements with a
+/// `LIMIT $n`, and re-plans them on every call: planning cost more than the
+/// claim itself. Every sheaf statement is written for its generic plan (a
+/// seek on the index its predicate names). The previous mode comes back when
+/// the guard drops, also when the statement raises an error (pgrx turns the
+/// error into an unwinding panic, which runs drops).
+struct GenericPlans(std::ffi::c_int);
+
+impl GenericPlans {
+    fn force() -> GenericPlans {
+        // SAFETY: a backend is single-threaded; this is the GUC's own variable.
+        unsafe {
+            let previous = pg_sys::plan_cache_mode;
+            pg_sys::plan_cache_mode =
+                pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_GENERIC_PLAN as std::ffi::c_int;
+            GenericPlans(previous)
+        }
+    }
+}
+
+impl Drop for GenericPlans {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe {
+            pg_sys::plan_cache_mode = self.0;
+        }
+    }
 }

@@ -7,7 +7,7 @@ use pgrx::prelude::*;
 use sheaf_core::ordering::fair_tags;
 
 use crate::errors::SpiResultExt;
-use crate::plans::{Stmt, run};
+use crate::plans::{Stmt, exec, run};
 
 const INSERT: Stmt = Stmt::write(
     "WITH r AS (\
@@ -19,11 +19,18 @@ const INSERT: Stmt = Stmt::write(
      SELECT DISTINCT queue FROM r",
     &[PgBuiltInOids::UUIDARRAYOID],
 );
-// NOTIFY coalesces equal (channel, payload) pairs within a transaction, so a
-// batch sends one notification per queue, never one per row.
-const NOTIFY: Stmt = Stmt::write(
-    "SELECT pg_notify('sheaf_ready', name) FROM queues WHERE name = ANY($1) AND notify",
-    &[PgBuiltInOids::TEXTARRAYOID],
+// Wakes listeners of queues that had no other ready task: only an idle
+// queue has workers asleep on LISTEN; a busy one has workers coming back for
+// more anyway. So under load nothing is sent, and NOTIFY, which serializes
+// the commits of every notifying transaction, costs nothing. NOTIFY also
+// folds equal (channel, payload) pairs within a transaction: one per queue.
+// A LIMIT 1 subquery, not NOT EXISTS: the generic plan of an anti-join reads
+// the whole ready set.
+const NOTIFY_IF_IDLE: Stmt = Stmt::write(
+    "SELECT pg_notify('sheaf_ready', q.name) FROM queues q \
+     WHERE q.name = ANY($1) AND q.notify \
+       AND (SELECT r.task_id FROM ready r WHERE r.queue = q.name AND r.task_id <> ALL($2) LIMIT 1) IS NULL",
+    &[PgBuiltInOids::TEXTARRAYOID, PgBuiltInOids::UUIDARRAYOID],
 );
 const VTIME: Stmt = Stmt::read(
     "SELECT vtime FROM queues WHERE name = $1",
@@ -43,8 +50,8 @@ const ADVANCE_KEY: Stmt = Stmt::write(
     ],
 );
 
-/// Inserts ready rows for tasks whose state is already `ready`, and notifies
-/// their queues' listeners.
+/// Inserts ready rows for tasks whose state is already `ready`, and wakes
+/// the listeners of queues that were idle.
 pub fn insert(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
@@ -55,7 +62,7 @@ pub fn insert(ids: &[pgrx::Uuid]) {
             .filter_map(|row| row.get::<String>(1).or_internal("reading ready queues"))
             .collect();
         if !queues.is_empty() {
-            run(client, &NOTIFY, &[queues.into()]);
+            run(client, &NOTIFY_IF_IDLE, &[queues.into(), ids.to_vec().into()]);
         }
     })
 }
@@ -104,4 +111,12 @@ pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
             })
             .collect()
     })
+}
+
+/// Wakes the listeners of `queue` if the tasks `new` are its only ready ones.
+pub fn notify_if_idle(queue: &str, new: &[pgrx::Uuid]) {
+    exec(
+        &NOTIFY_IF_IDLE,
+        &[vec![queue.to_owned()].into(), new.to_vec().into()],
+    );
 }

@@ -1,6 +1,7 @@
 //! Shard identity: which shard this database is, set once.
 
 use crate::errors::{SpiResultExt, bad_argument, not_ready, required};
+use crate::plans::{Stmt, run};
 use pgrx::prelude::*;
 use sheaf_core::id::MAX_SHARD_ID;
 
@@ -58,8 +59,15 @@ pub fn current() -> i32 {
     }
 }
 
+const STORED: Stmt = Stmt::read("SELECT shard_id FROM shard_identity", &[]);
+
 fn stored_shard_id() -> Option<i32> {
-    Spi::get_one::<i32>("SELECT (SELECT shard_id FROM shard_identity)").or_internal("reading the shard id")
+    Spi::connect_mut(|client| {
+        run(client, &STORED, &[])
+            .into_iter()
+            .next()
+            .and_then(|row| row.get::<i32>(1).or_internal("reading the shard id"))
+    })
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -50,8 +50,18 @@ const BY_IDEMPOTENCY_KEY: Stmt = Stmt::read(
     "SELECT id FROM tasks WHERE queue = $1 AND idempotency_key = $2",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
 );
-const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_ready', $1)", &[PgBuiltInOids::TEXTOID]);
-
+const NEEDING_FAIR_START: Stmt = Stmt::read(
+    "SELECT t.id, t.queue, t.fairness_key, t.fairness_weight \
+     FROM tasks t JOIN queues q ON q.name = t.queue \
+     WHERE t.id = ANY($1) AND q.fairness AND t.fair_start IS NULL \
+     ORDER BY t.queue, t.priority DESC, t.seq",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+const SET_READY: Stmt = Stmt::write(
+    "UPDATE tasks t SET state = 'ready', fair_start = coalesce(x.fair_start, t.fair_start) \
+     FROM unnest($1::uuid[], $2::float8[]) AS x(id, fair_start) WHERE t.id = x.id",
+    &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::FLOAT8ARRAYOID],
+);
 /// Enqueues one task and returns its id. `opts` (all optional): `priority`
 /// (higher first), `run_at`, `concurrency_key`, `fairness_key`,
 /// `fairness_weight`, `max_attempts` (default 25), `execution_id`, `kind`
@@ -207,7 +217,7 @@ fn enqueue_many(
         return vec![existing];
     }
     if admitted > 0 && q.notify {
-        exec(&NOTIFY, &[name.into()]);
+        ready::notify_if_idle(name, &new_ids[..admitted]);
     }
     new_ids
 }
@@ -228,17 +238,8 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
     }
-    let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect(|client| {
-        client
-            .select(
-                "SELECT t.id, t.queue, t.fairness_key, t.fairness_weight \
-                 FROM tasks t JOIN queues q ON q.name = t.queue \
-                 WHERE t.id = ANY($1) AND q.fairness AND t.fair_start IS NULL \
-                 ORDER BY t.queue, t.priority DESC, t.seq",
-                None,
-                &[ids.to_vec().into()],
-            )
-            .or_internal("reading fairness keys")
+    let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect_mut(|client| {
+        run(client, &NEEDING_FAIR_START, &[ids.to_vec().into()])
             .into_iter()
             .filter_map(|row| {
                 Some((
@@ -266,10 +267,5 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
         }
         i += group.len();
     }
-    Spi::run_with_args(
-        "UPDATE tasks t SET state = 'ready', fair_start = coalesce(x.fair_start, t.fair_start) \
-         FROM unnest($1::uuid[], $2::float8[]) AS x(id, fair_start) WHERE t.id = x.id",
-        &[ids.to_vec().into(), starts.into()],
-    )
-    .or_internal("marking tasks ready");
+    exec(&SET_READY, &[ids.to_vec().into(), starts.into()]);
 }

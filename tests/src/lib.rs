@@ -42,7 +42,7 @@ fn start_shards() -> String {
         ])
         .args([
             "--base-port",
-            &(55000 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string(),
+            &(25000 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string(),
         ])
         .output()
         .expect("scripts/shards runs");
@@ -108,4 +108,27 @@ impl Rng {
 pub fn unique(prefix: &str) -> String {
     let (mut rng, _) = Rng::from_time();
     format!("{prefix}-{:x}", rng.next())
+}
+
+/// A connection whose notifications (LISTEN) arrive on the returned channel.
+pub async fn connect_listening(
+    shard: &Shard,
+) -> (
+    Client,
+    tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+) {
+    use futures::StreamExt;
+    let (client, mut connection) = tokio_postgres::connect(&shard.url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to shard {}: {e}", shard.id));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n);
+            }
+        }
+    });
+    (client, rx)
 }

@@ -1,0 +1,388 @@
+//! The claim benchmark: sheaf against the textbook `FOR UPDATE SKIP LOCKED`
+//! queue, in the same Postgres, on the same workload.
+//!
+//! A custom harness, because claims consume rows: every measured cycle is
+//! enqueue + claim + complete, so the backlog stays at the depth under test.
+//!
+//! ```text
+//! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M
+//! cargo run --release -p sheaf-benches --bin claim-bench -- batch      # batch 100 vs single
+//! cargo run --release -p sheaf-benches --bin claim-bench -- steady --minutes 10
+//! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60
+//! cargo run --release -p sheaf-benches --bin claim-bench -- smoke      # seconds, for CI
+//! ```
+//! Without `--url` it starts its own one-shard cluster with `scripts/shards`.
+
+mod systems;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use systems::{Ops, System, queue_name};
+use tokio_postgres::{Client, NoTls};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// One queue, random priorities 0..3.
+    Plain,
+    /// The backlog spread over 64 queues.
+    Queues64,
+    /// A key capped at 1 holding 100K rows at the head of the queue.
+    Saturated,
+    /// Priority aging (60 s per step).
+    Aging,
+    /// Fairness over 5,000 keys.
+    Fairness,
+    /// 1M tasks scheduled far in the future, besides the due backlog.
+    Future,
+}
+
+#[derive(Parser)]
+#[command(about = "Claim latency and throughput vs backlog depth: sheaf and the textbook SKIP LOCKED queue")]
+struct Cli {
+    /// A database to use (it is wiped). Default: a bench cluster started with scripts/shards.
+    #[arg(long, env = "SHEAF_BENCH_URL")]
+    url: Option<String>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Every mode at every depth, both systems.
+    Modes {
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000,1000000")]
+        depths: Vec<i64>,
+        #[arg(long, value_delimiter = ',', value_enum)]
+        modes: Option<Vec<Mode>>,
+        /// Seconds measured per system, mode and depth.
+        #[arg(long, default_value_t = 5)]
+        secs: u64,
+    },
+    /// Throughput of claim/complete in batches of 100 vs one at a time.
+    Batch {
+        #[arg(long, default_value_t = 5)]
+        secs: u64,
+    },
+    /// A long steady run: tasks/s each minute, table and index sizes at the end.
+    Steady {
+        #[arg(long, default_value_t = 10)]
+        minutes: u64,
+    },
+    /// Throughput while a REPEATABLE READ transaction holds a snapshot, vs without.
+    Snapshot {
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+    },
+    /// Every mode at 1K for a second: proves the harness runs (CI).
+    Smoke,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    let url = match cli.url.clone() {
+        Some(url) => url,
+        None => start_bench_shard()?,
+    };
+    let admin = connect(&url).await?;
+    admin.batch_execute("SET client_min_messages = warning").await?;
+    let clients = cli.clients;
+    match cli.command {
+        Cmd::Modes { depths, modes, secs } => {
+            let modes = modes.unwrap_or_else(|| Mode::value_variants().to_vec());
+            run_modes(
+                &url,
+                &admin,
+                &modes,
+                &depths,
+                Duration::from_secs(secs),
+                clients,
+                1,
+            )
+            .await?
+        }
+        Cmd::Smoke => {
+            // The fixed extras shrink 100-fold: a smoke run proves the harness, not the figures.
+            run_modes(
+                &url,
+                &admin,
+                Mode::value_variants(),
+                &[1000],
+                Duration::from_secs(1),
+                2,
+                100,
+            )
+            .await?
+        }
+        Cmd::Batch { secs } => run_batch(&url, &admin, Duration::from_secs(secs)).await?,
+        Cmd::Steady { minutes } => run_steady(&url, &admin, minutes, clients).await?,
+        Cmd::Snapshot { secs } => run_snapshot(&url, &admin, Duration::from_secs(secs), clients).await?,
+    }
+    Ok(())
+}
+
+fn start_bench_shard() -> Result<String, Box<dyn std::error::Error>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(root.join("scripts/shards"))
+        .args([
+            "up",
+            "--count",
+            "1",
+            "--pg",
+            "15",
+            "--dir",
+            "/tmp/sheaf-bench/pg15",
+            "--base-port",
+            "26150",
+        ])
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("scripts/shards failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let line = String::from_utf8(out.stdout)?;
+    let url = line
+        .trim()
+        .split_once('=')
+        .map(|(_, u)| u.to_owned())
+        .ok_or("no shard printed")?;
+    Ok(url)
+}
+
+async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// What one measurement saw.
+struct Measured {
+    cycles: u64,
+    elapsed: Duration,
+    claim_latencies: Vec<Duration>,
+}
+
+impl Measured {
+    fn rate(&self) -> f64 {
+        self.cycles as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile_ms(&self, p: f64) -> f64 {
+        if self.claim_latencies.is_empty() {
+            return f64::NAN;
+        }
+        let mut v = self.claim_latencies.clone();
+        v.sort();
+        let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+        v[i].as_secs_f64() * 1000.0
+    }
+}
+
+/// `clients` clients run full cycles (enqueue one, claim one, complete it)
+/// for `window`; at least one cycle each.
+async fn cycles(
+    url: &str,
+    system: System,
+    mode: Mode,
+    clients: usize,
+    window: Duration,
+) -> Result<Measured, Box<dyn std::error::Error>> {
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for c in 0..clients {
+        let url = url.to_owned();
+        handles.push(tokio::spawn(async move {
+            let db = connect(&url).await?;
+            let ops = Ops::prepare(&db, system, mode).await?;
+            let mut lat = Vec::new();
+            let mut n: u64 = 0;
+            let mut i = c;
+            let deadline = Instant::now() + window;
+            loop {
+                let queue = queue_name(mode, i);
+                let fkey = format!("f{}", i % systems::FAIR_KEYS as usize);
+                let fairness_key = (mode == Mode::Fairness).then_some(fkey.as_str());
+                ops.enqueue(&db, &queue, (i % 4) as i32, fairness_key).await?;
+                let t = Instant::now();
+                let claimed = ops.claim(&db, &queue, 1).await?;
+                lat.push(t.elapsed());
+                for task in &claimed {
+                    ops.complete(&db, task).await?;
+                }
+                n += 1;
+                i += clients;
+                if Instant::now() >= deadline {
+                    break;
+                }
+            }
+            Ok::<_, tokio_postgres::Error>((n, lat))
+        }));
+    }
+    let mut measured = Measured {
+        cycles: 0,
+        elapsed: Duration::ZERO,
+        claim_latencies: Vec::new(),
+    };
+    for h in handles {
+        let (n, lat) = h.await??;
+        measured.cycles += n;
+        measured.claim_latencies.extend(lat);
+    }
+    measured.elapsed = started.elapsed();
+    Ok(measured)
+}
+
+async fn run_modes(
+    url: &str,
+    admin: &Client,
+    modes: &[Mode],
+    depths: &[i64],
+    window: Duration,
+    clients: usize,
+    shrink: i64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    println!(
+        "{:<10} {:>8}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>7}",
+        "mode", "depth", "sheaf p50", "p99", "cycles/s", "text p50", "p99", "cycles/s", "ratio"
+    );
+    for &mode in modes {
+        systems::reset(admin, mode, shrink).await?;
+        let mut filled = 0;
+        let mut first_p50 = None;
+        let mut last_p50 = None;
+        for &depth in depths {
+            systems::fill(admin, mode, depth - filled).await?;
+            filled = depth;
+            let s = cycles(url, System::Sheaf, mode, clients, window).await?;
+            let t = cycles(url, System::Textbook, mode, clients, window).await?;
+            let p50 = s.percentile_ms(0.5);
+            first_p50.get_or_insert(p50);
+            last_p50 = Some(p50);
+            println!(
+                "{:<10} {:>8}  {:>8.2}ms {:>7.2}ms {:>9.0}  {:>7.2}ms {:>7.2}ms {:>9.1}  {:>6.1}x",
+                format!("{mode:?}").to_lowercase(),
+                depth,
+                p50,
+                s.percentile_ms(0.99),
+                s.rate(),
+                t.percentile_ms(0.5),
+                t.percentile_ms(0.99),
+                t.rate(),
+                s.rate() / t.rate()
+            );
+        }
+        if let (Some(first), Some(last)) = (first_p50, last_p50)
+            && depths.len() > 1
+        {
+            println!(
+                "{:<10} sheaf p50 at {} / p50 at {}: {:.2}",
+                format!("{mode:?}").to_lowercase(),
+                depths[depths.len() - 1],
+                depths[0],
+                last / first
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn run_batch(url: &str, admin: &Client, window: Duration) -> Result<(), Box<dyn std::error::Error>> {
+    systems::reset(admin, Mode::Plain, 1).await?;
+    systems::fill(admin, Mode::Plain, 300_000).await?;
+    let db = connect(url).await?;
+    let ops = Ops::prepare(&db, System::Sheaf, Mode::Plain).await?;
+    let mut rates = Vec::new();
+    for batch in [1, 100] {
+        let started = Instant::now();
+        let mut done = 0i64;
+        while started.elapsed() < window {
+            let claimed = ops.claim(&db, "bench", batch).await?;
+            if batch == 1 {
+                for t in &claimed {
+                    ops.complete(&db, t).await?;
+                    done += 1;
+                }
+            } else {
+                done += ops.complete_batch(&db, &claimed).await?;
+            }
+        }
+        let rate = done as f64 / started.elapsed().as_secs_f64();
+        println!("batch {batch:>3}: {rate:>9.0} tasks/s (claim + complete, durable commits, 1 client)");
+        rates.push(rate);
+    }
+    println!("batch 100 / batch 1: {:.1}x", rates[1] / rates[0]);
+    Ok(())
+}
+
+async fn run_steady(
+    url: &str,
+    admin: &Client,
+    minutes: u64,
+    clients: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    systems::reset(admin, Mode::Plain, 1).await?;
+    systems::fill(admin, Mode::Plain, 10_000).await?;
+    for minute in 1..=minutes {
+        let m = cycles(url, System::Sheaf, Mode::Plain, clients, Duration::from_secs(60)).await?;
+        println!(
+            "minute {minute:>2}: {:>7.0} cycles/s, claim p50 {:.2} ms, p99 {:.2} ms",
+            m.rate(),
+            m.percentile_ms(0.5),
+            m.percentile_ms(0.99)
+        );
+    }
+    let sizes = admin
+        .query(
+            "SELECT c.relname, pg_size_pretty(pg_relation_size(c.oid)), c.relkind::text \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'sheaf' AND c.relkind IN ('r', 'i') \
+               AND c.relname IN ('tasks', 'ready', 'tasks_pkey', 'ready_pkey', 'ready_claim', \
+                                 'tasks_scheduled', 'tasks_running', 'tasks_waiting') \
+             ORDER BY 1",
+            &[],
+        )
+        .await?;
+    for row in sizes {
+        println!(
+            "  {:<16} {:>10} ({})",
+            row.get::<_, String>(0),
+            row.get::<_, String>(1),
+            row.get::<_, String>(2)
+        );
+    }
+    Ok(())
+}
+
+async fn run_snapshot(
+    url: &str,
+    admin: &Client,
+    window: Duration,
+    clients: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    systems::reset(admin, Mode::Plain, 1).await?;
+    systems::fill(admin, Mode::Plain, 10_000).await?;
+    for system in [System::Sheaf, System::Textbook] {
+        let free = cycles(url, system, Mode::Plain, clients, window).await?;
+        let holder = connect(url).await?;
+        holder
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;")
+            .await?;
+        let held = cycles(url, system, Mode::Plain, clients, window).await?;
+        holder.batch_execute("ROLLBACK").await?;
+        println!(
+            "{:<9} free {:>7.0} cycles/s (p99 {:>6.2} ms)   snapshot held {:>7.0} cycles/s (p99 {:>7.2} ms)   ratio {:.2}",
+            system.name(),
+            free.rate(),
+            free.percentile_ms(0.99),
+            held.rate(),
+            held.percentile_ms(0.99),
+            held.rate() / free.rate()
+        );
+    }
+    Ok(())
+}
