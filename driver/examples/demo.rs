@@ -20,7 +20,12 @@ use tokio_postgres::{Client, NoTls};
 const TASKS_PER_SHARD: i32 = 20_000;
 const WORKERS_PER_SHARD: usize = 4;
 /// Tenants and their caps: the demo's concurrency keys.
-const TENANTS: [(&str, i32); 4] = [("tenant-a", 1), ("tenant-b", 2), ("tenant-c", 4), ("tenant-d", 8)];
+const TENANTS: [(&str, i32); 4] = [
+    ("tenant-a", 2),
+    ("tenant-b", 4),
+    ("tenant-c", 8),
+    ("tenant-d", 16),
+];
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -60,7 +65,8 @@ async fn run_shard(shard: Shard) -> Result<u64, Error> {
     let db = connect(&shard).await?;
     let queue = format!("demo-{}", std::process::id());
     for (tenant, cap) in TENANTS {
-        db.execute("SELECT sheaf.set_concurrency_limit($1, $2)", &[&tenant, &cap]).await?;
+        db.execute("SELECT sheaf.set_concurrency_limit($1, $2)", &[&tenant, &cap])
+            .await?;
     }
     let loaded = Instant::now();
     enqueue_workload(&db, &queue).await?;
@@ -76,7 +82,12 @@ async fn run_shard(shard: Shard) -> Result<u64, Error> {
     let started = Instant::now();
     let mut workers = Vec::new();
     for w in 0..WORKERS_PER_SHARD {
-        workers.push(tokio::spawn(work(shard.clone(), queue.clone(), format!("demo-{w}"), done.clone())));
+        workers.push(tokio::spawn(work(
+            shard.clone(),
+            queue.clone(),
+            format!("demo-{w}"),
+            done.clone(),
+        )));
     }
     for w in workers {
         w.await??;
@@ -93,7 +104,10 @@ async fn run_shard(shard: Shard) -> Result<u64, Error> {
     for (tenant, cap) in TENANTS {
         let peak = peaks.get(tenant).copied().unwrap_or(0);
         let verdict = if peak <= cap as i64 { "held" } else { "EXCEEDED" };
-        println!("shard {}:   {tenant}: cap {cap}, peak running {peak} ({verdict})", shard.id);
+        println!(
+            "shard {}:   {tenant}: cap {cap}, peak running {peak} ({verdict})",
+            shard.id
+        );
         if peak > cap as i64 {
             return Err(format!("shard {}: cap of {tenant} exceeded", shard.id).into());
         }
@@ -101,14 +115,14 @@ async fn run_shard(shard: Shard) -> Result<u64, Error> {
     Ok(n)
 }
 
-/// Half the tasks are free, half belong to a capped tenant; priorities 0..3;
-/// one batch in twenty is scheduled a second ahead.
+/// A quarter of the tasks belong to a capped tenant, the rest are free;
+/// priorities 0..3; one batch in twenty is scheduled a second ahead.
 async fn enqueue_workload(db: &Client, queue: &str) -> Result<(), Error> {
     let batch = 500;
     for b in 0..TASKS_PER_SHARD / batch {
         let mut opts = serde_json::json!({"priority": b % 4});
-        if b % 2 == 1 {
-            opts["concurrency_key"] = TENANTS[(b as usize / 2) % TENANTS.len()].0.into();
+        if b % 4 == 1 {
+            opts["concurrency_key"] = TENANTS[(b as usize / 4) % TENANTS.len()].0.into();
         }
         let later = b % 20 == 7;
         db.execute(
@@ -128,7 +142,10 @@ async fn work(shard: Shard, queue: String, worker: String, done: Arc<AtomicU64>)
     let db = connect(&shard).await?;
     loop {
         let rows = db
-            .query("SELECT task_id, token FROM sheaf.claim($1, $2, 10)", &[&queue, &worker])
+            .query(
+                "SELECT task_id, token FROM sheaf.claim($1, $2, 10)",
+                &[&queue, &worker],
+            )
             .await?;
         if rows.is_empty() {
             let left: i64 = db
@@ -141,13 +158,16 @@ async fn work(shard: Shard, queue: String, worker: String, done: Arc<AtomicU64>)
             if left == 0 {
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
         }
         let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.get(0)).collect();
         let tokens: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
-        db.execute("SELECT count(*) FROM sheaf.complete_batch($1, $2)", &[&ids, &tokens])
-            .await?;
+        db.execute(
+            "SELECT count(*) FROM sheaf.complete_batch($1, $2)",
+            &[&ids, &tokens],
+        )
+        .await?;
         done.fetch_add(ids.len() as u64, Ordering::Relaxed);
     }
 }
@@ -158,7 +178,10 @@ async fn sample_caps(shard: Shard, stop: Arc<AtomicBool>) -> Result<HashMap<Stri
     let mut peaks: HashMap<String, i64> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         for row in db
-            .query("SELECT concurrency_key, running FROM sheaf.concurrency_stats()", &[])
+            .query(
+                "SELECT concurrency_key, running FROM sheaf.concurrency_stats()",
+                &[],
+            )
             .await?
         {
             let peak = peaks.entry(row.get(0)).or_default();
