@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use pgrx::prelude::*;
 
-use crate::errors::{SpiResultExt, bad_argument, required, stale_token};
+use crate::errors::{SpiResultExt, bad_argument, no_nulls, required, stale_token};
 use crate::plans::{Stmt, run};
 use crate::{concurrency, history};
 
@@ -85,16 +85,8 @@ fn complete_batch(
             format!("must hold 1 to {MAX_BATCH} ids, got {}", task_ids.len()),
         );
     }
-    let ids: Vec<pgrx::Uuid> = task_ids
-        .into_iter()
-        .enumerate()
-        .map(|(i, id)| id.unwrap_or_else(|| bad_argument("task_ids", format!("element {} is NULL", i + 1))))
-        .collect();
-    let tokens: Vec<i64> = tokens
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| t.unwrap_or_else(|| bad_argument("tokens", format!("element {} is NULL", i + 1))))
-        .collect();
+    let ids = no_nulls(task_ids, "task_ids");
+    let tokens = no_nulls(tokens, "tokens");
     let wanted: HashSet<(pgrx::Uuid, i64)> = ids.iter().copied().zip(tokens).collect();
     let done: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>, String)> = Spi::connect_mut(|client| {
         let matching: Vec<pgrx::Uuid> = run(client, &RUNNING_TOKENS, &[ids.clone().into()])

@@ -2,7 +2,7 @@
 
 use pgrx::prelude::*;
 
-use crate::errors::{SpiResultExt, bad_argument, required};
+use crate::errors::{SpiResultExt, bad_argument, no_nulls, required};
 use crate::plans::{Stmt, run};
 use crate::{concurrency, history, promote};
 
@@ -60,11 +60,7 @@ fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
             format!("must hold at most 10000 ids, got {}", ids.len()),
         );
     }
-    let ids: Vec<pgrx::Uuid> = ids
-        .into_iter()
-        .enumerate()
-        .map(|(i, id)| id.unwrap_or_else(|| bad_argument("task_ids", format!("element {} is NULL", i + 1))))
-        .collect();
+    let ids = no_nulls(ids, "task_ids");
     let moved: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
         client
             .update(

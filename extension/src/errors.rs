@@ -40,6 +40,16 @@ pub fn required<T>(value: Option<T>, arg: &str) -> T {
     }
 }
 
+/// Unwraps an array argument none of whose elements may be NULL; the
+/// refusal names the argument and the (1-based) element.
+pub fn no_nulls<T>(values: Vec<Option<T>>, arg: &str) -> Vec<T> {
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| v.unwrap_or_else(|| bad_argument(arg, format!("element {} is NULL", i + 1))))
+        .collect()
+}
+
 /// An SPI failure is a bug in sheaf's own SQL, never a caller's mistake:
 /// report it as an internal error that names the statement's purpose.
 pub trait SpiResultExt<T> {

@@ -13,10 +13,14 @@ use crate::plans::{Stmt, exec, run};
 pub struct Queue {
     pub mode: Mode,
     pub notify: bool,
+    /// It had no ready task when loaded: its workers may be asleep.
+    pub idle: bool,
 }
 
 const LOAD: Stmt = Stmt::read(
-    "SELECT aging_secs, fairness, notify FROM queues WHERE name = $1",
+    "SELECT aging_secs, fairness, notify, \
+            (SELECT task_id FROM ready WHERE queue = $1 LIMIT 1) IS NULL \
+     FROM queues WHERE name = $1",
     &[PgBuiltInOids::TEXTOID],
 );
 const CREATE: Stmt = Stmt::write(
@@ -40,6 +44,7 @@ pub fn load(name: &str) -> Option<Queue> {
         let aging: Option<i32> = row.get(1).or_internal("reading a queue");
         let fairness: Option<bool> = row.get(2).or_internal("reading a queue");
         let notify: Option<bool> = row.get(3).or_internal("reading a queue");
+        let idle: Option<bool> = row.get(4).or_internal("reading a queue");
         let mode = match (aging, fairness) {
             (Some(secs), _) => Mode::Aging { secs: secs as u32 },
             (None, Some(true)) => Mode::Fairness,
@@ -48,6 +53,7 @@ pub fn load(name: &str) -> Option<Queue> {
         Some(Queue {
             mode,
             notify: notify.unwrap_or(true),
+            idle: idle.unwrap_or(true),
         })
     })
 }

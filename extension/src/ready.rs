@@ -7,7 +7,7 @@ use pgrx::prelude::*;
 use sheaf_core::ordering::fair_tags;
 
 use crate::errors::SpiResultExt;
-use crate::plans::{Stmt, exec, run};
+use crate::plans::{Stmt, run};
 
 const INSERT: Stmt = Stmt::write(
     "WITH r AS (\
@@ -111,12 +111,4 @@ pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
             })
             .collect()
     })
-}
-
-/// Wakes the listeners of `queue` if the tasks `new` are its only ready ones.
-pub fn notify_if_idle(queue: &str, new: &[pgrx::Uuid]) {
-    exec(
-        &NOTIFY_IF_IDLE,
-        &[vec![queue.to_owned()].into(), new.to_vec().into()],
-    );
 }

@@ -5,7 +5,7 @@ use pgrx::prelude::*;
 use sheaf_core::options::EnqueueOptions;
 use sheaf_core::ordering::Mode;
 
-use crate::errors::{SpiResultExt, bad_argument, required};
+use crate::errors::{SpiResultExt, bad_argument, no_nulls, required};
 use crate::plans::{Stmt, exec, run};
 use crate::{concurrency, ids, queue, ready};
 
@@ -50,6 +50,7 @@ const BY_IDEMPOTENCY_KEY: Stmt = Stmt::read(
     "SELECT id FROM tasks WHERE queue = $1 AND idempotency_key = $2",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
 );
+const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_ready', $1)", &[PgBuiltInOids::TEXTOID]);
 const NEEDING_FAIR_START: Stmt = Stmt::read(
     "SELECT t.id, t.queue, t.fairness_key, t.fairness_weight \
      FROM tasks t JOIN queues q ON q.name = t.queue \
@@ -95,13 +96,7 @@ fn enqueue_batch(
             format!("must hold 1 to {MAX_BATCH} payloads, got {}", payloads.len()),
         );
     }
-    let mut values = Vec::with_capacity(payloads.len());
-    for (i, p) in payloads.into_iter().enumerate() {
-        match p {
-            Some(p) => values.push(p.0),
-            None => bad_argument("payloads", format!("element {} is NULL", i + 1)),
-        }
-    }
+    let values = no_nulls(payloads, "payloads").into_iter().map(|p| p.0).collect();
     SetOfIterator::new(enqueue_many(queue, values, opts))
 }
 
@@ -216,8 +211,9 @@ fn enqueue_many(
         }
         return vec![existing];
     }
-    if admitted > 0 && q.notify {
-        ready::notify_if_idle(name, &new_ids[..admitted]);
+    // Only an idle queue's workers can be asleep on LISTEN (see ready.rs).
+    if admitted > 0 && q.notify && q.idle {
+        exec(&NOTIFY, &[name.into()]);
     }
     new_ids
 }

@@ -2,7 +2,7 @@
 
 use pgrx::prelude::*;
 
-use crate::errors::{SpiResultExt, bad_argument, required};
+use crate::errors::{SpiResultExt, bad_argument, no_nulls, required};
 use crate::{lease, queue};
 
 /// A worker is live while its last heartbeat is younger than this.
@@ -21,17 +21,10 @@ fn worker_heartbeat(worker: Option<&str>, queues: Option<Vec<Option<String>>>) {
             format!("must hold at most 1000 names, got {}", queues.len()),
         );
     }
-    let queues: Vec<String> = queues
-        .into_iter()
-        .enumerate()
-        .map(|(i, q)| match q {
-            Some(q) => {
-                queue::check_name(Some(&q));
-                q
-            }
-            None => bad_argument("queues", format!("element {} is NULL", i + 1)),
-        })
-        .collect();
+    let queues = no_nulls(queues, "queues");
+    for q in &queues {
+        queue::check_name(Some(q));
+    }
     Spi::run_with_args(
         "INSERT INTO workers (name, queues, last_seen_at) VALUES ($1, $2, now()) \
          ON CONFLICT (name) DO UPDATE SET queues = excluded.queues, last_seen_at = excluded.last_seen_at",
