@@ -1,6 +1,7 @@
 //! Pure logic shared by the sheaf extension and driver. No I/O, no Postgres.
 
 pub mod backoff;
+pub mod hrw;
 pub mod id;
 pub mod options;
 pub mod ordering;

@@ -2,8 +2,12 @@
 //!
 //! Every client computes placement itself; there is no proxy or coordinator.
 
+pub mod id;
+pub mod router;
 pub mod status;
 pub mod topology;
 
+pub use id::{ExecutionId, IdError};
+pub use router::{Placement, RouteError};
 pub use status::{ShardStatus, probe_shard};
-pub use topology::{Shard, ShardId, Topology, TopologyError};
+pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};

@@ -4,14 +4,15 @@
 //! Errors name the entry (by position or shard id), never its connection
 //! string: connection strings carry credentials.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use serde::Serialize;
 use sheaf_core::id::MAX_SHARD_ID;
 
 /// A shard's id: the value its database holds in `sheaf.shard_id()` and the
 /// prefix of every id it mints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ShardId(u16);
 
 impl ShardId {
@@ -49,6 +50,9 @@ impl fmt::Debug for Shard {
     }
 }
 
+/// Why a topology could not be built. Operator-facing: shard ids and
+/// residency keys appear here (a boot failure is read by the operator), but
+/// connection strings never do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopologyError {
     #[error("the topology has no shards")]
@@ -61,32 +65,208 @@ pub enum TopologyError {
     DuplicateId(u16),
     #[error("SHEAF_SHARDS is not valid JSON: {0}")]
     Json(String),
+    #[error("the {set} set names shard {shard}, which is not in the topology")]
+    UnknownShard { set: &'static str, shard: u16 },
+    #[error("writable shard {0} is not readable")]
+    WritableNotReadable(u16),
+    #[error("the default shard {0} is not readable")]
+    DefaultNotReadable(u16),
+    #[error("the default shard {0} is reserved; unpinned work must never land on a reserved shard")]
+    ReservedDefault(u16),
+    #[error("reserved shards cover every writable shard: unpinned starts would have nowhere to go")]
+    ReservedCoverWritable,
+    #[error("a residency key is blank")]
+    BlankResidencyKey,
+    #[error("residency key {key:?} points at shard {shard}, which is not readable")]
+    ResidencyNotReadable { key: String, shard: u16 },
+    #[error("shard {from} forwards to shard {to}, which is not readable")]
+    ForwardNotReadable { from: u16, to: u16 },
+    #[error("shard {0} forwards to itself, directly or through other forwards")]
+    ForwardCycle(u16),
 }
 
-/// The shards, keyed by id. Order of configuration never matters.
+/// The shards and their roles, keyed by id. Order of configuration never matters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
     shards: BTreeMap<ShardId, Shard>,
+    readable: BTreeSet<ShardId>,
+    writable: BTreeSet<ShardId>,
+    reserved: BTreeSet<ShardId>,
+    default: ShardId,
+    residency: BTreeMap<String, ShardId>,
+    forwards: BTreeMap<ShardId, ShardId>,
 }
 
-impl Topology {
-    /// Builds a topology from `(id, url)` pairs.
-    pub fn new(shards: impl IntoIterator<Item = (u32, String)>) -> Result<Self, TopologyError> {
-        let mut map = BTreeMap::new();
-        for (id, url) in shards {
+/// Builds a [`Topology`]; every set defaults to "all shards" (reserved to
+/// none, default to the lowest readable unreserved id).
+#[derive(Debug, Default, Clone)]
+pub struct TopologyBuilder {
+    shards: Vec<(u32, String)>,
+    readable: Option<Vec<u32>>,
+    writable: Option<Vec<u32>>,
+    reserved: Vec<u32>,
+    default: Option<u32>,
+    residency: Vec<(String, u32)>,
+    forwards: Vec<(u32, u32)>,
+}
+
+impl TopologyBuilder {
+    pub fn shard(mut self, id: u32, url: impl Into<String>) -> Self {
+        self.shards.push((id, url.into()));
+        self
+    }
+
+    pub fn readable(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
+        self.readable = Some(ids.into_iter().collect());
+        self
+    }
+
+    pub fn writable(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
+        self.writable = Some(ids.into_iter().collect());
+        self
+    }
+
+    pub fn reserved(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
+        self.reserved = ids.into_iter().collect();
+        self
+    }
+
+    pub fn default_shard(mut self, id: u32) -> Self {
+        self.default = Some(id);
+        self
+    }
+
+    /// Pins every start carrying residency key `key` to shard `id`.
+    pub fn residency(mut self, key: impl Into<String>, id: u32) -> Self {
+        self.residency.push((key.into(), id));
+        self
+    }
+
+    /// Sends id-routed calls for shard `from` (retired, drained) to `to`.
+    pub fn forward(mut self, from: u32, to: u32) -> Self {
+        self.forwards.push((from, to));
+        self
+    }
+
+    pub fn build(self) -> Result<Topology, TopologyError> {
+        let mut shards = BTreeMap::new();
+        for (id, url) in self.shards {
             let id = ShardId::new(id)?;
-            if map.insert(id, Shard { id, url }).is_some() {
+            if shards.insert(id, Shard { id, url }).is_some() {
                 return Err(TopologyError::DuplicateId(id.get()));
             }
         }
-        if map.is_empty() {
+        if shards.is_empty() {
             return Err(TopologyError::Empty);
         }
-        Ok(Topology { shards: map })
+        let known = |set: &'static str, ids: &[u32]| -> Result<BTreeSet<ShardId>, TopologyError> {
+            ids.iter()
+                .map(|&id| {
+                    let sid = ShardId::new(id)?;
+                    if shards.contains_key(&sid) {
+                        Ok(sid)
+                    } else {
+                        Err(TopologyError::UnknownShard {
+                            set,
+                            shard: id as u16,
+                        })
+                    }
+                })
+                .collect()
+        };
+        let all: BTreeSet<ShardId> = shards.keys().copied().collect();
+        let readable = match &self.readable {
+            Some(ids) => known("readable", ids)?,
+            None => all.clone(),
+        };
+        let writable = match &self.writable {
+            Some(ids) => known("writable", ids)?,
+            None => readable.clone(),
+        };
+        if let Some(w) = writable.difference(&readable).next() {
+            return Err(TopologyError::WritableNotReadable(w.get()));
+        }
+        let reserved = known("reserved", &self.reserved)?;
+        if !writable.is_empty() && writable.is_subset(&reserved) {
+            return Err(TopologyError::ReservedCoverWritable);
+        }
+        let default = match self.default {
+            Some(id) => {
+                let id = known("default", &[id])?
+                    .into_iter()
+                    .next()
+                    .expect("one id in, one out");
+                if !readable.contains(&id) {
+                    return Err(TopologyError::DefaultNotReadable(id.get()));
+                }
+                id
+            }
+            None => match readable.iter().find(|id| !reserved.contains(id)) {
+                Some(id) => *id,
+                None => *readable
+                    .iter()
+                    .next()
+                    .ok_or(TopologyError::ReservedCoverWritable)?,
+            },
+        };
+        if reserved.contains(&default) {
+            return Err(TopologyError::ReservedDefault(default.get()));
+        }
+        let mut residency = BTreeMap::new();
+        for (key, id) in self.residency {
+            if key.trim().is_empty() {
+                return Err(TopologyError::BlankResidencyKey);
+            }
+            let sid = ShardId::new(id)?;
+            if !readable.contains(&sid) {
+                return Err(TopologyError::ResidencyNotReadable {
+                    key,
+                    shard: id as u16,
+                });
+            }
+            residency.insert(key, sid);
+        }
+        let mut forwards = BTreeMap::new();
+        for (from, to) in self.forwards {
+            let (from_id, to_id) = (ShardId::new(from)?, ShardId::new(to)?);
+            if !readable.contains(&to_id) {
+                return Err(TopologyError::ForwardNotReadable {
+                    from: from as u16,
+                    to: to as u16,
+                });
+            }
+            forwards.insert(from_id, to_id);
+        }
+        for start in forwards.keys() {
+            let mut at = *start;
+            for _ in 0..=forwards.len() {
+                match forwards.get(&at) {
+                    Some(next) if next == start => return Err(TopologyError::ForwardCycle(start.get())),
+                    Some(next) => at = *next,
+                    None => break,
+                }
+            }
+        }
+        Ok(Topology {
+            shards,
+            readable,
+            writable,
+            reserved,
+            default,
+            residency,
+            forwards,
+        })
+    }
+}
+
+impl Topology {
+    pub fn builder() -> TopologyBuilder {
+        TopologyBuilder::default()
     }
 
     /// Parses the `SHEAF_SHARDS` format: entries `<id>=<url>`, either
-    /// comma- or newline-separated, or as a JSON array of strings.
+    /// comma- or newline-separated, or as a JSON array of strings. Every
+    /// shard is readable and writable; none reserved.
     pub fn parse(spec: &str) -> Result<Self, TopologyError> {
         let trimmed = spec.trim();
         let entries: Vec<String> = if trimmed.starts_with('[') {
@@ -99,7 +279,7 @@ impl Topology {
                 .map(str::to_owned)
                 .collect()
         };
-        let mut pairs = Vec::with_capacity(entries.len());
+        let mut builder = Topology::builder();
         for (index, entry) in entries.iter().enumerate() {
             let (id, url) = entry
                 .split_once('=')
@@ -112,9 +292,9 @@ impl Topology {
             if url.is_empty() {
                 return Err(TopologyError::MalformedEntry { index });
             }
-            pairs.push((id, url.to_owned()));
+            builder = builder.shard(id, url);
         }
-        Topology::new(pairs)
+        builder.build()
     }
 
     pub fn shards(&self) -> impl Iterator<Item = &Shard> {
@@ -132,11 +312,86 @@ impl Topology {
     pub fn is_empty(&self) -> bool {
         self.shards.is_empty()
     }
+
+    pub fn is_readable(&self, id: ShardId) -> bool {
+        self.readable.contains(&id)
+    }
+
+    pub fn is_writable(&self, id: ShardId) -> bool {
+        self.writable.contains(&id)
+    }
+
+    pub fn is_reserved(&self, id: ShardId) -> bool {
+        self.reserved.contains(&id)
+    }
+
+    pub fn default_shard(&self) -> ShardId {
+        self.default
+    }
+
+    pub fn residency(&self, key: &str) -> Option<ShardId> {
+        self.residency.get(key).copied()
+    }
+
+    /// Where unpinned starts may land: writable and not reserved.
+    pub fn placeable(&self) -> impl Iterator<Item = ShardId> + '_ {
+        self.writable
+            .iter()
+            .copied()
+            .filter(|id| !self.reserved.contains(id))
+    }
+
+    /// The shard that serves id-routed calls for `id`: its forward chain's end.
+    pub fn serving(&self, mut id: ShardId) -> ShardId {
+        for _ in 0..=self.forwards.len() {
+            match self.forwards.get(&id) {
+                Some(next) => id = *next,
+                None => break,
+            }
+        }
+        id
+    }
+
+    /// The admin projection: sorted, byte-stable JSON without connection
+    /// strings, so two replicas' topologies can be diffed.
+    pub fn projection(&self) -> String {
+        #[derive(Serialize)]
+        struct Projection<'a> {
+            shards: Vec<u16>,
+            readable: Vec<u16>,
+            writable: Vec<u16>,
+            reserved: Vec<u16>,
+            default: u16,
+            residency: BTreeMap<&'a str, u16>,
+            forwards: BTreeMap<u16, u16>,
+        }
+        let ids = |set: &BTreeSet<ShardId>| set.iter().map(|s| s.get()).collect::<Vec<_>>();
+        let projection = Projection {
+            shards: self.shards.keys().map(|s| s.get()).collect(),
+            readable: ids(&self.readable),
+            writable: ids(&self.writable),
+            reserved: ids(&self.reserved),
+            default: self.default.get(),
+            residency: self
+                .residency
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.get()))
+                .collect(),
+            forwards: self.forwards.iter().map(|(k, v)| (k.get(), v.get())).collect(),
+        };
+        serde_json::to_string(&projection).expect("a projection of plain values serializes")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn four() -> TopologyBuilder {
+        (0..4).fold(Topology::builder(), |b, i| {
+            b.shard(i, format!("postgres://u:secret@h{i}/d"))
+        })
+    }
 
     #[test]
     fn parses_comma_newline_and_json_lists_alike() {
@@ -160,7 +415,7 @@ mod tests {
     }
 
     #[test]
-    fn refuses_misconfigurations_without_echoing_credentials() {
+    fn refuses_malformed_lists_without_echoing_credentials() {
         let cases = [
             ("", TopologyError::Empty),
             (
@@ -187,6 +442,85 @@ mod tests {
             assert!(!err.to_string().contains("secret"), "{err}");
         }
         assert!(matches!(Topology::parse("[1,"), Err(TopologyError::Json(_))));
+    }
+
+    #[test]
+    fn every_misconfiguration_is_a_typed_error_at_build() {
+        use TopologyError::*;
+        let cases: Vec<(TopologyBuilder, TopologyError)> = vec![
+            (four().residency("  ", 1), BlankResidencyKey),
+            (
+                four().readable([0, 1, 2]).writable([0, 1]).residency("eu", 3),
+                ResidencyNotReadable {
+                    key: "eu".into(),
+                    shard: 3,
+                },
+            ),
+            (four().reserved([0]).default_shard(0), ReservedDefault(0)),
+            (four().writable([1, 2]).reserved([1, 2]), ReservedCoverWritable),
+            (
+                four().readable([0, 1, 2]).writable([0, 1]).forward(3, 3),
+                ForwardNotReadable { from: 3, to: 3 },
+            ),
+            (four().forward(1, 2).forward(2, 1), ForwardCycle(1)),
+            (four().shard(2, "postgres://again"), DuplicateId(2)),
+            (four().shard(70_000, "postgres://x"), IdOutOfRange(70_000)),
+            (
+                four().writable([0, 9]),
+                UnknownShard {
+                    set: "writable",
+                    shard: 9,
+                },
+            ),
+            (four().readable([0, 1]).writable([0, 2]), WritableNotReadable(2)),
+            (four().readable([0, 1]).default_shard(3), DefaultNotReadable(3)),
+        ];
+        for (builder, want) in cases {
+            let got = builder.build().unwrap_err();
+            assert_eq!(got, want);
+            assert!(!got.to_string().contains("secret"), "{got}");
+        }
+    }
+
+    #[test]
+    fn an_empty_writable_set_is_a_valid_drained_fleet() {
+        let t = four().writable([]).build().unwrap();
+        assert_eq!(t.placeable().count(), 0);
+    }
+
+    #[test]
+    fn defaults_and_forwards() {
+        let t = four().reserved([0]).forward(3, 1).build().unwrap();
+        assert_eq!(t.default_shard().get(), 1, "the lowest readable unreserved shard");
+        assert_eq!(t.serving(ShardId::new(3).unwrap()).get(), 1);
+        assert_eq!(t.serving(ShardId::new(2).unwrap()).get(), 2);
+        assert_eq!(t.placeable().map(|s| s.get()).collect::<Vec<_>>(), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn the_projection_is_byte_stable_and_has_no_credentials() {
+        let a = four()
+            .reserved([3])
+            .residency("eu", 1)
+            .residency("us", 2)
+            .build()
+            .unwrap();
+        let b = (0..4)
+            .rev()
+            .fold(Topology::builder(), |b, i| {
+                b.shard(i, format!("postgres://other:creds@h{i}/d"))
+            })
+            .residency("us", 2)
+            .residency("eu", 1)
+            .reserved([3])
+            .build()
+            .unwrap();
+        assert_eq!(a.projection(), b.projection());
+        assert!(!a.projection().contains("secret"));
+        assert_eq!(
+            a.projection(),
+            r#"{"shards":[0,1,2,3],"readable":[0,1,2,3],"writable":[0,1,2,3],"reserved":[3],"default":0,"residency":{"eu":1,"us":2},"forwards":{}}"#
+        );
     }
 
     #[test]

@@ -125,7 +125,6 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<(Cl
                 lease_secs.into(),
             ],
         )
-        .into_iter()
         .map(|row| {
             let get = |what: &str| format!("reading a claimed task's {what}");
             let claimed: Claimed = (

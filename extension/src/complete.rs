@@ -36,9 +36,7 @@ fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Op
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
     let done = Spi::connect_mut(|client| {
-        let row = run(client, &COMPLETE, &[task_id.into(), token.into()])
-            .into_iter()
-            .next()?;
+        let row = run(client, &COMPLETE, &[task_id.into(), token.into()]).next()?;
         Some((
             row.get::<String>(1).or_internal("completing a task"),
             row.get::<pgrx::Uuid>(2).or_internal("completing a task"),
@@ -90,7 +88,6 @@ fn complete_batch(
     let wanted: HashSet<(pgrx::Uuid, i64)> = ids.iter().copied().zip(tokens).collect();
     let done: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>, String)> = Spi::connect_mut(|client| {
         let matching: Vec<pgrx::Uuid> = run(client, &RUNNING_TOKENS, &[ids.clone().into()])
-            .into_iter()
             .filter_map(|row| {
                 let id = row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?;
                 let token = row.get::<i64>(2).or_internal("completing tasks")?;
@@ -101,7 +98,6 @@ fn complete_batch(
             return Vec::new();
         }
         run(client, &DELETE_BATCH, &[matching.into()])
-            .into_iter()
             .filter_map(|row| {
                 Some((
                     row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?,
@@ -174,7 +170,6 @@ mod tests {
                     ],
                 )
                 .unwrap()
-                .into_iter()
                 .map(|r| r.get::<bool>(1).unwrap().unwrap())
                 .collect()
         });

@@ -55,7 +55,7 @@ fn lock(key: &str, exclusive: bool) {
 /// `(max_running, admitted)` of a capped key, row-locked; `None` if uncapped.
 fn limit_for_update(key: &str) -> Option<(i32, i32)> {
     Spi::connect_mut(|client| {
-        let row = run(client, &LIMIT_FOR_UPDATE, &[key.into()]).into_iter().next()?;
+        let row = run(client, &LIMIT_FOR_UPDATE, &[key.into()]).next()?;
         let max: Option<i32> = row.get(1).or_internal("reading a concurrency limit");
         let admitted: Option<i32> = row.get(2).or_internal("reading a concurrency limit");
         Some((max.unwrap_or(0), admitted.unwrap_or(0)))
@@ -64,9 +64,7 @@ fn limit_for_update(key: &str) -> Option<(i32, i32)> {
 
 fn add_admitted(key: &str, delta: i32) -> Option<(i32, i32)> {
     Spi::connect_mut(|client| {
-        let row = run(client, &ADD_ADMITTED, &[key.into(), delta.into()])
-            .into_iter()
-            .next()?;
+        let row = run(client, &ADD_ADMITTED, &[key.into(), delta.into()]).next()?;
         let max: Option<i32> = row.get(1).or_internal("updating a concurrency limit");
         let admitted: Option<i32> = row.get(2).or_internal("updating a concurrency limit");
         Some((max.unwrap_or(0), admitted.unwrap_or(0)))
@@ -118,7 +116,6 @@ fn promote_waiting(key: &str, room: i32) {
     }
     let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
         run(client, &NEXT_WAITING, &[key.into(), (room as i64).into()])
-            .into_iter()
             .filter_map(|row| row.get::<pgrx::Uuid>(1).or_internal("reading waiting tasks"))
             .collect()
     });
@@ -160,7 +157,6 @@ fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
                 .or_internal("removing a cap");
             let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
                 run(client, &NEXT_WAITING, &[key.into(), i64::MAX.into()])
-                    .into_iter()
                     .filter_map(|row| row.get::<pgrx::Uuid>(1).or_internal("reading waiting tasks"))
                     .collect()
             });
@@ -256,7 +252,6 @@ fn concurrency_stats() -> TableIterator<
                 &[],
             )
             .or_internal("reading concurrency stats")
-            .into_iter()
             .map(|row| {
                 (
                     row.get::<String>(1).or_internal("stats").unwrap_or_default(),

@@ -20,9 +20,7 @@ const BURY: Stmt = Stmt::write(
 /// Moves a running task to the dead letters and frees its slot.
 pub fn bury(task_id: pgrx::Uuid, error: &str) {
     let row: Option<(Option<String>, Option<pgrx::Uuid>, String, i32)> = Spi::connect_mut(|client| {
-        let row = run(client, &BURY, &[task_id.into(), error.into()])
-            .into_iter()
-            .next()?;
+        let row = run(client, &BURY, &[task_id.into(), error.into()]).next()?;
         Some((
             row.get::<String>(1).or_internal("burying a task"),
             row.get::<pgrx::Uuid>(2).or_internal("burying a task"),
@@ -80,7 +78,6 @@ fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
                 &[ids.into()],
             )
             .or_internal("redriving dead letters")
-            .into_iter()
             .filter_map(|row| {
                 Some((
                     row.get::<pgrx::Uuid>(1).or_internal("redriving")?,

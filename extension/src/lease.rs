@@ -72,10 +72,7 @@ pub fn check_lease(arg: &str, lease: Interval) -> f64 {
 /// Locks a task that must be running under `token`; its concurrency key.
 pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
     Spi::connect_mut(|client| {
-        match run(client, &RUNNING_FOR_UPDATE, &[task_id.into(), token.into()])
-            .into_iter()
-            .next()
-        {
+        match run(client, &RUNNING_FOR_UPDATE, &[task_id.into(), token.into()]).next() {
             Some(row) => row.get::<String>(1).or_internal("reading a running task"),
             None => stale_token(task_id, token),
         }
@@ -120,10 +117,7 @@ fn heartbeat(
     let token = required(token, "token");
     let extend = extend.map(|e| check_lease("extend", e));
     Spi::connect_mut(|client| {
-        match run(client, &HEARTBEAT, &[task_id.into(), token.into(), extend.into()])
-            .into_iter()
-            .next()
-        {
+        match run(client, &HEARTBEAT, &[task_id.into(), token.into(), extend.into()]).next() {
             Some(row) => row
                 .get::<TimestampWithTimeZone>(1)
                 .or_internal("reading a lease end")
@@ -138,7 +132,6 @@ fn heartbeat(
 pub fn reap_queue(queue: &str, max: i64) -> i64 {
     let expired: Vec<(pgrx::Uuid, Option<String>, bool)> = Spi::connect_mut(|client| {
         run(client, &EXPIRED, &[queue.into(), max.into()])
-            .into_iter()
             .filter_map(|row| {
                 Some((
                     row.get::<pgrx::Uuid>(1).or_internal("reading expired leases")?,

@@ -53,15 +53,15 @@ pub fn run<'conn>(
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();
         let key = stmt.sql.as_ptr() as usize;
-        if !plans.contains_key(&key) {
+        plans.entry(key).or_insert_with(|| {
             let types: Vec<PgOid> = stmt.args.iter().map(|t| PgOid::BuiltIn(*t)).collect();
             let prepared = if stmt.writes {
                 client.prepare_mut(stmt.sql, &types)
             } else {
                 client.prepare(stmt.sql, &types)
             };
-            plans.insert(key, prepared.or_internal("preparing a statement").keep());
-        }
+            prepared.or_internal("preparing a statement").keep()
+        });
         let plan = plans.get(&key).expect("inserted above");
         let _generic = GenericPlans::force();
         let result = if stmt.writes {

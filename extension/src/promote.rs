@@ -23,7 +23,6 @@ const SET_WAITING: Stmt = Stmt::write(
 pub fn due(queue: &str, max: i64) -> i64 {
     let rows: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
         run(client, &DUE, &[queue.into(), max.into()])
-            .into_iter()
             .filter_map(|row| {
                 let id = row.get::<pgrx::Uuid>(1).or_internal("reading due tasks")?;
                 Some((id, row.get::<String>(2).or_internal("reading due tasks")))

@@ -146,7 +146,6 @@ pub fn names() -> Vec<String> {
         client
             .select("SELECT name FROM queues ORDER BY name", None, &[])
             .or_internal("listing queues")
-            .into_iter()
             .filter_map(|row| row.get::<String>(1).or_internal("listing queues"))
             .collect()
     })

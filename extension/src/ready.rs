@@ -58,7 +58,6 @@ pub fn insert(ids: &[pgrx::Uuid]) {
     }
     Spi::connect_mut(|client| {
         let queues: Vec<String> = run(client, &INSERT, &[ids.to_vec().into()])
-            .into_iter()
             .filter_map(|row| row.get::<String>(1).or_internal("reading ready queues"))
             .collect();
         if !queues.is_empty() {
@@ -73,7 +72,6 @@ pub fn insert(ids: &[pgrx::Uuid]) {
 pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
     Spi::connect_mut(|client| {
         let vtime: f64 = run(client, &VTIME, &[queue.into()])
-            .into_iter()
             .next()
             .and_then(|row| row.get::<f64>(1).or_internal("reading vtime"))
             .unwrap_or(0.0);
@@ -92,7 +90,6 @@ pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
                 &ADVANCE_KEY,
                 &[queue.into(), (*key).into(), vtime.into(), (*total).into()],
             )
-            .into_iter()
             .next()
             .and_then(|row| row.get::<f64>(1).or_internal("advancing a fairness key"))
             .unwrap_or(vtime + total);

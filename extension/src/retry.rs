@@ -72,9 +72,7 @@ fn fail(
         secs
     });
     let row = Spi::connect_mut(|client| {
-        let row = run(client, &RUNNING, &[task_id.into(), token.into()])
-            .into_iter()
-            .next()?;
+        let row = run(client, &RUNNING, &[task_id.into(), token.into()]).next()?;
         Some((
             row.get::<String>(1).or_internal("failing a task"),
             row.get::<i32>(2).or_internal("failing a task").unwrap_or(0),
@@ -107,7 +105,6 @@ fn fail(
                 &BACK_OFF,
                 &[task_id.into(), delay.into(), error.as_str().into()],
             )
-            .into_iter()
             .next()
             .and_then(|row| {
                 row.get::<TimestampWithTimeZone>(1)

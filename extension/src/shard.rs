@@ -64,7 +64,6 @@ const STORED: Stmt = Stmt::read("SELECT shard_id FROM shard_identity", &[]);
 fn stored_shard_id() -> Option<i32> {
     Spi::connect_mut(|client| {
         run(client, &STORED, &[])
-            .into_iter()
             .next()
             .and_then(|row| row.get::<i32>(1).or_internal("reading the shard id"))
     })

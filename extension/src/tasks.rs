@@ -221,7 +221,6 @@ fn enqueue_many(
 fn by_idempotency_key(queue: &str, key: &str) -> Option<pgrx::Uuid> {
     Spi::connect_mut(|client| {
         run(client, &BY_IDEMPOTENCY_KEY, &[queue.into(), key.into()])
-            .into_iter()
             .next()
             .and_then(|row| row.get::<pgrx::Uuid>(1).or_internal("reading an idempotency key"))
     })
@@ -236,7 +235,6 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
     }
     let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect_mut(|client| {
         run(client, &NEEDING_FAIR_START, &[ids.to_vec().into()])
-            .into_iter()
             .filter_map(|row| {
                 Some((
                     row.get::<pgrx::Uuid>(1).or_internal("fairness")?,

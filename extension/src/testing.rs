@@ -29,7 +29,6 @@ pub fn claim(queue: &str, batch: i32) -> Vec<(pgrx::Uuid, i64, serde_json::Value
                 &[queue.into(), batch.into()],
             )
             .expect("claim runs")
-            .into_iter()
             .map(|row| {
                 (
                     row.get::<pgrx::Uuid>(1).unwrap().unwrap(),

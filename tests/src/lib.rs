@@ -91,7 +91,7 @@ impl Rng {
         (Rng::new(seed), seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -100,14 +100,14 @@ impl Rng {
 
     /// Uniform in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 }
 
 /// A name no other test run uses, for queues and keys.
 pub fn unique(prefix: &str) -> String {
     let (mut rng, _) = Rng::from_time();
-    format!("{prefix}-{:x}", rng.next())
+    format!("{prefix}-{:x}", rng.next_u64())
 }
 
 /// A connection whose notifications (LISTEN) arrive on the returned channel.

@@ -1,0 +1,112 @@
+//! `ExecutionId`: an execution's (or task's) id, which names its shard.
+//!
+//! The layout is `sheaf_core::id` — the same code the extension mints with —
+//! so an id minted here for shard 7 is byte-for-byte what shard 7 would mint.
+//! Every id-routed call goes to `id.shard()` with no directory lookup.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sheaf_core::id;
+
+use crate::topology::{ShardId, Topology};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExecutionId(uuid::Uuid);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("not a UUID: {0:?}")]
+    NotAUuid(String),
+    #[error("the system clock is outside what an id can carry")]
+    Clock,
+}
+
+impl ExecutionId {
+    /// Mints an id for `shard` now.
+    pub fn mint(shard: ShardId) -> Result<ExecutionId, IdError> {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| IdError::Clock)?
+            .as_millis() as u64;
+        let random = uuid::Uuid::new_v4().as_u64_pair().1;
+        let bytes = id::compose(shard.get(), ms, random).map_err(|_| IdError::Clock)?;
+        Ok(ExecutionId(uuid::Uuid::from_bytes(bytes)))
+    }
+
+    pub fn from_uuid(u: uuid::Uuid) -> ExecutionId {
+        ExecutionId(u)
+    }
+
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+
+    /// The shard encoded in the id; `None` for ids that carry none
+    /// (`0xFFFF` or a foreign UUID), which route to the default shard.
+    pub fn shard(&self) -> Option<ShardId> {
+        match id::shard_of(self.0.as_bytes()) {
+            id::UNENCODED_SHARD => None,
+            s => ShardId::new(s as u32).ok(),
+        }
+    }
+
+    /// The shard that serves calls for this id: its own, or the default for
+    /// unencoded ids, following forwards.
+    pub fn route(&self, topology: &Topology) -> ShardId {
+        topology.serving(self.shard().unwrap_or_else(|| topology.default_shard()))
+    }
+}
+
+impl fmt::Display for ExecutionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl FromStr for ExecutionId {
+    type Err = IdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        uuid::Uuid::parse_str(s)
+            .map(ExecutionId)
+            .map_err(|_| IdError::NotAUuid(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_ids_name_their_shard_and_round_trip() {
+        for s in [0u32, 1, 513, 65534] {
+            let shard = ShardId::new(s).unwrap();
+            let id = ExecutionId::mint(shard).unwrap();
+            assert_eq!(id.shard(), Some(shard));
+            assert_eq!(id.to_string().parse::<ExecutionId>().unwrap(), id);
+        }
+    }
+
+    #[test]
+    fn routes_by_prefix_default_and_forwards() {
+        let t = Topology::builder()
+            .shard(0, "postgres://a")
+            .shard(1, "postgres://b")
+            .shard(2, "postgres://c")
+            .default_shard(1)
+            .forward(2, 0)
+            .build()
+            .unwrap();
+        // From the shared vectors: shard 2's id, and an unencoded one.
+        let on_two: ExecutionId = "000219ad-16a5-8cfb-bfff-ffffffffffff".parse().unwrap();
+        let unencoded: ExecutionId = "ffff19ad-16a5-8cfb-8000-000badc0ffee".parse().unwrap();
+        let foreign: ExecutionId = "0001a2b3-c4d5-4e6f-8a0b-1c2d3e4f5a6b".parse().unwrap();
+        assert_eq!(on_two.route(&t).get(), 0, "shard 2 forwards to 0");
+        assert_eq!(unencoded.shard(), None);
+        assert_eq!(unencoded.route(&t).get(), 1);
+        assert_eq!(foreign.route(&t).get(), 1);
+        assert!("nope".parse::<ExecutionId>().is_err());
+    }
+}

@@ -1,0 +1,325 @@
+//! Placement: which shard a new execution starts on. Pure, no I/O.
+//!
+//! Resolution, strongest first: an explicit shard pin or residency key; else
+//! an explicit routing key, used verbatim; else the ambient tenant, as the
+//! routing key `tenant__<tenant>__<workflow name>`; else the default key
+//! (workflow name, workflow id). Keys are placed by rendezvous hashing over
+//! shard ids (`sheaf_core::hrw`); a winner that is not writable, or is
+//! reserved, re-hashes among the writable unreserved shards, so unpinned work
+//! never lands on a reserved shard.
+
+use sheaf_core::hrw;
+
+use crate::topology::{ShardId, Topology};
+
+/// How a start asks to be placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// By (workflow name, workflow id), or the ambient tenant if there is one.
+    Auto,
+    /// Every start with this key lands on one shard (a global per-key cap).
+    RoutingKey(String),
+    /// Exactly this shard.
+    Shard(u16),
+    /// The shard the topology's residency map names for this key.
+    ResidencyKey(String),
+}
+
+impl Placement {
+    /// Builds a placement from optional request fields, refusing two pins.
+    pub fn from_parts(
+        shard: Option<u16>,
+        residency_key: Option<String>,
+        routing_key: Option<String>,
+    ) -> Result<Placement, RouteError> {
+        match (shard, residency_key, routing_key) {
+            (Some(_), Some(_), _) => Err(RouteError::TwoPins),
+            (Some(s), None, _) => Ok(Placement::Shard(s)),
+            (None, Some(k), _) => Ok(Placement::ResidencyKey(k)),
+            (None, None, Some(k)) => Ok(Placement::RoutingKey(k)),
+            (None, None, None) => Ok(Placement::Auto),
+        }
+    }
+}
+
+/// A refused placement. `Display` is safe for a low-trust caller: it never
+/// lists shards or residency keys. [`RouteError::operator_detail`] has the
+/// full story for logs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("a start may pin a shard or a residency key, not both")]
+    TwoPins,
+    #[error("the requested shard is not part of this deployment")]
+    UnknownShard(u16),
+    #[error("the requested shard does not accept new work")]
+    ShardNotWritable(u16),
+    #[error("the residency key is blank")]
+    BlankResidencyKey,
+    #[error("the residency key is not declared in this deployment")]
+    UndeclaredResidencyKey(String),
+    #[error("the routing key is blank")]
+    BlankRoutingKey,
+    #[error("no shard accepts new work right now; retry later")]
+    NoWritableShard,
+}
+
+impl RouteError {
+    /// The detail an operator needs: which shard or key, and why.
+    pub fn operator_detail(&self) -> String {
+        match self {
+            RouteError::UnknownShard(s) => format!("pinned shard {s} is not in the topology"),
+            RouteError::ShardNotWritable(s) => format!("shard {s} is not writable (drained or read-only)"),
+            RouteError::UndeclaredResidencyKey(k) => {
+                format!("residency key {k:?} is not in the residency map")
+            }
+            RouteError::NoWritableShard => "the writable set minus the reserved set is empty".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// Whether retrying the same request later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, RouteError::NoWritableShard)
+    }
+}
+
+/// The routing key an ambient tenant implies (the second seed's convention).
+pub fn tenant_routing_key(tenant: &str, workflow_name: &str) -> String {
+    format!("tenant__{tenant}__{workflow_name}")
+}
+
+impl Topology {
+    /// The shard a new execution of (`workflow_name`, `workflow_id`) starts on.
+    pub fn place(
+        &self,
+        workflow_name: &str,
+        workflow_id: &str,
+        placement: &Placement,
+        tenant: Option<&str>,
+    ) -> Result<ShardId, RouteError> {
+        let result = self.place_inner(workflow_name, workflow_id, placement, tenant);
+        if let Err(e) = &result {
+            tracing::warn!(workflow_name, detail = %e.operator_detail(), "placement refused");
+        }
+        result
+    }
+
+    fn place_inner(
+        &self,
+        workflow_name: &str,
+        workflow_id: &str,
+        placement: &Placement,
+        tenant: Option<&str>,
+    ) -> Result<ShardId, RouteError> {
+        match placement {
+            Placement::Shard(s) => {
+                let id = ShardId::new(*s as u32).map_err(|_| RouteError::UnknownShard(*s))?;
+                if self.get(id).is_none() {
+                    return Err(RouteError::UnknownShard(*s));
+                }
+                self.writable_or_refuse(id)
+            }
+            Placement::ResidencyKey(key) => {
+                if key.trim().is_empty() {
+                    return Err(RouteError::BlankResidencyKey);
+                }
+                let id = self
+                    .residency(key)
+                    .ok_or_else(|| RouteError::UndeclaredResidencyKey(key.clone()))?;
+                self.writable_or_refuse(id)
+            }
+            Placement::RoutingKey(key) => {
+                if key.trim().is_empty() {
+                    return Err(RouteError::BlankRoutingKey);
+                }
+                self.hash(&hrw::routing_key(key))
+            }
+            Placement::Auto => match tenant.filter(|t| !t.trim().is_empty()) {
+                Some(t) => self.hash(&hrw::routing_key(&tenant_routing_key(t, workflow_name))),
+                None => self.hash(&hrw::workflow_key(workflow_name, workflow_id)),
+            },
+        }
+    }
+
+    fn writable_or_refuse(&self, id: ShardId) -> Result<ShardId, RouteError> {
+        if self.is_writable(id) {
+            Ok(id)
+        } else {
+            Err(RouteError::ShardNotWritable(id.get()))
+        }
+    }
+
+    /// HRW over every shard; a winner that is not placeable re-hashes among
+    /// the placeable ones, so adding a read-only shard moves nothing.
+    fn hash(&self, key: &[u8]) -> Result<ShardId, RouteError> {
+        let h = hrw::key_hash(key);
+        let winner = hrw::pick(h, self.shards().map(|s| s.id.get())).ok_or(RouteError::NoWritableShard)?;
+        let winner = ShardId::new(winner as u32).map_err(|_| RouteError::NoWritableShard)?;
+        if self.is_writable(winner) && !self.is_reserved(winner) {
+            return Ok(winner);
+        }
+        let fallback = hrw::pick(h, self.placeable().map(|s| s.get())).ok_or(RouteError::NoWritableShard)?;
+        ShardId::new(fallback as u32).map_err(|_| RouteError::NoWritableShard)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::TopologyBuilder;
+
+    fn fleet(n: u32) -> TopologyBuilder {
+        (0..n).fold(Topology::builder(), |b, i| {
+            b.shard(i, format!("postgres://h{i}/d"))
+        })
+    }
+
+    #[test]
+    fn placement_is_order_independent_and_restart_stable() {
+        let a = fleet(8).build().unwrap();
+        let b = (0..8).rev().fold(Topology::builder(), |b, i| {
+            b.shard(i, format!("postgres://rotated:creds@h{i}/d"))
+        });
+        let b = b.build().unwrap();
+        for i in 0..1000 {
+            let id = format!("w-{i}");
+            assert_eq!(
+                a.place("wf", &id, &Placement::Auto, None),
+                b.place("wf", &id, &Placement::Auto, None)
+            );
+        }
+    }
+
+    #[test]
+    fn reserved_shards_are_never_picked_unpinned() {
+        let t = fleet(4).reserved([1]).build().unwrap();
+        for i in 0..5000 {
+            let s = t.place("wf", &i.to_string(), &Placement::Auto, None).unwrap();
+            assert_ne!(s.get(), 1);
+            let s = t
+                .place("wf", "x", &Placement::RoutingKey(format!("k{i}")), None)
+                .unwrap();
+            assert_ne!(s.get(), 1);
+        }
+        assert_eq!(
+            t.place("wf", "x", &Placement::Shard(1), None).unwrap().get(),
+            1,
+            "a pin may"
+        );
+    }
+
+    #[test]
+    fn a_non_writable_winner_rehashes_and_nothing_else_moves() {
+        let all = fleet(4).build().unwrap();
+        let drained = fleet(4).writable([0, 1, 2]).build().unwrap();
+        for i in 0..5000 {
+            let id = i.to_string();
+            let before = all.place("wf", &id, &Placement::Auto, None).unwrap();
+            let after = drained.place("wf", &id, &Placement::Auto, None).unwrap();
+            if before.get() == 3 {
+                assert_ne!(after.get(), 3);
+            } else {
+                assert_eq!(before, after, "only the drained shard's keys move");
+            }
+        }
+    }
+
+    #[test]
+    fn residency_keys_never_move_when_writable_widens() {
+        let narrow = fleet(4).writable([2]).residency("eu", 2).build().unwrap();
+        let wide = fleet(6).residency("eu", 2).build().unwrap();
+        let eu = Placement::ResidencyKey("eu".into());
+        assert_eq!(narrow.place("wf", "a", &eu, None).unwrap().get(), 2);
+        assert_eq!(wide.place("wf", "a", &eu, None).unwrap().get(), 2);
+    }
+
+    #[test]
+    fn a_routing_key_puts_every_start_on_one_shard() {
+        let t = fleet(8).build().unwrap();
+        let key = Placement::RoutingKey("acme".into());
+        let first = t.place("wf", "0", &key, None).unwrap();
+        for i in 0..200 {
+            assert_eq!(
+                t.place(&format!("wf{i}"), &i.to_string(), &key, None).unwrap(),
+                first
+            );
+        }
+    }
+
+    #[test]
+    fn tenant_routing_resolution_order() {
+        let t = fleet(8).build().unwrap();
+        // An ambient tenant routes like its tenant routing key...
+        let by_tenant = t.place("wf", "1", &Placement::Auto, Some("acme")).unwrap();
+        let by_key = t
+            .place(
+                "wf",
+                "2",
+                &Placement::RoutingKey(tenant_routing_key("acme", "wf")),
+                None,
+            )
+            .unwrap();
+        assert_eq!(by_tenant, by_key);
+        // ...an explicit routing key wins over the tenant...
+        let explicit = Placement::RoutingKey("other".into());
+        assert_eq!(
+            t.place("wf", "1", &explicit, Some("acme")).unwrap(),
+            t.place("wf", "1", &explicit, None).unwrap()
+        );
+        // ...and a pin wins over both.
+        assert_eq!(
+            t.place("wf", "1", &Placement::Shard(5), Some("acme"))
+                .unwrap()
+                .get(),
+            5
+        );
+    }
+
+    #[test]
+    fn refusals_are_typed_and_never_list_shards_or_keys() {
+        let t = fleet(3)
+            .writable([0, 1])
+            .residency("eu-secret-region", 2)
+            .build()
+            .unwrap();
+        let cases = [
+            (Placement::Shard(9), RouteError::UnknownShard(9)),
+            (Placement::Shard(2), RouteError::ShardNotWritable(2)),
+            (Placement::ResidencyKey(" ".into()), RouteError::BlankResidencyKey),
+            (
+                Placement::ResidencyKey("mars".into()),
+                RouteError::UndeclaredResidencyKey("mars".into()),
+            ),
+            (
+                Placement::ResidencyKey("eu-secret-region".into()),
+                RouteError::ShardNotWritable(2),
+            ),
+            (Placement::RoutingKey("".into()), RouteError::BlankRoutingKey),
+        ];
+        for (placement, want) in cases {
+            let got = t.place("wf", "1", &placement, None).unwrap_err();
+            assert_eq!(got, want);
+            let shown = got.to_string();
+            for leak in ["0", "1", "2", "9", "eu-secret-region", "mars"] {
+                assert!(!shown.contains(leak), "{shown:?} leaks {leak}");
+            }
+            assert!(!got.operator_detail().is_empty());
+        }
+        assert_eq!(
+            Placement::from_parts(Some(1), Some("eu".into()), None),
+            Err(RouteError::TwoPins)
+        );
+        assert_eq!(
+            Placement::from_parts(None, None, Some("k".into())),
+            Ok(Placement::RoutingKey("k".into()))
+        );
+    }
+
+    #[test]
+    fn a_drained_fleet_refuses_unpinned_starts_as_retryable() {
+        let t = fleet(3).writable([]).build().unwrap();
+        let e = t.place("wf", "1", &Placement::Auto, None).unwrap_err();
+        assert_eq!(e, RouteError::NoWritableShard);
+        assert!(e.is_retryable());
+    }
+}
