@@ -13,38 +13,49 @@ use crate::{concurrency, ids, queue, ready};
 pub const MAX_BATCH: usize = 10_000;
 
 // One statement inserts the tasks (in input order, so `seq` keeps the batch's
-// order) and the ready rows of those admitted now.
-const INSERT: Stmt = Stmt::write(
-    "WITH t AS (\
-       INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, fair_start, run_at, \
-                          max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
-                          idempotency_key) \
-       SELECT x.id, $2, $3, x.payload, $4, x.state, nextval('task_seq'), x.fair_start, \
-              coalesce($5, now()), $6, $7, $8, $9, $10, $11 \
-       FROM unnest($1::uuid[], $12::jsonb[], $13::text[], $14::float8[]) \
-            AS x(id, payload, state, fair_start) \
-       ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-       RETURNING id, queue, priority, enqueued_at, fair_start, seq, state) \
-     INSERT INTO ready (task_id, queue, k1, k2, seq) \
-     SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
-     FROM t WHERE t.state = 'ready'",
-    &[
-        PgBuiltInOids::UUIDARRAYOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::INT4OID,
-        PgBuiltInOids::TIMESTAMPTZOID,
-        PgBuiltInOids::INT4OID,
-        PgBuiltInOids::UUIDOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::FLOAT8OID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::JSONBARRAYOID,
-        PgBuiltInOids::TEXTARRAYOID,
-        PgBuiltInOids::FLOAT8ARRAYOID,
-        PgBuiltInOids::INT4OID,
-    ],
+// order) and the ready rows of those admitted now. Two variants: ON CONFLICT
+// makes Postgres use speculative insertion for every row, which costs, so
+// only enqueues that carry an idempotency key pay for it.
+macro_rules! insert_tasks {
+    ($on_conflict:literal) => {
+        concat!(
+            "WITH t AS (\
+               INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, fair_start, run_at, \
+                                  max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
+                                  idempotency_key) \
+               SELECT x.id, $2, $3, x.payload, $4, x.state, nextval('task_seq'), x.fair_start, \
+                      coalesce($5, now()), $6, $7, $8, $9, $10, $11 \
+               FROM unnest($1::uuid[], $12::jsonb[], $13::text[], $14::float8[]) \
+                    AS x(id, payload, state, fair_start) ",
+            $on_conflict,
+            " RETURNING id, queue, priority, enqueued_at, fair_start, seq, state) \
+             INSERT INTO ready (task_id, queue, k1, k2, seq) \
+             SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
+             FROM t WHERE t.state = 'ready'"
+        )
+    };
+}
+const INSERT_ARGS: &[PgBuiltInOids] = &[
+    PgBuiltInOids::UUIDARRAYOID,
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::INT4OID,
+    PgBuiltInOids::TIMESTAMPTZOID,
+    PgBuiltInOids::INT4OID,
+    PgBuiltInOids::UUIDOID,
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::FLOAT8OID,
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::JSONBARRAYOID,
+    PgBuiltInOids::TEXTARRAYOID,
+    PgBuiltInOids::FLOAT8ARRAYOID,
+    PgBuiltInOids::INT4OID,
+];
+const INSERT: Stmt = Stmt::write(insert_tasks!(""), INSERT_ARGS);
+const INSERT_IDEMPOTENT: Stmt = Stmt::write(
+    insert_tasks!("ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"),
+    INSERT_ARGS,
 );
 const BY_IDEMPOTENCY_KEY: Stmt = Stmt::read(
     "SELECT id FROM tasks WHERE queue = $1 AND idempotency_key = $2",
@@ -179,7 +190,11 @@ fn enqueue_many(
     };
     let payloads: Vec<pgrx::JsonB> = payloads.into_iter().map(pgrx::JsonB).collect();
     exec(
-        &INSERT,
+        if o.idempotency_key.is_some() {
+            &INSERT_IDEMPOTENT
+        } else {
+            &INSERT
+        },
         &[
             new_ids.clone().into(),
             name.into(),
