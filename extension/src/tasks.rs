@@ -261,6 +261,8 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
             .collect()
     });
     let mut starts: Vec<Option<f64>> = vec![None; ids.len()];
+    let index: std::collections::HashMap<pgrx::Uuid, usize> =
+        ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let mut i = 0;
     while i < needing.len() {
         let queue = &needing[i].1;
@@ -270,7 +272,7 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
             &group.iter().map(|t| (t.2.clone(), t.3)).collect::<Vec<_>>(),
         );
         for (t, tag) in group.iter().zip(tags) {
-            if let Some(pos) = ids.iter().position(|id| *id == t.0) {
+            if let Some(&pos) = index.get(&t.0) {
                 starts[pos] = Some(tag);
             }
         }
