@@ -2,11 +2,13 @@
 //!
 //! Every client computes placement itself; there is no proxy or coordinator.
 
+pub mod breaker;
 pub mod id;
 pub mod router;
 pub mod status;
 pub mod topology;
 
+pub use breaker::{Breaker, BreakerState};
 pub use id::{ExecutionId, IdError};
 pub use router::{Placement, RouteError};
 pub use status::{ShardStatus, probe_shard};

@@ -1,0 +1,149 @@
+//! A per-shard circuit breaker: after `threshold` consecutive connection
+//! failures the shard is short-circuited for `cooldown`, then one probe is let
+//! through (half-open); its success closes the breaker, its failure re-opens it.
+//!
+//! Time is passed in, so the state machine is tested without sleeping.
+
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// The gauge value exported as `sheaf_shard_breaker_state`.
+    pub fn as_gauge(self) -> f64 {
+        match self {
+            BreakerState::Closed => 0.0,
+            BreakerState::HalfOpen => 1.0,
+            BreakerState::Open => 2.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    threshold: u32,
+    cooldown: Duration,
+    failures: u32,
+    opened_at: Option<Instant>,
+    probing: bool,
+}
+
+impl Breaker {
+    pub fn new(threshold: u32, cooldown: Duration) -> Breaker {
+        Breaker {
+            threshold: threshold.max(1),
+            cooldown,
+            failures: 0,
+            opened_at: None,
+            probing: false,
+        }
+    }
+
+    pub fn state(&self, now: Instant) -> BreakerState {
+        match self.opened_at {
+            None => BreakerState::Closed,
+            Some(_) if self.probing => BreakerState::HalfOpen,
+            Some(at) if now.duration_since(at) >= self.cooldown => BreakerState::HalfOpen,
+            Some(_) => BreakerState::Open,
+        }
+    }
+
+    /// Whether a request may go to the shard now. In half-open, exactly one
+    /// request (the probe) is let through until its outcome is recorded.
+    pub fn allow(&mut self, now: Instant) -> bool {
+        match self.state(now) {
+            BreakerState::Closed => true,
+            BreakerState::Open => false,
+            BreakerState::HalfOpen if self.probing => false,
+            BreakerState::HalfOpen => {
+                self.probing = true;
+                true
+            }
+        }
+    }
+
+    pub fn record_success(&mut self) {
+        self.failures = 0;
+        self.opened_at = None;
+        self.probing = false;
+    }
+
+    /// Records a connection-level failure (not a SQL error: a refused query
+    /// proves the shard is up).
+    pub fn record_failure(&mut self, now: Instant) {
+        if self.opened_at.is_some() {
+            // The half-open probe failed: open again for a full cooldown.
+            self.opened_at = Some(now);
+            self.probing = false;
+            return;
+        }
+        self.failures += 1;
+        if self.failures >= self.threshold {
+            self.opened_at = Some(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COOL: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn opens_after_the_threshold_and_short_circuits() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(3, COOL);
+        for _ in 0..2 {
+            assert!(b.allow(t0));
+            b.record_failure(t0);
+        }
+        assert_eq!(b.state(t0), BreakerState::Closed);
+        b.record_failure(t0);
+        assert_eq!(b.state(t0), BreakerState::Open);
+        assert!(!b.allow(t0 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_success_resets_the_count() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(2, COOL);
+        b.record_failure(t0);
+        b.record_success();
+        b.record_failure(t0);
+        assert_eq!(b.state(t0), BreakerState::Closed);
+    }
+
+    #[test]
+    fn half_open_lets_one_probe_through() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(1, COOL);
+        b.record_failure(t0);
+        let later = t0 + COOL;
+        assert_eq!(b.state(later), BreakerState::HalfOpen);
+        assert!(b.allow(later), "the probe");
+        assert!(!b.allow(later), "only one probe at a time");
+        b.record_success();
+        assert_eq!(b.state(later), BreakerState::Closed);
+        assert!(b.allow(later));
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_for_a_full_cooldown() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(1, COOL);
+        b.record_failure(t0);
+        let probe_at = t0 + COOL;
+        assert!(b.allow(probe_at));
+        b.record_failure(probe_at);
+        assert_eq!(b.state(probe_at + Duration::from_secs(4)), BreakerState::Open);
+        assert_eq!(b.state(probe_at + COOL), BreakerState::HalfOpen);
+        assert_eq!(BreakerState::Open.as_gauge(), 2.0);
+    }
+}
