@@ -4,12 +4,14 @@
 
 pub mod breaker;
 pub mod id;
+pub mod pool;
 pub mod router;
 pub mod status;
 pub mod topology;
 
 pub use breaker::{Breaker, BreakerState};
 pub use id::{ExecutionId, IdError};
+pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use router::{Placement, RouteError};
 pub use status::{ShardStatus, probe_shard};
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};

@@ -1,0 +1,155 @@
+//! One connection pool per shard, each with bounded acquire and connect
+//! timeouts and its own circuit breaker. A caller never parks forever on a
+//! pool, and an unreachable shard fails loudly, by name, without slowing the
+//! others down.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use crate::breaker::{Breaker, BreakerState};
+use crate::topology::{ShardId, Topology};
+
+/// Pool sizing and the timeouts that keep every call bounded.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub max_size: usize,
+    /// How long a caller waits for a free connection.
+    pub acquire_timeout: Duration,
+    /// How long opening a new connection may take.
+    pub connect_timeout: Duration,
+    /// Consecutive connection failures that open a shard's breaker.
+    pub breaker_threshold: u32,
+    /// How long an open breaker short-circuits before one probe.
+    pub breaker_cooldown: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            max_size: 16,
+            acquire_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            breaker_threshold: 3,
+            breaker_cooldown: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why a shard could not serve a call. Each names the one shard involved
+/// (never the whole set) and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error(
+        "shard {shard} is unreachable ({cause}); the work it owns is unavailable until it is back: \
+         check that database, or drain the shard from the topology"
+    )]
+    Unreachable { shard: ShardId, cause: String },
+    #[error("shard {shard} is short-circuited after repeated connection failures; retry after the cooldown")]
+    ShortCircuited { shard: ShardId },
+    #[error(
+        "this client has no pool for shard {shard}; it does not route there (fails closed, never elsewhere)"
+    )]
+    NoPool { shard: ShardId },
+    #[error("no connection to shard {shard} was free within {waited:?}; the pool is exhausted")]
+    Exhausted { shard: ShardId, waited: Duration },
+}
+
+struct ShardPool {
+    pool: Pool,
+    breaker: Mutex<Breaker>,
+}
+
+/// The pools of every shard in a topology.
+pub struct ShardPools {
+    pools: BTreeMap<ShardId, ShardPool>,
+    options: PoolOptions,
+}
+
+impl ShardPools {
+    /// Builds a pool per shard. No connection is opened yet; a bad
+    /// connection string is an error now, not at the first call.
+    pub fn new(topology: &Topology, options: PoolOptions) -> Result<ShardPools, ShardError> {
+        let mut pools = BTreeMap::new();
+        for shard in topology.shards() {
+            let mut config: tokio_postgres::Config =
+                shard
+                    .url
+                    .parse()
+                    .map_err(|e: tokio_postgres::Error| ShardError::Unreachable {
+                        shard: shard.id,
+                        cause: format!("bad connection string: {e}"),
+                    })?;
+            config.connect_timeout(options.connect_timeout);
+            let manager = Manager::from_config(
+                config,
+                NoTls,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            let pool = Pool::builder(manager)
+                .max_size(options.max_size)
+                .wait_timeout(Some(options.acquire_timeout))
+                .create_timeout(Some(options.connect_timeout))
+                .recycle_timeout(Some(options.connect_timeout))
+                .runtime(Runtime::Tokio1)
+                .build()
+                .map_err(|e| ShardError::Unreachable {
+                    shard: shard.id,
+                    cause: e.to_string(),
+                })?;
+            let breaker = Breaker::new(options.breaker_threshold, options.breaker_cooldown);
+            pools.insert(
+                shard.id,
+                ShardPool {
+                    pool,
+                    breaker: Mutex::new(breaker),
+                },
+            );
+        }
+        Ok(ShardPools { pools, options })
+    }
+
+    /// A connection to `shard`, within the acquire timeout, unless its
+    /// breaker is open.
+    pub async fn get(&self, shard: ShardId) -> Result<Object, ShardError> {
+        let entry = self.pools.get(&shard).ok_or(ShardError::NoPool { shard })?;
+        if !lock(&entry.breaker).allow(Instant::now()) {
+            return Err(ShardError::ShortCircuited { shard });
+        }
+        match entry.pool.get().await {
+            Ok(conn) => {
+                lock(&entry.breaker).record_success();
+                Ok(conn)
+            }
+            Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => Err(ShardError::Exhausted {
+                shard,
+                waited: self.options.acquire_timeout,
+            }),
+            Err(e) => {
+                lock(&entry.breaker).record_failure(Instant::now());
+                tracing::warn!(%shard, error = %e, "shard connection failed");
+                Err(ShardError::Unreachable {
+                    shard,
+                    cause: e.to_string(),
+                })
+            }
+        }
+    }
+
+    pub fn breaker_state(&self, shard: ShardId) -> Option<BreakerState> {
+        self.pools
+            .get(&shard)
+            .map(|p| lock(&p.breaker).state(Instant::now()))
+    }
+}
+
+/// The breaker's lock is never held across an await, so a poisoned lock can
+/// only come from a panic in the state machine itself; its state is still usable.
+fn lock(m: &Mutex<Breaker>) -> std::sync::MutexGuard<'_, Breaker> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,90 @@
+//! A stopped shard: the pool fails loudly and by name, its breaker opens and
+//! short-circuits, the other shards keep serving, and the shard is back after
+//! it restarts. Runs its own three shards (a real cluster is stopped here).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use sheaf_driver::{BreakerState, PoolOptions, ShardError, ShardId, ShardPools, Topology};
+
+fn shards(args: &[&str]) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
+    let port = (25500 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string();
+    let dir = format!("/tmp/sheaf-test-outage/pg{major}");
+    let out = Command::new(root.join("scripts/shards"))
+        .args(args)
+        .args(["--pg", &major, "--dir", &dir, "--base-port", &port])
+        .output()
+        .expect("scripts/shards runs");
+    assert!(
+        out.status.success(),
+        "scripts/shards {args:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+async fn shard_id(pools: &ShardPools, shard: ShardId) -> Result<i32, ShardError> {
+    let conn = pools.get(shard).await?;
+    Ok(conn
+        .query_one("SELECT sheaf.shard_id()", &[])
+        .await
+        .expect("query")
+        .get(0))
+}
+
+#[tokio::test]
+async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() {
+    let topology = Topology::parse(&shards(&["up", "--count", "3", "--no-install"])).unwrap();
+    let options = PoolOptions {
+        connect_timeout: Duration::from_secs(1),
+        acquire_timeout: Duration::from_secs(2),
+        breaker_threshold: 2,
+        breaker_cooldown: Duration::from_secs(2),
+        ..PoolOptions::default()
+    };
+    let pools = ShardPools::new(&topology, options).unwrap();
+    let id = |n: u32| ShardId::new(n).unwrap();
+    for n in 0..3 {
+        assert_eq!(shard_id(&pools, id(n)).await.unwrap(), n as i32);
+    }
+
+    shards(&["stop-one", "1"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for attempt in 0..2 {
+        match shard_id(&pools, id(1)).await {
+            Err(e @ ShardError::Unreachable { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("shard 1"), "{text}");
+                assert!(
+                    !text.contains("shard 0") && !text.contains("shard 2"),
+                    "names one shard: {text}"
+                );
+            }
+            other => panic!("attempt {attempt}: expected unreachable, got {other:?}"),
+        }
+    }
+    assert_eq!(pools.breaker_state(id(1)), Some(BreakerState::Open));
+    assert!(matches!(
+        shard_id(&pools, id(1)).await,
+        Err(ShardError::ShortCircuited { .. })
+    ));
+    // The others keep serving, unaffected.
+    assert_eq!(shard_id(&pools, id(0)).await.unwrap(), 0);
+    assert_eq!(shard_id(&pools, id(2)).await.unwrap(), 2);
+    assert_eq!(pools.breaker_state(id(0)), Some(BreakerState::Closed));
+
+    shards(&["start-one", "1"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        shard_id(&pools, id(1)).await.unwrap(),
+        1,
+        "the half-open probe succeeds"
+    );
+    assert_eq!(pools.breaker_state(id(1)), Some(BreakerState::Closed));
+    assert!(matches!(pools.get(id(7)).await, Err(ShardError::NoPool { .. })));
+
+    shards(&["down"]);
+}
