@@ -198,16 +198,17 @@ fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
 }
 
 /// Sends up to `excess` of a key's ready tasks back to waiting, the ones that
-/// would be claimed last first, and frees their slots. Skips tasks another
-/// transaction has locked (a claim is taking them): waiting for them here,
-/// under the key's exclusive lock, could deadlock with a completion that
-/// holds its task row and waits for the key.
+/// would be claimed last first, and frees their slots. Locks both the task
+/// and its ready row and skips any another transaction holds (a claim is
+/// taking it): waiting here, under the key's exclusive lock, could deadlock
+/// with a completion that holds its task row and waits for the key, or with
+/// a claim that holds the ready row and waits for the task row.
 fn demote_ready(key: &str, excess: i32) {
     let demoted = Spi::get_one_with_args::<i32>(
         "WITH d AS (\
            SELECT t.id FROM tasks t JOIN ready r ON r.task_id = t.id \
            WHERE t.concurrency_key = $1 AND t.state = 'ready' \
-           ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT $2 FOR UPDATE OF t SKIP LOCKED), \
+           ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT $2 FOR UPDATE OF t, r SKIP LOCKED), \
          gone AS (DELETE FROM ready r USING d WHERE r.task_id = d.id RETURNING r.task_id), \
          w AS (UPDATE tasks t SET state = 'waiting' FROM gone WHERE t.id = gone.task_id RETURNING 1) \
          SELECT count(*)::int FROM w",
