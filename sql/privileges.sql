@@ -4,9 +4,10 @@
 -- database's CREATE EXTENSION reuses them). Neither can touch a table: every
 -- function is SECURITY DEFINER with a pinned search_path, so a role's rights are
 -- exactly the functions granted to it.
---   sheaf_worker: enqueue, claim, complete, fail, heartbeat, and read-only helpers.
+--   sheaf_worker: enqueue, claim, complete, fail, heartbeat, start and drive
+--                 executions, the mutex, and read-only helpers.
 --   sheaf_admin:  everything a worker may do, plus init, policies, limits,
---                 redrive and migration.
+--                 redrive, terminate/pause/resume, quota recounts and migration.
 DO $roles$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'sheaf_worker') THEN
@@ -43,7 +44,23 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.maintain(),
     @extschema@.worker_heartbeat(text, text[]),
     @extschema@.queue_stats(text),
-    @extschema@.concurrency_stats()
+    @extschema@.concurrency_stats(),
+    @extschema@.start_workflow(text, text, jsonb, jsonb),
+    @extschema@.find_execution(text, text),
+    @extschema@.get_execution(uuid),
+    @extschema@.history(uuid, bigint, integer),
+    @extschema@.append_event(uuid, text, jsonb),
+    @extschema@.complete_execution(uuid, jsonb),
+    @extschema@.fail_execution(uuid, text),
+    @extschema@.cancel_execution(uuid, text),
+    @extschema@.suspend_execution(uuid, timestamptz),
+    @extschema@.wake_execution(uuid),
+    @extschema@.quota_usage(text),
+    @extschema@.mutex_acquire(text, uuid, interval),
+    @extschema@.mutex_release(text, uuid, bigint),
+    @extschema@.mutex_renew(text, uuid, bigint, interval),
+    @extschema@.mutex_reclaim(integer),
+    @extschema@.mutex_status(text)
 TO sheaf_worker;
 
 -- Admin surface.
@@ -51,5 +68,10 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.init_shard(integer),
     @extschema@.configure_queue(text, jsonb),
     @extschema@.set_concurrency_limit(text, integer),
-    @extschema@.redrive(uuid[])
+    @extschema@.redrive(uuid[]),
+    @extschema@.declare_workflow(text, jsonb),
+    @extschema@.terminate_execution(uuid, text),
+    @extschema@.pause_execution(uuid),
+    @extschema@.resume_execution(uuid),
+    @extschema@.quota_recompute(text)
 TO sheaf_admin;

@@ -39,6 +39,7 @@ CREATE TABLE queues (
 --   waiting:   its concurrency key has no free slot
 --   ready:     claimable; it has a row in `ready`
 --   running:   claimed, under a lease fenced by `token`
+--   paused:    its execution is PAUSED; holds no slot until resumed
 CREATE TABLE tasks (
     id              uuid PRIMARY KEY,
     queue           text NOT NULL,
@@ -54,7 +55,7 @@ CREATE TABLE tasks (
     attempts        integer NOT NULL DEFAULT 0,
     max_attempts    integer NOT NULL DEFAULT 25,           -- 1..1000
     execution_id    uuid,
-    concurrency_key text,                                  -- 1..256 bytes
+    concurrency_key text,                                  -- 1..1024 bytes
     fairness_key    text,                                  -- 1..256 bytes
     fairness_weight double precision NOT NULL DEFAULT 1,   -- (0, 1e6]
     idempotency_key text,                                  -- 1..256 bytes
@@ -106,7 +107,7 @@ RETURN CASE WHEN aging_secs IS NULL THEN -priority::double precision
 -- running. Admission keeps admitted <= max_running (lowering a cap can leave
 -- running tasks above it; they finish and no slot is handed out until below).
 CREATE TABLE concurrency_limits (
-    key         text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 256),
+    key         text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 1024),
     max_running integer NOT NULL CHECK (max_running >= 0),
     admitted    integer NOT NULL DEFAULT 0 CHECK (admitted >= 0)
 );
@@ -138,6 +139,7 @@ CREATE TABLE dead_letters (
     dead_at         timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX dead_letters_queue ON dead_letters (queue, dead_at);
+CREATE INDEX dead_letters_execution ON dead_letters (execution_id) WHERE execution_id IS NOT NULL;
 
 -- Live-worker registry: a worker is live while its heartbeat is under 60 s old.
 CREATE TABLE workers (
@@ -153,57 +155,99 @@ CREATE TABLE workflow_policies (
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
 
+-- Executions. RUNNING, SUSPENDED and PAUSED are active; COMPLETED, FAILED,
+-- CANCELLED, TERMINATED, TIMED_OUT and CONTINUED_AS_NEW are terminal;
+-- MIGRATING and MIGRATED belong to rebalancing (a MIGRATED execution still
+-- holds its (name, workflow_id) for uniqueness).
 CREATE TABLE executions (
     id              uuid PRIMARY KEY,
-    workflow_name   text NOT NULL CHECK (length(workflow_name) BETWEEN 1 AND 256),
-    workflow_id     text NOT NULL CHECK (length(workflow_id) BETWEEN 1 AND 256),
+    workflow_name   text NOT NULL CHECK (octet_length(workflow_name) BETWEEN 1 AND 256),
+    workflow_id     text NOT NULL CHECK (octet_length(workflow_id) BETWEEN 1 AND 256),
     state           text NOT NULL CHECK (state IN (
                         'RUNNING', 'SUSPENDED', 'PAUSED',
                         'COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT',
                         'CONTINUED_AS_NEW', 'MIGRATING', 'MIGRATED')),
+    -- Admission order: "newest" for latest-wins means the highest seq.
+    seq             bigint NOT NULL,
+    queue           text NOT NULL,
+    input           jsonb NOT NULL,
+    result          jsonb,
+    error           text,
     parent_id       uuid,
+    -- The resolved policy keys (not the task key `<name>:<key>`).
     concurrency_key text,
     quota_key       text,
+    -- PAUSED remembers what it paused (RUNNING or SUSPENDED).
+    paused_from     text,
+    wake_at         timestamptz,
     search_attrs    jsonb NOT NULL DEFAULT '{}',
     history_bytes   bigint NOT NULL DEFAULT 0 CHECK (history_bytes >= 0),
+    -- The seq of its last event. Kept here, not read as max(seq): an append
+    -- that waited for the row lock must number after the one it waited for.
+    last_event_seq  bigint NOT NULL DEFAULT 0,
     created_at      timestamptz NOT NULL DEFAULT now(),
-    started_at      timestamptz,
     closed_at       timestamptz
 );
 -- Active uniqueness: one non-terminal (or MIGRATED) run per (name, workflow_id).
 CREATE UNIQUE INDEX executions_active ON executions (workflow_name, workflow_id)
     WHERE state IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING', 'MIGRATED');
-CREATE INDEX executions_by_key ON executions (workflow_name, workflow_id, created_at DESC);
+-- By-key resolution: the most recent run of (name, workflow_id).
+CREATE INDEX executions_by_key ON executions (workflow_name, workflow_id, seq DESC);
+-- The concurrency gate's bounded scan: a (name, key)'s active runs, newest first.
+CREATE INDEX executions_gate ON executions (workflow_name, concurrency_key, seq DESC)
+    WHERE concurrency_key IS NOT NULL AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED');
+-- Quota recounts.
+CREATE INDEX executions_quota ON executions (quota_key) WHERE quota_key IS NOT NULL;
+-- Timers: suspended executions whose wake time has come.
+CREATE INDEX executions_wake ON executions (wake_at) WHERE state = 'SUSPENDED' AND wake_at IS NOT NULL;
 
 -- Append-only history. Never updated.
 CREATE TABLE events (
     execution_id    uuid NOT NULL REFERENCES executions (id),
     seq             bigint NOT NULL,
-    event_type      text NOT NULL CHECK (length(event_type) BETWEEN 1 AND 128),
+    event_type      text NOT NULL CHECK (octet_length(event_type) BETWEEN 1 AND 128),
     payload         jsonb NOT NULL DEFAULT '{}',
     bytes           integer NOT NULL CHECK (bytes >= 0),
     created_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (execution_id, seq)
 );
 
+-- Per-tenant quota usage, one row per quota key, kept by the same
+-- transactions that change what it counts (quota_recompute recounts it):
+-- active executions, their history bytes, and dead letters of the key's
+-- executions.
+CREATE TABLE quota_usage (
+    key                 text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 256),
+    active_executions   bigint NOT NULL DEFAULT 0,
+    history_bytes       bigint NOT NULL DEFAULT 0,
+    dead_letters        bigint NOT NULL DEFAULT 0
+);
+
 -- Durable FIFO mutex: one holder per key, fenced by a token.
 CREATE TABLE mutex_locks (
-    key             text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 256),
+    key             text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 256),
     holder          uuid NOT NULL,
     token           bigint NOT NULL,
     lease_expires_at timestamptz NOT NULL,
     acquired_at     timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX mutex_locks_holder ON mutex_locks (holder);
+CREATE INDEX mutex_locks_expiry ON mutex_locks (lease_expires_at);
 
+-- Its waiting line, in arrival order. A waiter's lease applies from its grant.
 CREATE TABLE mutex_waiters (
     key             text NOT NULL,
     owner           uuid NOT NULL,
     position        bigint NOT NULL,
+    lease_secs      double precision NOT NULL,
     enqueued_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (key, owner)
 );
 CREATE UNIQUE INDEX mutex_waiters_fifo ON mutex_waiters (key, position);
+CREATE INDEX mutex_waiters_owner ON mutex_waiters (owner);
 
 -- Fencing tokens and enqueue order: sequences, never the clock.
 CREATE SEQUENCE task_seq;
 CREATE SEQUENCE fence_token;
+CREATE SEQUENCE execution_seq;
+CREATE SEQUENCE mutex_seq;

@@ -9,10 +9,12 @@
 //! cargo run --release -p sheaf-benches --bin claim-bench -- batch      # batch 100 vs single
 //! cargo run --release -p sheaf-benches --bin claim-bench -- steady --minutes 10
 //! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60
+//! cargo run --release -p sheaf-benches --bin claim-bench -- gates      # admission gates, quota, mutex
 //! cargo run --release -p sheaf-benches --bin claim-bench -- smoke      # seconds, for CI
 //! ```
 //! Without `--url` it starts its own one-shard cluster with `scripts/shards`.
 
+mod gates;
 mod systems;
 
 use std::path::PathBuf;
@@ -79,7 +81,19 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         secs: u64,
     },
-    /// Every mode at 1K for a second: proves the harness runs (CI).
+    /// start_workflow admissions per policy, quota check cost vs history size, mutex cycles.
+    Gates {
+        /// Seconds measured per row.
+        #[arg(long, default_value_t = 5)]
+        secs: u64,
+        /// Events in the big history of the quota row.
+        #[arg(long, default_value_t = 1_000_000)]
+        events: i64,
+        /// Clients contending for one mutex key.
+        #[arg(long, default_value_t = 8)]
+        contenders: usize,
+    },
+    /// Every mode at 1K for a second, and gates with 1-second rows: proves the harness runs (CI).
     Smoke,
 }
 
@@ -118,7 +132,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 2,
                 100,
             )
-            .await?
+            .await?;
+            let opts = gates::Opts {
+                window: Duration::from_secs(1),
+                clients: 2,
+                history_events: 10_000,
+                contenders: 8,
+            };
+            gates::run(&url, &admin, &opts).await?
+        }
+        Cmd::Gates {
+            secs,
+            events,
+            contenders,
+        } => {
+            let opts = gates::Opts {
+                window: Duration::from_secs(secs),
+                clients,
+                history_events: events,
+                contenders,
+            };
+            gates::run(&url, &admin, &opts).await?
         }
         Cmd::Batch { secs } => run_batch(&url, &admin, Duration::from_secs(secs)).await?,
         Cmd::Steady { minutes } => run_steady(&url, &admin, minutes, clients).await?,

@@ -5,4 +5,5 @@ pub mod hrw;
 pub mod id;
 pub mod options;
 pub mod ordering;
+pub mod policy;
 pub mod sqlstate;

@@ -7,6 +7,9 @@ use serde_json::{Map, Value};
 
 /// The longest key (concurrency, fairness, idempotency) or queue name, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
+/// The longest concurrency key: room for a workflow's derived key,
+/// `<workflow name (<= 256)>:<resolved key (<= 256)>`.
+pub const MAX_CONCURRENCY_KEY_BYTES: usize = 1024;
 pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 pub const MAX_ATTEMPTS_LIMIT: i32 = 1_000;
 pub const MAX_FAIRNESS_WEIGHT: f64 = 1_000_000.0;
@@ -101,7 +104,10 @@ impl EnqueueOptions {
             match name.as_str() {
                 "priority" => o.priority = int(&opt, value, i32::MIN, i32::MAX)?,
                 "run_at" => o.run_at = Some(string(&opt, value, 64)?),
-                "concurrency_key" => o.concurrency_key = Some(key(&opt, value)?),
+                "concurrency_key" => {
+                    let s = string(&opt, value, MAX_CONCURRENCY_KEY_BYTES)?;
+                    o.concurrency_key = Some(s);
+                }
                 "fairness_key" => o.fairness_key = Some(key(&opt, value)?),
                 "fairness_weight" => {
                     let w = value
@@ -189,7 +195,18 @@ pub fn check_queue_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A key (concurrency, fairness, idempotency, worker name): 1..=256 bytes,
+/// A concurrency key: 1..=1024 bytes, refused rather than truncated.
+pub fn check_concurrency_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_CONCURRENCY_KEY_BYTES {
+        return Err(format!(
+            "must be 1 to {MAX_CONCURRENCY_KEY_BYTES} bytes, got {}",
+            key.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A key (fairness, idempotency, worker name): 1..=256 bytes,
 /// refused rather than truncated.
 pub fn check_key(key: &str) -> Result<(), String> {
     if key.is_empty() || key.len() > MAX_KEY_BYTES {
@@ -297,7 +314,7 @@ mod tests {
             (json!({"fairness_weight": "2"}), "opts.fairness_weight"),
             (json!({"concurrency_key": ""}), "opts.concurrency_key"),
             (
-                json!({"concurrency_key": "x".repeat(257)}),
+                json!({"concurrency_key": "x".repeat(1025)}),
                 "opts.concurrency_key",
             ),
             (json!({"kind": "job"}), "opts.kind"),

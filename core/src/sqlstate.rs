@@ -22,12 +22,28 @@ pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 /// The task is not running under the given token: its lease was lost
 /// (expired and claimed again) or it already finished. Nothing changed.
 pub const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// A start would exceed a declared quota; the message names workflow, key,
+/// resource, limit and usage. Nothing was written.
+pub const CONFIGURATION_LIMIT_EXCEEDED: &str = "53400";
+/// The concurrency gate (`on_conflict = reject`) refused a start.
+pub const OBJECT_IN_USE: &str = "55006";
+/// No execution with this id on this shard.
+pub const NO_DATA_FOUND: &str = "P0002";
+/// A gate function was called above READ COMMITTED isolation.
+pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+/// A deadlock between two transactions (raised by Postgres); retry.
+pub const DEADLOCK_DETECTED: &str = "40P01";
 /// The caller's role may not call this function (raised by Postgres).
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 /// A bug in sheaf's own SQL; never a caller's mistake. Please report it.
 pub const INTERNAL_ERROR: &str = "XX000";
 
 pub const ALL: &[Code] = &[
+    Code {
+        code: FEATURE_NOT_SUPPORTED,
+        name: "feature_not_supported",
+        meaning: "start_workflow or a mutex function ran above READ COMMITTED isolation: its gate must see what was committed before it got its lock",
+    },
     Code {
         code: NULL_VALUE_NOT_ALLOWED,
         name: "null_value_not_allowed",
@@ -39,19 +55,39 @@ pub const ALL: &[Code] = &[
         meaning: "an argument is out of range or malformed; the message names it and the accepted range",
     },
     Code {
+        code: DEADLOCK_DETECTED,
+        name: "deadlock_detected",
+        meaning: "two transactions waited on each other (e.g. a latest-wins start and a mutex release on one terminal path); the transaction rolled back whole and is safe to retry",
+    },
+    Code {
         code: INSUFFICIENT_PRIVILEGE,
         name: "insufficient_privilege",
         meaning: "the caller's role is not granted this function (see Roles)",
     },
     Code {
+        code: CONFIGURATION_LIMIT_EXCEEDED,
+        name: "configuration_limit_exceeded",
+        meaning: "quota refused a start: the message names workflow, quota key, resource, limit and usage; nothing was written",
+    },
+    Code {
         code: OBJECT_NOT_IN_PREREQUISITE_STATE,
         name: "object_not_in_prerequisite_state",
-        meaning: "the shard is not initialized, or init_shard asked for a different id than the one it holds",
+        meaning: "the shard or execution is not in a state that allows the call (shard not initialized or initialized as another id; execution ended or paused; history closed)",
+    },
+    Code {
+        code: OBJECT_IN_USE,
+        name: "object_in_use",
+        meaning: "the concurrency gate refused a start (on_conflict reject): the (workflow, key) already has its limit of active executions",
     },
     Code {
         code: LOCK_NOT_AVAILABLE,
         name: "lock_not_available",
-        meaning: "stale fencing token: the task is not running under this token (lease lost, or already finished); nothing changed",
+        meaning: "stale fencing token: the task is not running under this token, or the owner does not hold the mutex under this token (lease lost, or already finished); nothing changed",
+    },
+    Code {
+        code: NO_DATA_FOUND,
+        name: "no_data_found",
+        meaning: "no execution with this id on this shard",
     },
     Code {
         code: INTERNAL_ERROR,

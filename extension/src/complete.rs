@@ -185,8 +185,8 @@ mod tests {
     fn a_result_goes_to_the_execution_history() {
         init();
         Spi::run(
-            "INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state) \
-             VALUES ('00010000-0000-8000-8000-000000000001', 'wf', 'w1', 'RUNNING')",
+            "INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state, seq, queue, input) \
+             VALUES ('00010000-0000-8000-8000-000000000001', 'wf', 'w1', 'RUNNING', 1, 'q', '{}')",
         )
         .unwrap();
         enqueue(

@@ -13,7 +13,7 @@
 //! while no admission or release of that key is in flight.
 
 use pgrx::prelude::*;
-use sheaf_core::options::check_key;
+use sheaf_core::options::check_concurrency_key;
 
 use crate::errors::{SpiResultExt, bad_argument, required};
 use crate::plans::{Stmt, run};
@@ -136,7 +136,7 @@ fn promote_waiting(key: &str, room: i32) {
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
     let key = required(key, "key");
-    if let Err(why) = check_key(key) {
+    if let Err(why) = check_concurrency_key(key) {
         bad_argument("key", why);
     }
     if let Some(m) = max_running
@@ -147,6 +147,29 @@ fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
             format!("must be >= 0 (or NULL to remove the cap), got {m}"),
         );
     }
+    set_limit(key, max_running);
+}
+
+const CURRENT_LIMIT: Stmt = Stmt::read(
+    "SELECT max_running FROM concurrency_limits WHERE key = $1",
+    &[PgBuiltInOids::TEXTOID],
+);
+
+/// Makes `key`'s cap `max` unless it already is (a workflow's derived key,
+/// capped by its policy's limit): the common case is one index read.
+pub fn ensure_limit(key: &str, max: i32) {
+    let current = Spi::connect_mut(|client| {
+        run(client, &CURRENT_LIMIT, &[key.into()])
+            .next()
+            .and_then(|row| row.get::<i32>(1).or_internal("reading a concurrency limit"))
+    });
+    if current != Some(max) {
+        set_limit(key, Some(max));
+    }
+}
+
+/// Sets or removes (`None`) a validated key's cap; see `set_concurrency_limit`.
+pub fn set_limit(key: &str, max_running: Option<i32>) {
     // No admission or release of this key runs while we count and re-cap.
     lock(key, true);
     let current = limit_for_update(key);
@@ -198,17 +221,19 @@ fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
 }
 
 /// Sends up to `excess` of a key's ready tasks back to waiting, the ones that
-/// would be claimed last first, and frees their slots. Locks both the task
-/// and its ready row and skips any another transaction holds (a claim is
-/// taking it): waiting here, under the key's exclusive lock, could deadlock
-/// with a completion that holds its task row and waits for the key, or with
-/// a claim that holds the ready row and waits for the task row.
+/// would be claimed last first, and frees their slots. Locks their ready rows
+/// first, as a claim does, and waits for a claim in flight: skipping it would
+/// let that claim commit after the lowered cap and run over it. A task a
+/// claim took meanwhile is running (it was claimed before the cap changed)
+/// and is left alone. No task row is locked before its ready row, so this
+/// cannot deadlock with a claim; it can with a terminal transition that holds
+/// an execution's ready rows and waits for this key (40P01, retry).
 fn demote_ready(key: &str, excess: i32) {
     let demoted = Spi::get_one_with_args::<i32>(
         "WITH d AS (\
            SELECT t.id FROM tasks t JOIN ready r ON r.task_id = t.id \
            WHERE t.concurrency_key = $1 AND t.state = 'ready' \
-           ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT $2 FOR UPDATE OF t, r SKIP LOCKED), \
+           ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT $2 FOR UPDATE OF r), \
          gone AS (DELETE FROM ready r USING d WHERE r.task_id = d.id RETURNING r.task_id), \
          w AS (UPDATE tasks t SET state = 'waiting' FROM gone WHERE t.id = gone.task_id RETURNING 1) \
          SELECT count(*)::int FROM w",

@@ -4,7 +4,7 @@ use pgrx::prelude::*;
 
 use crate::errors::{SpiResultExt, bad_argument, no_nulls, required};
 use crate::plans::{Stmt, run};
-use crate::{concurrency, history, promote};
+use crate::{concurrency, executions, history, lifecycle, promote, quota};
 
 const BURY: Stmt = Stmt::write(
     "WITH t AS (DELETE FROM tasks WHERE id = $1 RETURNING *) \
@@ -42,12 +42,27 @@ pub fn bury(task_id: pgrx::Uuid, error: &str) {
             "TaskDeadLettered",
             serde_json::json!({"task_id": task_id.to_string(), "kind": kind, "attempts": attempts, "error": error}),
         );
+        if let Some(quota_key) = executions::quota_key_of(execution_id) {
+            quota::add(&quota_key, 0, 0, 1);
+        }
+        // A workflow task that ran out of attempts fails its execution.
+        if kind == "workflow" && executions::state_of(execution_id).is_some() {
+            lifecycle::close(
+                execution_id,
+                lifecycle::Close::Failed {
+                    error: format!(
+                        "workflow task {task_id} dead-lettered after {attempts} attempt(s): {error}"
+                    ),
+                },
+            );
+        }
     }
 }
 
 /// Puts dead letters back in line with fresh attempts; returns how many moved.
-/// Ids that are not dead letters are ignored, and so is a dead letter whose
-/// idempotency key an unfinished task holds again (it stays a dead letter).
+/// Ids that are not dead letters are ignored, and so are (they stay dead
+/// letters) one whose idempotency key an unfinished task holds again, and
+/// one whose execution is not running or suspended.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
@@ -59,12 +74,14 @@ fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
         );
     }
     let ids = no_nulls(ids, "task_ids");
-    let moved: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
+    let moved: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>)> = Spi::connect_mut(|client| {
         client
             .update(
                 "WITH d AS (DELETE FROM dead_letters d WHERE id = ANY($1) \
                    AND NOT EXISTS (SELECT 1 FROM tasks t \
                                    WHERE t.queue = d.queue AND t.idempotency_key = d.idempotency_key) \
+                   AND (d.execution_id IS NULL OR EXISTS (SELECT 1 FROM executions e \
+                        WHERE e.id = d.execution_id AND e.state IN ('RUNNING', 'SUSPENDED'))) \
                    RETURNING *) \
                  INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, enqueued_at, run_at, \
                                     attempts, max_attempts, execution_id, concurrency_key, fairness_key, \
@@ -73,7 +90,7 @@ fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
                         0, max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
                         idempotency_key, last_error \
                  FROM d \
-                 RETURNING id, concurrency_key",
+                 RETURNING id, concurrency_key, execution_id",
                 None,
                 &[ids.into()],
             )
@@ -82,11 +99,21 @@ fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
                 Some((
                     row.get::<pgrx::Uuid>(1).or_internal("redriving")?,
                     row.get::<String>(2).or_internal("redriving"),
+                    row.get::<pgrx::Uuid>(3).or_internal("redriving"),
                 ))
             })
             .collect()
     });
     let n = moved.len() as i32;
-    promote::place(moved);
+    let mut per_quota_key: std::collections::BTreeMap<String, i64> = Default::default();
+    for execution_id in moved.iter().filter_map(|m| m.2) {
+        if let Some(key) = executions::quota_key_of(execution_id) {
+            *per_quota_key.entry(key).or_default() += 1;
+        }
+    }
+    for (key, k) in per_quota_key {
+        quota::add(&key, 0, 0, -k);
+    }
+    promote::place(moved.into_iter().map(|m| (m.0, m.1)).collect());
     n
 }

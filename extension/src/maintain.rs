@@ -1,16 +1,19 @@
 //! `sheaf.maintain()`: every bounded sweep in one call, for pg_cron or a
 //! worker loop. Claims already do the per-queue sweeps inline; this covers
-//! queues nobody is claiming from, and the registries.
+//! queues nobody is claiming from, timers of suspended executions, expired
+//! mutex leases, and the registries.
 
 use pgrx::prelude::*;
 
 use crate::errors::SpiResultExt;
 use crate::workers::LIVE_SECS;
-use crate::{lease, promote, queue};
+use crate::{lease, lifecycle, mutex, promote, queue};
 
 const PROMOTE_MAX: i64 = 10_000;
 const REAP_MAX: i64 = 1_000;
 const PRUNE_MAX: i64 = 10_000;
+const WAKE_MAX: i64 = 1_000;
+const RECLAIM_MAX: i64 = 1_000;
 
 /// Runs every bounded sweep once and reports what each did.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -24,6 +27,8 @@ fn maintain() -> pgrx::JsonB {
         promoted += promote::due(&q, PROMOTE_MAX - promoted);
     }
     let reaped = lease::reap_all(REAP_MAX);
+    let woken = lifecycle::wake_due(WAKE_MAX);
+    let mutexes_reclaimed = mutex::reclaim(RECLAIM_MAX);
     // Workers silent for a day are gone, not just late.
     let workers_pruned = Spi::get_one_with_args::<i64>(
         "WITH d AS (DELETE FROM workers WHERE name IN (\
@@ -47,6 +52,8 @@ fn maintain() -> pgrx::JsonB {
     pgrx::JsonB(serde_json::json!({
         "promoted": promoted,
         "reaped": reaped,
+        "woken": woken,
+        "mutexes_reclaimed": mutexes_reclaimed,
         "workers_pruned": workers_pruned,
         "fairness_keys_pruned": fairness_keys_pruned,
         "live_worker_secs": LIVE_SECS,

@@ -5,9 +5,9 @@ use pgrx::prelude::*;
 use sheaf_core::options::EnqueueOptions;
 use sheaf_core::ordering::Mode;
 
-use crate::errors::{SpiResultExt, bad_argument, no_nulls, required};
+use crate::errors::{SpiResultExt, bad_argument, no_nulls, not_ready, required};
 use crate::plans::{Stmt, exec, run};
-use crate::{concurrency, ids, queue, ready};
+use crate::{concurrency, executions, ids, queue, ready};
 
 /// The most payloads one `enqueue_batch` accepts.
 pub const MAX_BATCH: usize = 10_000;
@@ -122,6 +122,11 @@ fn enqueue_many(
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
+    insert(name, payloads, &o)
+}
+
+/// Inserts tasks with validated options (the queue name is checked).
+pub fn insert(name: &str, payloads: Vec<serde_json::Value>, o: &EnqueueOptions) -> Vec<pgrx::Uuid> {
     let run_at = o
         .run_at
         .as_deref()
@@ -133,16 +138,16 @@ fn enqueue_many(
             ),
         });
     let execution_id = o.execution_id.map(pgrx::Uuid::from_bytes);
-    if let Some(id) = execution_id {
-        let exists = Spi::get_one_with_args::<bool>(
-            "SELECT EXISTS (SELECT 1 FROM executions WHERE id = $1)",
-            &[id.into()],
-        )
-        .or_internal("looking up an execution");
-        if exists != Some(true) {
-            bad_argument("opts.execution_id", format!("no execution {id} on this shard"));
-        }
-    }
+    // A paused execution's new tasks wait, holding no slot, until it resumes.
+    let paused = match execution_id {
+        None => false,
+        Some(id) => match executions::state_of(id).as_deref() {
+            None => bad_argument("opts.execution_id", format!("no execution {id} on this shard")),
+            Some("PAUSED") => true,
+            Some("RUNNING" | "SUSPENDED") => false,
+            Some(state) => not_ready(format!("execution {id} is {state}: it takes no new tasks")),
+        },
+    };
     if let Some(key) = &o.idempotency_key {
         if payloads.len() > 1 {
             bad_argument(
@@ -158,6 +163,7 @@ fn enqueue_many(
 
     let n = payloads.len();
     let due = match run_at {
+        _ if paused => false,
         None => true,
         Some(t) => Spi::get_one_with_args::<bool>("SELECT $1 <= now()", &[t.into()])
             .or_internal("comparing run_at")
@@ -177,6 +183,7 @@ fn enqueue_many(
     }
     let states: Vec<&str> = (0..n)
         .map(|i| match (due, i < admitted) {
+            _ if paused => "paused",
             (false, _) => "scheduled",
             (true, true) => "ready",
             (true, false) => "waiting",

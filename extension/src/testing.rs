@@ -57,3 +57,36 @@ pub fn ns(tasks: &[(pgrx::Uuid, i64, serde_json::Value)]) -> Vec<i64> {
         .map(|t| t.2["n"].as_i64().expect("payload has n"))
         .collect()
 }
+
+/// Starts a workflow; returns (execution id, created, superseded).
+pub fn start(name: &str, workflow_id: &str, input: serde_json::Value) -> (pgrx::Uuid, bool, Vec<pgrx::Uuid>) {
+    Spi::connect(|client| {
+        let row = client
+            .select(
+                "SELECT execution_id, created, superseded FROM sheaf.start_workflow($1, $2, $3)",
+                None,
+                &[name.into(), workflow_id.into(), pgrx::JsonB(input).into()],
+            )
+            .expect("start_workflow runs")
+            .first();
+        (
+            row.get::<pgrx::Uuid>(1).unwrap().unwrap(),
+            row.get::<bool>(2).unwrap().unwrap(),
+            row.get::<Vec<pgrx::Uuid>>(3).unwrap().unwrap(),
+        )
+    })
+}
+
+pub fn declare(name: &str, policy: serde_json::Value) {
+    Spi::run_with_args(
+        "SELECT sheaf.declare_workflow($1, $2)",
+        &[name.into(), pgrx::JsonB(policy).into()],
+    )
+    .expect("declare_workflow runs");
+}
+
+pub fn state(id: pgrx::Uuid) -> String {
+    Spi::get_one_with_args::<String>("SELECT state FROM sheaf.executions WHERE id = $1", &[id.into()])
+        .unwrap()
+        .unwrap()
+}

@@ -51,7 +51,7 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         (
             format!(
                 "SELECT sheaf.enqueue('in', '{{}}', '{{\"concurrency_key\": \"{}\"}}')",
-                "k".repeat(257)
+                "k".repeat(1025)
             ),
             "22023",
             "opts.concurrency_key",

@@ -1,0 +1,483 @@
+//! Workflow policies (`sheaf.declare_workflow`), the options of
+//! `sheaf.start_workflow`, and resolving a policy's key from a start input.
+//!
+//! A key is a dot path into the input (`input.tenant_id`). A path that does
+//! not resolve means "no key": that gate does not apply to the start. A key
+//! that resolves to something that cannot name a tenant (an object, an array,
+//! an empty string) or that is too long is refused, never coerced or cut.
+
+use serde_json::{Map, Value};
+
+use crate::options::{MAX_KEY_BYTES, OptionError, check_queue_name};
+
+/// The queue of a workflow's tasks when its policy names none.
+pub const DEFAULT_QUEUE: &str = "default";
+/// The most path segments a key path may have.
+const MAX_PATH_SEGMENTS: usize = 16;
+
+/// What a start does when its (workflow, key) already has `limit` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnConflict {
+    /// Admit it; its workflow tasks wait in the claim engine for a slot.
+    Defer,
+    /// Admit it and cancel the oldest runs beyond `limit` (latest wins).
+    CancelRunning,
+    /// Refuse the start.
+    Reject,
+}
+
+impl OnConflict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnConflict::Defer => "defer",
+            OnConflict::CancelRunning => "cancel_running",
+            OnConflict::Reject => "reject",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConcurrencyPolicy {
+    /// Path segments after `input`; empty means the whole input.
+    pub key: Vec<String>,
+    pub limit: i32,
+    pub on_conflict: OnConflict,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaPolicy {
+    pub key: Vec<String>,
+    pub max_active_executions: Option<i64>,
+    pub max_history_bytes: Option<i64>,
+    pub max_dead_letters: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowPolicy {
+    pub queue: String,
+    pub concurrency: Option<ConcurrencyPolicy>,
+    pub quota: Option<QuotaPolicy>,
+}
+
+impl Default for WorkflowPolicy {
+    fn default() -> Self {
+        WorkflowPolicy {
+            queue: DEFAULT_QUEUE.to_owned(),
+            concurrency: None,
+            quota: None,
+        }
+    }
+}
+
+fn err(option: &str, why: impl Into<String>) -> OptionError {
+    OptionError {
+        option: option.to_owned(),
+        why: why.into(),
+    }
+}
+
+fn object<'a>(
+    name: &str,
+    value: &'a Value,
+    accepted: &[&str],
+) -> Result<&'a Map<String, Value>, OptionError> {
+    let map = value
+        .as_object()
+        .ok_or_else(|| err(name, format!("must be a JSON object, got {value}")))?;
+    for key in map.keys() {
+        if !accepted.contains(&key.as_str()) {
+            return Err(err(
+                name,
+                format!("unknown field {key:?} (accepted: {})", accepted.join(", ")),
+            ));
+        }
+    }
+    Ok(map)
+}
+
+/// A key path: `input` or `input.a.b`, segments non-empty.
+fn path(name: &str, value: &Value) -> Result<Vec<String>, OptionError> {
+    let s = value.as_str().ok_or_else(|| {
+        err(
+            name,
+            format!("must be a dot path like \"input.tenant_id\", got {value}"),
+        )
+    })?;
+    let mut segments = s.split('.');
+    if segments.next() != Some("input") {
+        return Err(err(
+            name,
+            format!("must start with \"input\" (a dot path into the start input), got {s:?}"),
+        ));
+    }
+    let rest: Vec<String> = segments.map(str::to_owned).collect();
+    if rest.iter().any(String::is_empty) || rest.len() > MAX_PATH_SEGMENTS {
+        return Err(err(
+            name,
+            format!("must be \"input\" followed by 0 to {MAX_PATH_SEGMENTS} non-empty .segments, got {s:?}"),
+        ));
+    }
+    Ok(rest)
+}
+
+fn limit(name: &str, value: &Value, min: i64, max: i64) -> Result<i64, OptionError> {
+    // 1e9 arrives as a float; accept any number that is a whole value in range.
+    let n = value
+        .as_f64()
+        .filter(|f| f.fract() == 0.0 && *f >= min as f64 && *f <= max as f64);
+    n.map(|f| f as i64).ok_or_else(|| {
+        err(
+            name,
+            format!("must be a whole number from {min} to {max}, got {value}"),
+        )
+    })
+}
+
+impl WorkflowPolicy {
+    pub fn parse(policy: &Value) -> Result<Self, OptionError> {
+        let map = object("policy", policy, &["queue", "concurrency", "quota"])?;
+        let mut p = WorkflowPolicy::default();
+        if let Some(q) = map.get("queue").filter(|v| !v.is_null()) {
+            let name = q
+                .as_str()
+                .ok_or_else(|| err("policy.queue", format!("must be a string, got {q}")))?;
+            check_queue_name(name).map_err(|why| err("policy.queue", why))?;
+            p.queue = name.to_owned();
+        }
+        if let Some(c) = map.get("concurrency").filter(|v| !v.is_null()) {
+            let c = object("policy.concurrency", c, &["key", "limit", "on_conflict"])?;
+            let key = path(
+                "policy.concurrency.key",
+                c.get("key")
+                    .ok_or_else(|| err("policy.concurrency.key", "is required"))?,
+            )?;
+            let limit = limit(
+                "policy.concurrency.limit",
+                c.get("limit")
+                    .ok_or_else(|| err("policy.concurrency.limit", "is required"))?,
+                1,
+                1_000_000,
+            )? as i32;
+            let on_conflict = match c.get("on_conflict").and_then(|v| (!v.is_null()).then_some(v)) {
+                None => OnConflict::Defer,
+                Some(v) => match v.as_str() {
+                    Some("defer") => OnConflict::Defer,
+                    Some("cancel_running") => OnConflict::CancelRunning,
+                    Some("reject") => OnConflict::Reject,
+                    _ => {
+                        return Err(err(
+                            "policy.concurrency.on_conflict",
+                            format!("must be \"defer\", \"cancel_running\" or \"reject\", got {v}"),
+                        ));
+                    }
+                },
+            };
+            p.concurrency = Some(ConcurrencyPolicy {
+                key,
+                limit,
+                on_conflict,
+            });
+        }
+        if let Some(q) = map.get("quota").filter(|v| !v.is_null()) {
+            let q = object(
+                "policy.quota",
+                q,
+                &[
+                    "key",
+                    "max_active_executions",
+                    "max_history_bytes",
+                    "max_dead_letters",
+                ],
+            )?;
+            let key = path(
+                "policy.quota.key",
+                q.get("key")
+                    .ok_or_else(|| err("policy.quota.key", "is required"))?,
+            )?;
+            let get = |field: &str| -> Result<Option<i64>, OptionError> {
+                match q.get(field).filter(|v| !v.is_null()) {
+                    None => Ok(None),
+                    Some(v) => limit(&format!("policy.quota.{field}"), v, 0, i64::MAX / 2).map(Some),
+                }
+            };
+            let quota = QuotaPolicy {
+                key,
+                max_active_executions: get("max_active_executions")?,
+                max_history_bytes: get("max_history_bytes")?,
+                max_dead_letters: get("max_dead_letters")?,
+            };
+            if quota.max_active_executions.is_none()
+                && quota.max_history_bytes.is_none()
+                && quota.max_dead_letters.is_none()
+            {
+                return Err(err(
+                    "policy.quota",
+                    "must set at least one of max_active_executions, max_history_bytes, max_dead_letters",
+                ));
+            }
+            p.quota = Some(quota);
+        }
+        Ok(p)
+    }
+
+    /// The policy in its canonical form (every default spelled out), as stored.
+    pub fn to_json(&self) -> Value {
+        let path = |segments: &[String]| {
+            std::iter::once("input")
+                .chain(segments.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(".")
+        };
+        let mut out = serde_json::json!({ "queue": self.queue });
+        if let Some(c) = &self.concurrency {
+            out["concurrency"] = serde_json::json!({
+                "key": path(&c.key), "limit": c.limit, "on_conflict": c.on_conflict.as_str(),
+            });
+        }
+        if let Some(q) = &self.quota {
+            out["quota"] = serde_json::json!({
+                "key": path(&q.key),
+                "max_active_executions": q.max_active_executions,
+                "max_history_bytes": q.max_history_bytes,
+                "max_dead_letters": q.max_dead_letters,
+            });
+        }
+        out
+    }
+}
+
+/// Resolves a key path against a start input. `Ok(None)`: the path is
+/// missing (or JSON null), so the gate does not apply.
+pub fn resolve_key(input: &Value, segments: &[String], option: &str) -> Result<Option<String>, OptionError> {
+    let mut at = input;
+    for segment in segments {
+        let next = match at {
+            Value::Object(map) => map.get(segment),
+            Value::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+            _ => None,
+        };
+        match next {
+            Some(v) => at = v,
+            None => return Ok(None),
+        }
+    }
+    let key = match at {
+        Value::Null => return Ok(None),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Object(_) | Value::Array(_) => {
+            return Err(err(
+                option,
+                "resolves to an object or array in the input; a key must be a string, number or boolean",
+            ));
+        }
+    };
+    if key.is_empty() {
+        return Err(err(option, "resolves to an empty string in the input"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(err(
+            option,
+            format!(
+                "resolves to {} bytes in the input; a key is at most {MAX_KEY_BYTES} bytes (never truncated)",
+                key.len()
+            ),
+        ));
+    }
+    Ok(Some(key))
+}
+
+/// `sheaf.start_workflow` options.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StartOptions {
+    pub execution_id: Option<[u8; 16]>,
+    pub queue: Option<String>,
+    pub priority: i32,
+    /// Unparsed: the extension parses it as a timestamptz.
+    pub run_at: Option<String>,
+}
+
+impl StartOptions {
+    pub fn parse(opts: &Value) -> Result<Self, OptionError> {
+        let map = object("opts", opts, &["execution_id", "queue", "priority", "run_at"])?;
+        let mut o = StartOptions::default();
+        for (name, value) in map {
+            if value.is_null() {
+                continue;
+            }
+            let opt = format!("opts.{name}");
+            let string = || {
+                value
+                    .as_str()
+                    .ok_or_else(|| err(&opt, format!("must be a string, got {value}")))
+            };
+            match name.as_str() {
+                "execution_id" => {
+                    let s = string()?;
+                    let id = uuid::Uuid::parse_str(s)
+                        .map_err(|_| err(&opt, format!("must be a UUID, got {s:?}")))?;
+                    o.execution_id = Some(*id.as_bytes());
+                }
+                "queue" => {
+                    let s = string()?;
+                    check_queue_name(s).map_err(|why| err(&opt, why))?;
+                    o.queue = Some(s.to_owned());
+                }
+                "priority" => {
+                    o.priority = value
+                        .as_i64()
+                        .and_then(|v| i32::try_from(v).ok())
+                        .ok_or_else(|| err(&opt, format!("must be a 32-bit integer, got {value}")))?;
+                }
+                "run_at" => o.run_at = Some(string()?.to_owned()),
+                _ => unreachable!("object() refuses unknown options"),
+            }
+        }
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn segs(p: &str) -> Vec<String> {
+        p.split('.').skip(1).map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn the_empty_policy_is_the_default() {
+        assert_eq!(
+            WorkflowPolicy::parse(&json!({})).unwrap(),
+            WorkflowPolicy::default()
+        );
+    }
+
+    #[test]
+    fn parses_the_full_policy_and_round_trips() {
+        let p = WorkflowPolicy::parse(&json!({
+            "queue": "docs",
+            "concurrency": {"key": "input.tenant_id", "limit": 10, "on_conflict": "cancel_running"},
+            "quota": {"key": "input.tenant_id", "max_active_executions": 100, "max_history_bytes": 1e9, "max_dead_letters": 50}
+        }))
+        .unwrap();
+        assert_eq!(p.queue, "docs");
+        let c = p.concurrency.clone().unwrap();
+        assert_eq!(
+            (c.key, c.limit, c.on_conflict),
+            (segs("input.tenant_id"), 10, OnConflict::CancelRunning)
+        );
+        let q = p.quota.clone().unwrap();
+        assert_eq!(q.max_history_bytes, Some(1_000_000_000));
+        assert_eq!(WorkflowPolicy::parse(&p.to_json()).unwrap(), p);
+    }
+
+    #[test]
+    fn on_conflict_defaults_to_defer() {
+        let p = WorkflowPolicy::parse(&json!({"concurrency": {"key": "input", "limit": 1}})).unwrap();
+        assert_eq!(p.concurrency.unwrap().on_conflict, OnConflict::Defer);
+    }
+
+    #[test]
+    fn refuses_bad_policies_naming_the_field() {
+        let cases = [
+            (json!([]), "policy"),
+            (json!({"queues": "x"}), "policy"),
+            (json!({"queue": ""}), "policy.queue"),
+            (json!({"concurrency": {"limit": 1}}), "policy.concurrency.key"),
+            (
+                json!({"concurrency": {"key": "tenant", "limit": 1}}),
+                "policy.concurrency.key",
+            ),
+            (
+                json!({"concurrency": {"key": "input..a", "limit": 1}}),
+                "policy.concurrency.key",
+            ),
+            (
+                json!({"concurrency": {"key": "input.a", "limit": 0}}),
+                "policy.concurrency.limit",
+            ),
+            (
+                json!({"concurrency": {"key": "input.a", "limit": 1.5}}),
+                "policy.concurrency.limit",
+            ),
+            (
+                json!({"concurrency": {"key": "input.a"}}),
+                "policy.concurrency.limit",
+            ),
+            (
+                json!({"concurrency": {"key": "input.a", "limit": 1, "on_conflict": "queue"}}),
+                "policy.concurrency.on_conflict",
+            ),
+            (json!({"quota": {"key": "input.a"}}), "policy.quota"),
+            (
+                json!({"quota": {"key": "input.a", "max_active_executions": -1}}),
+                "policy.quota.max_active_executions",
+            ),
+            (
+                json!({"quota": {"key": "input.a", "max_dead_letters": "5"}}),
+                "policy.quota.max_dead_letters",
+            ),
+            (
+                json!({"quota": {"key": "input.a", "max_threads": 5}}),
+                "policy.quota",
+            ),
+        ];
+        for (policy, field) in cases {
+            let e = WorkflowPolicy::parse(&policy).unwrap_err();
+            assert_eq!(e.option, field, "{policy}: {e}");
+        }
+    }
+
+    #[test]
+    fn resolves_keys_and_treats_missing_paths_as_no_key() {
+        let input = json!({"tenant": {"id": "acme", "n": 7, "ok": true, "list": ["a", "b"], "none": null}});
+        let r = |p: &str| resolve_key(&input, &segs(p), "k");
+        assert_eq!(r("input.tenant.id").unwrap().as_deref(), Some("acme"));
+        assert_eq!(r("input.tenant.n").unwrap().as_deref(), Some("7"));
+        assert_eq!(r("input.tenant.ok").unwrap().as_deref(), Some("true"));
+        assert_eq!(r("input.tenant.list.1").unwrap().as_deref(), Some("b"));
+        assert_eq!(r("input.tenant.missing").unwrap(), None);
+        assert_eq!(r("input.tenant.none").unwrap(), None);
+        assert_eq!(r("input.tenant.id.deeper").unwrap(), None);
+        assert!(r("input.tenant").is_err(), "an object is not a key");
+        assert!(r("input.tenant.list").is_err(), "an array is not a key");
+        assert_eq!(
+            resolve_key(&json!("whole"), &[], "k").unwrap().as_deref(),
+            Some("whole")
+        );
+    }
+
+    #[test]
+    fn a_key_over_256_bytes_is_refused_not_truncated() {
+        let ok = json!({"k": "é".repeat(128)});
+        assert!(resolve_key(&ok, &segs("input.k"), "k").unwrap().is_some());
+        let long = json!({"k": format!("{}x", "é".repeat(128))});
+        let e = resolve_key(&long, &segs("input.k"), "policy.quota.key").unwrap_err();
+        assert!(e.why.contains("257 bytes"), "{e}");
+        assert!(resolve_key(&json!({"k": ""}), &segs("input.k"), "k").is_err());
+    }
+
+    #[test]
+    fn start_options() {
+        let o = StartOptions::parse(&json!({
+            "execution_id": "000118bc-fe56-8800-9234-56789abcdef0", "queue": "q", "priority": 5,
+            "run_at": "2030-01-01T00:00:00Z"
+        }))
+        .unwrap();
+        assert_eq!(o.execution_id.unwrap()[..2], [0, 1]);
+        assert_eq!((o.queue.as_deref(), o.priority), (Some("q"), 5));
+        for bad in [
+            json!({"execution_id": "x"}),
+            json!({"queue": ""}),
+            json!({"priority": 1.5}),
+            json!({"shard": 1}),
+            json!({"run_at": 1}),
+            json!(1),
+        ] {
+            assert!(StartOptions::parse(&bad).is_err(), "{bad}");
+        }
+    }
+}
