@@ -174,6 +174,7 @@ fn start_bench_shard() -> Result<String, Box<dyn std::error::Error>> {
             "/tmp/sheaf-bench/pg15",
             "--base-port",
             "26150",
+            "--release",
         ])
         .output()?;
     if !out.status.success() {

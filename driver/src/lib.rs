@@ -3,6 +3,7 @@
 //! Every client computes placement itself; there is no proxy or coordinator.
 
 pub mod breaker;
+pub mod client;
 pub mod id;
 pub mod pool;
 pub mod router;
@@ -10,6 +11,7 @@ pub mod status;
 pub mod topology;
 
 pub use breaker::{Breaker, BreakerState};
+pub use client::{Client, ClientError, Execution, FailOutcome, Owned, Started, TaskId};
 pub use id::{ExecutionId, IdError};
 pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use router::{Placement, RouteError};

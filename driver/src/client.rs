@@ -1,0 +1,595 @@
+//! `Client`: one handle on N shard databases, used as one queue.
+//!
+//! Starts are placed by the router and get an id minted for the chosen shard,
+//! so every later call about that execution (or one of its tasks) goes
+//! straight to `id.route()` with no lookup. Nothing ever falls back to
+//! another shard: a shard that cannot serve fails the call loudly, naming
+//! that one shard and the execution, task or workflow it owns.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+use sheaf_core::sqlstate;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::id::{ExecutionId, IdError};
+use crate::pool::{PoolOptions, ShardError, ShardPools};
+use crate::router::{Placement, RouteError};
+use crate::topology::{ShardId, Topology};
+
+/// Task ids share the execution id layout (shard prefix first), so they
+/// route exactly like execution ids.
+pub type TaskId = ExecutionId;
+
+/// How many times one call runs before a transient conflict is reported.
+const MAX_ATTEMPTS: u32 = 5;
+/// The first backoff after a transient conflict; it doubles per attempt.
+const BACKOFF_BASE: Duration = Duration::from_millis(10);
+/// `serialization_failure`: not raised by sheaf itself, but by PostgreSQL
+/// when a caller runs the driver's sessions at a stricter isolation level.
+const SERIALIZATION_FAILURE: &str = "40001";
+
+const START: &str = "SELECT execution_id, created, superseded FROM sheaf.start_workflow($1, $2, $3, $4)";
+const GET_EXECUTION: &str = "SELECT execution_id, workflow_name, workflow_id, state, input, result, error, \
+     concurrency_key, quota_key, history_bytes, created_at, closed_at, wake_at \
+     FROM sheaf.get_execution($1)";
+const CANCEL_EXECUTION: &str = "SELECT sheaf.cancel_execution($1, $2)";
+const COMPLETE_EXECUTION: &str = "SELECT sheaf.complete_execution($1, $2)";
+const COMPLETE: &str = "SELECT sheaf.complete($1, $2, $3)";
+const FAIL: &str = "SELECT retry_at, dead_lettered FROM sheaf.fail($1, $2, $3, make_interval(secs => $4))";
+const HEARTBEAT: &str = "SELECT sheaf.heartbeat($1, $2)";
+
+/// A start the shard accepted (or attached to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub execution_id: ExecutionId,
+    /// The shard that holds the execution.
+    pub shard: ShardId,
+    /// `false`: (name, workflow id) already had an active execution, and this
+    /// is it; nothing was written.
+    pub created: bool,
+    /// The executions this start cancelled (`cancel_running`, latest wins).
+    pub superseded: Vec<ExecutionId>,
+}
+
+/// One execution, as `sheaf.get_execution` returns it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execution {
+    pub execution_id: ExecutionId,
+    /// The shard that answered (the one `execution_id` routes to).
+    pub shard: ShardId,
+    pub workflow_name: String,
+    pub workflow_id: String,
+    /// `RUNNING`, `SUSPENDED`, `PAUSED`, `COMPLETED`, … (see the README).
+    pub state: String,
+    pub input: Value,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    pub concurrency_key: Option<String>,
+    pub quota_key: Option<String>,
+    pub history_bytes: i64,
+    pub created_at: SystemTime,
+    pub closed_at: Option<SystemTime>,
+    pub wake_at: Option<SystemTime>,
+}
+
+/// What `fail` did with a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailOutcome {
+    /// When the task runs again; `None` once it is dead-lettered.
+    pub retry_at: Option<SystemTime>,
+    pub dead_lettered: bool,
+}
+
+/// The work a failed call was about: what the shard owns that is now
+/// unavailable. Named in fail-loud errors so an operator knows what is
+/// affected, never as a list of shards or residency keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    Workflow { name: String, workflow_id: String },
+    Execution(ExecutionId),
+    Task(TaskId),
+}
+
+impl fmt::Display for Owned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Owned::Workflow { name, workflow_id } => {
+                write!(f, "workflow {name:?} id {workflow_id:?}")
+            }
+            Owned::Execution(id) => write!(f, "execution {id}"),
+            Owned::Task(id) => write!(f, "task {id}"),
+        }
+    }
+}
+
+/// Why a client call failed. The SQL refusals carry the shard's message
+/// (sheaf's messages never list shards or residency keys) and keep the shard
+/// that refused as a field, for logs. `Display` never lists the shard set or
+/// residency keys; [`RouteError::operator_detail`] has the routing detail.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The start could not be placed (a bad pin, a drained fleet).
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    /// The one shard that owns the work cannot serve it; nothing was tried
+    /// elsewhere. `error` names the shard and what to do.
+    #[error("cannot serve {owned}: {error}")]
+    Shard { owned: Owned, error: ShardError },
+    /// 53400: a quota refused the start; nothing was written.
+    #[error("quota exceeded: {message}")]
+    QuotaExceeded { shard: ShardId, message: String },
+    /// 55006: the concurrency gate (`on_conflict: reject`) refused the start.
+    #[error("the concurrency gate refused the start: {message}")]
+    GateRejected { shard: ShardId, message: String },
+    /// 55P03: the fencing token is no longer current (the lease was lost, or
+    /// the task already finished; for a mutex, the owner is not the holder).
+    /// Nothing changed.
+    #[error("stale token: {message}")]
+    StaleToken { shard: ShardId, message: String },
+    /// P0002: no execution with this id on the shard it routes to.
+    #[error("unknown execution: {message}")]
+    UnknownExecution { shard: ShardId, message: String },
+    /// 22023 / 22004: an argument is malformed, out of range, or NULL.
+    #[error("invalid argument: {message}")]
+    InvalidArgument { shard: ShardId, message: String },
+    /// 55000: the execution or shard is not in a state that allows the call.
+    #[error("not allowed in the current state: {message}")]
+    WrongState { shard: ShardId, message: String },
+    /// 40P01 / 40001 on every attempt. Each attempt rolled back whole, so
+    /// nothing changed and the caller may retry later.
+    #[error(
+        "gave up after {attempts} attempts that each hit a transient conflict ({message}); nothing changed, retry later"
+    )]
+    Conflict {
+        shard: ShardId,
+        attempts: u32,
+        message: String,
+    },
+    /// Anything else the shard raised (`code` is its SQLSTATE), or a reply
+    /// the driver could not read (`code` is `None`).
+    #[error("database error{}: {message}", code_suffix(.code))]
+    Database {
+        shard: ShardId,
+        code: Option<String>,
+        message: String,
+    },
+    /// The local clock cannot be encoded in an id.
+    #[error("cannot mint an execution id: {0}")]
+    Id(#[from] IdError),
+}
+
+impl ClientError {
+    /// The shard's refusal for `code`, after `attempts` runs of the call.
+    fn refusal(shard: ShardId, code: &str, message: String, attempts: u32) -> ClientError {
+        match code {
+            sqlstate::CONFIGURATION_LIMIT_EXCEEDED => ClientError::QuotaExceeded { shard, message },
+            sqlstate::OBJECT_IN_USE => ClientError::GateRejected { shard, message },
+            sqlstate::LOCK_NOT_AVAILABLE => ClientError::StaleToken { shard, message },
+            sqlstate::NO_DATA_FOUND => ClientError::UnknownExecution { shard, message },
+            sqlstate::INVALID_PARAMETER_VALUE | sqlstate::NULL_VALUE_NOT_ALLOWED => {
+                ClientError::InvalidArgument { shard, message }
+            }
+            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE => ClientError::WrongState { shard, message },
+            c if is_transient(c) => ClientError::Conflict {
+                shard,
+                attempts,
+                message,
+            },
+            c => ClientError::Database {
+                shard,
+                code: Some(c.to_owned()),
+                message,
+            },
+        }
+    }
+}
+
+/// " <code>" when there is one, for [`ClientError::Database`]'s message.
+fn code_suffix(code: &Option<String>) -> String {
+    code.as_deref().map(|c| format!(" {c}")).unwrap_or_default()
+}
+
+/// Whether a SQLSTATE means "rolled back whole, run it again": every client
+/// call is one statement in its own transaction, so a retry is the same
+/// request, not a second one (a retried start attaches, with the same id).
+fn is_transient(code: &str) -> bool {
+    code == sqlstate::DEADLOCK_DETECTED || code == SERIALIZATION_FAILURE
+}
+
+/// The pause before attempt `attempt + 1`: doubling from
+/// [`BACKOFF_BASE`], with jitter in its upper half so two sides of a
+/// deadlock do not collide again in lockstep.
+fn backoff(attempt: u32) -> Duration {
+    let full = BACKOFF_BASE.as_micros() as u64 * (1 << attempt.saturating_sub(1).min(10));
+    let random = uuid::Uuid::new_v4().as_u64_pair().1;
+    Duration::from_micros(full / 2 + random % (full / 2 + 1))
+}
+
+/// One call's destination and what it is about, for its errors.
+struct Call {
+    shard: ShardId,
+    owned: Owned,
+}
+
+impl Call {
+    /// A failed statement or an unreadable reply, as a typed error. A
+    /// connection lost mid-call is the shard being unreachable.
+    fn error(&self, e: tokio_postgres::Error, attempts: u32) -> ClientError {
+        if let Some(db) = e.as_db_error() {
+            return ClientError::refusal(self.shard, db.code().code(), db.message().to_owned(), attempts);
+        }
+        if lost_connection(&e) {
+            return self.unavailable(ShardError::Unreachable {
+                shard: self.shard,
+                cause: e.to_string(),
+            });
+        }
+        ClientError::Database {
+            shard: self.shard,
+            code: None,
+            message: e.to_string(),
+        }
+    }
+
+    fn unavailable(&self, error: ShardError) -> ClientError {
+        ClientError::Shard {
+            owned: self.owned.clone(),
+            error,
+        }
+    }
+}
+
+/// Closed, or failed on the socket: the shard went away, not the query.
+fn lost_connection(e: &tokio_postgres::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.is::<std::io::Error>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    e.is_closed()
+}
+
+/// N shard databases as one queue: routes, mints ids, and maps refusals to
+/// [`ClientError`]. Share it (it is `Send + Sync`) behind an `Arc`.
+pub struct Client {
+    topology: Topology,
+    pools: ShardPools,
+}
+
+impl Client {
+    /// One pool per shard of `topology`. No connection is opened yet; a bad
+    /// connection string is an error now, naming its shard.
+    pub fn new(topology: Topology, options: PoolOptions) -> Result<Client, ShardError> {
+        let pools = ShardPools::new(&topology, options)?;
+        Ok(Client { topology, pools })
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The pools, for breaker states and status probes.
+    pub fn pools(&self) -> &ShardPools {
+        &self.pools
+    }
+
+    /// Starts `name` with `workflow_id`, or attaches to its active execution
+    /// (`created = false`). The id is minted here for the placed shard, so
+    /// later calls route by id alone.
+    pub async fn start_workflow(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        input: Value,
+        placement: Placement,
+    ) -> Result<Started, ClientError> {
+        self.start(name, workflow_id, input, placement, None).await
+    }
+
+    /// [`Client::start_workflow`] on behalf of an ambient `tenant`: an
+    /// `Auto` placement then routes by `tenant__<tenant>__<name>`, so all of
+    /// a tenant's executions of one workflow share a shard; explicit routing
+    /// keys and pins still win.
+    pub async fn start_workflow_for_tenant(
+        &self,
+        tenant: &str,
+        name: &str,
+        workflow_id: &str,
+        input: Value,
+        placement: Placement,
+    ) -> Result<Started, ClientError> {
+        self.start(name, workflow_id, input, placement, Some(tenant))
+            .await
+    }
+
+    async fn start(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        input: Value,
+        placement: Placement,
+        tenant: Option<&str>,
+    ) -> Result<Started, ClientError> {
+        let shard = self.topology.place(name, workflow_id, &placement, tenant)?;
+        // Minted once: a retried attempt carries the same id.
+        let execution_id = ExecutionId::mint(shard)?;
+        let opts = serde_json::json!({ "execution_id": execution_id.to_string() });
+        let call = Call {
+            shard,
+            owned: Owned::Workflow {
+                name: name.to_owned(),
+                workflow_id: workflow_id.to_owned(),
+            },
+        };
+        let rows = self
+            .query(&call, START, &[&name, &workflow_id, &input, &opts])
+            .await?;
+        let row = single(&call, &rows)?;
+        let read = || -> Result<Started, tokio_postgres::Error> {
+            Ok(Started {
+                execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
+                shard,
+                created: row.try_get("created")?,
+                superseded: row
+                    .try_get::<_, Vec<uuid::Uuid>>("superseded")?
+                    .into_iter()
+                    .map(ExecutionId::from_uuid)
+                    .collect(),
+            })
+        };
+        read().map_err(|e| call.error(e, 1))
+    }
+
+    /// The execution, from the shard its id routes to; `None` if that shard
+    /// has no such execution.
+    pub async fn get_execution(&self, id: ExecutionId) -> Result<Option<Execution>, ClientError> {
+        let call = self.by_id(id, Owned::Execution(id));
+        let rows = self.query(&call, GET_EXECUTION, &[&id.as_uuid()]).await?;
+        rows.first()
+            .map(|row| execution_from_row(row, call.shard))
+            .transpose()
+            .map_err(|e| call.error(e, 1))
+    }
+
+    /// Cancels an execution; `false` if it had already ended.
+    pub async fn cancel_execution(&self, id: ExecutionId, reason: Option<&str>) -> Result<bool, ClientError> {
+        let call = self.by_id(id, Owned::Execution(id));
+        let rows = self
+            .query(&call, CANCEL_EXECUTION, &[&id.as_uuid(), &reason])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Completes an execution with `result`; `false` if it had already ended.
+    pub async fn complete_execution(&self, id: ExecutionId, result: Value) -> Result<bool, ClientError> {
+        let call = self.by_id(id, Owned::Execution(id));
+        let rows = self
+            .query(&call, COMPLETE_EXECUTION, &[&id.as_uuid(), &result])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Completes a task claimed under `token`; its result (if any) goes to
+    /// its execution's history. A stale token is [`ClientError::StaleToken`].
+    pub async fn complete(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        result: Option<Value>,
+    ) -> Result<(), ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        self.query(&call, COMPLETE, &[&task_id.as_uuid(), &token, &result])
+            .await?;
+        Ok(())
+    }
+
+    /// Records a failed attempt: retried after `retry_in` (default: the
+    /// shard's exponential backoff) until its attempts run out, then
+    /// dead-lettered.
+    pub async fn fail(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        error: &str,
+        retry_in: Option<Duration>,
+    ) -> Result<FailOutcome, ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        let retry_secs = retry_in.map(|d| d.as_secs_f64());
+        let rows = self
+            .query(&call, FAIL, &[&task_id.as_uuid(), &token, &error, &retry_secs])
+            .await?;
+        let row = single(&call, &rows)?;
+        let read = || -> Result<FailOutcome, tokio_postgres::Error> {
+            Ok(FailOutcome {
+                retry_at: row.try_get("retry_at")?,
+                dead_lettered: row.try_get("dead_lettered")?,
+            })
+        };
+        read().map_err(|e| call.error(e, 1))
+    }
+
+    /// Extends a task's lease by the lease it was claimed with, from now;
+    /// returns the new end.
+    pub async fn heartbeat(&self, task_id: TaskId, token: i64) -> Result<SystemTime, ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        let rows = self
+            .query(&call, HEARTBEAT, &[&task_id.as_uuid(), &token])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// The shard that serves `id`: its prefix (unencoded: the default
+    /// shard), following forwards. No lookup.
+    fn by_id(&self, id: ExecutionId, owned: Owned) -> Call {
+        Call {
+            shard: id.route(&self.topology),
+            owned,
+        }
+    }
+
+    /// Runs one statement on the call's shard, again after a transient
+    /// conflict (bounded, with backoff). Never on another shard.
+    async fn query(
+        &self,
+        call: &Call,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, ClientError> {
+        let conn = self
+            .pools
+            .get(call.shard)
+            .await
+            .map_err(|e| call.unavailable(e))?;
+        let statement = conn.prepare_cached(sql).await.map_err(|e| call.error(e, 1))?;
+        let mut attempt = 1;
+        loop {
+            match conn.query(&statement, params).await {
+                Ok(rows) => return Ok(rows),
+                Err(e) if attempt < MAX_ATTEMPTS && e.code().is_some_and(|c| is_transient(c.code())) => {
+                    tracing::debug!(shard = %call.shard, attempt, error = %e, "transient conflict; retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(call.error(e, attempt)),
+            }
+        }
+    }
+}
+
+/// The one row a scalar or single-row function returns.
+fn single<'a>(call: &Call, rows: &'a [Row]) -> Result<&'a Row, ClientError> {
+    match rows {
+        [row] => Ok(row),
+        _ => Err(ClientError::Database {
+            shard: call.shard,
+            code: None,
+            message: format!("expected one row, the shard returned {}", rows.len()),
+        }),
+    }
+}
+
+/// The value of a scalar function call.
+fn first_column<T>(call: &Call, rows: &[Row]) -> Result<T, ClientError>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    single(call, rows)?.try_get(0).map_err(|e| call.error(e, 1))
+}
+
+fn execution_from_row(row: &Row, shard: ShardId) -> Result<Execution, tokio_postgres::Error> {
+    Ok(Execution {
+        execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
+        shard,
+        workflow_name: row.try_get("workflow_name")?,
+        workflow_id: row.try_get("workflow_id")?,
+        state: row.try_get("state")?,
+        input: row.try_get("input")?,
+        result: row.try_get("result")?,
+        error: row.try_get("error")?,
+        concurrency_key: row.try_get("concurrency_key")?,
+        quota_key: row.try_get("quota_key")?,
+        history_bytes: row.try_get("history_bytes")?,
+        created_at: row.try_get("created_at")?,
+        closed_at: row.try_get("closed_at")?,
+        wake_at: row.try_get("wake_at")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(n: u32) -> ShardId {
+        ShardId::new(n).unwrap()
+    }
+
+    /// Compile-time: the client can be shared across tasks and its calls
+    /// spawned on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn the_client_and_its_calls_are_send(c: &Client, id: ExecutionId) {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>(_: T) {}
+        send_sync::<Client>();
+        send(c.start_workflow("wf", "1", Value::Null, Placement::Auto));
+        send(c.get_execution(id));
+        send(c.fail(id, 1, "e", None));
+    }
+
+    #[test]
+    fn sqlstates_map_to_their_variants() {
+        let refusal = |code: &str| ClientError::refusal(shard(1), code, "m".into(), 1);
+        assert!(matches!(refusal("53400"), ClientError::QuotaExceeded { .. }));
+        assert!(matches!(refusal("55006"), ClientError::GateRejected { .. }));
+        assert!(matches!(refusal("55P03"), ClientError::StaleToken { .. }));
+        assert!(matches!(refusal("P0002"), ClientError::UnknownExecution { .. }));
+        assert!(matches!(refusal("22023"), ClientError::InvalidArgument { .. }));
+        assert!(matches!(refusal("22004"), ClientError::InvalidArgument { .. }));
+        assert!(matches!(refusal("55000"), ClientError::WrongState { .. }));
+        for code in ["0A000", "42501", "XX000", "23505"] {
+            match refusal(code) {
+                ClientError::Database { code: Some(c), .. } => assert_eq!(c, code),
+                other => panic!("{code}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn transient_conflicts_report_their_attempts() {
+        for code in ["40P01", "40001"] {
+            assert!(is_transient(code));
+            match ClientError::refusal(shard(2), code, "deadlock detected".into(), MAX_ATTEMPTS) {
+                ClientError::Conflict { attempts, .. } => assert_eq!(attempts, MAX_ATTEMPTS),
+                other => panic!("{code}: {other:?}"),
+            }
+        }
+        assert!(!is_transient("55P03"));
+    }
+
+    #[test]
+    fn backoff_is_small_and_bounded() {
+        let mut total = Duration::ZERO;
+        for attempt in 1..MAX_ATTEMPTS {
+            let full = BACKOFF_BASE * (1 << (attempt - 1));
+            let pause = backoff(attempt);
+            assert!(pause >= full / 2 && pause <= full, "{attempt}: {pause:?}");
+            total += pause;
+        }
+        assert!(total <= Duration::from_millis(150), "{total:?}");
+        assert!(backoff(u32::MAX) <= BACKOFF_BASE * 1024);
+    }
+
+    #[test]
+    fn an_unavailable_shard_names_itself_and_the_work_it_owns() {
+        let id = ExecutionId::mint(shard(2)).unwrap();
+        let call = Call {
+            shard: shard(2),
+            owned: Owned::Execution(id),
+        };
+        let e = call.unavailable(ShardError::Unreachable {
+            shard: shard(2),
+            cause: "connection refused".into(),
+        });
+        let text = e.to_string();
+        assert!(text.contains("shard 2"), "{text}");
+        assert!(text.contains(&id.to_string()), "{text}");
+        assert!(text.contains("check that database"), "{text}");
+        let work = Owned::Workflow {
+            name: "billing".into(),
+            workflow_id: "inv-7".into(),
+        };
+        assert_eq!(work.to_string(), r#"workflow "billing" id "inv-7""#);
+    }
+
+    #[test]
+    fn refusal_display_carries_the_message_not_the_shard() {
+        let e = ClientError::refusal(shard(7), "53400", "quota for wf".into(), 1);
+        assert_eq!(e.to_string(), "quota exceeded: quota for wf");
+        let e = ClientError::refusal(shard(7), "XX000", "bug".into(), 1);
+        assert_eq!(e.to_string(), "database error XX000: bug");
+    }
+}
