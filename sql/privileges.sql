@@ -43,6 +43,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.reap_expired(integer),
     @extschema@.maintain(),
     @extschema@.worker_heartbeat(text, text[]),
+    @extschema@.live_workers(),
+    @extschema@.stranded_work(),
     @extschema@.queue_stats(text),
     @extschema@.concurrency_stats(),
     @extschema@.start_workflow(text, text, jsonb, jsonb),

@@ -58,3 +58,48 @@ fn queue_stats(
     });
     TableIterator::new(vec![row])
 }
+
+/// Claimable work nobody is claiming: each queue with ready tasks and no
+/// live worker (see `live_workers`) serving it, with its ready count and the
+/// age of its oldest ready task. Walks the queue list and seeks each queue's
+/// ready rows, so its cost follows the queues and the stranded rows only.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn stranded_work() -> TableIterator<
+    'static,
+    (
+        name!(queue, String),
+        name!(ready, i64),
+        name!(oldest_ready_age, Option<Interval>),
+    ),
+> {
+    let rows = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT q.name, \
+                        (SELECT count(*) FROM ready r WHERE r.queue = q.name), \
+                        now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
+                                 WHERE r.queue = q.name) \
+                 FROM queues q \
+                 WHERE EXISTS (SELECT 1 FROM ready r WHERE r.queue = q.name) \
+                   AND NOT EXISTS (SELECT 1 FROM workers w WHERE q.name = ANY(w.queues) \
+                                   AND w.last_seen_at > now() - make_interval(secs => $1)) \
+                 ORDER BY q.name",
+                None,
+                &[(LIVE_SECS as f64).into()],
+            )
+            .or_internal("reading stranded work")
+            .map(|row| {
+                let read = || -> Result<_, pgrx::spi::SpiError> {
+                    Ok((
+                        row.get::<String>(1)?.unwrap_or_default(),
+                        row.get::<i64>(2)?.unwrap_or(0),
+                        row.get::<Interval>(3)?,
+                    ))
+                };
+                read().or_internal("reading stranded work")
+            })
+            .collect::<Vec<_>>()
+    });
+    TableIterator::new(rows)
+}
