@@ -15,8 +15,10 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::id::{ExecutionId, IdError};
+use crate::metrics::{Metrics, Outcome};
 use crate::pool::{PoolOptions, ShardError, ShardPools};
 use crate::router::{Placement, RouteError};
+use crate::status::{TopologyStatus, topology_status};
 use crate::topology::{ShardId, Topology};
 
 /// Task ids share the execution id layout (shard prefix first), so they
@@ -40,6 +42,37 @@ const COMPLETE_EXECUTION: &str = "SELECT sheaf.complete_execution($1, $2)";
 const COMPLETE: &str = "SELECT sheaf.complete($1, $2, $3)";
 const FAIL: &str = "SELECT retry_at, dead_lettered FROM sheaf.fail($1, $2, $3, make_interval(secs => $4))";
 const HEARTBEAT: &str = "SELECT sheaf.heartbeat($1, $2)";
+const FAIL_EXECUTION: &str = "SELECT sheaf.fail_execution($1, $2)";
+const ENQUEUE: &str = "SELECT sheaf.enqueue($1, $2, $3)";
+const CLAIM: &str = "SELECT task_id, token, payload, attempt, execution_id, concurrency_key, kind \
+     FROM sheaf.claim($1, $2, $3, make_interval(secs => $4))";
+const RELEASE: &str = "SELECT sheaf.release($1, $2)";
+const WORKER_HEARTBEAT: &str = "SELECT sheaf.worker_heartbeat($1, $2)";
+const MAINTAIN: &str = "SELECT sheaf.maintain()";
+
+/// A task enqueued on a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    pub task_id: TaskId,
+    pub shard: ShardId,
+}
+
+/// A task handed out by `claim`, under a lease fenced by `token`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedTask {
+    pub task_id: TaskId,
+    pub token: i64,
+    pub payload: Value,
+    /// 1 on the first run.
+    pub attempt: i32,
+    pub execution_id: Option<ExecutionId>,
+    pub concurrency_key: Option<String>,
+    /// `activity` or `workflow`.
+    pub kind: String,
+    pub queue: String,
+    /// The shard it was claimed from (its id routes there too).
+    pub shard: ShardId,
+}
 
 /// A start the shard accepted (or attached to).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,9 +121,15 @@ pub struct FailOutcome {
 /// affected, never as a list of shards or residency keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owned {
-    Workflow { name: String, workflow_id: String },
+    Workflow {
+        name: String,
+        workflow_id: String,
+    },
     Execution(ExecutionId),
     Task(TaskId),
+    Queue(String),
+    /// Shard-wide housekeeping (worker registry, maintenance).
+    Shard,
 }
 
 impl fmt::Display for Owned {
@@ -101,6 +140,8 @@ impl fmt::Display for Owned {
             }
             Owned::Execution(id) => write!(f, "execution {id}"),
             Owned::Task(id) => write!(f, "task {id}"),
+            Owned::Queue(name) => write!(f, "queue {name:?}"),
+            Owned::Shard => write!(f, "shard maintenance"),
         }
     }
 }
@@ -159,6 +200,9 @@ pub enum ClientError {
     /// The local clock cannot be encoded in an id.
     #[error("cannot mint an execution id: {0}")]
     Id(#[from] IdError),
+    /// The driver refused the request before sending it anywhere.
+    #[error("invalid request: {0}")]
+    BadRequest(String),
 }
 
 impl ClientError {
@@ -259,6 +303,9 @@ fn lost_connection(e: &tokio_postgres::Error) -> bool {
 pub struct Client {
     topology: Topology,
     pools: ShardPools,
+    metrics: Metrics,
+    /// Claim loops running per shard in this process, for the pool-size check.
+    scanners: std::sync::Mutex<std::collections::BTreeMap<ShardId, usize>>,
 }
 
 impl Client {
@@ -266,7 +313,59 @@ impl Client {
     /// connection string is an error now, naming its shard.
     pub fn new(topology: Topology, options: PoolOptions) -> Result<Client, ShardError> {
         let pools = ShardPools::new(&topology, options)?;
-        Ok(Client { topology, pools })
+        Ok(Client {
+            topology,
+            pools,
+            metrics: Metrics::new(),
+            scanners: Default::default(),
+        })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The Prometheus text exposition of this client's metrics, with the
+    /// breaker states read now.
+    pub fn metrics_text(&self) -> String {
+        for shard in self.topology.shards() {
+            if let Some(state) = self.pools.breaker_state(shard.id) {
+                self.metrics.breaker(shard.id, state);
+            }
+        }
+        self.metrics.render()
+    }
+
+    /// Probes every shard at once (a fresh connection each, bounded by
+    /// `timeout`): reachability, identity, versions, roles, breaker, live
+    /// workers and stranded work. Also refreshes `sheaf_shard_up`.
+    pub async fn topology_status(&self, timeout: Duration) -> TopologyStatus {
+        let status = topology_status(&self.topology, &self.pools, timeout).await;
+        for shard in &status.shards {
+            let stranded = shard.probe.stranded.iter().map(|q| q.ready).sum();
+            self.metrics.probed(
+                shard.probe.shard,
+                shard.probe.reachable,
+                shard.probe.reachable.then_some(stranded),
+            );
+            self.metrics.breaker(shard.probe.shard, shard.breaker);
+        }
+        status
+    }
+
+    /// Counts one more claim loop on `shard`; returns how many there are now.
+    pub(crate) fn add_scanner(&self, shard: ShardId) -> usize {
+        let mut scanners = self.scanners.lock().unwrap_or_else(|p| p.into_inner());
+        let n = scanners.entry(shard).or_default();
+        *n += 1;
+        *n
+    }
+
+    pub(crate) fn remove_scanner(&self, shard: ShardId) {
+        let mut scanners = self.scanners.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = scanners.get_mut(&shard) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     pub fn topology(&self) -> &Topology {
@@ -385,6 +484,7 @@ impl Client {
         let call = self.by_id(task_id, Owned::Task(task_id));
         self.query(&call, COMPLETE, &[&task_id.as_uuid(), &token, &result])
             .await?;
+        self.metrics.completed(call.shard, 1);
         Ok(())
     }
 
@@ -423,6 +523,135 @@ impl Client {
         first_column(&call, &rows)
     }
 
+    /// Fails an execution with `error`; `false` if it had already ended.
+    pub async fn fail_execution(&self, id: ExecutionId, error: &str) -> Result<bool, ClientError> {
+        let call = self.by_id(id, Owned::Execution(id));
+        let rows = self
+            .query(&call, FAIL_EXECUTION, &[&id.as_uuid(), &error])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Enqueues a task (options as `sheaf.enqueue` takes them). A task of an
+    /// execution (`opts.execution_id`) goes to that execution's shard. Else
+    /// `Auto` hashes (queue, `idempotency_key`) when there is one, so a
+    /// duplicate meets its first copy on the same shard, and spreads the rest
+    /// at random; a routing key or pin places it like a start.
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        payload: Value,
+        opts: Value,
+        placement: Placement,
+    ) -> Result<Enqueued, ClientError> {
+        let shard = match opts.get("execution_id") {
+            Some(Value::String(id)) => {
+                let id = uuid::Uuid::parse_str(id).map_err(|_| {
+                    ClientError::BadRequest(format!("opts.execution_id {id:?} is not a uuid"))
+                })?;
+                if placement != Placement::Auto {
+                    return Err(ClientError::BadRequest(
+                        "a task of an execution goes to its execution's shard; it takes no placement".into(),
+                    ));
+                }
+                ExecutionId::from_uuid(id).route(&self.topology)
+            }
+            Some(Value::Null) | None => {
+                let key = match opts.get("idempotency_key") {
+                    Some(Value::String(k)) => k.clone(),
+                    _ => uuid::Uuid::new_v4().to_string(),
+                };
+                self.topology.place(queue, &key, &placement, None)?
+            }
+            Some(_) => {
+                return Err(ClientError::BadRequest(
+                    "opts.execution_id must be a uuid string".into(),
+                ));
+            }
+        };
+        let call = Call {
+            shard,
+            owned: Owned::Queue(queue.to_owned()),
+        };
+        let rows = self.query(&call, ENQUEUE, &[&queue, &payload, &opts]).await?;
+        let id: uuid::Uuid = first_column(&call, &rows)?;
+        Ok(Enqueued {
+            task_id: TaskId::from_uuid(id),
+            shard,
+        })
+    }
+
+    /// Claims up to `batch` tasks of `queue` on one shard under `lease`.
+    pub async fn claim(
+        &self,
+        shard: ShardId,
+        queue: &str,
+        worker: &str,
+        batch: i32,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedTask>, ClientError> {
+        let call = Call {
+            shard,
+            owned: Owned::Queue(queue.to_owned()),
+        };
+        let rows = self
+            .query(&call, CLAIM, &[&queue, &worker, &batch, &lease.as_secs_f64()])
+            .await?;
+        let tasks = rows
+            .iter()
+            .map(|row| {
+                Ok(ClaimedTask {
+                    task_id: TaskId::from_uuid(row.try_get("task_id")?),
+                    token: row.try_get("token")?,
+                    payload: row.try_get("payload")?,
+                    attempt: row.try_get("attempt")?,
+                    execution_id: row
+                        .try_get::<_, Option<uuid::Uuid>>("execution_id")?
+                        .map(ExecutionId::from_uuid),
+                    concurrency_key: row.try_get("concurrency_key")?,
+                    kind: row.try_get("kind")?,
+                    queue: queue.to_owned(),
+                    shard,
+                })
+            })
+            .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(|e| call.error(e, 1))?;
+        self.metrics.claimed(shard, tasks.len());
+        Ok(tasks)
+    }
+
+    /// Gives a claimed task back without spending an attempt.
+    pub async fn release(&self, task_id: TaskId, token: i64) -> Result<(), ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        self.query(&call, RELEASE, &[&task_id.as_uuid(), &token]).await?;
+        Ok(())
+    }
+
+    /// Registers `worker` as live on `shard`, serving `queues`.
+    pub async fn worker_heartbeat(
+        &self,
+        shard: ShardId,
+        worker: &str,
+        queues: &[String],
+    ) -> Result<(), ClientError> {
+        let call = Call {
+            shard,
+            owned: Owned::Shard,
+        };
+        self.query(&call, WORKER_HEARTBEAT, &[&worker, &queues]).await?;
+        Ok(())
+    }
+
+    /// Runs `sheaf.maintain()` on one shard; returns its report.
+    pub async fn maintain(&self, shard: ShardId) -> Result<Value, ClientError> {
+        let call = Call {
+            shard,
+            owned: Owned::Shard,
+        };
+        let rows = self.query(&call, MAINTAIN, &[]).await?;
+        first_column(&call, &rows)
+    }
+
     /// The shard that serves `id`: its prefix (unencoded: the default
     /// shard), following forwards. No lookup.
     fn by_id(&self, id: ExecutionId, owned: Owned) -> Call {
@@ -433,8 +662,29 @@ impl Client {
     }
 
     /// Runs one statement on the call's shard, again after a transient
-    /// conflict (bounded, with backoff). Never on another shard.
+    /// conflict (bounded, with backoff). Never on another shard. Counted in
+    /// `sheaf_shard_requests_total` by outcome.
     async fn query(
+        &self,
+        call: &Call,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, ClientError> {
+        let result = self.query_on_shard(call, sql, params).await;
+        let outcome = match &result {
+            Ok(_) => Outcome::Ok,
+            Err(ClientError::Shard {
+                error: ShardError::ShortCircuited { .. },
+                ..
+            }) => Outcome::ShortCircuited,
+            Err(ClientError::Shard { .. }) => Outcome::ConnectionError,
+            Err(_) => Outcome::Error,
+        };
+        self.metrics.request(call.shard, outcome);
+        result
+    }
+
+    async fn query_on_shard(
         &self,
         call: &Call,
         sql: &str,
@@ -445,17 +695,43 @@ impl Client {
             .get(call.shard)
             .await
             .map_err(|e| call.unavailable(e))?;
-        let statement = conn.prepare_cached(sql).await.map_err(|e| call.error(e, 1))?;
+        let limit = self.pools.options().query_timeout;
         let mut attempt = 1;
         loop {
-            match conn.query(&statement, params).await {
-                Ok(rows) => return Ok(rows),
-                Err(e) if attempt < MAX_ATTEMPTS && e.code().is_some_and(|c| is_transient(c.code())) => {
+            let run = async {
+                let statement = conn.prepare_cached(sql).await?;
+                conn.query(&statement, params).await
+            };
+            match tokio::time::timeout(limit, run).await {
+                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Err(e)) if attempt < MAX_ATTEMPTS && e.code().is_some_and(|c| is_transient(c.code())) => {
                     tracing::debug!(shard = %call.shard, attempt, error = %e, "transient conflict; retrying");
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
                 }
-                Err(e) => return Err(call.error(e, attempt)),
+                Ok(Err(e)) => {
+                    if e.as_db_error().is_none() && lost_connection(&e) {
+                        self.pools.record_failure(call.shard);
+                    }
+                    return Err(call.error(e, attempt));
+                }
+                Err(_) => {
+                    // The server may still be running it: cancel it, and
+                    // never reuse a connection with a reply still in flight.
+                    let cancel = conn.cancel_token();
+                    tokio::spawn(async move {
+                        if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                            tracing::debug!(error = %e, "cancelling a timed-out statement failed");
+                        }
+                    });
+                    drop(deadpool_postgres::Object::take(conn));
+                    self.pools.record_failure(call.shard);
+                    tracing::warn!(shard = %call.shard, waited = ?limit, "statement timed out");
+                    return Err(call.unavailable(ShardError::Timeout {
+                        shard: call.shard,
+                        waited: limit,
+                    }));
+                }
             }
         }
     }

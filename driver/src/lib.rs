@@ -5,15 +5,21 @@
 pub mod breaker;
 pub mod client;
 pub mod id;
+pub mod metrics;
 pub mod pool;
 pub mod router;
 pub mod status;
 pub mod topology;
+pub mod worker;
 
 pub use breaker::{Breaker, BreakerState};
-pub use client::{Client, ClientError, Execution, FailOutcome, Owned, Started, TaskId};
+pub use client::{
+    ClaimedTask, Client, ClientError, Enqueued, Execution, FailOutcome, Owned, Started, TaskId,
+};
 pub use id::{ExecutionId, IdError};
+pub use metrics::{Metrics, Outcome};
 pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use router::{Placement, RouteError};
-pub use status::{ShardStatus, probe_shard};
+pub use status::{LiveWorker, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard};
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
+pub use worker::{Coverage, DrainReport, TaskFailure, Worker, WorkerError, WorkerOptions};

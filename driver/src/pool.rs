@@ -21,6 +21,9 @@ pub struct PoolOptions {
     pub acquire_timeout: Duration,
     /// How long opening a new connection may take.
     pub connect_timeout: Duration,
+    /// How long one statement may run before the call gives up, cancels it
+    /// on the server and discards the connection.
+    pub query_timeout: Duration,
     /// Consecutive connection failures that open a shard's breaker.
     pub breaker_threshold: u32,
     /// How long an open breaker short-circuits before one probe.
@@ -33,6 +36,7 @@ impl Default for PoolOptions {
             max_size: 16,
             acquire_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            query_timeout: Duration::from_secs(30),
             breaker_threshold: 3,
             breaker_cooldown: Duration::from_secs(5),
         }
@@ -56,6 +60,11 @@ pub enum ShardError {
     NoPool { shard: ShardId },
     #[error("no connection to shard {shard} was free within {waited:?}; the pool is exhausted")]
     Exhausted { shard: ShardId, waited: Duration },
+    #[error(
+        "shard {shard} did not answer within {waited:?}; the statement was cancelled, so it took effect \
+         only if it had already committed"
+    )]
+    Timeout { shard: ShardId, waited: Duration },
 }
 
 struct ShardPool {
@@ -139,6 +148,18 @@ impl ShardPools {
                 })
             }
         }
+    }
+
+    /// Feeds a failure seen after the connection was handed out (lost
+    /// mid-call, or no answer in time) to the shard's breaker.
+    pub fn record_failure(&self, shard: ShardId) {
+        if let Some(entry) = self.pools.get(&shard) {
+            lock(&entry.breaker).record_failure(Instant::now());
+        }
+    }
+
+    pub fn options(&self) -> &PoolOptions {
+        &self.options
     }
 
     pub fn breaker_state(&self, shard: ShardId) -> Option<BreakerState> {

@@ -6,7 +6,85 @@ use serde::Serialize;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use crate::topology::{Shard, ShardId};
+use crate::breaker::BreakerState;
+use crate::pool::ShardPools;
+use crate::topology::{Shard, ShardId, Topology};
+
+/// The whole fleet as this client sees it, as `topology_status()` reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopologyStatus {
+    /// Every shard of the topology, by id.
+    pub shards: Vec<ShardHealth>,
+    /// The schema version most reachable shards run; a shard on another
+    /// version has `schema_parity = false`.
+    pub schema_version: Option<String>,
+}
+
+impl TopologyStatus {
+    /// Every shard healthy, on one schema, and no stranded work.
+    pub fn healthy(&self) -> bool {
+        self.shards
+            .iter()
+            .all(|s| s.probe.healthy() && s.schema_parity && s.probe.stranded.is_empty())
+    }
+}
+
+/// One shard: the probe, this client's breaker, and its roles.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardHealth {
+    #[serde(flatten)]
+    pub probe: ShardStatus,
+    pub breaker: BreakerState,
+    pub readable: bool,
+    pub writable: bool,
+    pub reserved: bool,
+    pub default: bool,
+    /// Its installed schema is the fleet's and matches its loaded library
+    /// (`ALTER EXTENSION sheaf UPDATE` has run after an upgrade).
+    pub schema_parity: bool,
+}
+
+/// Probes every shard at once, each bounded by `timeout`.
+pub async fn topology_status(topology: &Topology, pools: &ShardPools, timeout: Duration) -> TopologyStatus {
+    let probes = topology.shards().map(|s| probe_shard(s, timeout));
+    let probes = futures::future::join_all(probes).await;
+    let schema_version = majority(probes.iter().filter_map(|p| p.schema_version.clone()));
+    let shards = probes
+        .into_iter()
+        .map(|probe| {
+            let id = probe.shard;
+            let schema_parity = probe.reachable
+                && probe.schema_version.is_some()
+                && probe.schema_version == schema_version
+                && probe.schema_version == probe.library_version;
+            ShardHealth {
+                breaker: pools.breaker_state(id).unwrap_or(BreakerState::Closed),
+                readable: topology.is_readable(id),
+                writable: topology.is_writable(id),
+                reserved: topology.is_reserved(id),
+                default: topology.default_shard() == id,
+                schema_parity,
+                probe,
+            }
+        })
+        .collect();
+    TopologyStatus {
+        shards,
+        schema_version,
+    }
+}
+
+/// The most common value; ties go to the highest, so the answer is stable.
+fn majority(values: impl Iterator<Item = String>) -> Option<String> {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for v in values {
+        *counts.entry(v).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)))
+        .map(|(v, _)| v)
+}
 
 /// What one probe of one shard found.
 #[derive(Debug, Clone, Serialize)]
@@ -20,8 +98,26 @@ pub struct ShardStatus {
     /// The installed schema version (`pg_extension.extversion`).
     pub schema_version: Option<String>,
     pub server_version: Option<String>,
+    /// The workers with a heartbeat in the last 60 s (`sheaf.live_workers()`).
+    pub live_workers: Vec<LiveWorker>,
+    /// Queues with ready tasks and no live worker (`sheaf.stranded_work()`).
+    pub stranded: Vec<StrandedQueue>,
     /// Why the probe failed or what is wrong with the shard, if anything.
     pub problem: Option<String>,
+}
+
+/// A live worker and the queues it serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LiveWorker {
+    pub name: String,
+    pub queues: Vec<String>,
+}
+
+/// Claimable work no live worker serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StrandedQueue {
+    pub queue: String,
+    pub ready: i64,
 }
 
 impl ShardStatus {
@@ -40,6 +136,8 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
         library_version: None,
         schema_version: None,
         server_version: None,
+        live_workers: Vec::new(),
+        stranded: Vec::new(),
         problem: None,
     };
     match tokio::time::timeout(timeout, read_identity(&shard.url, timeout)).await {
@@ -51,6 +149,8 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
             status.schema_version = identity.schema_version;
             status.library_version = identity.library_version;
             status.reported_shard_id = identity.shard_id;
+            status.live_workers = identity.live_workers;
+            status.stranded = identity.stranded;
             status.problem = match (status.schema_version.as_ref(), identity.shard_id) {
                 (None, _) => Some("the sheaf extension is not installed".into()),
                 (Some(_), None) => Some("the shard is not initialized (sheaf.init_shard)".into()),
@@ -70,6 +170,8 @@ struct Identity {
     schema_version: Option<String>,
     library_version: Option<String>,
     shard_id: Option<i32>,
+    live_workers: Vec<LiveWorker>,
+    stranded: Vec<StrandedQueue>,
 }
 
 async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String> {
@@ -89,24 +191,57 @@ async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String>
         )
         .await
         .map_err(|e| format!("identity query failed: {e}"))?;
+    let unreadable = |e: tokio_postgres::Error| format!("unexpected reply: {e}");
     let mut identity = Identity {
-        server_version: row.get(0),
-        schema_version: row.get(1),
+        server_version: row.try_get(0).map_err(unreadable)?,
+        schema_version: row.try_get(1).map_err(unreadable)?,
         library_version: None,
         shard_id: None,
+        live_workers: Vec::new(),
+        stranded: Vec::new(),
     };
     if identity.schema_version.is_some() {
         let row = client
             .query_one("SELECT sheaf.version()", &[])
             .await
             .map_err(|e| format!("sheaf.version() failed: {e}"))?;
-        identity.library_version = Some(row.get(0));
+        identity.library_version = Some(row.try_get(0).map_err(unreadable)?);
         identity.shard_id = match client.query_one("SELECT sheaf.shard_id()", &[]).await {
-            Ok(row) => Some(row.get(0)),
+            Ok(row) => Some(row.try_get(0).map_err(unreadable)?),
             // 55000: the shard has not been initialized yet.
             Err(e) if e.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE) => None,
             Err(e) => return Err(format!("sheaf.shard_id() failed: {e}")),
         };
+        if identity.shard_id.is_some() {
+            let workers = client
+                .query("SELECT worker, queues FROM sheaf.live_workers()", &[])
+                .await
+                .map_err(|e| format!("sheaf.live_workers() failed: {e}"))?;
+            identity.live_workers = workers
+                .iter()
+                .map(|r| {
+                    Ok(LiveWorker {
+                        name: r.try_get(0)?,
+                        queues: r.try_get(1)?,
+                    })
+                })
+                .collect::<Result<_, tokio_postgres::Error>>()
+                .map_err(unreadable)?;
+            let stranded = client
+                .query("SELECT queue, ready FROM sheaf.stranded_work()", &[])
+                .await
+                .map_err(|e| format!("sheaf.stranded_work() failed: {e}"))?;
+            identity.stranded = stranded
+                .iter()
+                .map(|r| {
+                    Ok(StrandedQueue {
+                        queue: r.try_get(0)?,
+                        ready: r.try_get(1)?,
+                    })
+                })
+                .collect::<Result<_, tokio_postgres::Error>>()
+                .map_err(unreadable)?;
+        }
     }
     drop(client);
     // The connection task ends once the client is dropped.
@@ -125,4 +260,18 @@ fn with_causes(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fleet_schema_is_the_most_common_and_ties_are_stable() {
+        let v = |xs: &[&str]| majority(xs.iter().map(|s| s.to_string()));
+        assert_eq!(v(&["0.1.0", "0.2.0", "0.1.0"]).as_deref(), Some("0.1.0"));
+        assert_eq!(v(&["0.1.0", "0.2.0"]).as_deref(), Some("0.2.0"));
+        assert_eq!(v(&["0.2.0", "0.1.0"]).as_deref(), Some("0.2.0"));
+        assert_eq!(v(&[]), None);
+    }
 }

@@ -84,10 +84,13 @@ mod tests {
         Spi::run("SELECT sheaf.worker_heartbeat('w2', ARRAY['c'])").unwrap();
         assert_eq!(count("SELECT count(*) FROM sheaf.live_workers()"), 2);
         assert_eq!(
-            count("SELECT count(*) FROM sheaf.live_workers() WHERE worker = 'w1' AND queues = ARRAY['a', 'b']"),
+            count(
+                "SELECT count(*) FROM sheaf.live_workers() WHERE worker = 'w1' AND queues = ARRAY['a', 'b']"
+            ),
             1
         );
-        Spi::run("UPDATE sheaf.workers SET last_seen_at = now() - interval '61 seconds' WHERE name = 'w2'").unwrap();
+        Spi::run("UPDATE sheaf.workers SET last_seen_at = now() - interval '61 seconds' WHERE name = 'w2'")
+            .unwrap();
         assert_eq!(count("SELECT count(*) FROM sheaf.live_workers()"), 1);
     }
 
@@ -97,7 +100,11 @@ mod tests {
         enqueue("served", serde_json::json!(1), serde_json::json!({}));
         enqueue("orphan", serde_json::json!(1), serde_json::json!({}));
         enqueue("orphan", serde_json::json!(2), serde_json::json!({}));
-        enqueue("later", serde_json::json!(1), serde_json::json!({"run_at": "2999-01-01T00:00:00Z"}));
+        enqueue(
+            "later",
+            serde_json::json!(1),
+            serde_json::json!({"run_at": "2999-01-01T00:00:00Z"}),
+        );
         Spi::run("SELECT sheaf.worker_heartbeat('w1', ARRAY['served'])").unwrap();
         assert_eq!(count("SELECT count(*) FROM sheaf.stranded_work()"), 1);
         assert_eq!(

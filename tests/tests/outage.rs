@@ -1,12 +1,18 @@
 //! A stopped shard: the pool fails loudly and by name, its breaker opens and
-//! short-circuits, the other shards keep serving, and the shard is back after
-//! it restarts. Runs its own three shards (a real cluster is stopped here).
+//! short-circuits, the other shards keep serving (a worker keeps draining
+//! them), status and metrics show it down, and the shard is back after it
+//! restarts. Runs its own three shards (a real cluster is stopped here).
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sheaf_driver::{BreakerState, PoolOptions, ShardError, ShardId, ShardPools, Topology};
+use serde_json::json;
+use sheaf_driver::{
+    BreakerState, ClaimedTask, Client, ClientError, Outcome, Placement, PoolOptions, ShardError, ShardId,
+    ShardPools, Topology, Worker, WorkerOptions,
+};
 
 fn shards(args: &[&str]) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -64,11 +70,20 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
         breaker_cooldown: Duration::from_secs(2),
         ..PoolOptions::default()
     };
-    let pools = ShardPools::new(&topology, options).unwrap();
+    let pools = ShardPools::new(&topology, options.clone()).unwrap();
     let id = |n: u32| ShardId::new(n).unwrap();
     for n in 0..3 {
         assert_eq!(shard_id(&pools, id(n)).await.unwrap(), n as i32);
     }
+    let client = Arc::new(Client::new(topology.clone(), options).unwrap());
+    let queue = "outage-q";
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new("outage-worker", [queue]).idle_poll(Duration::from_millis(100)),
+        |_task: ClaimedTask| async { Ok(None) },
+    )
+    .unwrap();
+    let completed_on = |worker: &Worker| worker.stats().completed;
 
     shards(&["stop-one", "1"]);
     for attempt in 0..2 {
@@ -94,6 +109,45 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
     assert_eq!(shard_id(&pools, id(2)).await.unwrap(), 2);
     assert_eq!(pools.breaker_state(id(0)), Some(BreakerState::Closed));
 
+    // The client: a call for work on shard 1 fails loudly, naming only it.
+    let refused = client
+        .enqueue(queue, json!(1), json!({}), Placement::Shard(1))
+        .await
+        .unwrap_err();
+    let text = refused.to_string();
+    assert!(matches!(refused, ClientError::Shard { .. }), "{refused:?}");
+    assert!(
+        text.contains("shard 1") && text.contains("queue \"outage-q\""),
+        "{text}"
+    );
+    assert!(!text.contains("shard 0") && !text.contains("shard 2"), "{text}");
+    // The worker keeps draining the other shards meanwhile.
+    for n in [0u16, 2] {
+        for _ in 0..5 {
+            client
+                .enqueue(queue, json!(n), json!({}), Placement::Shard(n))
+                .await
+                .unwrap();
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while completed_on(&worker) < 10 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", worker.stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = client.topology_status(Duration::from_secs(2)).await;
+    let down = &status.shards[1];
+    assert!(!down.probe.reachable && down.probe.problem.is_some(), "{down:?}");
+    assert!(status.shards[0].probe.reachable && status.shards[2].probe.reachable);
+    assert!(!status.healthy());
+    let metrics = client.metrics();
+    assert!(metrics.requests_total(id(1), Outcome::ConnectionError) >= 1);
+    assert!(metrics.requests_total(id(1), Outcome::ShortCircuited) >= 1);
+    assert!(metrics.requests_total(id(0), Outcome::Ok) >= 5);
+    let text = client.metrics_text();
+    assert!(text.contains("sheaf_shard_up{shard=\"1\"} 0"), "{text}");
+    assert!(text.contains("sheaf_shard_up{shard=\"0\"} 1"), "{text}");
+
     shards(&["start-one", "1"]);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
@@ -103,6 +157,20 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
     );
     assert_eq!(pools.breaker_state(id(1)), Some(BreakerState::Closed));
     assert!(matches!(pools.get(id(7)).await, Err(ShardError::NoPool { .. })));
+
+    // Back up: the worker drains shard 1 too.
+    for _ in 0..5 {
+        client
+            .enqueue(queue, json!(1), json!({}), Placement::Shard(1))
+            .await
+            .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while worker.stats().claimed.get(&id(1)).copied().unwrap_or(0) < 5 || completed_on(&worker) < 15 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", worker.stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.shutdown().await;
 
     shards(&["down"]);
 }

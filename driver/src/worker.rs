@@ -1,0 +1,756 @@
+//! The worker loop: claims from its shards round-robin (so a deep backlog on
+//! one shard cannot starve another), runs a handler per task with bounded
+//! concurrency, heartbeats each lease, registers itself in every shard's
+//! live-worker registry, runs `sheaf.maintain()` periodically, and drains
+//! gracefully: on shutdown it stops claiming, waits a bounded time for the
+//! tasks in hand, and releases the rest without spending their attempts.
+//!
+//! It sleeps on `LISTEN sheaf_ready` (one dedicated connection per shard,
+//! outside the pools) when idle, and polls anyway, so a lost notification
+//! costs at most one poll interval.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{ClaimedTask, Client, ClientError};
+use crate::topology::ShardId;
+
+/// The longest worker name the registry takes.
+const MAX_NAME_BYTES: usize = 256;
+
+/// Which shards a worker claims from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Coverage {
+    /// Every readable shard of the topology. Refused when the topology
+    /// reserves shards: an automatic worker would drain every cell too.
+    Auto,
+    /// Exactly these shards.
+    Shards(Vec<ShardId>),
+}
+
+/// How a worker runs. [`WorkerOptions::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Its name in the live-worker registry and in each claim.
+    pub name: String,
+    pub queues: Vec<String>,
+    pub coverage: Coverage,
+    /// Tasks in hand at once.
+    pub concurrency: usize,
+    /// The most tasks one claim asks for (fewer when slots are short).
+    pub batch: i32,
+    pub lease: Duration,
+    /// The longest sleep while idle; a notification wakes it sooner.
+    pub idle_poll: Duration,
+    /// How often it renews its live-worker registration (live for 60 s).
+    pub register_every: Duration,
+    /// How often it runs `sheaf.maintain()` on each of its shards.
+    pub maintain_every: Duration,
+    /// How long a shutdown waits for the tasks in hand before releasing them.
+    pub drain_timeout: Duration,
+    /// Sleep on `LISTEN sheaf_ready` between polls.
+    pub listen: bool,
+}
+
+impl WorkerOptions {
+    pub fn new(
+        name: impl Into<String>,
+        queues: impl IntoIterator<Item = impl Into<String>>,
+    ) -> WorkerOptions {
+        WorkerOptions {
+            name: name.into(),
+            queues: queues.into_iter().map(Into::into).collect(),
+            coverage: Coverage::Auto,
+            concurrency: 16,
+            batch: 16,
+            lease: Duration::from_secs(30),
+            idle_poll: Duration::from_secs(1),
+            register_every: Duration::from_secs(20),
+            maintain_every: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(10),
+            listen: true,
+        }
+    }
+
+    pub fn coverage(mut self, coverage: Coverage) -> Self {
+        self.coverage = coverage;
+        self
+    }
+
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    pub fn batch(mut self, n: i32) -> Self {
+        self.batch = n;
+        self
+    }
+
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    pub fn idle_poll(mut self, every: Duration) -> Self {
+        self.idle_poll = every;
+        self
+    }
+
+    pub fn maintain_every(mut self, every: Duration) -> Self {
+        self.maintain_every = every;
+        self
+    }
+
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+}
+
+/// A handler's refusal: the attempt failed and is retried (after `retry_in`,
+/// or the shard's backoff) until its attempts run out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskFailure {
+    pub message: String,
+    pub retry_in: Option<Duration>,
+}
+
+impl TaskFailure {
+    pub fn new(message: impl Into<String>) -> TaskFailure {
+        TaskFailure {
+            message: message.into(),
+            retry_in: None,
+        }
+    }
+
+    pub fn retry_in(mut self, after: Duration) -> TaskFailure {
+        self.retry_in = Some(after);
+        self
+    }
+}
+
+/// Why a worker would not start. Each is a configuration mistake, found
+/// before anything is claimed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WorkerError {
+    #[error("the worker name must be 1..={MAX_NAME_BYTES} bytes")]
+    BadName,
+    #[error("a worker needs at least one queue, and no blank queue name")]
+    NoQueues,
+    #[error("{0}")]
+    BadOption(&'static str),
+    #[error(
+        "the topology reserves shards, so this worker must name its shards (Coverage::Shards): \
+         an automatic worker would also drain every reserved cell"
+    )]
+    ExplicitCoverageRequired,
+    #[error("shard {0} is assigned to this worker but is not a readable shard of this client's topology")]
+    UnknownShard(ShardId),
+    #[error("this worker covers no shard")]
+    NoShards,
+}
+
+/// Counts of what a worker did, so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    pub claimed: BTreeMap<ShardId, u64>,
+    pub completed: u64,
+    pub failed: u64,
+    pub released: u64,
+    /// Tasks whose lease was lost (a stale token) before they finished.
+    pub lost: u64,
+}
+
+/// What a shutdown did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Tasks in hand when claiming stopped.
+    pub in_hand: usize,
+    /// Of those, how many were released because the drain timed out.
+    pub released: u64,
+    pub timed_out: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    claimed: Mutex<BTreeMap<ShardId, u64>>,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    released: AtomicU64,
+    lost: AtomicU64,
+}
+
+struct Ctx {
+    client: Arc<Client>,
+    options: WorkerOptions,
+    shards: Vec<ShardId>,
+    counters: Counters,
+    slots: Arc<Semaphore>,
+    wake: Notify,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+}
+
+/// A running worker. Stop it with [`Worker::shutdown`]; dropping it stops
+/// claiming and releases the tasks in hand at once.
+pub struct Worker {
+    ctx: Arc<Ctx>,
+    coordinator: Option<JoinHandle<JoinSet<()>>>,
+    listeners: Vec<JoinHandle<()>>,
+    uncovered: Vec<ShardId>,
+    warnings: Vec<String>,
+}
+
+impl Worker {
+    /// Validates the options against the client's topology, then starts
+    /// claiming. `handler` runs once per claimed task: `Ok(result)`
+    /// completes it, `Err(failure)` fails the attempt, a panic fails it too.
+    pub fn start<H, F>(client: Arc<Client>, options: WorkerOptions, handler: H) -> Result<Worker, WorkerError>
+    where
+        H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
+    {
+        let shards = check(&client, &options)?;
+        let topology = client.topology();
+        let uncovered: Vec<ShardId> = topology
+            .shards()
+            .map(|s| s.id)
+            .filter(|id| topology.is_writable(*id) && !shards.contains(id))
+            .collect();
+        if !uncovered.is_empty() {
+            tracing::warn!(
+                worker = %options.name,
+                shards = ?uncovered,
+                "writable shards that this worker does not cover: make sure another worker does"
+            );
+        }
+        let max_size = client.pools().options().max_size;
+        let mut warnings = Vec::new();
+        for &shard in &shards {
+            let scanners = client.add_scanner(shard);
+            if max_size < scanners + 1 {
+                let text = format!(
+                    "the pool of shard {shard} holds {max_size} connections but {scanners} claim loop(s) \
+                     of this process use it: size it at {} or more",
+                    scanners + 1
+                );
+                tracing::warn!(worker = %options.name, "{text}");
+                warnings.push(text);
+            }
+        }
+        let ctx = Arc::new(Ctx {
+            slots: Arc::new(Semaphore::new(options.concurrency)),
+            client,
+            options,
+            shards,
+            counters: Counters::default(),
+            wake: Notify::new(),
+            stop: CancellationToken::new(),
+            abandon: CancellationToken::new(),
+        });
+        let listeners = if ctx.options.listen {
+            ctx.shards
+                .iter()
+                .filter_map(|&shard| {
+                    let url = ctx.client.topology().get(shard)?.url.clone();
+                    Some(tokio::spawn(listen(ctx.clone(), shard, url)))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let coordinator = tokio::spawn(coordinate(ctx.clone(), Arc::new(handler)));
+        Ok(Worker {
+            ctx,
+            coordinator: Some(coordinator),
+            listeners,
+            uncovered,
+            warnings,
+        })
+    }
+
+    /// The shards this worker claims from, in its round-robin order.
+    pub fn shards(&self) -> &[ShardId] {
+        &self.ctx.shards
+    }
+
+    /// Writable shards this worker does not cover (also logged at start).
+    pub fn uncovered_writable(&self) -> &[ShardId] {
+        &self.uncovered
+    }
+
+    /// Under-sized pools found at start (also logged).
+    pub fn startup_warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    pub fn stats(&self) -> WorkerStats {
+        let c = &self.ctx.counters;
+        WorkerStats {
+            claimed: c.claimed.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            completed: c.completed.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            released: c.released.load(Ordering::Relaxed),
+            lost: c.lost.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops claiming, waits up to the drain timeout for the tasks in hand,
+    /// then releases what is left (their attempts are not spent).
+    pub async fn shutdown(mut self) -> DrainReport {
+        self.ctx.stop.cancel();
+        let mut in_flight = match self.coordinator.take() {
+            Some(coordinator) => coordinator.await.unwrap_or_else(|e| {
+                tracing::error!(error = %e, "the worker loop panicked");
+                JoinSet::new()
+            }),
+            None => JoinSet::new(),
+        };
+        while let Some(done) = in_flight.try_join_next() {
+            if let Err(e) = done {
+                tracing::error!(error = %e, "a task runner panicked");
+            }
+        }
+        let in_hand = in_flight.len();
+        let released_before = self.ctx.counters.released.load(Ordering::Relaxed);
+        let drained = tokio::time::timeout(self.ctx.options.drain_timeout, join_all(&mut in_flight))
+            .await
+            .is_ok();
+        if !drained {
+            self.ctx.abandon.cancel();
+            join_all(&mut in_flight).await;
+        }
+        DrainReport {
+            in_hand,
+            released: self.ctx.counters.released.load(Ordering::Relaxed) - released_before,
+            timed_out: !drained,
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.ctx.stop.cancel();
+        if self.coordinator.is_some() {
+            // Dropped without a shutdown: give the tasks in hand back now.
+            self.ctx.abandon.cancel();
+        }
+        for listener in &self.listeners {
+            listener.abort();
+        }
+        for &shard in &self.ctx.shards {
+            self.ctx.client.remove_scanner(shard);
+        }
+    }
+}
+
+async fn join_all(set: &mut JoinSet<()>) {
+    while let Some(done) = set.join_next().await {
+        if let Err(e) = done {
+            tracing::error!(error = %e, "a task runner panicked");
+        }
+    }
+}
+
+/// The options, checked; the shards to cover, in order, without repeats.
+fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, WorkerError> {
+    if options.name.is_empty() || options.name.len() > MAX_NAME_BYTES {
+        return Err(WorkerError::BadName);
+    }
+    if options.queues.is_empty() || options.queues.iter().any(|q| q.trim().is_empty()) {
+        return Err(WorkerError::NoQueues);
+    }
+    if options.concurrency == 0 {
+        return Err(WorkerError::BadOption("concurrency must be at least 1"));
+    }
+    if !(1..=1000).contains(&options.batch) {
+        return Err(WorkerError::BadOption("batch must be 1..=1000"));
+    }
+    if options.lease < Duration::from_secs(1) {
+        return Err(WorkerError::BadOption("the lease must be at least 1 second"));
+    }
+    if options.idle_poll.is_zero() || options.maintain_every.is_zero() || options.register_every.is_zero() {
+        return Err(WorkerError::BadOption(
+            "poll, register and maintain intervals must be above zero",
+        ));
+    }
+    if options.register_every >= Duration::from_secs(60) {
+        return Err(WorkerError::BadOption(
+            "register_every must be under 60 s, or the worker drops out of the live registry",
+        ));
+    }
+    let topology = client.topology();
+    let shards: Vec<ShardId> = match &options.coverage {
+        Coverage::Auto => {
+            if topology.shards().any(|s| topology.is_reserved(s.id)) {
+                return Err(WorkerError::ExplicitCoverageRequired);
+            }
+            topology
+                .shards()
+                .map(|s| s.id)
+                .filter(|id| topology.is_readable(*id))
+                .collect()
+        }
+        Coverage::Shards(ids) => {
+            let mut seen = BTreeSet::new();
+            let mut shards = Vec::new();
+            for &id in ids {
+                if topology.get(id).is_none() || !topology.is_readable(id) {
+                    return Err(WorkerError::UnknownShard(id));
+                }
+                if seen.insert(id) {
+                    shards.push(id);
+                }
+            }
+            shards
+        }
+    };
+    if shards.is_empty() {
+        return Err(WorkerError::NoShards);
+    }
+    Ok(shards)
+}
+
+/// The claim loop. Returns the task runners still in hand when it stops.
+async fn coordinate<H, F>(ctx: Arc<Ctx>, handler: Arc<H>) -> JoinSet<()>
+where
+    H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
+{
+    let mut in_flight = JoinSet::new();
+    let mut next_register = Instant::now();
+    let mut next_maintain = Instant::now();
+    let mut first = 0;
+    while !ctx.stop.is_cancelled() {
+        let now = Instant::now();
+        if now >= next_register {
+            register(&ctx).await;
+            next_register = now + ctx.options.register_every;
+        }
+        if now >= next_maintain {
+            maintain(&ctx).await;
+            next_maintain = now + ctx.options.maintain_every;
+        }
+        while let Some(done) = in_flight.try_join_next() {
+            if let Err(e) = done {
+                tracing::error!(error = %e, "a task runner panicked");
+            }
+        }
+        let mut claimed = 0;
+        // Each round starts one shard further on, and takes at most one
+        // batch per (shard, queue): no shard waits behind another's backlog.
+        'round: for i in 0..ctx.shards.len() {
+            let shard = ctx.shards[(first + i) % ctx.shards.len()];
+            for queue in &ctx.options.queues {
+                if ctx.stop.is_cancelled() {
+                    break 'round;
+                }
+                let free = ctx.slots.available_permits();
+                if free == 0 {
+                    break 'round;
+                }
+                let want = ctx.options.batch.min(i32::try_from(free).unwrap_or(i32::MAX));
+                let tasks = match ctx
+                    .client
+                    .claim(shard, queue, &ctx.options.name, want, ctx.options.lease)
+                    .await
+                {
+                    Ok(tasks) => tasks,
+                    Err(e) => {
+                        tracing::warn!(worker = %ctx.options.name, %shard, queue, error = %e, "claim failed");
+                        continue;
+                    }
+                };
+                claimed += tasks.len();
+                if !tasks.is_empty() {
+                    let mut by_shard = ctx.counters.claimed.lock().unwrap_or_else(|p| p.into_inner());
+                    *by_shard.entry(shard).or_default() += tasks.len() as u64;
+                }
+                for task in tasks {
+                    // Only this loop takes slots, and it asked for no more
+                    // tasks than there were free slots.
+                    let Ok(slot) = ctx.slots.clone().try_acquire_owned() else {
+                        release(&ctx, &task).await;
+                        continue;
+                    };
+                    in_flight.spawn(run_task(ctx.clone(), handler.clone(), task, slot));
+                }
+            }
+        }
+        first = (first + 1) % ctx.shards.len();
+        let until = next_register
+            .min(next_maintain)
+            .min(Instant::now() + ctx.options.idle_poll);
+        if ctx.slots.available_permits() == 0 {
+            // Every slot busy: wait for one to free up.
+            tokio::select! {
+                _ = ctx.stop.cancelled() => {}
+                _ = ctx.slots.acquire() => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        } else if claimed == 0 {
+            tokio::select! {
+                _ = ctx.stop.cancelled() => {}
+                _ = ctx.wake.notified() => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+    in_flight
+}
+
+/// Renews this worker's registration on every shard it covers.
+async fn register(ctx: &Ctx) {
+    let calls = ctx.shards.iter().map(|&shard| async move {
+        if let Err(e) = ctx
+            .client
+            .worker_heartbeat(shard, &ctx.options.name, &ctx.options.queues)
+            .await
+        {
+            tracing::warn!(worker = %ctx.options.name, %shard, error = %e, "worker registration failed");
+        }
+    });
+    futures::future::join_all(calls).await;
+}
+
+async fn maintain(ctx: &Ctx) {
+    let calls = ctx.shards.iter().map(|&shard| async move {
+        if let Err(e) = ctx.client.maintain(shard).await {
+            tracing::warn!(worker = %ctx.options.name, %shard, error = %e, "maintenance failed");
+        }
+    });
+    futures::future::join_all(calls).await;
+}
+
+/// Runs one task: the handler in its own task (a panic fails the attempt),
+/// a heartbeat every third of the lease, then complete, fail or release.
+async fn run_task<H, F>(ctx: Arc<Ctx>, handler: Arc<H>, task: ClaimedTask, _slot: OwnedSemaphorePermit)
+where
+    H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
+{
+    let mut work = tokio::spawn(handler(task.clone()));
+    let mut beat = tokio::time::interval_at(Instant::now() + ctx.options.lease / 3, ctx.options.lease / 3);
+    let outcome = loop {
+        tokio::select! {
+            done = &mut work => break Some(done),
+            _ = ctx.abandon.cancelled() => {
+                work.abort();
+                break None;
+            }
+            _ = beat.tick() => match ctx.client.heartbeat(task.task_id, task.token).await {
+                Ok(_) => {}
+                Err(ClientError::StaleToken { .. }) => {
+                    // Someone else holds it now: finishing would be refused.
+                    work.abort();
+                    ctx.counters.lost.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(task = %task.task_id, "lease lost; the task was abandoned");
+                    return;
+                }
+                Err(e) => tracing::warn!(task = %task.task_id, error = %e, "heartbeat failed"),
+            },
+        }
+    };
+    let result = match outcome {
+        None => {
+            release(&ctx, &task).await;
+            return;
+        }
+        Some(Ok(Ok(result))) => ctx
+            .client
+            .complete(task.task_id, task.token, result)
+            .await
+            .map(|()| &ctx.counters.completed),
+        Some(Ok(Err(failure))) => ctx
+            .client
+            .fail(task.task_id, task.token, &failure.message, failure.retry_in)
+            .await
+            .map(|_| &ctx.counters.failed),
+        Some(Err(panic)) => ctx
+            .client
+            .fail(
+                task.task_id,
+                task.token,
+                &format!("the handler panicked: {panic}"),
+                None,
+            )
+            .await
+            .map(|_| &ctx.counters.failed),
+    };
+    match result {
+        Ok(counter) => {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(ClientError::StaleToken { .. }) => {
+            ctx.counters.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(task = %task.task_id, "lease lost before the task finished");
+        }
+        // The lease expires and the task runs again: nothing is lost.
+        Err(e) => tracing::warn!(task = %task.task_id, error = %e, "could not record the task's outcome"),
+    }
+}
+
+async fn release(ctx: &Ctx, task: &ClaimedTask) {
+    match ctx.client.release(task.task_id, task.token).await {
+        Ok(()) => {
+            ctx.counters.released.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => tracing::warn!(task = %task.task_id, error = %e, "release failed; the lease will expire"),
+    }
+}
+
+/// Wakes the claim loop when one of its queues gets work on `shard`.
+/// Reconnects with backoff; polling covers the gaps.
+async fn listen(ctx: Arc<Ctx>, shard: ShardId, url: String) {
+    let queues: HashSet<String> = ctx.options.queues.iter().cloned().collect();
+    let mut pause = Duration::from_millis(500);
+    loop {
+        match listen_once(&ctx, &queues, &url).await {
+            Ok(()) => return,
+            Err(e) => tracing::debug!(%shard, error = %e, "listener connection ended"),
+        }
+        tokio::select! {
+            _ = ctx.stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// One listening connection; `Ok` once the worker stops, `Err` when the
+/// connection is lost.
+async fn listen_once(ctx: &Ctx, queues: &HashSet<String>, url: &str) -> Result<(), String> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
+    config.connect_timeout(ctx.client.pools().options().connect_timeout);
+    let (client, mut connection) = config.connect(NoTls).await.map_err(|e| format!("{e}"))?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        while let Some(message) = futures::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if tx.send(n.payload().to_owned()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    let result = async {
+        client
+            .batch_execute("LISTEN sheaf_ready")
+            .await
+            .map_err(|e| format!("{e}"))?;
+        loop {
+            tokio::select! {
+                _ = ctx.stop.cancelled() => return Ok(()),
+                message = rx.recv() => match message {
+                    Some(queue) if queues.contains(&queue) => ctx.wake.notify_one(),
+                    Some(_) => {}
+                    None => return Err("the connection closed".to_owned()),
+                },
+            }
+        }
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolOptions;
+    use crate::topology::Topology;
+
+    fn client(reserved: bool) -> Client {
+        let mut b = Topology::builder()
+            .shard(0, "postgres://localhost/a")
+            .shard(1, "postgres://localhost/b")
+            .shard(2, "postgres://localhost/c");
+        if reserved {
+            b = b.reserved([2]).residency("cell", 2);
+        }
+        Client::new(b.build().unwrap(), PoolOptions::default()).unwrap()
+    }
+
+    fn id(n: u32) -> ShardId {
+        ShardId::new(n).unwrap()
+    }
+
+    #[test]
+    fn auto_covers_every_readable_shard() {
+        let c = client(false);
+        assert_eq!(
+            check(&c, &WorkerOptions::new("w", ["q"])).unwrap(),
+            vec![id(0), id(1), id(2)]
+        );
+    }
+
+    #[test]
+    fn reserved_shards_require_explicit_coverage() {
+        let c = client(true);
+        assert_eq!(
+            check(&c, &WorkerOptions::new("w", ["q"])),
+            Err(WorkerError::ExplicitCoverageRequired)
+        );
+        let explicit = WorkerOptions::new("w", ["q"]).coverage(Coverage::Shards(vec![id(2), id(0), id(2)]));
+        assert_eq!(check(&c, &explicit).unwrap(), vec![id(2), id(0)]);
+    }
+
+    #[test]
+    fn bad_options_are_refused_before_anything_runs() {
+        let c = client(false);
+        let refused = |o: WorkerOptions| check(&c, &o).unwrap_err();
+        assert_eq!(refused(WorkerOptions::new("", ["q"])), WorkerError::BadName);
+        assert_eq!(
+            refused(WorkerOptions::new("x".repeat(257), ["q"])),
+            WorkerError::BadName
+        );
+        assert_eq!(
+            refused(WorkerOptions::new("w", Vec::<String>::new())),
+            WorkerError::NoQueues
+        );
+        assert_eq!(refused(WorkerOptions::new("w", [" "])), WorkerError::NoQueues);
+        assert!(matches!(
+            refused(WorkerOptions::new("w", ["q"]).concurrency(0)),
+            WorkerError::BadOption(_)
+        ));
+        assert!(matches!(
+            refused(WorkerOptions::new("w", ["q"]).batch(0)),
+            WorkerError::BadOption(_)
+        ));
+        assert!(matches!(
+            refused(WorkerOptions::new("w", ["q"]).batch(1001)),
+            WorkerError::BadOption(_)
+        ));
+        assert!(matches!(
+            refused(WorkerOptions::new("w", ["q"]).lease(Duration::from_millis(500))),
+            WorkerError::BadOption(_)
+        ));
+        assert!(matches!(
+            refused(WorkerOptions::new("w", ["q"]).idle_poll(Duration::ZERO)),
+            WorkerError::BadOption(_)
+        ));
+        assert_eq!(
+            refused(WorkerOptions::new("w", ["q"]).coverage(Coverage::Shards(vec![id(9)]))),
+            WorkerError::UnknownShard(id(9))
+        );
+        assert_eq!(
+            refused(WorkerOptions::new("w", ["q"]).coverage(Coverage::Shards(vec![]))),
+            WorkerError::NoShards
+        );
+    }
+}
