@@ -1,25 +1,32 @@
-//! The main demo: a mixed workload on every local shard, drained by
-//! concurrent workers, printing throughput and the per-key caps held.
+//! The main demo: a mixed workload sent through the driver across every
+//! local shard, drained by concurrent workers, printing the per-shard
+//! distribution, throughput, the per-key caps held, and `topology_status()`.
 //!
 //! `scripts/demo` runs it against the shards it brings up. By hand:
 //! `SHEAF_SHARDS=... cargo run -p sheaf-driver --example demo`.
 //!
-//! Each shard gets the same workload: priorities 0..3, a few tasks scheduled
-//! a second ahead, and tasks spread over capped tenant keys. Workers claim in
-//! batches and complete; a sampler watches each capped key's running count
-//! from consistent snapshots. Every number printed is measured, not assumed.
+//! Tasks are placed by rendezvous hashing (`Placement::Auto`): priorities
+//! 0..3, some scheduled a second ahead, a quarter spread over capped tenant
+//! keys. Two workers (as two processes would) cover every shard round-robin;
+//! a sampler watches each capped key's running count on each shard. Every
+//! number printed is measured, not assumed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sheaf_driver::{Shard, Topology};
-use tokio_postgres::{Client, NoTls};
+use futures::StreamExt;
+use serde_json::json;
+use sheaf_driver::{
+    ClaimedTask, Client, Placement, PoolOptions, Shard, ShardId, Topology, Worker, WorkerOptions,
+};
+use tokio_postgres::NoTls;
 
-const TASKS_PER_SHARD: i32 = 20_000;
-const WORKERS_PER_SHARD: usize = 4;
-/// Tenants and their caps: the demo's concurrency keys.
+const TASKS: usize = 12_000;
+const ENQUEUERS: usize = 32;
+const WORKERS: usize = 2;
+/// Tenants and their caps: the demo's concurrency keys (one namespace per shard).
 const TENANTS: [(&str, i32); 4] = [
     ("tenant-a", 2),
     ("tenant-b", 4),
@@ -29,150 +36,183 @@ const TENANTS: [(&str, i32); 4] = [
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-async fn connect(shard: &Shard) -> Result<Client, Error> {
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let spec = std::env::var("SHEAF_SHARDS").map_err(|_| "set SHEAF_SHARDS (scripts/shards up prints it)")?;
+    let topology = Topology::parse(&spec)?;
+    let client = Arc::new(Client::new(
+        topology.clone(),
+        PoolOptions {
+            max_size: 48,
+            ..PoolOptions::default()
+        },
+    )?);
+    println!(
+        "demo: {} shards, {TASKS} tasks placed by the driver, {WORKERS} workers covering every shard",
+        topology.len()
+    );
+    for shard in topology.shards() {
+        let db = connect(shard).await?;
+        for (tenant, cap) in TENANTS {
+            db.execute("SELECT sheaf.set_concurrency_limit($1, $2)", &[&tenant, &cap])
+                .await?;
+        }
+    }
+
+    let queue = format!("demo-{}", std::process::id());
+    let started = Instant::now();
+    let placed = enqueue_workload(&client, &queue).await?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "enqueued {TASKS} through the driver in {secs:.2} s = {:.0} tasks/s ({ENQUEUERS} concurrent callers)",
+        TASKS as f64 / secs
+    );
+    for (shard, n) in &placed {
+        println!(
+            "  shard {shard}: {n} tasks ({:.1}%)",
+            100.0 * *n as f64 / TASKS as f64
+        );
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let samplers: Vec<_> = topology
+        .shards()
+        .cloned()
+        .map(|s| tokio::spawn(sample_caps(s, stop.clone())))
+        .collect();
+    let started = Instant::now();
+    let workers = (0..WORKERS)
+        .map(|w| {
+            Worker::start(
+                client.clone(),
+                WorkerOptions::new(format!("demo-worker-{w}-{}", std::process::id()), [queue.clone()])
+                    .concurrency(32)
+                    .batch(32)
+                    .idle_poll(Duration::from_millis(200)),
+                |_task: ClaimedTask| async { Ok(None) },
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    loop {
+        let done: u64 = workers.iter().map(|w| w.stats().completed).sum();
+        if done >= TASKS as u64 {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            return Err(format!("only {done} of {TASKS} tasks finished in 5 minutes").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    println!(
+        "drained {TASKS} tasks in {secs:.2} s = {:.0} tasks/s",
+        TASKS as f64 / secs
+    );
+    let mut claimed: BTreeMap<ShardId, Vec<u64>> = BTreeMap::new();
+    for w in &workers {
+        for (shard, n) in w.stats().claimed {
+            claimed.entry(shard).or_default().push(n);
+        }
+    }
+    for (shard, per_worker) in &claimed {
+        println!("  shard {shard}: claimed {per_worker:?} by worker");
+    }
+    for (shard, sampler) in topology.shards().zip(samplers) {
+        let peaks = sampler.await??;
+        for (tenant, cap) in TENANTS {
+            let peak = peaks.get(tenant).copied().unwrap_or(0);
+            let verdict = if peak <= cap as i64 { "held" } else { "EXCEEDED" };
+            println!(
+                "  shard {}: {tenant}: cap {cap}, peak running {peak} ({verdict})",
+                shard.id
+            );
+            if peak > cap as i64 {
+                return Err(format!("shard {}: cap of {tenant} exceeded", shard.id).into());
+            }
+        }
+    }
+
+    let status = client.topology_status(Duration::from_secs(5)).await;
+    println!("topology_status() while the workers are live:");
+    println!(
+        "  {:<6} {:<10} {:<8} {:<9} {:<8} {:<13} {:<7} stranded",
+        "shard", "reachable", "breaker", "roles", "schema", "schema parity", "workers"
+    );
+    for s in &status.shards {
+        let roles = format!(
+            "{}{}{}{}",
+            if s.readable { "r" } else { "-" },
+            if s.writable { "w" } else { "-" },
+            if s.reserved { "R" } else { "-" },
+            if s.default { "d" } else { "-" }
+        );
+        let stranded: i64 = s.probe.stranded.iter().map(|q| q.ready).sum();
+        println!(
+            "  {:<6} {:<10} {:<8} {:<9} {:<8} {:<13} {:<7} {stranded}",
+            s.probe.shard,
+            if s.probe.reachable { "yes" } else { "NO" },
+            format!("{:?}", s.breaker).to_lowercase(),
+            roles,
+            s.probe.schema_version.as_deref().unwrap_or("-"),
+            if s.schema_parity { "yes" } else { "NO" },
+            s.probe.live_workers.len(),
+        );
+    }
+    for w in workers {
+        w.shutdown().await;
+    }
+    println!("metrics (Prometheus text, excerpt):");
+    for line in client.metrics_text().lines() {
+        if line.starts_with("sheaf_shard_requests_total")
+            || line.starts_with("sheaf_shard_claimed_total")
+            || line.starts_with("sheaf_shard_up")
+        {
+            println!("  {line}");
+        }
+    }
+    Ok(())
+}
+
+/// Every task placed by the driver (`Auto`), from concurrent callers;
+/// returns how many landed on each shard.
+async fn enqueue_workload(client: &Arc<Client>, queue: &str) -> Result<BTreeMap<ShardId, usize>, Error> {
+    let placed = futures::stream::iter(0..TASKS)
+        .map(|i| {
+            let client = client.clone();
+            let queue = queue.to_owned();
+            async move {
+                let mut opts = json!({ "priority": i % 4 });
+                if i % 4 == 1 {
+                    opts["concurrency_key"] = TENANTS[(i / 4) % TENANTS.len()].0.into();
+                }
+                if i % 20 == 7 {
+                    let later = std::time::SystemTime::now() + Duration::from_secs(1);
+                    opts["run_at"] = humantime::format_rfc3339_millis(later).to_string().into();
+                }
+                client
+                    .enqueue(&queue, json!({ "n": i }), opts, Placement::Auto)
+                    .await
+                    .map(|e| e.shard)
+            }
+        })
+        .buffer_unordered(ENQUEUERS)
+        .collect::<Vec<_>>()
+        .await;
+    let mut per_shard = BTreeMap::new();
+    for shard in placed {
+        *per_shard.entry(shard?).or_default() += 1;
+    }
+    Ok(per_shard)
+}
+
+async fn connect(shard: &Shard) -> Result<tokio_postgres::Client, Error> {
     let (client, connection) = tokio_postgres::connect(&shard.url, NoTls).await?;
     tokio::spawn(connection);
     Ok(client)
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Error> {
-    let spec = std::env::var("SHEAF_SHARDS").map_err(|_| "set SHEAF_SHARDS (scripts/shards up prints it)")?;
-    let topology = Topology::parse(&spec)?;
-    println!(
-        "demo: {} shards, {TASKS_PER_SHARD} tasks each, {WORKERS_PER_SHARD} workers each",
-        topology.len()
-    );
-
-    let mut shard_runs = Vec::new();
-    for shard in topology.shards().cloned() {
-        shard_runs.push(tokio::spawn(run_shard(shard)));
-    }
-    let mut total = 0u64;
-    let started = Instant::now();
-    for run in shard_runs {
-        total += run.await??;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "all shards: {total} tasks in {secs:.1} s = {:.0} tasks/s",
-        total as f64 / secs
-    );
-    Ok(())
-}
-
-async fn run_shard(shard: Shard) -> Result<u64, Error> {
-    let db = connect(&shard).await?;
-    let queue = format!("demo-{}", std::process::id());
-    for (tenant, cap) in TENANTS {
-        db.execute("SELECT sheaf.set_concurrency_limit($1, $2)", &[&tenant, &cap])
-            .await?;
-    }
-    let loaded = Instant::now();
-    enqueue_workload(&db, &queue).await?;
-    println!(
-        "shard {}: enqueued {TASKS_PER_SHARD} in {:.2} s",
-        shard.id,
-        loaded.elapsed().as_secs_f64()
-    );
-
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = tokio::spawn(sample_caps(shard.clone(), stop.clone()));
-    let started = Instant::now();
-    let mut workers = Vec::new();
-    for w in 0..WORKERS_PER_SHARD {
-        workers.push(tokio::spawn(work(
-            shard.clone(),
-            queue.clone(),
-            format!("demo-{w}"),
-            done.clone(),
-        )));
-    }
-    for w in workers {
-        w.await??;
-    }
-    stop.store(true, Ordering::Relaxed);
-    let peaks = sampler.await??;
-    let secs = started.elapsed().as_secs_f64();
-    let n = done.load(Ordering::Relaxed);
-    println!(
-        "shard {}: drained {n} tasks in {secs:.2} s = {:.0} tasks/s",
-        shard.id,
-        n as f64 / secs
-    );
-    for (tenant, cap) in TENANTS {
-        let peak = peaks.get(tenant).copied().unwrap_or(0);
-        let verdict = if peak <= cap as i64 { "held" } else { "EXCEEDED" };
-        println!(
-            "shard {}:   {tenant}: cap {cap}, peak running {peak} ({verdict})",
-            shard.id
-        );
-        if peak > cap as i64 {
-            return Err(format!("shard {}: cap of {tenant} exceeded", shard.id).into());
-        }
-    }
-    Ok(n)
-}
-
-/// A quarter of the tasks belong to a capped tenant, the rest are free;
-/// priorities 0..3; one batch in twenty is scheduled a second ahead.
-async fn enqueue_workload(db: &Client, queue: &str) -> Result<(), Error> {
-    let batch = 500;
-    for b in 0..TASKS_PER_SHARD / batch {
-        let mut opts = serde_json::json!({"priority": b % 4});
-        if b % 4 == 1 {
-            opts["concurrency_key"] = TENANTS[(b as usize / 4) % TENANTS.len()].0.into();
-        }
-        let later = b % 20 == 7;
-        db.execute(
-            "SELECT count(*) FROM sheaf.enqueue_batch($1, \
-                 array_fill(jsonb_build_object('batch', $2::int), ARRAY[$3::int]), \
-                 $4::jsonb || CASE WHEN $5 THEN jsonb_build_object('run_at', now() + interval '1 second') \
-                                  ELSE '{}' END)",
-            &[&queue, &b, &batch, &opts, &later],
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-/// Claims in batches of 10 and completes them, until the queue is empty.
-async fn work(shard: Shard, queue: String, worker: String, done: Arc<AtomicU64>) -> Result<(), Error> {
-    let db = connect(&shard).await?;
-    loop {
-        let rows = db
-            .query(
-                "SELECT task_id, token FROM sheaf.claim($1, $2, 10)",
-                &[&queue, &worker],
-            )
-            .await?;
-        if rows.is_empty() {
-            let left: i64 = db
-                .query_one(
-                    "SELECT ready + scheduled + running + waiting FROM sheaf.queue_stats($1)",
-                    &[&queue],
-                )
-                .await?
-                .get(0);
-            if left == 0 {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            continue;
-        }
-        let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.get(0)).collect();
-        let tokens: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
-        db.execute(
-            "SELECT count(*) FROM sheaf.complete_batch($1, $2)",
-            &[&ids, &tokens],
-        )
-        .await?;
-        done.fetch_add(ids.len() as u64, Ordering::Relaxed);
-    }
-}
-
-/// The highest running count seen per capped key, from consistent snapshots.
+/// The highest running count seen per capped key on one shard.
 async fn sample_caps(shard: Shard, stop: Arc<AtomicBool>) -> Result<HashMap<String, i64>, Error> {
     let db = connect(&shard).await?;
     let mut peaks: HashMap<String, i64> = HashMap::new();

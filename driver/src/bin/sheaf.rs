@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use sheaf_driver::{Topology, probe_shard};
+use sheaf_driver::{Client, PoolOptions, Topology};
 
 #[derive(Parser)]
 #[command(name = "sheaf", version, about = "Operate a fleet of sheaf shard databases")]
@@ -21,7 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Probe every shard: reachable, its id, its sheaf and Postgres versions.
+    /// Probe every shard: reachable, its id, versions and schema parity, its
+    /// roles, live workers and stranded work (ready tasks no live worker serves).
     Status {
         /// How long one probe may take.
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
@@ -53,11 +54,16 @@ async fn main() -> ExitCode {
     };
     match cli.command {
         Command::Status { timeout } => {
-            let probes = topology.shards().map(|s| probe_shard(s, timeout));
-            // Concurrently, so one slow shard does not delay the rest.
-            let statuses = futures::future::join_all(probes).await;
+            let client = match Client::new(topology, PoolOptions::default()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("sheaf: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let status = client.topology_status(timeout).await;
             if cli.json {
-                match serde_json::to_string_pretty(&statuses) {
+                match serde_json::to_string_pretty(&status) {
                     Ok(s) => println!("{s}"),
                     Err(e) => {
                         eprintln!("sheaf: cannot encode status: {e}");
@@ -66,27 +72,58 @@ async fn main() -> ExitCode {
                 }
             } else {
                 println!(
-                    "{:<6} {:<10} {:<8} {:<8} {:<8} {:<9} problem",
-                    "shard", "reachable", "db says", "sheaf", "schema", "postgres"
+                    "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} problem",
+                    "shard",
+                    "reachable",
+                    "db says",
+                    "sheaf",
+                    "schema",
+                    "parity",
+                    "postgres",
+                    "roles",
+                    "workers",
+                    "stranded"
                 );
-                for s in &statuses {
-                    let postgres = s
+                for s in &status.shards {
+                    let p = &s.probe;
+                    let postgres = p
                         .server_version
                         .as_deref()
                         .and_then(|v| v.split_whitespace().next());
-                    println!(
-                        "{:<6} {:<10} {:<8} {:<8} {:<8} {:<9} {}",
-                        s.shard,
-                        if s.reachable { "yes" } else { "NO" },
-                        s.reported_shard_id.map_or("-".into(), |id| id.to_string()),
-                        s.library_version.as_deref().unwrap_or("-"),
-                        s.schema_version.as_deref().unwrap_or("-"),
-                        postgres.unwrap_or("-"),
-                        s.problem.as_deref().unwrap_or("")
+                    let roles = format!(
+                        "{}{}{}{}",
+                        if s.readable { "r" } else { "-" },
+                        if s.writable { "w" } else { "-" },
+                        if s.reserved { "R" } else { "-" },
+                        if s.default { "d" } else { "-" }
                     );
+                    let stranded: i64 = p.stranded.iter().map(|q| q.ready).sum();
+                    println!(
+                        "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} {}",
+                        p.shard,
+                        if p.reachable { "yes" } else { "NO" },
+                        p.reported_shard_id.map_or("-".into(), |id| id.to_string()),
+                        p.library_version.as_deref().unwrap_or("-"),
+                        p.schema_version.as_deref().unwrap_or("-"),
+                        if s.schema_parity { "yes" } else { "NO" },
+                        postgres.unwrap_or("-"),
+                        roles,
+                        p.live_workers.len(),
+                        stranded,
+                        p.problem.as_deref().unwrap_or("")
+                    );
+                    for q in &p.stranded {
+                        println!(
+                            "         stranded: queue {:?} has {} ready tasks and no live worker",
+                            q.queue, q.ready
+                        );
+                    }
                 }
+                println!("roles: r readable, w writable, R reserved, d default");
             }
-            if statuses.iter().all(|s| s.healthy()) {
+            // Unreachable or misidentified shards fail the command; stranded
+            // work is reported but is not a probe failure.
+            if status.shards.iter().all(|s| s.probe.healthy() && s.schema_parity) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
