@@ -65,6 +65,10 @@ pub enum TopologyError {
     DuplicateId(u16),
     #[error("SHEAF_SHARDS is not valid JSON: {0}")]
     Json(String),
+    #[error("{0} is not set")]
+    Missing(&'static str),
+    #[error("{0} is malformed: expected comma-separated ids, or key=id pairs for residency and forwards")]
+    BadVariable(&'static str),
     #[error("the {set} set names shard {shard}, which is not in the topology")]
     UnknownShard { set: &'static str, shard: u16 },
     #[error("writable shard {0} is not readable")]
@@ -111,6 +115,37 @@ pub struct TopologyBuilder {
 }
 
 impl TopologyBuilder {
+    /// A builder holding the shards of a `SHEAF_SHARDS` list.
+    pub fn from_spec(spec: &str) -> Result<TopologyBuilder, TopologyError> {
+        let trimmed = spec.trim();
+        let entries: Vec<String> = if trimmed.starts_with('[') {
+            serde_json::from_str::<Vec<String>>(trimmed).map_err(|e| TopologyError::Json(e.to_string()))?
+        } else {
+            trimmed
+                .split([',', '\n'])
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        let mut builder = Topology::builder();
+        for (index, entry) in entries.iter().enumerate() {
+            let (id, url) = entry
+                .split_once('=')
+                .ok_or(TopologyError::MalformedEntry { index })?;
+            let id: u32 = id
+                .trim()
+                .parse()
+                .map_err(|_| TopologyError::MalformedEntry { index })?;
+            let url = url.trim();
+            if url.is_empty() {
+                return Err(TopologyError::MalformedEntry { index });
+            }
+            builder = builder.shard(id, url);
+        }
+        Ok(builder)
+    }
+
     pub fn shard(mut self, id: u32, url: impl Into<String>) -> Self {
         self.shards.push((id, url.into()));
         self
@@ -259,6 +294,31 @@ impl TopologyBuilder {
     }
 }
 
+/// A comma-separated list of shard ids; blank is the empty list.
+fn ids(var: &'static str, value: &str) -> Result<Vec<u32>, TopologyError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| TopologyError::BadVariable(var)))
+        .collect()
+}
+
+/// Comma-separated `left=right` pairs, split at the last `=` (so a key may
+/// contain one).
+fn pairs(var: &'static str, value: &str) -> Result<Vec<(String, String)>, TopologyError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|pair| {
+            pair.rsplit_once('=')
+                .map(|(l, r)| (l.trim().to_owned(), r.trim().to_owned()))
+                .ok_or(TopologyError::BadVariable(var))
+        })
+        .collect()
+}
+
 impl Topology {
     pub fn builder() -> TopologyBuilder {
         TopologyBuilder::default()
@@ -268,31 +328,55 @@ impl Topology {
     /// comma- or newline-separated, or as a JSON array of strings. Every
     /// shard is readable and writable; none reserved.
     pub fn parse(spec: &str) -> Result<Self, TopologyError> {
-        let trimmed = spec.trim();
-        let entries: Vec<String> = if trimmed.starts_with('[') {
-            serde_json::from_str::<Vec<String>>(trimmed).map_err(|e| TopologyError::Json(e.to_string()))?
-        } else {
-            trimmed
-                .split([',', '\n'])
-                .map(str::trim)
-                .filter(|e| !e.is_empty())
-                .map(str::to_owned)
-                .collect()
-        };
-        let mut builder = Topology::builder();
-        for (index, entry) in entries.iter().enumerate() {
-            let (id, url) = entry
-                .split_once('=')
-                .ok_or(TopologyError::MalformedEntry { index })?;
-            let id: u32 = id
+        TopologyBuilder::from_spec(spec)?.build()
+    }
+
+    /// The topology the environment describes: `SHEAF_SHARDS` (required, as
+    /// [`Topology::parse`] reads it) and, optionally, `SHEAF_READABLE`,
+    /// `SHEAF_WRITABLE` and `SHEAF_RESERVED` (comma-separated ids; an empty
+    /// `SHEAF_WRITABLE` is a drained fleet), `SHEAF_DEFAULT_SHARD` (an id),
+    /// `SHEAF_RESIDENCY` (`key=id` pairs) and `SHEAF_FORWARDS` (`from=to`
+    /// pairs). Checked like a built topology, now.
+    pub fn from_env() -> Result<Self, TopologyError> {
+        Topology::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Topology::from_env`] over any source of variables.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, TopologyError> {
+        let spec = var("SHEAF_SHARDS").ok_or(TopologyError::Missing("SHEAF_SHARDS"))?;
+        let mut builder = TopologyBuilder::from_spec(&spec)?;
+        if let Some(v) = var("SHEAF_READABLE") {
+            builder = builder.readable(ids("SHEAF_READABLE", &v)?);
+        }
+        if let Some(v) = var("SHEAF_WRITABLE") {
+            builder = builder.writable(ids("SHEAF_WRITABLE", &v)?);
+        }
+        if let Some(v) = var("SHEAF_RESERVED") {
+            builder = builder.reserved(ids("SHEAF_RESERVED", &v)?);
+        }
+        if let Some(v) = var("SHEAF_DEFAULT_SHARD") {
+            let id = v
                 .trim()
                 .parse()
-                .map_err(|_| TopologyError::MalformedEntry { index })?;
-            let url = url.trim();
-            if url.is_empty() {
-                return Err(TopologyError::MalformedEntry { index });
+                .map_err(|_| TopologyError::BadVariable("SHEAF_DEFAULT_SHARD"))?;
+            builder = builder.default_shard(id);
+        }
+        if let Some(v) = var("SHEAF_RESIDENCY") {
+            for (key, id) in pairs("SHEAF_RESIDENCY", &v)? {
+                let id = id
+                    .parse()
+                    .map_err(|_| TopologyError::BadVariable("SHEAF_RESIDENCY"))?;
+                builder = builder.residency(key, id);
             }
-            builder = builder.shard(id, url);
+        }
+        if let Some(v) = var("SHEAF_FORWARDS") {
+            for (from, to) in pairs("SHEAF_FORWARDS", &v)? {
+                let parse = |s: &str| {
+                    s.parse()
+                        .map_err(|_| TopologyError::BadVariable("SHEAF_FORWARDS"))
+                };
+                builder = builder.forward(parse(&from)?, parse(&to)?);
+            }
         }
         builder.build()
     }
@@ -403,6 +487,52 @@ mod tests {
         let ids: Vec<u16> = a.shards().map(|s| s.id.get()).collect();
         assert_eq!(ids, vec![0, 1]);
         assert_eq!(a.get(ShardId::new(1).unwrap()).unwrap().url, "postgres://b/y");
+    }
+
+    #[test]
+    fn the_environment_describes_every_set() {
+        let env = |pairs: &[(&str, &str)]| {
+            let vars: std::collections::HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Topology::from_vars(move |name| vars.get(name).cloned())
+        };
+        let shards = "0=postgres://a/x,1=postgres://b/x,2=postgres://c/x,3=postgres://d/x";
+        let t = env(&[
+            ("SHEAF_SHARDS", shards),
+            ("SHEAF_WRITABLE", "0, 1,3"),
+            ("SHEAF_RESERVED", "3"),
+            ("SHEAF_DEFAULT_SHARD", "1"),
+            ("SHEAF_RESIDENCY", "cell-a=3, eu=1"),
+            ("SHEAF_FORWARDS", "2=0"),
+        ])
+        .unwrap();
+        let id = |n| ShardId::new(n).unwrap();
+        assert!(t.is_writable(id(0)) && !t.is_writable(id(2)) && t.is_reserved(id(3)));
+        assert_eq!(t.default_shard(), id(1));
+        assert_eq!(t.residency("cell-a"), Some(id(3)));
+        assert_eq!(t.serving(id(2)), id(0));
+        // A drained fleet: nothing writable.
+        let drained = env(&[("SHEAF_SHARDS", shards), ("SHEAF_WRITABLE", "")]).unwrap();
+        assert_eq!(drained.placeable().count(), 0);
+        assert_eq!(env(&[]), Err(TopologyError::Missing("SHEAF_SHARDS")));
+        for (var, value) in [
+            ("SHEAF_WRITABLE", "0,x"),
+            ("SHEAF_DEFAULT_SHARD", "one"),
+            ("SHEAF_RESIDENCY", "cell-a"),
+            ("SHEAF_FORWARDS", "2=zero"),
+        ] {
+            assert_eq!(
+                env(&[("SHEAF_SHARDS", shards), (var, value)]),
+                Err(TopologyError::BadVariable(var))
+            );
+        }
+        // Misconfigurations are caught as in the builder.
+        assert_eq!(
+            env(&[("SHEAF_SHARDS", shards), ("SHEAF_RESERVED", "0,1,2,3")]),
+            Err(TopologyError::ReservedCoverWritable)
+        );
     }
 
     #[test]

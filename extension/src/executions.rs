@@ -68,18 +68,25 @@ const LOCK: Stmt = Stmt::write(
      FROM executions WHERE id = $1 FOR UPDATE",
     &[PgBuiltInOids::UUIDOID],
 );
+/// The columns `get_execution` and `find_execution` return, in their order.
+macro_rules! execution_columns {
+    () => {
+        "id, workflow_name, workflow_id, state, input, result, error, concurrency_key, \
+         quota_key, history_bytes, created_at, closed_at, wake_at"
+    };
+}
 const GET: Stmt = Stmt::read(
-    "SELECT id, workflow_name, workflow_id, state, input, result, error, concurrency_key, \
-            quota_key, history_bytes, created_at, closed_at, wake_at \
-     FROM executions WHERE id = $1",
+    concat!("SELECT ", execution_columns!(), " FROM executions WHERE id = $1"),
     &[PgBuiltInOids::UUIDOID],
 );
 // The active one if any (it sorts first), else the most recent.
 const FIND: Stmt = Stmt::read(
-    "SELECT id, workflow_name, workflow_id, state, input, result, error, concurrency_key, \
-            quota_key, history_bytes, created_at, closed_at, wake_at \
-     FROM executions WHERE workflow_name = $1 AND workflow_id = $2 \
-     ORDER BY state NOT IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING', 'MIGRATED'), seq DESC LIMIT 1",
+    concat!(
+        "SELECT ",
+        execution_columns!(),
+        " FROM executions WHERE workflow_name = $1 AND workflow_id = $2 \
+         ORDER BY state NOT IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING', 'MIGRATED'), seq DESC LIMIT 1"
+    ),
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
 );
 

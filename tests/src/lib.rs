@@ -10,7 +10,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use sheaf_driver::{Shard, Topology};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Error, NoTls, Row};
 
 /// The shard databases every test in this binary shares.
 pub fn fleet() -> &'static Topology {
@@ -61,6 +62,31 @@ pub async fn connect(shard: &Shard) -> Client {
         .unwrap_or_else(|e| panic!("cannot connect to shard {}: {e}", shard.id));
     tokio::spawn(connection);
     client
+}
+
+/// The SQLSTATE of an error, if the server raised it.
+pub fn code(e: &Error) -> Option<&str> {
+    e.code().map(|c| c.code())
+}
+
+/// Runs a statement again when Postgres aborted it as a deadlock victim or a
+/// serialization failure: the documented answer is to retry, and nothing of
+/// the aborted attempt remains.
+pub async fn query_retrying(
+    db: &Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, Error> {
+    let mut attempt = 0u64;
+    loop {
+        match db.query(sql, params).await {
+            Err(e) if matches!(code(&e), Some("40P01" | "40001")) && attempt < 100 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(attempt)).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// The SQLSTATE of a failed statement, for asserting on refusals.

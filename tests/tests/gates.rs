@@ -12,13 +12,12 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use sheaf_driver::Shard;
-use sheaf_tests::{Rng, connect, fleet, sqlstate, unique};
+use sheaf_tests::{Rng, code, connect, fleet, query_retrying, sqlstate, unique};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Error, Row};
+use tokio_postgres::{Client, Error};
 use uuid::Uuid;
 
 /// The non-terminal states: what a gate and a quota count as active.
@@ -28,26 +27,6 @@ const SUPERSEDE_BATCH: usize = 32;
 
 fn shard(n: usize) -> &'static Shard {
     fleet().shards().nth(n).unwrap()
-}
-
-fn code(e: &Error) -> Option<&str> {
-    e.code().map(|c| c.code())
-}
-
-/// Runs a statement again when Postgres aborted it as a deadlock victim or a
-/// serialization failure: the documented answer is to retry, and nothing of
-/// the aborted attempt remains.
-async fn query_retrying(db: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
-    let mut attempt = 0u64;
-    loop {
-        match db.query(sql, params).await {
-            Err(e) if matches!(code(&e), Some("40P01" | "40001")) && attempt < 100 => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(attempt)).await;
-            }
-            result => return result,
-        }
-    }
 }
 
 async fn declare(db: &Client, name: &str, policy: Value) {

@@ -11,9 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use sheaf_driver::Shard;
-use sheaf_tests::{Rng, connect, connect_listening, fleet, sqlstate, unique};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Error, Row};
+use sheaf_tests::{Rng, code, connect, connect_listening, fleet, query_retrying, sqlstate, unique};
+use tokio_postgres::{Client, Error};
 use uuid::Uuid;
 
 const HOLDERS: usize = 8;
@@ -28,26 +27,6 @@ const GRANT_SLACK: Duration = Duration::from_millis(500);
 const CLOCK_SLACK: Duration = Duration::from_millis(50);
 /// How long a waiter polls before the test gives up on it.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn code(e: &Error) -> Option<&str> {
-    e.code().map(|c| c.code())
-}
-
-/// Runs a statement again when Postgres aborted it as a deadlock victim or a
-/// serialization failure: the documented answer is to retry, and nothing of
-/// the aborted attempt remains.
-async fn query_retrying(db: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
-    let mut attempt = 0u64;
-    loop {
-        match db.query(sql, params).await {
-            Err(e) if matches!(code(&e), Some("40P01" | "40001")) && attempt < 100 => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(attempt)).await;
-            }
-            result => return result,
-        }
-    }
-}
 
 #[derive(Debug)]
 struct Acquired {
