@@ -5,7 +5,7 @@
 //! enqueue + claim + complete, so the backlog stays at the depth under test.
 //!
 //! ```text
-//! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M
+//! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M, 3 alternating 2 s windows
 //! cargo run --release -p sheaf-benches --bin claim-bench -- batch      # batch 100 vs single
 //! cargo run --release -p sheaf-benches --bin claim-bench -- steady --minutes 10
 //! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60
@@ -62,9 +62,13 @@ enum Cmd {
         depths: Vec<i64>,
         #[arg(long, value_delimiter = ',', value_enum)]
         modes: Option<Vec<Mode>>,
-        /// Seconds measured per system, mode and depth.
-        #[arg(long, default_value_t = 5)]
+        /// Seconds per measured window.
+        #[arg(long, default_value_t = 2)]
         secs: u64,
+        /// Windows per system, mode and depth, alternating sheaf and textbook;
+        /// throughput is the median window, latencies are pooled.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// Throughput of claim/complete in batches of 100 vs one at a time.
     Batch {
@@ -108,7 +112,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     admin.batch_execute("SET client_min_messages = warning").await?;
     let clients = cli.clients;
     match cli.command {
-        Cmd::Modes { depths, modes, secs } => {
+        Cmd::Modes {
+            depths,
+            modes,
+            secs,
+            rounds,
+        } => {
             let modes = modes.unwrap_or_else(|| Mode::value_variants().to_vec());
             run_modes(
                 &url,
@@ -116,6 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &modes,
                 &depths,
                 Duration::from_secs(secs),
+                rounds.max(1),
                 clients,
                 1,
             )
@@ -129,6 +139,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Mode::value_variants(),
                 &[1000],
                 Duration::from_secs(1),
+                1,
                 2,
                 100,
             )
@@ -207,6 +218,23 @@ impl Measured {
         self.cycles as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// Several windows as one: the median window's throughput, every
+    /// window's latencies.
+    fn pool(mut windows: Vec<Measured>) -> Measured {
+        windows.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+        let median = windows.len() / 2;
+        let claim_latencies = windows
+            .iter_mut()
+            .flat_map(|w| std::mem::take(&mut w.claim_latencies))
+            .collect();
+        let Measured { cycles, elapsed, .. } = windows.swap_remove(median);
+        Measured {
+            cycles,
+            elapsed,
+            claim_latencies,
+        }
+    }
+
     fn percentile_ms(&self, p: f64) -> f64 {
         if self.claim_latencies.is_empty() {
             return f64::NAN;
@@ -278,6 +306,7 @@ async fn run_modes(
     modes: &[Mode],
     depths: &[i64],
     window: Duration,
+    rounds: usize,
     clients: usize,
     shrink: i64,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -293,8 +322,14 @@ async fn run_modes(
         for &depth in depths {
             systems::fill(admin, mode, depth - filled).await?;
             filled = depth;
-            let s = cycles(url, System::Sheaf, mode, clients, window).await?;
-            let t = cycles(url, System::Textbook, mode, clients, window).await?;
+            // Alternating windows, so a burst of noise on the machine
+            // lands on both systems rather than on one.
+            let (mut s, mut t) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                s.push(cycles(url, System::Sheaf, mode, clients, window).await?);
+                t.push(cycles(url, System::Textbook, mode, clients, window).await?);
+            }
+            let (s, t) = (Measured::pool(s), Measured::pool(t));
             let p50 = s.percentile_ms(0.5);
             first_p50.get_or_insert(p50);
             last_p50 = Some(p50);
