@@ -45,10 +45,15 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let topology = match Topology::parse(&cli.shards) {
+    // The shard list from the flag (or SHEAF_SHARDS); the role sets,
+    // residency and forwards from the environment, as Topology::from_env.
+    let topology = match Topology::from_vars(|name| match name {
+        "SHEAF_SHARDS" => Some(cli.shards.clone()),
+        _ => std::env::var(name).ok(),
+    }) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("sheaf: bad shard list: {e}");
+            eprintln!("sheaf: bad topology: {e}");
             return ExitCode::from(2);
         }
     };
