@@ -140,14 +140,8 @@ async fn main() -> Result<(), Error> {
         "shard", "reachable", "breaker", "roles", "schema", "schema parity", "workers"
     );
     for s in &status.shards {
-        let roles = format!(
-            "{}{}{}{}",
-            if s.readable { "r" } else { "-" },
-            if s.writable { "w" } else { "-" },
-            if s.reserved { "R" } else { "-" },
-            if s.default { "d" } else { "-" }
-        );
-        let stranded: i64 = s.probe.stranded.iter().map(|q| q.ready).sum();
+        let roles = s.roles();
+        let stranded = s.stranded_ready();
         println!(
             "  {:<6} {:<10} {:<8} {:<9} {:<8} {:<13} {:<7} {stranded}",
             s.probe.shard,

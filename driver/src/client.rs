@@ -342,11 +342,10 @@ impl Client {
     pub async fn topology_status(&self, timeout: Duration) -> TopologyStatus {
         let status = topology_status(&self.topology, &self.pools, timeout).await;
         for shard in &status.shards {
-            let stranded = shard.probe.stranded.iter().map(|q| q.ready).sum();
             self.metrics.probed(
                 shard.probe.shard,
                 shard.probe.reachable,
-                shard.probe.reachable.then_some(stranded),
+                shard.probe.reachable.then(|| shard.stranded_ready()),
             );
             self.metrics.breaker(shard.probe.shard, shard.breaker);
         }

@@ -44,6 +44,27 @@ pub struct ShardHealth {
     pub schema_parity: bool,
 }
 
+impl ShardHealth {
+    /// The roles in four letters, for tables: `r` readable, `w` writable,
+    /// `R` reserved, `d` default, `-` where a role is absent.
+    pub fn roles(&self) -> String {
+        [
+            (self.readable, 'r'),
+            (self.writable, 'w'),
+            (self.reserved, 'R'),
+            (self.default, 'd'),
+        ]
+        .iter()
+        .map(|&(on, letter)| if on { letter } else { '-' })
+        .collect()
+    }
+
+    /// Ready tasks on this shard that no live worker serves.
+    pub fn stranded_ready(&self) -> i64 {
+        self.probe.stranded.iter().map(|q| q.ready).sum()
+    }
+}
+
 /// Probes every shard at once, each bounded by `timeout`.
 pub async fn topology_status(topology: &Topology, pools: &ShardPools, timeout: Duration) -> TopologyStatus {
     let probes = topology.shards().map(|s| probe_shard(s, timeout));
@@ -265,6 +286,41 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roles_and_stranded_work_summarize_a_shard() {
+        let probe = ShardStatus {
+            shard: ShardId::new(3).unwrap(),
+            reachable: true,
+            reported_shard_id: Some(3),
+            library_version: None,
+            schema_version: None,
+            server_version: None,
+            live_workers: Vec::new(),
+            stranded: vec![
+                StrandedQueue {
+                    queue: "a".into(),
+                    ready: 2,
+                },
+                StrandedQueue {
+                    queue: "b".into(),
+                    ready: 5,
+                },
+            ],
+            problem: None,
+        };
+        let health = ShardHealth {
+            probe,
+            breaker: BreakerState::Closed,
+            readable: true,
+            writable: false,
+            reserved: true,
+            default: false,
+            schema_parity: true,
+        };
+        assert_eq!(health.roles(), "r-R-");
+        assert_eq!(health.stranded_ready(), 7);
+    }
 
     #[test]
     fn the_fleet_schema_is_the_most_common_and_ties_are_stable() {

@@ -95,14 +95,8 @@ async fn main() -> ExitCode {
                         .server_version
                         .as_deref()
                         .and_then(|v| v.split_whitespace().next());
-                    let roles = format!(
-                        "{}{}{}{}",
-                        if s.readable { "r" } else { "-" },
-                        if s.writable { "w" } else { "-" },
-                        if s.reserved { "R" } else { "-" },
-                        if s.default { "d" } else { "-" }
-                    );
-                    let stranded: i64 = p.stranded.iter().map(|q| q.ready).sum();
+                    let roles = s.roles();
+                    let stranded = s.stranded_ready();
                     println!(
                         "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} {}",
                         p.shard,
