@@ -207,7 +207,8 @@ struct Ctx {
 pub struct Worker {
     ctx: Arc<Ctx>,
     coordinator: Option<JoinHandle<JoinSet<()>>>,
-    listeners: Vec<JoinHandle<()>>,
+    /// The listeners and the housekeeping task.
+    background: Vec<JoinHandle<()>>,
     uncovered: Vec<ShardId>,
     warnings: Vec<String>,
 }
@@ -270,11 +271,13 @@ impl Worker {
         } else {
             Vec::new()
         };
+        let mut background = listeners;
+        background.push(tokio::spawn(housekeep(ctx.clone())));
         let coordinator = tokio::spawn(coordinate(ctx.clone(), Arc::new(handler)));
         Ok(Worker {
             ctx,
             coordinator: Some(coordinator),
-            listeners,
+            background,
             uncovered,
             warnings,
         })
@@ -346,8 +349,8 @@ impl Drop for Worker {
             // Dropped without a shutdown: give the tasks in hand back now.
             self.ctx.abandon.cancel();
         }
-        for listener in &self.listeners {
-            listener.abort();
+        for task in &self.background {
+            task.abort();
         }
         for &shard in &self.ctx.shards {
             self.ctx.client.remove_scanner(shard);
@@ -429,19 +432,8 @@ where
     F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
 {
     let mut in_flight = JoinSet::new();
-    let mut next_register = Instant::now();
-    let mut next_maintain = Instant::now();
     let mut first = 0;
     while !ctx.stop.is_cancelled() {
-        let now = Instant::now();
-        if now >= next_register {
-            register(&ctx).await;
-            next_register = now + ctx.options.register_every;
-        }
-        if now >= next_maintain {
-            maintain(&ctx).await;
-            next_maintain = now + ctx.options.maintain_every;
-        }
         while let Some(done) = in_flight.try_join_next() {
             if let Err(e) = done {
                 tracing::error!(error = %e, "a task runner panicked");
@@ -489,9 +481,7 @@ where
             }
         }
         first = (first + 1) % ctx.shards.len();
-        let until = next_register
-            .min(next_maintain)
-            .min(Instant::now() + ctx.options.idle_poll);
+        let until = Instant::now() + ctx.options.idle_poll;
         if ctx.slots.available_permits() == 0 {
             // Every slot busy: wait for one to free up.
             tokio::select! {
@@ -508,6 +498,28 @@ where
         }
     }
     in_flight
+}
+
+/// Registration and maintenance, on their own task so a slow or
+/// unreachable shard never holds up the claim loop.
+async fn housekeep(ctx: Arc<Ctx>) {
+    let mut next_register = Instant::now();
+    let mut next_maintain = Instant::now();
+    while !ctx.stop.is_cancelled() {
+        let now = Instant::now();
+        if now >= next_register {
+            register(&ctx).await;
+            next_register = now + ctx.options.register_every;
+        }
+        if now >= next_maintain {
+            maintain(&ctx).await;
+            next_maintain = now + ctx.options.maintain_every;
+        }
+        tokio::select! {
+            _ = ctx.stop.cancelled() => {}
+            _ = tokio::time::sleep_until(next_register.min(next_maintain)) => {}
+        }
+    }
 }
 
 /// Renews this worker's registration on every shard it covers.
