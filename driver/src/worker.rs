@@ -23,6 +23,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{ClaimedTask, Client, ClientError};
+use crate::pool::ShardError;
 use crate::topology::ShardId;
 
 /// The longest worker name the registry takes.
@@ -460,7 +461,7 @@ where
                 {
                     Ok(tasks) => tasks,
                     Err(e) => {
-                        tracing::warn!(worker = %ctx.options.name, %shard, queue, error = %e, "claim failed");
+                        log_failure(&ctx, shard, "claim", &e);
                         continue;
                     }
                 };
@@ -530,7 +531,7 @@ async fn register(ctx: &Ctx) {
             .worker_heartbeat(shard, &ctx.options.name, &ctx.options.queues)
             .await
         {
-            tracing::warn!(worker = %ctx.options.name, %shard, error = %e, "worker registration failed");
+            log_failure(ctx, shard, "worker registration", &e);
         }
     });
     futures::future::join_all(calls).await;
@@ -539,10 +540,27 @@ async fn register(ctx: &Ctx) {
 async fn maintain(ctx: &Ctx) {
     let calls = ctx.shards.iter().map(|&shard| async move {
         if let Err(e) = ctx.client.maintain(shard).await {
-            tracing::warn!(worker = %ctx.options.name, %shard, error = %e, "maintenance failed");
+            log_failure(ctx, shard, "maintenance", &e);
         }
     });
     futures::future::join_all(calls).await;
+}
+
+/// A failed call on one shard. While the shard's breaker is open every call
+/// fails the same way, and the failure that opened it was logged as a
+/// warning already: repeating it each poll would only flood the log.
+fn log_failure(ctx: &Ctx, shard: ShardId, what: &str, e: &ClientError) {
+    if matches!(
+        e,
+        ClientError::Shard {
+            error: ShardError::ShortCircuited { .. },
+            ..
+        }
+    ) {
+        tracing::debug!(worker = %ctx.options.name, %shard, error = %e, "{what} short-circuited");
+    } else {
+        tracing::warn!(worker = %ctx.options.name, %shard, error = %e, "{what} failed");
+    }
 }
 
 /// Runs one task: the handler in its own task (a panic fails the attempt),
