@@ -5,7 +5,7 @@
 //! enqueue + claim + complete, so the backlog stays at the depth under test.
 //!
 //! ```text
-//! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M, 3 alternating 2 s windows
+//! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M, 8 rounds of 1 s windows
 //! cargo run --release -p sheaf-benches --bin claim-bench -- batch      # batch 100 vs single
 //! cargo run --release -p sheaf-benches --bin claim-bench -- steady --minutes 10
 //! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60
@@ -19,6 +19,7 @@ mod systems;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -63,11 +64,12 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', value_enum)]
         modes: Option<Vec<Mode>>,
         /// Seconds per measured window.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 1)]
         secs: u64,
-        /// Windows per system, mode and depth, alternating sheaf and textbook;
-        /// throughput is the median window, latencies are pooled.
-        #[arg(long, default_value_t = 3)]
+        /// Rounds per mode and depth: a window each of sheaf, the textbook
+        /// queue and the 1K reference queue. Throughput is the median window,
+        /// the ratio the median round's, latencies are pooled.
+        #[arg(long, default_value_t = 8)]
         rounds: usize,
     },
     /// Throughput of claim/complete in batches of 100 vs one at a time.
@@ -173,7 +175,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn start_bench_shard() -> Result<String, Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    // Read at run time (cargo run sets it): a shared target directory can
+    // hand this checkout a binary built in another one.
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let root = PathBuf::from(manifest).join("..");
     let out = Command::new(root.join("scripts/shards"))
         .args([
             "up",
@@ -246,8 +252,85 @@ impl Measured {
     }
 }
 
-/// `clients` clients run full cycles (enqueue one, claim one, complete it)
-/// for `window`; at least one cycle each.
+/// `clients` connections of one system, kept open across measured windows,
+/// so a window measures cycles, not connection set-up: windows can be short
+/// and many, alternating with the other system's.
+struct Pool {
+    mode: Mode,
+    clients: Vec<Arc<(Client, Ops)>>,
+    /// Each client's next workload index (queue, priority, fairness key).
+    next: Vec<usize>,
+}
+
+impl Pool {
+    async fn open(
+        url: &str,
+        system: System,
+        mode: Mode,
+        clients: usize,
+    ) -> Result<Pool, tokio_postgres::Error> {
+        let mut pool = Pool {
+            mode,
+            clients: Vec::new(),
+            next: (0..clients).collect(),
+        };
+        for _ in 0..clients {
+            let db = connect(url).await?;
+            let ops = Ops::prepare(&db, system, mode).await?;
+            pool.clients.push(Arc::new((db, ops)));
+        }
+        Ok(pool)
+    }
+
+    /// Every client runs full cycles (enqueue one, claim one, complete it)
+    /// for `window`; at least one cycle each.
+    async fn window(&mut self, window: Duration) -> Result<Measured, Box<dyn std::error::Error>> {
+        let started = Instant::now();
+        let stride = self.clients.len();
+        let mut handles = Vec::new();
+        for (c, start) in self.clients.iter().zip(&self.next) {
+            let (c, mode, start) = (c.clone(), self.mode, *start);
+            handles.push(tokio::spawn(async move {
+                let (db, ops) = &*c;
+                let mut lat = Vec::new();
+                let mut i = start;
+                let deadline = Instant::now() + window;
+                loop {
+                    let queue = queue_name(mode, i);
+                    let fkey = format!("f{}", i % systems::FAIR_KEYS as usize);
+                    let fairness_key = (mode == Mode::Fairness).then_some(fkey.as_str());
+                    ops.enqueue(db, &queue, (i % 4) as i32, fairness_key).await?;
+                    let t = Instant::now();
+                    let claimed = ops.claim(db, &queue, 1).await?;
+                    lat.push(t.elapsed());
+                    for task in &claimed {
+                        ops.complete(db, task).await?;
+                    }
+                    i += stride;
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                }
+                Ok::<_, tokio_postgres::Error>((i, lat))
+            }));
+        }
+        let mut measured = Measured {
+            cycles: 0,
+            elapsed: Duration::ZERO,
+            claim_latencies: Vec::new(),
+        };
+        for (h, next) in handles.into_iter().zip(self.next.iter_mut()) {
+            let (i, lat) = h.await??;
+            measured.cycles += lat.len() as u64;
+            measured.claim_latencies.extend(lat);
+            *next = i;
+        }
+        measured.elapsed = started.elapsed();
+        Ok(measured)
+    }
+}
+
+/// One window of `clients` fresh connections (the long runs: steady, snapshot).
 async fn cycles(
     url: &str,
     system: System,
@@ -255,51 +338,58 @@ async fn cycles(
     clients: usize,
     window: Duration,
 ) -> Result<Measured, Box<dyn std::error::Error>> {
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    for c in 0..clients {
-        let url = url.to_owned();
-        handles.push(tokio::spawn(async move {
-            let db = connect(&url).await?;
-            let ops = Ops::prepare(&db, system, mode).await?;
-            let mut lat = Vec::new();
-            let mut n: u64 = 0;
-            let mut i = c;
-            let deadline = Instant::now() + window;
-            loop {
-                let queue = queue_name(mode, i);
-                let fkey = format!("f{}", i % systems::FAIR_KEYS as usize);
-                let fairness_key = (mode == Mode::Fairness).then_some(fkey.as_str());
-                ops.enqueue(&db, &queue, (i % 4) as i32, fairness_key).await?;
-                let t = Instant::now();
-                let claimed = ops.claim(&db, &queue, 1).await?;
-                lat.push(t.elapsed());
-                for task in &claimed {
-                    ops.complete(&db, task).await?;
-                }
-                n += 1;
-                i += clients;
-                if Instant::now() >= deadline {
-                    break;
-                }
-            }
-            Ok::<_, tokio_postgres::Error>((n, lat))
-        }));
-    }
-    let mut measured = Measured {
-        cycles: 0,
-        elapsed: Duration::ZERO,
-        claim_latencies: Vec::new(),
-    };
-    for h in handles {
-        let (n, lat) = h.await??;
-        measured.cycles += n;
-        measured.claim_latencies.extend(lat);
-    }
-    measured.elapsed = started.elapsed();
-    Ok(measured)
+    Pool::open(url, system, mode, clients).await?.window(window).await
 }
 
+/// The database of the 1K reference queue: beside the one under test, in the
+/// same cluster.
+fn reference_url(url: &str) -> String {
+    let name = |db: &str| format!("{db}_ref");
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (db, query) = path.split_once('?').map_or((path, None), |(d, q)| (d, Some(q)));
+        let db = if db.is_empty() { "postgres" } else { db };
+        let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+        format!("{scheme}://{authority}/{}{query}", name(db))
+    } else {
+        let db = url
+            .split_whitespace()
+            .filter_map(|kv| kv.strip_prefix("dbname="))
+            .last()
+            .unwrap_or("postgres");
+        format!("{url} dbname={}", name(db))
+    }
+}
+
+/// Creates the reference database afresh.
+async fn create_reference(admin: &Client, url: &str) -> Result<Client, Box<dyn std::error::Error>> {
+    let reference = reference_url(url);
+    let config: tokio_postgres::Config = reference.parse()?;
+    let db = config.get_dbname().ok_or("the reference url names no database")?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"))
+        .await?;
+    admin.batch_execute(&format!("CREATE DATABASE \"{db}\"")).await?;
+    let client = connect(&reference).await?;
+    client.batch_execute("SET client_min_messages = warning").await?;
+    Ok(client)
+}
+
+/// The median of each round's sheaf ÷ textbook throughput.
+fn median_ratio(s: &[Measured], t: &[Measured]) -> f64 {
+    let mut r: Vec<f64> = s.iter().zip(t).map(|(s, t)| s.rate() / t.rate()).collect();
+    r.sort_by(f64::total_cmp);
+    r[r.len() / 2]
+}
+
+/// Every mode at every depth. Each round measures three windows: sheaf and
+/// the textbook queue at the depth under test, and sheaf on a reference
+/// queue held at the first depth in a database of its own; the order
+/// reverses every round. This machine's speed drifts by ±20 % over seconds
+/// and minutes, so both comparisons are made between windows seconds apart:
+/// the throughput ratio is the median round's, and the depth ratio divides
+/// the p50 at this depth by the reference's p50 over the same rounds.
+#[allow(clippy::too_many_arguments)]
 async fn run_modes(
     url: &str,
     admin: &Client,
@@ -310,31 +400,45 @@ async fn run_modes(
     clients: usize,
     shrink: i64,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let reference = reference_url(url);
+    let ref_admin = create_reference(admin, url).await?;
     println!(
-        "{:<10} {:>8}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>7}",
-        "mode", "depth", "sheaf p50", "p99", "cycles/s", "text p50", "p99", "cycles/s", "ratio"
+        "{:<10} {:>8}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>7}  {:>10}",
+        "mode", "depth", "sheaf p50", "p99", "cycles/s", "text p50", "p99", "cycles/s", "ratio", "p50/ref 1K"
     );
     for &mode in modes {
         systems::reset(admin, mode, shrink).await?;
+        systems::reset(&ref_admin, mode, shrink).await?;
+        systems::fill(&ref_admin, mode, depths[0]).await?;
+        let mut sheaf = Pool::open(url, System::Sheaf, mode, clients).await?;
+        let mut text = Pool::open(url, System::Textbook, mode, clients).await?;
+        let mut refq = Pool::open(&reference, System::Sheaf, mode, clients).await?;
         let mut filled = 0;
         let mut first_p50 = None;
-        let mut last_p50 = None;
+        let mut last = None;
         for &depth in depths {
             systems::fill(admin, mode, depth - filled).await?;
             filled = depth;
-            // Alternating windows, so a burst of noise on the machine
-            // lands on both systems rather than on one.
-            let (mut s, mut t) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                s.push(cycles(url, System::Sheaf, mode, clients, window).await?);
-                t.push(cycles(url, System::Textbook, mode, clients, window).await?);
+            let (mut s, mut t, mut r) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..rounds {
+                if round % 2 == 0 {
+                    s.push(sheaf.window(window).await?);
+                    t.push(text.window(window).await?);
+                    r.push(refq.window(window).await?);
+                } else {
+                    r.push(refq.window(window).await?);
+                    t.push(text.window(window).await?);
+                    s.push(sheaf.window(window).await?);
+                }
             }
-            let (s, t) = (Measured::pool(s), Measured::pool(t));
+            let ratio = median_ratio(&s, &t);
+            let (s, t, r) = (Measured::pool(s), Measured::pool(t), Measured::pool(r));
             let p50 = s.percentile_ms(0.5);
+            let paired = p50 / r.percentile_ms(0.5);
             first_p50.get_or_insert(p50);
-            last_p50 = Some(p50);
+            last = Some((p50, paired));
             println!(
-                "{:<10} {:>8}  {:>8.2}ms {:>7.2}ms {:>9.0}  {:>7.2}ms {:>7.2}ms {:>9.1}  {:>6.1}x",
+                "{:<10} {:>8}  {:>7.2}ms {:>7.2}ms {:>9.0}  {:>7.2}ms {:>7.2}ms {:>9.1}  {:>6.2}x  {:>10.2}",
                 format!("{mode:?}").to_lowercase(),
                 depth,
                 p50,
@@ -343,18 +447,20 @@ async fn run_modes(
                 t.percentile_ms(0.5),
                 t.percentile_ms(0.99),
                 t.rate(),
-                s.rate() / t.rate()
+                ratio,
+                paired
             );
         }
-        if let (Some(first), Some(last)) = (first_p50, last_p50)
+        if let (Some(first), Some((p50, paired))) = (first_p50, last)
             && depths.len() > 1
         {
             println!(
-                "{:<10} sheaf p50 at {} / p50 at {}: {:.2}",
+                "{:<10} sheaf p50 at {} / p50 at {}: {:.2} against the reference in the same rounds ({:.2} against the first row)",
                 format!("{mode:?}").to_lowercase(),
                 depths[depths.len() - 1],
                 depths[0],
-                last / first
+                paired,
+                p50 / first
             );
         }
     }

@@ -152,6 +152,7 @@ pub async fn fill(db: &Client, mode: Mode, n: i64) -> Result<(), tokio_postgres:
 }
 
 /// Prepared statements for one client of one system in one mode.
+#[derive(Clone)]
 pub struct Ops {
     system: System,
     enqueue: tokio_postgres::Statement,

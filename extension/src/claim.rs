@@ -18,15 +18,16 @@ pub const MAX_BATCH: i32 = 1_000;
 const SWEEP_PROMOTE: i64 = 1_000;
 const SWEEP_REAP: i64 = 100;
 /// A busy queue is swept at least this often per backend; an idle-looking
-/// one (the claim came up short) on every claim.
-const SWEEP_EVERY: Duration = Duration::from_millis(250);
+/// one (the claim came up short) on every claim. A worker cycling over many
+/// queues sweeps each of them this often, so it is not much shorter.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 const CLAIM: Stmt = Stmt::write(
     "WITH picked AS (\
-       SELECT task_id, k1, k2, seq FROM ready WHERE queue = $1 \
+       SELECT ctid FROM ready WHERE queue = $1 \
        ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
      gone AS (\
-       DELETE FROM ready WHERE task_id = ANY (ARRAY(SELECT task_id FROM picked)) \
+       DELETE FROM ready WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked)) \
        RETURNING task_id, k1, k2, seq) \
      UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, token = nextval('fence_token'), \
             lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
@@ -39,6 +40,13 @@ const CLAIM: Stmt = Stmt::write(
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::FLOAT8OID,
     ],
+);
+// Whether a sweep has anything to do: one read, where promotion and reaping
+// would each run a locking scan.
+const SWEEP_PROBE: Stmt = Stmt::read(
+    "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'scheduled' AND run_at <= now()), \
+            EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'running' AND lease_expires_at < now())",
+    &[PgBuiltInOids::TEXTOID],
 );
 // Moves the fairness virtual time forward, unless another claim is doing it
 // right now: a claim never waits on the queue row.
@@ -165,7 +173,26 @@ fn sweep(queue: &str) -> i64 {
     LAST_SWEEP.with(|last| {
         last.borrow_mut().insert(queue.to_owned(), Instant::now());
     });
-    promote::due(queue, SWEEP_PROMOTE) + lease::reap_queue(queue, SWEEP_REAP)
+    let (due, expired) = Spi::connect_mut(|client| {
+        let row = run(client, &SWEEP_PROBE, &[queue.into()]).first();
+        let flag = |i| {
+            row.get::<bool>(i)
+                .or_internal("probing for due tasks")
+                .unwrap_or(true)
+        };
+        (flag(1), flag(2))
+    });
+    let promoted = if due {
+        promote::due(queue, SWEEP_PROMOTE)
+    } else {
+        0
+    };
+    let reaped = if expired {
+        lease::reap_queue(queue, SWEEP_REAP)
+    } else {
+        0
+    };
+    promoted + reaped
 }
 
 #[cfg(any(test, feature = "pg_test"))]

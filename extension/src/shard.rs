@@ -4,6 +4,7 @@ use crate::errors::{SpiResultExt, bad_argument, not_ready, required};
 use crate::plans::{Stmt, run};
 use pgrx::prelude::*;
 use sheaf_core::id::MAX_SHARD_ID;
+use std::cell::Cell;
 
 /// Makes this database shard `shard_id`. Idempotent for the same id; a
 /// different id on an initialized shard is refused (ids route by shard, so
@@ -51,22 +52,52 @@ fn version() -> &'static str {
 
 /// The shard id, for use by other modules; refuses an uninitialized shard.
 pub fn current() -> i32 {
-    match stored_shard_id() {
-        Some(id) => id,
+    // SAFETY: a catalog lookup through the active search path, whose first
+    // schema is sheaf's (every sheaf function sets it).
+    let table = unsafe { pg_sys::RelnameGetRelid(c"shard_identity".as_ptr()) };
+    if let Some((cached_table, id)) = CACHED.get()
+        && cached_table == table
+    {
+        return id;
+    }
+    match stored() {
+        Some((id, xmin)) => {
+            // A row this transaction wrote may yet roll back: not cached.
+            // SAFETY: a plain lookup in this backend's transaction state.
+            if !unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) } {
+                CACHED.set(Some((table, id)));
+            }
+            id
+        }
         None => {
             not_ready("shard not initialized: run SELECT sheaf.init_shard(<shard id>) once in this database")
         }
     }
 }
 
-const STORED: Stmt = Stmt::read("SELECT shard_id FROM shard_identity", &[]);
+thread_local! {
+    // The shard id and the table it was read from. The row is written once
+    // and never changes (init_shard refuses another id), so a backend reads
+    // it once: every enqueue and start needs it. A dropped and re-created
+    // extension has a new table, with a new oid, and is read afresh.
+    static CACHED: Cell<Option<(pg_sys::Oid, i32)>> = const { Cell::new(None) };
+}
+
+const STORED: Stmt = Stmt::read("SELECT shard_id, xmin FROM shard_identity", &[]);
+
+fn stored() -> Option<(i32, pg_sys::TransactionId)> {
+    Spi::connect_mut(|client| {
+        let row = run(client, &STORED, &[]).next()?;
+        Some((
+            row.get::<i32>(1).or_internal("reading the shard id")?,
+            row.get::<pg_sys::TransactionId>(2)
+                .or_internal("reading the shard id")?,
+        ))
+    })
+}
 
 fn stored_shard_id() -> Option<i32> {
-    Spi::connect_mut(|client| {
-        run(client, &STORED, &[])
-            .next()
-            .and_then(|row| row.get::<i32>(1).or_internal("reading the shard id"))
-    })
+    stored().map(|(id, _)| id)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -28,8 +28,17 @@ pub fn fleet() -> &'static Topology {
     })
 }
 
+/// The repository's root. Read when the test runs, not when it is compiled:
+/// a shared target directory can hand a checkout binaries built in another
+/// one, whose compiled-in path may be gone.
+pub fn repo_root() -> PathBuf {
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    PathBuf::from(manifest).join("..")
+}
+
 fn start_shards() -> String {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = repo_root();
     let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
     let out = Command::new(root.join("scripts/shards"))
         .args([

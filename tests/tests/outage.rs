@@ -3,7 +3,6 @@
 //! them), status and metrics show it down, and the shard is back after it
 //! restarts. Runs its own three shards (a real cluster is stopped here).
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +14,7 @@ use sheaf_driver::{
 };
 
 fn shards(args: &[&str]) -> String {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = sheaf_tests::repo_root();
     let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
     let port = (25500 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string();
     let dir = format!("/tmp/sheaf-test-outage/pg{major}");
