@@ -17,9 +17,11 @@ pub struct Queue {
     pub idle: bool,
 }
 
+// Whether the queue has a ready task, looked up from the tail of its range:
+// the head is where claims leave dead entries until the next vacuum.
 const LOAD: Stmt = Stmt::read(
     "SELECT aging_secs, fairness, notify, \
-            (SELECT task_id FROM ready WHERE queue = $1 LIMIT 1) IS NULL \
+            (SELECT task_id FROM ready WHERE queue = $1 ORDER BY k1 DESC, k2 DESC, seq DESC LIMIT 1) IS NULL \
      FROM queues WHERE name = $1",
     &[PgBuiltInOids::TEXTOID],
 );

@@ -25,11 +25,13 @@ const INSERT: Stmt = Stmt::write(
 // the commits of every notifying transaction, costs nothing. NOTIFY also
 // folds equal (channel, payload) pairs within a transaction: one per queue.
 // A LIMIT 1 subquery, not NOT EXISTS: the generic plan of an anti-join reads
-// the whole ready set.
+// the whole ready set. From the tail of the queue's range: the head is where
+// claims leave dead entries until the next vacuum.
 const NOTIFY_IF_IDLE: Stmt = Stmt::write(
     "SELECT pg_notify('sheaf_ready', q.name) FROM queues q \
      WHERE q.name = ANY($1) AND q.notify \
-       AND (SELECT r.task_id FROM ready r WHERE r.queue = q.name AND r.task_id <> ALL($2) LIMIT 1) IS NULL",
+       AND (SELECT r.task_id FROM ready r WHERE r.queue = q.name AND r.task_id <> ALL($2) \
+                ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT 1) IS NULL",
     &[PgBuiltInOids::TEXTARRAYOID, PgBuiltInOids::UUIDARRAYOID],
 );
 const VTIME: Stmt = Stmt::read(
