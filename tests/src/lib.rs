@@ -102,8 +102,8 @@ pub async fn query_retrying(
 pub fn sqlstate(result: Result<impl Sized, tokio_postgres::Error>) -> String {
     match result {
         Ok(_) => panic!("expected the statement to be refused"),
-        Err(e) => match e.code() {
-            Some(code) => code.code().to_owned(),
+        Err(e) => match code(&e) {
+            Some(code) => code.to_owned(),
             None => panic!("expected a SQLSTATE, got {e}"),
         },
     }

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sheaf_tests::{Rng, connect, fleet, unique};
+use sheaf_tests::{Rng, code, connect, fleet, unique};
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -187,7 +187,7 @@ async fn caps_hold_and_every_task_ends_exactly_once_under_8_claimers() {
                     // and goes to another claim. Anything else is a failure.
                     let lost = |r: Result<(), tokio_postgres::Error>| match r {
                         Ok(()) => false,
-                        Err(e) if e.code().map(|c| c.code()) == Some("55P03") => true,
+                        Err(e) if code(&e) == Some("55P03") => true,
                         Err(e) => panic!("task {id}: {e}"),
                     };
                     let action = rng.below(100);

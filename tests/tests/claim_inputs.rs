@@ -1,7 +1,7 @@
 //! Bad input to every claim-engine function: the documented SQLSTATE, a
 //! message naming what was wrong, and nothing written.
 
-use sheaf_tests::{connect, fleet};
+use sheaf_tests::{code, connect, fleet};
 
 const TABLES: &str = "SELECT (SELECT count(*) FROM sheaf.tasks), (SELECT count(*) FROM sheaf.ready), \
     (SELECT count(*) FROM sheaf.queues), (SELECT count(*) FROM sheaf.dead_letters), \
@@ -276,5 +276,5 @@ async fn switching_fairness_with_ready_tasks_is_refused() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.code().map(|c| c.code()), Some("55000"));
+    assert_eq!(code(&err), Some("55000"));
 }
