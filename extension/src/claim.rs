@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use crate::errors::{SpiResultExt, bad_argument, required};
+use crate::jsonb::Jsonb;
 use crate::plans::{Stmt, exec, run};
 use crate::{lease, promote, queue};
 
@@ -63,7 +64,7 @@ thread_local! {
 type Claimed = (
     pgrx::Uuid,
     i64,
-    pgrx::JsonB,
+    Jsonb,
     i32,
     Option<pgrx::Uuid>,
     Option<String>,
@@ -87,7 +88,7 @@ fn claim(
     (
         name!(task_id, pgrx::Uuid),
         name!(token, i64),
-        name!(payload, pgrx::JsonB),
+        name!(payload, Jsonb),
         name!(attempt, i32),
         name!(execution_id, Option<pgrx::Uuid>),
         name!(concurrency_key, Option<String>),
@@ -226,6 +227,26 @@ mod tests {
         assert_eq!(all, (1..=50).collect::<Vec<_>>());
         let attempts = count("SELECT min(attempts)::bigint FROM sheaf.tasks WHERE state = 'running'");
         assert_eq!(attempts, 1);
+    }
+
+    /// Payloads are the caller's data: they come back exactly as stored, with
+    /// no float rounding of numbers and no change of scale.
+    #[pg_test]
+    fn payloads_come_back_exactly() {
+        init();
+        let doc = r#"{"n": 12345678901234567890123.000000000001, "x": 1.50, "e": 1e-20, "s": "é\t"}"#;
+        Spi::run_with_args("SELECT sheaf.enqueue('q', $1::jsonb)", &[doc.into()]).expect("enqueue");
+        Spi::run_with_args(
+            "SELECT sheaf.enqueue_batch('q', ARRAY[$1::jsonb, '[]'])",
+            &[doc.into()],
+        )
+        .expect("enqueue_batch");
+        let same = Spi::get_one_with_args::<i64>(
+            "SELECT count(*) FILTER (WHERE payload::text = $1::jsonb::text) FROM sheaf.claim('q', 'w', 10)",
+            &[doc.into()],
+        )
+        .expect("claim");
+        assert_eq!(same, Some(2));
     }
 
     #[pg_test]

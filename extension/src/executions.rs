@@ -14,6 +14,7 @@ use sheaf_core::policy::{StartOptions, resolve_key};
 use crate::errors::{
     SpiResultExt, bad_argument, not_ready, require_read_committed, required, unknown_execution,
 };
+use crate::jsonb::Jsonb;
 use crate::plans::{Stmt, exec, run};
 use crate::{concurrency, gates, history, ids, policy, quota, shard, tasks};
 
@@ -177,7 +178,7 @@ pub fn enqueue_workflow_task(e: &Locked, payload: serde_json::Value, priority: i
         kind: Kind::Workflow,
         ..EnqueueOptions::default()
     };
-    tasks::insert(&e.queue, vec![payload], &o);
+    tasks::insert(&e.queue, vec![Jsonb::from_value(payload)], &o);
 }
 
 /// Starts an execution of workflow `name` with `workflow_id` unless one is
@@ -447,6 +448,30 @@ mod tests {
     use crate::testing::{claim, count, declare, init, start, state};
     use pgrx::prelude::*;
     use serde_json::json;
+
+    /// A workflow's input is the caller's data: its numbers keep every digit
+    /// and their scale in the execution, its first event and its task.
+    #[pg_test]
+    fn a_start_keeps_the_input_exactly() {
+        init();
+        let input = r#"{"amount": 12345678901234567890.10, "rate": 0.1000000000000000055511151231257827}"#;
+        Spi::run_with_args(
+            "SELECT sheaf.start_workflow('order', 'o-1', $1::jsonb)",
+            &[input.into()],
+        )
+        .expect("start");
+        let exact = |sql: &str| {
+            Spi::get_one_with_args::<bool>(sql, &[input.into()])
+                .expect("query")
+                .expect("a row")
+        };
+        assert!(exact(
+            "SELECT input::text = $1::jsonb::text FROM sheaf.executions"
+        ));
+        assert!(exact(
+            "SELECT (payload -> 'input')::text = $1::jsonb::text FROM sheaf.tasks WHERE kind = 'workflow'"
+        ));
+    }
 
     #[pg_test]
     fn a_start_writes_the_execution_its_event_and_its_workflow_task() {

@@ -14,6 +14,7 @@ mod executions;
 mod gates;
 mod history;
 mod ids;
+mod jsonb;
 mod lease;
 mod lifecycle;
 mod maintain;

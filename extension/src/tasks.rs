@@ -6,6 +6,7 @@ use sheaf_core::options::EnqueueOptions;
 use sheaf_core::ordering::Mode;
 
 use crate::errors::{SpiResultExt, bad_argument, no_nulls, not_ready, required};
+use crate::jsonb::Jsonb;
 use crate::plans::{Stmt, exec, run};
 use crate::{concurrency, executions, ids, queue, ready};
 
@@ -83,11 +84,11 @@ const SET_READY: Stmt = Stmt::write(
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn enqueue(
     queue: Option<&str>,
-    payload: Option<pgrx::JsonB>,
+    payload: Option<Jsonb>,
     opts: default!(Option<pgrx::JsonB>, "'{}'"),
 ) -> pgrx::Uuid {
     let payload = required(payload, "payload");
-    let ids = enqueue_many(queue, vec![payload.0], opts);
+    let ids = enqueue_many(queue, vec![payload], opts);
     ids[0]
 }
 
@@ -97,7 +98,7 @@ fn enqueue(
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn enqueue_batch(
     queue: Option<&str>,
-    payloads: Option<Vec<Option<pgrx::JsonB>>>,
+    payloads: Option<Vec<Option<Jsonb>>>,
     opts: default!(Option<pgrx::JsonB>, "'{}'"),
 ) -> SetOfIterator<'static, pgrx::Uuid> {
     let payloads = required(payloads, "payloads");
@@ -107,15 +108,10 @@ fn enqueue_batch(
             format!("must hold 1 to {MAX_BATCH} payloads, got {}", payloads.len()),
         );
     }
-    let values = no_nulls(payloads, "payloads").into_iter().map(|p| p.0).collect();
-    SetOfIterator::new(enqueue_many(queue, values, opts))
+    SetOfIterator::new(enqueue_many(queue, no_nulls(payloads, "payloads"), opts))
 }
 
-fn enqueue_many(
-    queue: Option<&str>,
-    payloads: Vec<serde_json::Value>,
-    opts: Option<pgrx::JsonB>,
-) -> Vec<pgrx::Uuid> {
+fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<pgrx::JsonB>) -> Vec<pgrx::Uuid> {
     let name = queue::check_name(queue);
     let opts = required(opts, "opts");
     let o = match EnqueueOptions::parse(&opts.0) {
@@ -126,7 +122,7 @@ fn enqueue_many(
 }
 
 /// Inserts tasks with validated options (the queue name is checked).
-pub fn insert(name: &str, payloads: Vec<serde_json::Value>, o: &EnqueueOptions) -> Vec<pgrx::Uuid> {
+pub fn insert(name: &str, payloads: Vec<Jsonb>, o: &EnqueueOptions) -> Vec<pgrx::Uuid> {
     let run_at = o
         .run_at
         .as_deref()
@@ -195,7 +191,6 @@ pub fn insert(name: &str, payloads: Vec<serde_json::Value>, o: &EnqueueOptions) 
         Mode::Aging { secs } => Some(secs as i32),
         _ => None,
     };
-    let payloads: Vec<pgrx::JsonB> = payloads.into_iter().map(pgrx::JsonB).collect();
     exec(
         if o.idempotency_key.is_some() {
             &INSERT_IDEMPOTENT

@@ -1,0 +1,112 @@
+//! A `jsonb` value carried through sheaf as Postgres stored it.
+//!
+//! pgrx's `JsonB` converts through text and `serde_json::Value`: a print and
+//! a parse per value each way, and numbers squeezed through `f64`
+//! (12345678901234567890123 came back as 12345678901234568000000, `1.50` as
+//! `1.5`). Payloads are the caller's data, so they go through untouched:
+//! this type holds the value's bytes (detoasted, 4-byte header) and hands
+//! the same bytes back.
+
+use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
+use pgrx::datum::{Datum, FromDatum, IntoDatum, UnboxDatum};
+use pgrx::nullable::Nullable;
+use pgrx::pg_sys;
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct Jsonb(Vec<u8>);
+
+impl Jsonb {
+    /// A value built in Rust (sheaf's own documents, never a caller's data).
+    pub fn from_value(value: serde_json::Value) -> Jsonb {
+        let datum = pgrx::JsonB(value).into_datum();
+        // SAFETY: jsonb_in's result, a valid jsonb datum.
+        datum
+            .and_then(|d| unsafe { Jsonb::from_datum(d, false) })
+            .unwrap_or_else(|| pgrx::error!("jsonb_in returned no value"))
+    }
+}
+
+impl std::fmt::Debug for Jsonb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Jsonb({} bytes)", self.0.len())
+    }
+}
+
+impl FromDatum for Jsonb {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Jsonb> {
+        if is_null || datum.is_null() {
+            return None;
+        }
+        let raw = datum.cast_mut_ptr::<pg_sys::varlena>();
+        // SAFETY: a non-null jsonb datum points at a varlena; detoasting
+        // yields an uncompressed copy with a 4-byte header (or the value itself
+        // if it already is one), VARSIZE bytes long.
+        unsafe {
+            let flat = pg_sys::pg_detoast_datum(raw);
+            let len = pgrx::varlena::varsize_any(flat);
+            let bytes = std::slice::from_raw_parts(flat as *const u8, len).to_vec();
+            if flat != raw {
+                pg_sys::pfree(flat.cast());
+            }
+            Some(Jsonb(bytes))
+        }
+    }
+}
+
+impl IntoDatum for Jsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        // SAFETY: palloc'd in the current memory context, exactly the bytes of
+        // a valid 4-byte-header varlena.
+        unsafe {
+            let ptr = pg_sys::palloc(self.0.len()).cast::<u8>();
+            std::ptr::copy_nonoverlapping(self.0.as_ptr(), ptr, self.0.len());
+            Some(pg_sys::Datum::from(ptr))
+        }
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+// SAFETY: unboxing copies the bytes out; nothing borrows the source.
+unsafe impl UnboxDatum for Jsonb {
+    type As<'src> = Jsonb;
+    unsafe fn unbox<'src>(d: Datum<'src>) -> Jsonb
+    where
+        Self: 'src,
+    {
+        // SAFETY: the caller hands a non-null jsonb datum.
+        unsafe { Jsonb::from_datum(d.sans_lifetime(), false) }
+            .unwrap_or_else(|| pgrx::error!("a jsonb array element was null"))
+    }
+}
+
+// SAFETY: the argument is a jsonb datum (the SQL signature says so).
+unsafe impl<'fcx> ArgAbi<'fcx> for Jsonb {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        // SAFETY: as above.
+        unsafe { arg.unbox_arg_using_from_datum() }
+            .unwrap_or_else(|| pgrx::error!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> Nullable<Self> {
+        // SAFETY: as above.
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+// SAFETY: the returned datum is a valid jsonb, allocated in the function's
+// current memory context.
+unsafe impl BoxRet for Jsonb {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> Datum<'fcx> {
+        match self.into_datum() {
+            // SAFETY: see above.
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
+}
+
+pgrx::impl_sql_translatable!(Jsonb, "jsonb");
