@@ -575,3 +575,30 @@ async fn an_unreachable_shard_names_itself_and_the_work_it_owns() {
         zero.id
     );
 }
+
+/// A payload is the caller's data: through the client, into a shard and back
+/// out of a claim, every digit and the scale of every number survive.
+#[tokio::test]
+async fn payloads_keep_every_digit_through_the_client() {
+    let client = client();
+    let queue = unique("exact");
+    let text = r#"{"amount": 12345678901234567890123.000000000001, "rate": 1.50}"#;
+    let payload: Value = serde_json::from_str(text).unwrap();
+    let sent = client
+        .enqueue(&queue, payload.clone(), json!({}), Placement::Auto)
+        .await
+        .unwrap();
+    let got = client
+        .claim(sent.shard, &queue, "exact-test", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].payload.to_string(), payload.to_string());
+    assert!(
+        got[0]
+            .payload
+            .to_string()
+            .contains("12345678901234567890123.000000000001")
+    );
+    assert!(got[0].payload.to_string().contains("1.50"));
+}
