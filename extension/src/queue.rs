@@ -1,6 +1,9 @@
 //! Queues: created implicitly by the first enqueue; `configure_queue` sets
 //! their ordering mode and notifications.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use pgrx::prelude::*;
 use sheaf_core::options::{QueueOptions, check_queue_name};
 use sheaf_core::ordering::Mode;
@@ -9,26 +12,67 @@ use crate::errors::{SpiResultExt, bad_argument, not_ready, required};
 use crate::plans::{Stmt, exec, run};
 
 /// A queue's configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct Queue {
     pub mode: Mode,
     pub notify: bool,
-    /// It had no ready task when loaded: its workers may be asleep.
-    pub idle: bool,
 }
 
-// Whether the queue has a ready task, looked up from the tail of its range:
-// the head is where claims leave dead entries until the next vacuum.
 const LOAD: Stmt = Stmt::read(
-    "SELECT aging_secs, fairness, notify, \
-            (SELECT task_id FROM ready WHERE queue = $1 ORDER BY k1 DESC, k2 DESC, seq DESC LIMIT 1) IS NULL \
-     FROM queues WHERE name = $1",
+    "SELECT aging_secs, fairness, notify, xmin FROM queues WHERE name = $1",
     &[PgBuiltInOids::TEXTOID],
 );
 const CREATE: Stmt = Stmt::write(
     "INSERT INTO queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
     &[PgBuiltInOids::TEXTOID],
 );
+
+/// Names kept per backend; past this the cache starts over.
+const CACHE_ENTRIES: usize = 10_000;
+
+thread_local! {
+    // Every enqueue needs its queue's configuration, which changes only
+    // through configure_queue: a backend keeps what it read. configure_queue
+    // sends a relcache invalidation for the queues table, which every backend
+    // processes at its next transaction start (or lock), and the callback
+    // below empties the cache. Also emptied when the table itself goes
+    // (DROP EXTENSION sends the same invalidation for its oid).
+    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+}
+
+#[derive(Default)]
+struct Cache {
+    /// The queues table the entries were read from.
+    table: pg_sys::Oid,
+    registered: bool,
+    queues: HashMap<String, Queue>,
+}
+
+unsafe extern "C-unwind" fn invalidated(_: pg_sys::Datum, relid: pg_sys::Oid) {
+    // Runs inside invalidation processing: no catalog access, no errors.
+    // try_with/try_borrow_mut: nothing to do if the cache is not reachable.
+    let _ = CACHE.try_with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut()
+            && (relid == pg_sys::InvalidOid || relid == c.table)
+        {
+            c.queues.clear();
+        }
+    });
+}
+
+/// The queues table's oid (the active search path starts with sheaf's schema).
+fn queues_table() -> pg_sys::Oid {
+    // SAFETY: a catalog lookup by name, in a transaction.
+    unsafe { pg_sys::RelnameGetRelid(c"queues".as_ptr()) }
+}
+
+/// Forgets every cached configuration in every backend once this transaction
+/// commits, and in this one now.
+pub fn invalidate() {
+    // SAFETY: registers an invalidation message for a relation that exists.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(queues_table()) };
+    CACHE.with(|c| c.borrow_mut().queues.clear());
+}
 
 /// Validates a queue-name argument.
 pub fn check_name(queue: Option<&str>) -> &str {
@@ -39,37 +83,71 @@ pub fn check_name(queue: Option<&str>) -> &str {
     queue
 }
 
-pub fn load(name: &str) -> Option<Queue> {
+/// The queue's configuration as stored, and whether this transaction wrote
+/// the row (then it may yet roll back, and is not cached).
+fn stored(name: &str) -> Option<(Queue, bool)> {
     Spi::connect_mut(|client| {
         let table = run(client, &LOAD, &[name.into()]);
         let row = table.into_iter().next()?;
         let aging: Option<i32> = row.get(1).or_internal("reading a queue");
         let fairness: Option<bool> = row.get(2).or_internal("reading a queue");
         let notify: Option<bool> = row.get(3).or_internal("reading a queue");
-        let idle: Option<bool> = row.get(4).or_internal("reading a queue");
+        let xmin: Option<pg_sys::TransactionId> = row.get(4).or_internal("reading a queue");
         let mode = match (aging, fairness) {
             (Some(secs), _) => Mode::Aging { secs: secs as u32 },
             (None, Some(true)) => Mode::Fairness,
             _ => Mode::Priority,
         };
-        Some(Queue {
-            mode,
-            notify: notify.unwrap_or(true),
-            idle: idle.unwrap_or(true),
-        })
+        // SAFETY: a plain lookup in this backend's transaction state.
+        let ours = xmin.is_some_and(|x| unsafe { pg_sys::TransactionIdIsCurrentTransactionId(x) });
+        Some((
+            Queue {
+                mode,
+                notify: notify.unwrap_or(true),
+            },
+            ours,
+        ))
     })
 }
 
 /// The queue, created with defaults if this is its first use.
 pub fn load_or_create(name: &str) -> Queue {
-    if let Some(q) = load(name) {
+    let table = queues_table();
+    let cached = CACHE.with(|c| {
+        let c = c.borrow();
+        if c.table == table {
+            c.queues.get(name).copied()
+        } else {
+            None
+        }
+    });
+    if let Some(q) = cached {
         return q;
     }
-    exec(&CREATE, &[name.into()]);
-    match load(name) {
-        Some(q) => q,
-        None => not_ready(format!("queue {name:?} could not be created")),
+    let (q, ours) = match stored(name) {
+        Some(found) => found,
+        None => {
+            exec(&CREATE, &[name.into()]);
+            stored(name).unwrap_or_else(|| not_ready(format!("queue {name:?} could not be created")))
+        }
+    };
+    if !ours {
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            if !c.registered {
+                // SAFETY: a callback with no captured state, registered once
+                // per backend (Postgres keeps a small fixed list of them).
+                unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+                c.registered = true;
+            }
+            if c.table != table || c.queues.len() >= CACHE_ENTRIES {
+                c.queues.clear();
+                c.table = table;
+            }
+            c.queues.insert(name.to_owned(), q);
+        });
     }
+    q
 }
 
 /// Sets a queue's options: `{"aging_secs": 60}` or `{"aging_secs": null}`,
@@ -127,6 +205,7 @@ fn configure_queue(queue: Option<&str>, opts: Option<pgrx::JsonB>) -> pgrx::Json
         &[name.into(), aging.into(), fairness.into(), notify.into()],
     )
     .or_internal("updating a queue");
+    invalidate();
     // Re-key: the same expression every insertion into `ready` uses.
     Spi::run_with_args(
         "UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2) \

@@ -14,50 +14,95 @@ use crate::{concurrency, executions, ids, queue, ready};
 pub const MAX_BATCH: usize = 10_000;
 
 // One statement inserts the tasks (in input order, so `seq` keeps the batch's
-// order) and the ready rows of those admitted now. Two variants: ON CONFLICT
-// makes Postgres use speculative insertion for every row, which costs, so
-// only enqueues that carry an idempotency key pay for it.
+// order) and the ready rows of those admitted now, and answers whether the
+// queue had no ready task before (its workers may be asleep on LISTEN; see
+// ready.rs). It looks from the tail of the queue's range: the head is where
+// claims leave dead entries until the next vacuum. A single task is inserted
+// from VALUES, a batch from unnest (a function scan costs more to start than
+// a one-row insert takes). ON CONFLICT makes Postgres use speculative
+// insertion for every row, which costs, so only enqueues that carry an
+// idempotency key pay for it; only queues that notify pay for the probe.
 macro_rules! insert_tasks {
-    ($on_conflict:literal) => {
+    ($rows:expr, $on_conflict:expr, $probe:expr) => {
         concat!(
             "WITH t AS (\
                INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, fair_start, run_at, \
                                   max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
-                                  idempotency_key) \
-               SELECT x.id, $2, $3, x.payload, $4, x.state, nextval('task_seq'), x.fair_start, \
-                      coalesce($5, now()), $6, $7, $8, $9, $10, $11 \
-               FROM unnest($1::uuid[], $12::jsonb[], $13::text[], $14::float8[]) \
-                    AS x(id, payload, state, fair_start) ",
+                                  idempotency_key) ",
+            $rows,
+            " ",
             $on_conflict,
-            " RETURNING id, queue, priority, enqueued_at, fair_start, seq, state) \
-             INSERT INTO ready (task_id, queue, k1, k2, seq) \
-             SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
-             FROM t WHERE t.state = 'ready'"
+            " RETURNING id, queue, priority, enqueued_at, fair_start, seq, state), \
+             r AS (INSERT INTO ready (task_id, queue, k1, k2, seq) \
+               SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
+               FROM t WHERE t.state = 'ready') \
+             SELECT ",
+            $probe
         )
     };
 }
-const INSERT_ARGS: &[PgBuiltInOids] = &[
-    PgBuiltInOids::UUIDARRAYOID,
-    PgBuiltInOids::TEXTOID,
-    PgBuiltInOids::TEXTOID,
-    PgBuiltInOids::INT4OID,
-    PgBuiltInOids::TIMESTAMPTZOID,
-    PgBuiltInOids::INT4OID,
-    PgBuiltInOids::UUIDOID,
-    PgBuiltInOids::TEXTOID,
-    PgBuiltInOids::TEXTOID,
-    PgBuiltInOids::FLOAT8OID,
-    PgBuiltInOids::TEXTOID,
-    PgBuiltInOids::JSONBARRAYOID,
-    PgBuiltInOids::TEXTARRAYOID,
-    PgBuiltInOids::FLOAT8ARRAYOID,
-    PgBuiltInOids::INT4OID,
+macro_rules! idle {
+    () => {
+        "(SELECT task_id FROM ready WHERE queue = $2 ORDER BY k1 DESC, k2 DESC, seq DESC LIMIT 1) IS NULL"
+    };
+}
+macro_rules! idempotent {
+    () => {
+        "ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+    };
+}
+macro_rules! one_task {
+    () => {
+        "VALUES ($1, $2, $3, $12, $4, $13, nextval('task_seq'), $14, coalesce($5, now()), $6, $7, $8, $9, $10, $11)"
+    };
+}
+macro_rules! many_tasks {
+    () => {
+        "SELECT x.id, $2, $3, x.payload, $4, x.state, nextval('task_seq'), x.fair_start, \
+                coalesce($5, now()), $6, $7, $8, $9, $10, $11 \
+         FROM unnest($1::uuid[], $12::jsonb[], $13::text[], $14::float8[]) AS x(id, payload, state, fair_start)"
+    };
+}
+// $1, $12, $13 and $14 are per task: scalars for one task, arrays for many.
+macro_rules! insert_args {
+    ($id:ident, $payload:ident, $state:ident, $fair_start:ident) => {
+        &[
+            PgBuiltInOids::$id,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::TIMESTAMPTZOID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::UUIDOID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::FLOAT8OID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::$payload,
+            PgBuiltInOids::$state,
+            PgBuiltInOids::$fair_start,
+            PgBuiltInOids::INT4OID,
+        ]
+    };
+}
+const ONE: &[PgBuiltInOids] = insert_args!(UUIDOID, JSONBOID, TEXTOID, FLOAT8OID);
+const MANY: &[PgBuiltInOids] = insert_args!(UUIDARRAYOID, JSONBARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID);
+/// The insert statements: [one task, one with an idempotency key, a batch],
+/// each without and with the idle probe.
+const INSERTS: [[Stmt; 2]; 3] = [
+    [
+        Stmt::write(insert_tasks!(one_task!(), "", "false"), ONE),
+        Stmt::write(insert_tasks!(one_task!(), "", idle!()), ONE),
+    ],
+    [
+        Stmt::write(insert_tasks!(one_task!(), idempotent!(), "false"), ONE),
+        Stmt::write(insert_tasks!(one_task!(), idempotent!(), idle!()), ONE),
+    ],
+    [
+        Stmt::write(insert_tasks!(many_tasks!(), "", "false"), MANY),
+        Stmt::write(insert_tasks!(many_tasks!(), "", idle!()), MANY),
+    ],
 ];
-const INSERT: Stmt = Stmt::write(insert_tasks!(""), INSERT_ARGS);
-const INSERT_IDEMPOTENT: Stmt = Stmt::write(
-    insert_tasks!("ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"),
-    INSERT_ARGS,
-);
 const BY_IDEMPOTENCY_KEY: Stmt = Stmt::read(
     "SELECT id FROM tasks WHERE queue = $1 AND idempotency_key = $2",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
@@ -191,30 +236,54 @@ pub fn insert(name: &str, payloads: Vec<Jsonb>, o: &EnqueueOptions) -> Vec<pgrx:
         Mode::Aging { secs } => Some(secs as i32),
         _ => None,
     };
-    exec(
-        if o.idempotency_key.is_some() {
-            &INSERT_IDEMPOTENT
-        } else {
-            &INSERT
-        },
-        &[
-            new_ids.clone().into(),
-            name.into(),
-            o.kind.as_str().into(),
-            o.priority.into(),
-            run_at.into(),
-            o.max_attempts.into(),
-            execution_id.into(),
-            o.concurrency_key.clone().into(),
-            o.fairness_key.clone().into(),
-            o.fairness_weight.into(),
-            o.idempotency_key.clone().into(),
-            payloads.into(),
-            states.into(),
-            fair_start.into(),
-            aging.into(),
-        ],
-    );
+    let shared = [
+        name.into(),
+        o.kind.as_str().into(),
+        o.priority.into(),
+        run_at.into(),
+        o.max_attempts.into(),
+        execution_id.into(),
+        o.concurrency_key.clone().into(),
+        o.fairness_key.clone().into(),
+        o.fairness_weight.into(),
+        o.idempotency_key.clone().into(),
+    ];
+    let (variant, per_task) = match (payloads.len(), &o.idempotency_key) {
+        (1, key) => {
+            let payload = payloads.into_iter().next().expect("one payload");
+            (
+                if key.is_some() { 1 } else { 0 },
+                [
+                    new_ids[0].into(),
+                    payload.into(),
+                    states[0].into(),
+                    fair_start[0].into(),
+                ],
+            )
+        }
+        // A key names one task: refused above for a batch.
+        _ => (
+            2,
+            [
+                new_ids.clone().into(),
+                payloads.into(),
+                states.into(),
+                fair_start.into(),
+            ],
+        ),
+    };
+    let [id, payload, state, start] = per_task;
+    let mut args = vec![id];
+    args.extend(shared);
+    args.extend([payload, state, start, aging.into()]);
+    let stmt = &INSERTS[variant][q.notify as usize];
+    let was_idle = Spi::connect_mut(|client| {
+        run(client, stmt, &args)
+            .first()
+            .get::<bool>(1)
+            .or_internal("enqueueing")
+            .unwrap_or(false)
+    });
     if let Some(key) = &o.idempotency_key
         && let Some(existing) = by_idempotency_key(name, key)
         && existing != new_ids[0]
@@ -229,7 +298,7 @@ pub fn insert(name: &str, payloads: Vec<Jsonb>, o: &EnqueueOptions) -> Vec<pgrx:
         return vec![existing];
     }
     // Only an idle queue's workers can be asleep on LISTEN (see ready.rs).
-    if admitted > 0 && q.notify && q.idle {
+    if admitted > 0 && q.notify && was_idle {
         exec(&NOTIFY, &[name.into()]);
     }
     new_ids
