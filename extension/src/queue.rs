@@ -1,7 +1,7 @@
 //! Queues: created implicitly by the first enqueue; `configure_queue` sets
 //! their ordering mode and notifications.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use pgrx::prelude::*;
@@ -34,30 +34,22 @@ thread_local! {
     // Every enqueue needs its queue's configuration, which changes only
     // through configure_queue: a backend keeps what it read. configure_queue
     // sends a relcache invalidation for the queues table, which every backend
-    // processes at its next transaction start (or lock), and the callback
-    // below empties the cache. Also emptied when the table itself goes
-    // (DROP EXTENSION sends the same invalidation for its oid).
-    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
-}
-
-#[derive(Default)]
-struct Cache {
+    // processes at its next transaction start (or lock); the callback below
+    // marks the cache stale, and the next lookup empties it. Also marked when
+    // the table itself goes (DROP EXTENSION invalidates its oid).
+    static CACHE: RefCell<HashMap<String, Queue>> = RefCell::new(HashMap::new());
     /// The queues table the entries were read from.
-    table: pg_sys::Oid,
-    registered: bool,
-    queues: HashMap<String, Queue>,
+    static TABLE: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
+    static STALE: Cell<bool> = const { Cell::new(false) };
+    static REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
 unsafe extern "C-unwind" fn invalidated(_: pg_sys::Datum, relid: pg_sys::Oid) {
-    // Runs inside invalidation processing: no catalog access, no errors.
-    // try_with/try_borrow_mut: nothing to do if the cache is not reachable.
-    let _ = CACHE.try_with(|c| {
-        if let Ok(mut c) = c.try_borrow_mut()
-            && (relid == pg_sys::InvalidOid || relid == c.table)
-        {
-            c.queues.clear();
-        }
-    });
+    // Runs inside invalidation processing: no catalog access, no errors, and
+    // only Cells, which cannot fail to borrow.
+    if relid == pg_sys::InvalidOid || relid == TABLE.get() {
+        STALE.set(true);
+    }
 }
 
 /// The queues table's oid (the active search path starts with sheaf's schema).
@@ -71,7 +63,7 @@ fn queues_table() -> pg_sys::Oid {
 pub fn invalidate() {
     // SAFETY: registers an invalidation message for a relation that exists.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(queues_table()) };
-    CACHE.with(|c| c.borrow_mut().queues.clear());
+    STALE.set(true);
 }
 
 /// Validates a queue-name argument.
@@ -113,15 +105,11 @@ fn stored(name: &str) -> Option<(Queue, bool)> {
 /// The queue, created with defaults if this is its first use.
 pub fn load_or_create(name: &str) -> Queue {
     let table = queues_table();
-    let cached = CACHE.with(|c| {
-        let c = c.borrow();
-        if c.table == table {
-            c.queues.get(name).copied()
-        } else {
-            None
-        }
-    });
-    if let Some(q) = cached {
+    if STALE.replace(false) || TABLE.get() != table {
+        CACHE.with(|c| c.borrow_mut().clear());
+        TABLE.set(table);
+    }
+    if let Some(q) = CACHE.with(|c| c.borrow().get(name).copied()) {
         return q;
     }
     let (q, ours) = match stored(name) {
@@ -132,19 +120,17 @@ pub fn load_or_create(name: &str) -> Queue {
         }
     };
     if !ours {
+        if !REGISTERED.replace(true) {
+            // SAFETY: a callback with no captured state, registered once per
+            // backend (Postgres keeps a small fixed list of them).
+            unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+        }
         CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            if !c.registered {
-                // SAFETY: a callback with no captured state, registered once
-                // per backend (Postgres keeps a small fixed list of them).
-                unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
-                c.registered = true;
+            if c.len() >= CACHE_ENTRIES {
+                c.clear();
             }
-            if c.table != table || c.queues.len() >= CACHE_ENTRIES {
-                c.queues.clear();
-                c.table = table;
-            }
-            c.queues.insert(name.to_owned(), q);
+            c.insert(name.to_owned(), q);
         });
     }
     q

@@ -89,7 +89,7 @@ const ONE: &[PgBuiltInOids] = insert_args!(UUIDOID, JSONBOID, TEXTOID, FLOAT8OID
 const MANY: &[PgBuiltInOids] = insert_args!(UUIDARRAYOID, JSONBARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID);
 /// The insert statements: [one task, one with an idempotency key, a batch],
 /// each without and with the idle probe.
-const INSERTS: [[Stmt; 2]; 3] = [
+static INSERTS: [[Stmt; 2]; 3] = [
     [
         Stmt::write(insert_tasks!(one_task!(), "", "false"), ONE),
         Stmt::write(insert_tasks!(one_task!(), "", idle!()), ONE),
