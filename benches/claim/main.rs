@@ -77,7 +77,8 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         secs: u64,
     },
-    /// A long steady run: tasks/s each minute, table and index sizes at the end.
+    /// A long steady run: tasks/s each minute (and against a 1K reference),
+    /// table and index sizes at the end.
     Steady {
         #[arg(long, default_value_t = 10)]
         minutes: u64,
@@ -224,6 +225,21 @@ impl Measured {
         self.cycles as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// Windows run one after another, as one.
+    fn sum(windows: Vec<Measured>) -> Measured {
+        let mut all = Measured {
+            cycles: 0,
+            elapsed: Duration::ZERO,
+            claim_latencies: Vec::new(),
+        };
+        for w in windows {
+            all.cycles += w.cycles;
+            all.elapsed += w.elapsed;
+            all.claim_latencies.extend(w.claim_latencies);
+        }
+        all
+    }
+
     /// Several windows as one: the median window's throughput, every
     /// window's latencies.
     fn pool(mut windows: Vec<Measured>) -> Measured {
@@ -330,7 +346,7 @@ impl Pool {
     }
 }
 
-/// One window of `clients` fresh connections (the long runs: steady, snapshot).
+/// One window of `clients` fresh connections (the snapshot run).
 async fn cycles(
     url: &str,
     system: System,
@@ -503,13 +519,28 @@ async fn run_steady(
 ) -> Result<(), Box<dyn std::error::Error>> {
     systems::reset(admin, Mode::Plain, 1).await?;
     systems::fill(admin, Mode::Plain, 10_000).await?;
+    // This machine's speed drifts by tens of percent within seconds: every
+    // 10 s of each minute end with 1 s on a 1K queue in a database of its own,
+    // and the ratio to it over the minute is what shows decay.
+    let ref_admin = create_reference(admin, url).await?;
+    systems::reset(&ref_admin, Mode::Plain, 1).await?;
+    systems::fill(&ref_admin, Mode::Plain, 1_000).await?;
+    let mut steady = Pool::open(url, System::Sheaf, Mode::Plain, clients).await?;
+    let mut refq = Pool::open(&reference_url(url), System::Sheaf, Mode::Plain, clients).await?;
     for minute in 1..=minutes {
-        let m = cycles(url, System::Sheaf, Mode::Plain, clients, Duration::from_secs(60)).await?;
+        let (mut m, mut r) = (Vec::new(), Vec::new());
+        for _ in 0..6 {
+            m.push(steady.window(Duration::from_secs(9)).await?);
+            r.push(refq.window(Duration::from_secs(1)).await?);
+        }
+        let (m, r) = (Measured::sum(m), Measured::sum(r));
         println!(
-            "minute {minute:>2}: {:>7.0} cycles/s, claim p50 {:.2} ms, p99 {:.2} ms",
+            "minute {minute:>2}: {:>7.0} cycles/s, claim p50 {:.2} ms, p99 {:.2} ms; reference 1K {:>7.0} cycles/s, ratio {:.2}",
             m.rate(),
             m.percentile_ms(0.5),
-            m.percentile_ms(0.99)
+            m.percentile_ms(0.99),
+            r.rate(),
+            m.rate() / r.rate()
         );
     }
     let sizes = admin
