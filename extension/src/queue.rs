@@ -104,6 +104,13 @@ fn stored(name: &str) -> Option<(Queue, bool)> {
 
 /// The queue, created with defaults if this is its first use.
 pub fn load_or_create(name: &str) -> Queue {
+    // Registered before the first read, so no invalidation can arrive
+    // between a read and the callback that would have noticed it.
+    if !REGISTERED.replace(true) {
+        // SAFETY: a callback with no captured state, registered once per
+        // backend (Postgres keeps a small fixed list of them).
+        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+    }
     let table = queues_table();
     if STALE.replace(false) || TABLE.get() != table {
         CACHE.with(|c| c.borrow_mut().clear());
@@ -120,11 +127,6 @@ pub fn load_or_create(name: &str) -> Queue {
         }
     };
     if !ours {
-        if !REGISTERED.replace(true) {
-            // SAFETY: a callback with no captured state, registered once per
-            // backend (Postgres keeps a small fixed list of them).
-            unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
-        }
         CACHE.with(|c| {
             let mut c = c.borrow_mut();
             if c.len() >= CACHE_ENTRIES {
