@@ -111,13 +111,18 @@ pub fn load_or_create(name: &str) -> Queue {
         // backend (Postgres keeps a small fixed list of them).
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
     }
-    let table = queues_table();
-    if STALE.replace(false) || TABLE.get() != table {
+    if STALE.replace(false) {
         CACHE.with(|c| c.borrow_mut().clear());
-        TABLE.set(table);
     }
     if let Some(q) = CACHE.with(|c| c.borrow().get(name).copied()) {
         return q;
+    }
+    // Only a miss looks the table up: dropping it invalidates its oid, which
+    // marks the cache stale, so a hit never needs to.
+    let table = queues_table();
+    if TABLE.get() != table {
+        CACHE.with(|c| c.borrow_mut().clear());
+        TABLE.set(table);
     }
     let (q, ours) = match stored(name) {
         Some(found) => found,
