@@ -35,21 +35,6 @@ mod workers;
 
 // The tables come first so every function below can reference them.
 pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
-// Planner settings of the hot functions, once they exist.
-pgrx::extension_sql_file!(
-    "../../sql/planner.sql",
-    name = "planner",
-    requires = [
-        tasks::enqueue,
-        tasks::enqueue_batch,
-        claim::claim,
-        complete::complete,
-        complete::complete_batch,
-        retry::fail,
-        lease::release,
-        lease::heartbeat
-    ]
-);
 // Roles and grants come last: they name functions that must already exist.
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
