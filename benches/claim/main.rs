@@ -5,7 +5,7 @@
 //! enqueue + claim + complete, so the backlog stays at the depth under test.
 //!
 //! ```text
-//! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M, 8 rounds of 1 s windows
+//! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M, 16 rounds of 1 s windows
 //! cargo run --release -p sheaf-benches --bin claim-bench -- batch      # batch 100 vs single
 //! cargo run --release -p sheaf-benches --bin claim-bench -- steady --minutes 10
 //! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60
@@ -68,8 +68,9 @@ enum Cmd {
         secs: u64,
         /// Rounds per mode and depth: a window each of sheaf, the textbook
         /// queue and the 1K reference queue. Throughput is the median window,
-        /// the ratio the median round's, latencies are pooled.
-        #[arg(long, default_value_t = 8)]
+        /// the ratio the median round's (with the quartiles of the rounds'),
+        /// latencies are pooled.
+        #[arg(long, default_value_t = 16)]
         rounds: usize,
     },
     /// Throughput of claim/complete in batches of 100 vs one at a time.
@@ -371,7 +372,7 @@ fn reference_url(url: &str) -> String {
         let db = url
             .split_whitespace()
             .filter_map(|kv| kv.strip_prefix("dbname="))
-            .last()
+            .next_back()
             .unwrap_or("postgres");
         format!("{url} dbname={}", name(db))
     }
@@ -391,11 +392,13 @@ async fn create_reference(admin: &Client, url: &str) -> Result<Client, Box<dyn s
     Ok(client)
 }
 
-/// The median of each round's sheaf ÷ textbook throughput.
-fn median_ratio(s: &[Measured], t: &[Measured]) -> f64 {
+/// The median of each round's sheaf ÷ textbook throughput, with the
+/// quartiles: the spread shows how much of a ratio near 1 is the machine.
+fn round_ratios(s: &[Measured], t: &[Measured]) -> (f64, f64, f64) {
     let mut r: Vec<f64> = s.iter().zip(t).map(|(s, t)| s.rate() / t.rate()).collect();
     r.sort_by(f64::total_cmp);
-    r[r.len() / 2]
+    let at = |q: f64| r[((r.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.25), at(0.75))
 }
 
 /// Every mode at every depth. Each round measures three windows: sheaf and
@@ -419,8 +422,8 @@ async fn run_modes(
     let reference = reference_url(url);
     let ref_admin = create_reference(admin, url).await?;
     println!(
-        "{:<10} {:>8}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>7}  {:>10}",
-        "mode", "depth", "sheaf p50", "p99", "cycles/s", "text p50", "p99", "cycles/s", "ratio", "p50/ref 1K"
+        "{:<10} {:>8}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>18}  {:>10}",
+        "mode", "depth", "sheaf p50", "p99", "cycles/s", "text p50", "p99", "cycles/s", "ratio (quartiles)", "p50/ref 1K"
     );
     for &mode in modes {
         systems::reset(admin, mode, shrink).await?;
@@ -447,14 +450,14 @@ async fn run_modes(
                     s.push(sheaf.window(window).await?);
                 }
             }
-            let ratio = median_ratio(&s, &t);
+            let (ratio, q1, q3) = round_ratios(&s, &t);
             let (s, t, r) = (Measured::pool(s), Measured::pool(t), Measured::pool(r));
             let p50 = s.percentile_ms(0.5);
             let paired = p50 / r.percentile_ms(0.5);
             first_p50.get_or_insert(p50);
             last = Some((p50, paired));
             println!(
-                "{:<10} {:>8}  {:>7.2}ms {:>7.2}ms {:>9.0}  {:>7.2}ms {:>7.2}ms {:>9.1}  {:>6.2}x  {:>10.2}",
+                "{:<10} {:>8}  {:>7.2}ms {:>7.2}ms {:>9.0}  {:>7.2}ms {:>7.2}ms {:>9.1}  {:>5.2}x ({:.2}-{:.2}x)  {:>10.2}",
                 format!("{mode:?}").to_lowercase(),
                 depth,
                 p50,
@@ -464,6 +467,8 @@ async fn run_modes(
                 t.percentile_ms(0.99),
                 t.rate(),
                 ratio,
+                q1,
+                q3,
                 paired
             );
         }
