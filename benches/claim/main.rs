@@ -423,7 +423,16 @@ async fn run_modes(
     let ref_admin = create_reference(admin, url).await?;
     println!(
         "{:<10} {:>8}  {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {:>18}  {:>10}",
-        "mode", "depth", "sheaf p50", "p99", "cycles/s", "text p50", "p99", "cycles/s", "ratio (quartiles)", "p50/ref 1K"
+        "mode",
+        "depth",
+        "sheaf p50",
+        "p99",
+        "cycles/s",
+        "text p50",
+        "p99",
+        "cycles/s",
+        "ratio (q1-q3)",
+        "p50/ref 1K"
     );
     for &mode in modes {
         systems::reset(admin, mode, shrink).await?;
