@@ -2,36 +2,39 @@
 //!
 //! The schema is hand-written SQL in `sql/` (the spec); this crate adds the
 //! functions. Each module is one concept; pure logic lives in `sheaf-core`.
+//!
+//! # Layers
+//!
+//! The modules sit in layers, and a module names only its own layer and the
+//! ones below it (`scripts/check-layers` fails on an upward `crate::` path;
+//! `scripts/test` runs it):
+//!
+//! ```text
+//! api        every #[pg_extern]: validate, call, return
+//!  ↓
+//! workflow   executions: start/admission, gates, quota, policy, history, lifecycle
+//!  ↓
+//! queue      tasks: ready set, caps, promotion, claim, leases, completion,
+//! mutex      retries, dead letters, workers, stats | the durable mutex
+//!  ↓         (side by side: neither names the other)
+//! base       statements, errors, argument checks, lock classes and the lock
+//!            order, jsonb, ids, shard identity
+//! ```
+//!
+//! The queue never names the workflow layer: a queue function whose task
+//! may belong to an execution takes `&dyn queue::hooks::ExecutionHooks`,
+//! which the workflow layer implements and the api layer passes in.
+//! `testing` (helpers for `#[pg_test]`s) calls the SQL API only.
 
 ::pgrx::pg_module_magic!(name, version);
 
-mod claim;
-mod complete;
-mod concurrency;
-mod dead_letters;
-mod errors;
-mod executions;
-mod gates;
-mod history;
-mod ids;
-mod jsonb;
-mod lease;
-mod lifecycle;
-mod maintain;
+mod api;
+mod base;
 mod mutex;
-mod plans;
-mod policy;
-mod promote;
 mod queue;
-mod quota;
-mod ready;
-mod retry;
-mod shard;
-mod stats;
-mod tasks;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
-mod workers;
+mod workflow;
 
 // The tables come first so every function below can reference them.
 pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);

@@ -7,21 +7,13 @@
 //! waiter sends `NOTIFY sheaf_mutex` with the new holder's id as payload;
 //! the waiter learns its token by acquiring again.
 
-use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::options::check_key;
 
-use crate::errors::{SpiResultExt, bad_argument, not_mutex_holder, require_read_committed, required};
-use crate::lease::check_lease;
-use crate::plans::{Stmt, exec, run};
+use crate::base::errors::{SpiResultExt, internal, not_mutex_holder};
+use crate::base::locks::{self, Class};
+use crate::base::plans::{Stmt, exec, run};
 
-/// The advisory-lock namespace of mutex keys ("MX").
-const LOCK_CLASS: i32 = 0x4D58;
-
-const LOCK: Stmt = Stmt::write(
-    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-    &[PgBuiltInOids::INT4OID, PgBuiltInOids::TEXTOID],
-);
 const HOLDER: Stmt = Stmt::write(
     "SELECT holder, token, lease_expires_at <= now() FROM mutex_locks WHERE key = $1",
     &[PgBuiltInOids::TEXTOID],
@@ -94,15 +86,7 @@ const STATUS: Stmt = Stmt::read(
 );
 
 fn lock(key: &str) {
-    exec(&LOCK, &[LOCK_CLASS.into(), key.into()]);
-}
-
-fn check(key: Option<&str>) -> &str {
-    let key = required(key, "key");
-    if let Err(why) = check_key(key) {
-        bad_argument("key", why);
-    }
-    key
+    locks::exclusive(Class::Mutex, key);
 }
 
 /// (holder, token, expired) of a key's lock.
@@ -124,7 +108,7 @@ fn grant(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> i64 {
         run(client, &GRANT, &[key.into(), owner.into(), lease_secs.into()])
             .next()
             .and_then(|row| row.get::<i64>(1).or_internal("granting a mutex"))
-            .unwrap_or_else(|| crate::errors::not_ready("sheaf could not record a mutex grant"))
+            .unwrap_or_else(|| internal("granting a mutex: the upsert returned no token"))
     })
 }
 
@@ -156,29 +140,13 @@ fn hand_off(key: &str) -> Option<pgrx::Uuid> {
 /// again keeps that place and returns the grant once it comes. The holder
 /// acquiring again gets its grant back (same token). An expired holder's
 /// lock passes on here too, as `mutex_reclaim` would pass it.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(@extschema@, pg_catalog, pg_temp)]
-fn mutex_acquire(
-    key: Option<&str>,
-    owner: Option<pgrx::Uuid>,
-    lease: default!(Option<Interval>, "'60 seconds'"),
-) -> TableIterator<
-    'static,
-    (
-        name!(granted, bool),
-        name!(token, Option<i64>),
-        name!(queue_position, i32),
-    ),
-> {
-    require_read_committed("mutex_acquire");
-    let key = check(key);
-    let owner = required(owner, "owner");
-    let lease_secs = check_lease("lease", required(lease, "lease"));
+/// Returns (granted, token, position in line).
+pub fn acquire(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> (bool, Option<i64>, i32) {
     lock(key);
     // At most two rounds: an expired lock passes on once, then is current.
     for _ in 0..2 {
         match holder(key) {
-            Some((h, token, false)) if h == owner => return TableIterator::once((true, Some(token), 0)),
+            Some((h, token, false)) if h == owner => return (true, Some(token), 0),
             Some((_, _, true)) => {
                 hand_off(key);
             }
@@ -190,29 +158,25 @@ fn mutex_acquire(
                         .and_then(|row| row.get::<i32>(1).or_internal("reading a place in line"))
                         .unwrap_or(1)
                 });
-                return TableIterator::once((false, None, place));
+                return (false, None, place);
             }
             None => {
                 let token = grant(key, owner, lease_secs);
-                return TableIterator::once((true, Some(token), 0));
+                return (true, Some(token), 0);
             }
         }
     }
-    crate::errors::not_ready(format!(
-        "mutex {key:?} changed hands twice within one acquire; try again"
+    // Under the key's lock an expired grant passes on once and the new
+    // one is current: a third round is a bug.
+    internal(format_args!(
+        "acquiring mutex {key:?}: it changed hands twice under its lock"
     ))
 }
 
 /// Releases `key` held by `owner` under `token` and hands it to the next
 /// waiter, returned (NULL if none). A non-holder or a stale token raises
 /// 55P03 and changes nothing.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(@extschema@, pg_catalog, pg_temp)]
-fn mutex_release(key: Option<&str>, owner: Option<pgrx::Uuid>, token: Option<i64>) -> Option<pgrx::Uuid> {
-    require_read_committed("mutex_release");
-    let key = check(key);
-    let owner = required(owner, "owner");
-    let token = required(token, "token");
+pub fn release(key: &str, owner: pgrx::Uuid, token: i64) -> Option<pgrx::Uuid> {
     lock(key);
     match holder(key) {
         Some((h, t, _)) if h == owner && t == token => hand_off(key),
@@ -222,19 +186,7 @@ fn mutex_release(key: Option<&str>, owner: Option<pgrx::Uuid>, token: Option<i64
 
 /// Extends the lease of `key` held by `owner` under `token` to now + `lease`;
 /// returns the new lease end. A non-holder or a stale token raises 55P03.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(@extschema@, pg_catalog, pg_temp)]
-fn mutex_renew(
-    key: Option<&str>,
-    owner: Option<pgrx::Uuid>,
-    token: Option<i64>,
-    lease: default!(Option<Interval>, "'60 seconds'"),
-) -> TimestampWithTimeZone {
-    require_read_committed("mutex_renew");
-    let key = check(key);
-    let owner = required(owner, "owner");
-    let token = required(token, "token");
-    let lease_secs = check_lease("lease", required(lease, "lease"));
+pub fn renew(key: &str, owner: pgrx::Uuid, token: i64, lease_secs: f64) -> TimestampWithTimeZone {
     lock(key);
     let renewed = Spi::connect_mut(|client| {
         run(
@@ -249,19 +201,6 @@ fn mutex_renew(
         })
     });
     renewed.unwrap_or_else(|| not_mutex_holder(key, owner, token))
-}
-
-/// Passes up to `max_rows` expired locks to their next waiters (or frees
-/// them); returns how many. Part of `sheaf.maintain()`.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(@extschema@, pg_catalog, pg_temp)]
-fn mutex_reclaim(max_rows: default!(Option<i32>, 1000)) -> i32 {
-    require_read_committed("mutex_reclaim");
-    let max_rows = required(max_rows, "max_rows");
-    if !(1..=100_000).contains(&max_rows) {
-        bad_argument("max_rows", format!("must be from 1 to 100000, got {max_rows}"));
-    }
-    reclaim(max_rows as i64) as i32
 }
 
 /// Reclaims up to `max` expired locks; keys in order, so two sweeps never
@@ -304,21 +243,15 @@ pub fn release_all(owner: pgrx::Uuid) {
 }
 
 /// A key's holder, token and lease end (NULL when free), and how many wait.
-#[pg_extern(stable, parallel_safe, security_definer)]
-#[search_path(@extschema@, pg_catalog, pg_temp)]
-fn mutex_status(
-    key: Option<&str>,
-) -> TableIterator<
-    'static,
-    (
-        name!(holder, Option<pgrx::Uuid>),
-        name!(token, Option<i64>),
-        name!(lease_expires_at, Option<TimestampWithTimeZone>),
-        name!(waiters, i32),
-    ),
-> {
-    let key = check(key);
-    let row = Spi::connect_mut(|client| {
+pub fn status(
+    key: &str,
+) -> Option<(
+    Option<pgrx::Uuid>,
+    Option<i64>,
+    Option<TimestampWithTimeZone>,
+    i32,
+)> {
+    Spi::connect_mut(|client| {
         run(client, &STATUS, &[key.into()]).next().map(|row| {
             let ctx = "reading a mutex";
             (
@@ -328,8 +261,7 @@ fn mutex_status(
                 row.get::<i32>(4).or_internal(ctx).unwrap_or(0),
             )
         })
-    });
-    TableIterator::new(row)
+    })
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -1,0 +1,54 @@
+//! Completing claimed tasks: validate, complete, report.
+
+use pgrx::prelude::*;
+
+use crate::base::args::{no_nulls, required};
+use crate::base::errors::bad_argument;
+use crate::queue::complete;
+use crate::workflow::hooks::EXECUTIONS;
+
+/// Completes a task claimed under `token`. A stale token (the lease was lost)
+/// raises 55P03 and changes nothing.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Option<pgrx::JsonB>, "NULL")) {
+    let task_id = required(task_id, "task_id");
+    let token = required(token, "token");
+    complete::complete(task_id, token, result.map(|r| r.0), &EXECUTIONS);
+}
+
+/// Completes many tasks at once; reports each entry, in input order:
+/// `completed = false` for a stale one (nothing changed for it), the rest
+/// complete. At most 10,000 entries.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete_batch(
+    task_ids: Option<Vec<Option<pgrx::Uuid>>>,
+    tokens: Option<Vec<Option<i64>>>,
+) -> TableIterator<'static, (name!(task_id, pgrx::Uuid), name!(completed, bool))> {
+    let task_ids = required(task_ids, "task_ids");
+    let tokens = required(tokens, "tokens");
+    if task_ids.len() != tokens.len() {
+        bad_argument(
+            "tokens",
+            format!(
+                "must pair up with task_ids: {} ids, {} tokens",
+                task_ids.len(),
+                tokens.len()
+            ),
+        );
+    }
+    if task_ids.is_empty() || task_ids.len() > complete::MAX_BATCH {
+        bad_argument(
+            "task_ids",
+            format!(
+                "must hold 1 to {} ids, got {}",
+                complete::MAX_BATCH,
+                task_ids.len()
+            ),
+        );
+    }
+    let ids = no_nulls(task_ids, "task_ids");
+    let tokens = no_nulls(tokens, "tokens");
+    TableIterator::new(complete::complete_batch(ids, tokens, &EXECUTIONS))
+}

@@ -1,0 +1,63 @@
+//! Enqueueing: validate, insert, return the ids.
+
+use pgrx::prelude::*;
+use sheaf_core::options::EnqueueOptions;
+
+use crate::base::args::{no_nulls, required};
+use crate::base::errors::{bad_argument, internal};
+use crate::base::jsonb::Jsonb;
+use crate::queue::{queues, tasks};
+use crate::workflow::hooks::EXECUTIONS;
+
+/// Enqueues one task and returns its id. `opts` (all optional): `priority`
+/// (higher first), `run_at`, `concurrency_key`, `fairness_key`,
+/// `fairness_weight`, `max_attempts` (default 25), `execution_id`, `kind`
+/// (`activity` | `workflow`), `idempotency_key` (while a task with the key is
+/// unfinished, enqueueing again returns its id and writes nothing).
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn enqueue(
+    queue: Option<&str>,
+    payload: Option<Jsonb>,
+    opts: default!(Option<pgrx::JsonB>, "'{}'"),
+) -> pgrx::Uuid {
+    let payload = required(payload, "payload");
+    let ids = enqueue_many(queue, vec![payload], opts);
+    // One payload, one id: `insert` answers with an id per payload.
+    ids.into_iter()
+        .next()
+        .unwrap_or_else(|| internal("enqueueing: no id came back for the payload"))
+}
+
+/// Enqueues several payloads with the same `opts`, in order; returns their ids
+/// in the same order. At most 10,000 payloads per call.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn enqueue_batch(
+    queue: Option<&str>,
+    payloads: Option<Vec<Option<Jsonb>>>,
+    opts: default!(Option<pgrx::JsonB>, "'{}'"),
+) -> SetOfIterator<'static, pgrx::Uuid> {
+    let payloads = required(payloads, "payloads");
+    if payloads.is_empty() || payloads.len() > tasks::MAX_BATCH {
+        bad_argument(
+            "payloads",
+            format!(
+                "must hold 1 to {} payloads, got {}",
+                tasks::MAX_BATCH,
+                payloads.len()
+            ),
+        );
+    }
+    SetOfIterator::new(enqueue_many(queue, no_nulls(payloads, "payloads"), opts))
+}
+
+fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<pgrx::JsonB>) -> Vec<pgrx::Uuid> {
+    let name = queues::check_name(queue);
+    let opts = required(opts, "opts");
+    let o = match EnqueueOptions::parse(&opts.0) {
+        Ok(o) => o,
+        Err(e) => bad_argument(&e.option, e.why),
+    };
+    tasks::insert(name, payloads, &o, &EXECUTIONS)
+}

@@ -1,0 +1,118 @@
+//! Executions: starting one (the admission transaction) and reading them.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use sheaf_core::policy::StartOptions;
+
+use crate::base::args::required;
+use crate::base::errors::{bad_argument, require_read_committed};
+use crate::workflow::{executions, policy, start};
+
+fn check_workflow_id(workflow_id: Option<&str>) -> &str {
+    let workflow_id = required(workflow_id, "workflow_id");
+    if workflow_id.is_empty() || workflow_id.len() > 256 {
+        bad_argument(
+            "workflow_id",
+            format!("must be 1 to 256 bytes, got {}", workflow_id.len()),
+        );
+    }
+    workflow_id
+}
+
+/// Starts an execution of workflow `name` with `workflow_id` unless one is
+/// active (then returns it with `created = false`, changing nothing).
+/// `opts`: `execution_id` (an id minted for this shard by a router),
+/// `queue` (overrides the policy's), `priority` and `run_at` of the first
+/// workflow task. `superseded`: the executions this start cancelled (latest
+/// wins). Refusals: 53400 (quota), 55006 (concurrency gate `reject`).
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn start_workflow(
+    name: Option<&str>,
+    workflow_id: Option<&str>,
+    input: Option<pgrx::JsonB>,
+    opts: default!(Option<pgrx::JsonB>, "'{}'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(execution_id, pgrx::Uuid),
+        name!(created, bool),
+        name!(superseded, Vec<pgrx::Uuid>),
+    ),
+> {
+    require_read_committed("start_workflow");
+    let name = policy::check_name(name);
+    let workflow_id = check_workflow_id(workflow_id);
+    let input = required(input, "input").0;
+    let opts = required(opts, "opts");
+    let o = match StartOptions::parse(&opts.0) {
+        Ok(o) => o,
+        Err(e) => bad_argument(&e.option, e.why),
+    };
+    if let Some(s) = &o.run_at
+        && !matches!(s.parse::<TimestampWithTimeZone>(), Ok(t) if t.is_finite())
+    {
+        bad_argument(
+            "opts.run_at",
+            format!("must be a finite timestamp with time zone, got {s:?}"),
+        );
+    }
+    TableIterator::once(start::start(name, workflow_id, input, &o))
+}
+
+/// An execution by id: one row, or none if it is not on this shard.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn get_execution(
+    execution_id: Option<pgrx::Uuid>,
+) -> TableIterator<
+    'static,
+    (
+        name!(execution_id, pgrx::Uuid),
+        name!(workflow_name, String),
+        name!(workflow_id, String),
+        name!(state, String),
+        name!(input, pgrx::JsonB),
+        name!(result, Option<pgrx::JsonB>),
+        name!(error, Option<String>),
+        name!(concurrency_key, Option<String>),
+        name!(quota_key, Option<String>),
+        name!(history_bytes, i64),
+        name!(created_at, TimestampWithTimeZone),
+        name!(closed_at, Option<TimestampWithTimeZone>),
+        name!(wake_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let id = required(execution_id, "execution_id");
+    TableIterator::new(executions::get(id))
+}
+
+/// The execution of (name, workflow_id) on this shard: the active one, else
+/// the most recent terminal one; no row if there is none.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn find_execution(
+    name: Option<&str>,
+    workflow_id: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(execution_id, pgrx::Uuid),
+        name!(workflow_name, String),
+        name!(workflow_id, String),
+        name!(state, String),
+        name!(input, pgrx::JsonB),
+        name!(result, Option<pgrx::JsonB>),
+        name!(error, Option<String>),
+        name!(concurrency_key, Option<String>),
+        name!(quota_key, Option<String>),
+        name!(history_bytes, i64),
+        name!(created_at, TimestampWithTimeZone),
+        name!(closed_at, Option<TimestampWithTimeZone>),
+        name!(wake_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let name = policy::check_name(name);
+    let workflow_id = check_workflow_id(workflow_id);
+    TableIterator::new(executions::find(name, workflow_id))
+}

@@ -1,0 +1,104 @@
+//! Execution state changes: validate, call the transition, return whether it
+//! happened.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+
+use crate::base::args::required;
+use crate::base::errors::bad_argument;
+use crate::workflow::lifecycle::{self, Close};
+
+fn execution_arg(id: Option<pgrx::Uuid>) -> pgrx::Uuid {
+    required(id, "execution_id")
+}
+
+/// Completes an execution with `result`; `false` if it had already ended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete_execution(execution_id: Option<pgrx::Uuid>, result: Option<pgrx::JsonB>) -> bool {
+    lifecycle::close(
+        execution_arg(execution_id),
+        Close::Completed {
+            result: result.map(|r| r.0),
+        },
+    )
+}
+
+/// Fails an execution with `error`; `false` if it had already ended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn fail_execution(execution_id: Option<pgrx::Uuid>, error: Option<&str>) -> bool {
+    let id = execution_arg(execution_id);
+    let error = required(error, "error").to_owned();
+    lifecycle::close(id, Close::Failed { error })
+}
+
+/// Cancels an execution (`reason` may be NULL); `false` if it had already ended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn cancel_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> bool {
+    let id = execution_arg(execution_id);
+    lifecycle::close(
+        id,
+        Close::Cancelled {
+            reason: reason.map(str::to_owned),
+        },
+    )
+}
+
+/// Terminates an execution (`reason` may be NULL); `false` if it had already ended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn terminate_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> bool {
+    let id = execution_arg(execution_id);
+    lifecycle::close(
+        id,
+        Close::Terminated {
+            reason: reason.map(str::to_owned),
+        },
+    )
+}
+
+/// Pauses a running or suspended execution: its ready, waiting and scheduled
+/// tasks are parked (holding no slot) until it resumes; running tasks
+/// finish. `false` if it was already paused; 55000 if it has ended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn pause_execution(execution_id: Option<pgrx::Uuid>) -> bool {
+    lifecycle::pause(execution_arg(execution_id))
+}
+
+/// Resumes a paused execution in the state it was paused from; its parked
+/// tasks go back in line. `false` if it was not paused; 55000 if it has ended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn resume_execution(execution_id: Option<pgrx::Uuid>) -> bool {
+    lifecycle::resume(execution_arg(execution_id))
+}
+
+/// Suspends a running execution until `wake_execution`, or until `wake_at`
+/// (then `maintain()` wakes it). `false` if it was already suspended;
+/// 55000 if it is paused or has ended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn suspend_execution(
+    execution_id: Option<pgrx::Uuid>,
+    wake_at: default!(Option<TimestampWithTimeZone>, "NULL"),
+) -> bool {
+    let id = execution_arg(execution_id);
+    if let Some(t) = wake_at
+        && !t.is_finite()
+    {
+        bad_argument("wake_at", "must be a finite timestamp (or NULL for no timer)");
+    }
+    lifecycle::suspend(id, wake_at)
+}
+
+/// Wakes a suspended execution: RUNNING again, with a new workflow task.
+/// A paused execution that was suspended wakes into paused-from-running
+/// (its task waits for the resume). `false` if it was not suspended.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn wake_execution(execution_id: Option<pgrx::Uuid>) -> bool {
+    lifecycle::wake(execution_arg(execution_id))
+}

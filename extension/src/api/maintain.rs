@@ -1,0 +1,45 @@
+//! `sheaf.maintain()`: every bounded sweep in one call, for pg_cron or a
+//! worker loop. Claims already do the per-queue sweeps inline; this covers
+//! queues nobody is claiming from, timers of suspended executions, expired
+//! mutex leases, and the registries.
+
+use pgrx::prelude::*;
+
+use crate::mutex;
+use crate::queue::workers::{self, LIVE_SECS};
+use crate::queue::{lease, promote, queues, ready};
+use crate::workflow::hooks::EXECUTIONS;
+use crate::workflow::lifecycle;
+
+const PROMOTE_MAX: i64 = 10_000;
+const REAP_MAX: i64 = 1_000;
+const PRUNE_MAX: i64 = 10_000;
+const WAKE_MAX: i64 = 1_000;
+const RECLAIM_MAX: i64 = 1_000;
+
+/// Runs every bounded sweep once and reports what each did.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn maintain() -> pgrx::JsonB {
+    let mut promoted = 0;
+    for q in queues::names() {
+        if promoted >= PROMOTE_MAX {
+            break;
+        }
+        promoted += promote::due(&q, PROMOTE_MAX - promoted);
+    }
+    let reaped = lease::reap_all(REAP_MAX, &EXECUTIONS);
+    let woken = lifecycle::wake_due(WAKE_MAX);
+    let mutexes_reclaimed = mutex::reclaim(RECLAIM_MAX);
+    let workers_pruned = workers::prune(PRUNE_MAX);
+    let fairness_keys_pruned = ready::prune_fairness_keys(PRUNE_MAX);
+    pgrx::JsonB(serde_json::json!({
+        "promoted": promoted,
+        "reaped": reaped,
+        "woken": woken,
+        "mutexes_reclaimed": mutexes_reclaimed,
+        "workers_pruned": workers_pruned,
+        "fairness_keys_pruned": fairness_keys_pruned,
+        "live_worker_secs": LIVE_SECS,
+    }))
+}

@@ -1,0 +1,24 @@
+//! The top layer: every `#[pg_extern]`, one module per concept. Each
+//! function validates its arguments, calls the layer below, and returns;
+//! none holds logic of its own. Queue functions that can touch an execution
+//! are handed the workflow layer's hook (`workflow::hooks::EXECUTIONS`).
+
+mod caps;
+mod claim;
+mod complete;
+mod dead_letters;
+mod enqueue;
+mod executions;
+mod history;
+mod ids;
+mod lease;
+mod lifecycle;
+mod maintain;
+mod mutex;
+mod policy;
+mod queues;
+mod quota;
+mod retry;
+mod shard;
+mod stats;
+mod workers;

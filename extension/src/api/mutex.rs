@@ -1,0 +1,92 @@
+//! The durable mutex: validate, call, return. Every function runs at READ
+//! COMMITTED (the key's lock must be followed by a fresh snapshot).
+
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::prelude::*;
+
+use crate::base::args::{self, required};
+use crate::base::errors::require_read_committed;
+use crate::mutex;
+
+/// Acquires `key` for `owner`, or queues it. Granted: the fencing token and
+/// position 0. Not granted: position in the FIFO line (1 = next); acquiring
+/// again keeps that place and returns the grant once it comes. The holder
+/// acquiring again gets its grant back (same token). An expired holder's
+/// lock passes on here too, as `mutex_reclaim` would pass it.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn mutex_acquire(
+    key: Option<&str>,
+    owner: Option<pgrx::Uuid>,
+    lease: default!(Option<Interval>, "'60 seconds'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(granted, bool),
+        name!(token, Option<i64>),
+        name!(queue_position, i32),
+    ),
+> {
+    require_read_committed("mutex_acquire");
+    let key = args::key(key, "key");
+    let owner = required(owner, "owner");
+    let lease_secs = args::lease_secs("lease", required(lease, "lease"));
+    TableIterator::once(mutex::acquire(key, owner, lease_secs))
+}
+
+/// Releases `key` held by `owner` under `token` and hands it to the next
+/// waiter, returned (NULL if none). A non-holder or a stale token raises
+/// 55P03 and changes nothing.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn mutex_release(key: Option<&str>, owner: Option<pgrx::Uuid>, token: Option<i64>) -> Option<pgrx::Uuid> {
+    require_read_committed("mutex_release");
+    let key = args::key(key, "key");
+    let owner = required(owner, "owner");
+    let token = required(token, "token");
+    mutex::release(key, owner, token)
+}
+
+/// Extends the lease of `key` held by `owner` under `token` to now + `lease`;
+/// returns the new lease end. A non-holder or a stale token raises 55P03.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn mutex_renew(
+    key: Option<&str>,
+    owner: Option<pgrx::Uuid>,
+    token: Option<i64>,
+    lease: default!(Option<Interval>, "'60 seconds'"),
+) -> TimestampWithTimeZone {
+    require_read_committed("mutex_renew");
+    let key = args::key(key, "key");
+    let owner = required(owner, "owner");
+    let token = required(token, "token");
+    let lease_secs = args::lease_secs("lease", required(lease, "lease"));
+    mutex::renew(key, owner, token, lease_secs)
+}
+
+/// Passes up to `max_rows` expired locks to their next waiters (or frees
+/// them); returns how many. Part of `sheaf.maintain()`.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn mutex_reclaim(max_rows: default!(Option<i32>, 1000)) -> i32 {
+    require_read_committed("mutex_reclaim");
+    mutex::reclaim(args::max_rows(max_rows)) as i32
+}
+
+/// A key's holder, token and lease end (NULL when free), and how many wait.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn mutex_status(
+    key: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(holder, Option<pgrx::Uuid>),
+        name!(token, Option<i64>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+        name!(waiters, i32),
+    ),
+> {
+    TableIterator::new(mutex::status(args::key(key, "key")))
+}

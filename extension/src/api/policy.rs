@@ -1,0 +1,26 @@
+//! Workflow policies: declaring one.
+
+use pgrx::prelude::*;
+use sheaf_core::policy::WorkflowPolicy;
+
+use crate::base::args::required;
+use crate::base::errors::bad_argument;
+use crate::workflow::policy;
+
+/// Declares (or replaces) a workflow's policy; every field is optional:
+/// `{"queue": "default",
+///   "concurrency": {"key": "input.tenant_id", "limit": 10, "on_conflict": "defer"},
+///   "quota": {"key": "input.tenant_id", "max_active_executions": 100,
+///             "max_history_bytes": 1e9, "max_dead_letters": 50}}`.
+/// Applies to starts from now on; running executions keep what they got.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn declare_workflow(name: Option<&str>, policy: Option<pgrx::JsonB>) {
+    let name = policy::check_name(name);
+    let policy = required(policy, "policy");
+    let parsed = match WorkflowPolicy::parse(&policy.0) {
+        Ok(p) => p,
+        Err(e) => bad_argument(&e.option, e.why),
+    };
+    policy::store(name, &parsed);
+}

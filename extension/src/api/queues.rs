@@ -1,0 +1,27 @@
+//! Queue configuration: `configure_queue`.
+
+use pgrx::prelude::*;
+use sheaf_core::options::QueueOptions;
+
+use crate::base::args::required;
+use crate::base::errors::bad_argument;
+use crate::queue::queues;
+
+/// Sets a queue's options: `{"aging_secs": 60}` or `{"aging_secs": null}`,
+/// `{"fairness": true|false}`, `{"notify": true|false}`. Only the options given
+/// change. One ordering mode per queue: aging and fairness together are refused.
+/// Switching between priority and aging re-keys the queue's ready tasks in this
+/// transaction; switching fairness on or off while the queue has ready tasks
+/// is refused (55000), because their fairness tags were never assigned.
+/// Returns the resulting configuration.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn configure_queue(queue: Option<&str>, opts: Option<pgrx::JsonB>) -> pgrx::JsonB {
+    let name = queues::check_name(queue);
+    let opts = required(opts, "opts");
+    let parsed = match QueueOptions::parse(&opts.0) {
+        Ok(o) => o,
+        Err(e) => bad_argument(&e.option, e.why),
+    };
+    pgrx::JsonB(queues::configure(name, &parsed))
+}

@@ -1,0 +1,42 @@
+//! The live-worker registry: heartbeats in, live workers out.
+
+use pgrx::prelude::*;
+
+use crate::base::args::{self, no_nulls, required};
+use crate::base::errors::bad_argument;
+use crate::queue::{queues, workers};
+
+/// Records that `worker` is alive and serving `queues`. Call it more often
+/// than every 60 seconds.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn worker_heartbeat(worker: Option<&str>, queues: Option<Vec<Option<String>>>) {
+    let worker = args::key(worker, "worker");
+    let names = required(queues, "queues");
+    if names.len() > 1_000 {
+        bad_argument(
+            "queues",
+            format!("must hold at most 1000 names, got {}", names.len()),
+        );
+    }
+    let names = no_nulls(names, "queues");
+    for q in &names {
+        queues::check_name(Some(q));
+    }
+    workers::heartbeat(worker, names);
+}
+
+/// The workers whose last heartbeat is younger than 60 seconds, and the
+/// queues each serves. At most one row per worker name.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn live_workers() -> TableIterator<
+    'static,
+    (
+        name!(worker, String),
+        name!(queues, Vec<String>),
+        name!(last_seen_at, pgrx::datum::TimestampWithTimeZone),
+    ),
+> {
+    TableIterator::new(workers::live())
+}

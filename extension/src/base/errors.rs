@@ -1,0 +1,130 @@
+//! The SQLSTATEs sheaf raises (the README's error table lists the same codes).
+//!
+//! Every refusal goes through one of these, so a code and the shape of its
+//! message stay consistent across functions.
+
+use pgrx::prelude::*;
+
+/// 22023: an argument has a value sheaf cannot accept. `arg` names it.
+pub fn bad_argument(arg: &str, why: impl std::fmt::Display) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("invalid {arg}: {why}")
+    );
+}
+
+/// 22004: a required argument is NULL.
+pub fn null_argument(arg: &str) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+        format!("{arg} must not be null")
+    );
+}
+
+/// 55000: the shard or an execution is not in a state that allows the call.
+pub fn not_ready(what: impl std::fmt::Display) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        what.to_string()
+    );
+}
+
+/// An SPI failure is a bug in sheaf's own SQL, never a caller's mistake:
+/// report it as an internal error that names the statement's purpose.
+pub trait SpiResultExt<T> {
+    fn or_internal(self, doing: &str) -> T;
+}
+
+impl<T> SpiResultExt<T> for Result<T, pgrx::spi::SpiError> {
+    fn or_internal(self, doing: &str) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) => internal(format!("{doing}: {e}")),
+        }
+    }
+}
+
+/// XX000: a bug in sheaf itself (a statement that cannot fail did, a row
+/// that must exist does not), never a caller's mistake. `what` says what
+/// sheaf was doing, for the report.
+pub fn internal(what: impl std::fmt::Display) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("sheaf internal error while {what}")
+    );
+}
+
+/// 55P03: the task is not running under this token (its lease expired and it
+/// was claimed again, or it already finished). Nothing was changed.
+pub fn stale_token(task_id: pgrx::Uuid, token: i64) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        format!(
+            "task {task_id} is not running under token {token}: its lease was lost (expired and claimed again) or it already finished"
+        )
+    );
+}
+
+/// P0002: no execution with this id lives on this shard.
+pub fn unknown_execution(id: pgrx::Uuid) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
+        format!("no execution {id} on this shard")
+    );
+}
+
+/// 53400: a start would exceed a declared quota. Nothing was written.
+pub fn quota_exceeded(workflow: &str, key: &str, resource: &str, limit: i64, usage: i64) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!(
+            "workflow {workflow:?} refused: quota key {key:?} has reached {resource} (limit {limit}, usage {usage})"
+        )
+    );
+}
+
+/// 55006: the concurrency gate (`on_conflict = reject`) refused a start.
+pub fn gate_rejected(workflow: &str, key: &str, limit: i32) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+        format!(
+            "workflow {workflow:?} refused: concurrency key {key:?} already has {limit} active execution(s) (limit {limit}, on_conflict reject)"
+        )
+    );
+}
+
+/// 55P03: a mutex call by an owner that does not hold the lock under this token.
+pub fn not_mutex_holder(key: &str, owner: pgrx::Uuid, token: i64) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        format!(
+            "{owner} does not hold mutex {key:?} under token {token}: its lease was lost (reclaimed and granted again), or it never held it; nothing changed"
+        )
+    );
+}
+
+/// 0A000 unless the transaction runs at READ COMMITTED. The gates serialize
+/// on locks and then must see what the previous lock holder committed; a
+/// REPEATABLE READ or SERIALIZABLE snapshot is older than the lock.
+pub fn require_read_committed(function: &str) {
+    // SAFETY: a backend is single-threaded; this is the GUC's own variable.
+    let level = unsafe { pg_sys::XactIsoLevel };
+    if level > pg_sys::XACT_READ_COMMITTED as std::ffi::c_int {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!(
+                "sheaf.{function} runs only at READ COMMITTED isolation: it serializes on a lock and must then see what was committed before it got the lock"
+            )
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! Advisory lock classes, and the one lock order every path of the extension
+//! follows.
+//!
+//! # Lock order
+//!
+//! A transaction that takes several of these takes them in this order, and
+//! never waits for an earlier one while holding a later one:
+//!
+//! 1. the start lock of (workflow name, workflow id), then the gate lock of
+//!    (workflow name, concurrency key) — `start_workflow` only;
+//! 2. task rows: a task's `ready` row before its `tasks` row (the claim's
+//!    order), and every task of an execution before that execution's row;
+//! 3. execution rows (appending history updates the row, so it locks it);
+//! 4. quota counter rows (`quota_usage`);
+//! 5. concurrency keys: the key's advisory lock, then its
+//!    `concurrency_limits` row, several keys in ascending key order. Under a
+//!    key, the only task rows touched are waiting tasks locked with
+//!    `SKIP LOCKED` (promotion) and new `ready` rows, so nothing waits there;
+//! 6. mutex keys: the key's advisory lock, then its rows, several keys in
+//!    ascending key order;
+//! 7. queue rows (`queues`, locked `SKIP LOCKED` to advance the virtual
+//!    time) and `fairness_keys` rows.
+//!
+//! New rows (an execution, a task, an event) are inserted at any point: no
+//! one else can hold them yet.
+//!
+//! Why tasks come before their execution: every queue path (complete, fail,
+//! release, reap, dead letter) starts from a task row it locks by id, and
+//! learns the execution from it; the workflow paths (close, pause, resume)
+//! know the execution and lock its tasks before its row to match.
+//!
+//! Where a path must take a lock out of this order, the code says so beside
+//! it (see `workflow::gates`, latest wins, and `queue::caps::demote_ready`).
+
+use pgrx::prelude::*;
+
+use crate::base::plans::{Stmt, exec};
+
+/// The namespace (first key) of a transaction-scoped advisory lock.
+#[derive(Debug, Clone, Copy)]
+pub enum Class {
+    /// (workflow name, workflow id): active uniqueness of a start ("WF").
+    Start = 0x5746,
+    /// (workflow name, concurrency key): the start gate ("GT").
+    Gate = 0x4754,
+    /// A concurrency key: shared by admissions and releases, exclusive while
+    /// its cap changes ("SH").
+    ConcurrencyKey = 0x5348,
+    /// A mutex key ("MX").
+    Mutex = 0x4D58,
+}
+
+const LOCK: Stmt = Stmt::write(
+    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+    &[PgBuiltInOids::INT4OID, PgBuiltInOids::TEXTOID],
+);
+const LOCK_SHARED: Stmt = Stmt::write(
+    "SELECT pg_advisory_xact_lock_shared($1, hashtext($2))",
+    &[PgBuiltInOids::INT4OID, PgBuiltInOids::TEXTOID],
+);
+const LOCK_PAIR: Stmt = Stmt::write(
+    "SELECT pg_advisory_xact_lock($1, hashtext($2 || E'\\x1f' || $3))",
+    &[
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+
+/// Takes the exclusive transaction lock of `key` in `class`.
+pub fn exclusive(class: Class, key: &str) {
+    exec(&LOCK, &[(class as i32).into(), key.into()]);
+}
+
+/// Takes the shared transaction lock of `key` in `class`.
+pub fn shared(class: Class, key: &str) {
+    exec(&LOCK_SHARED, &[(class as i32).into(), key.into()]);
+}
+
+/// Takes the exclusive transaction lock of the pair (`a`, `b`) in `class`
+/// (joined by a unit separator).
+pub fn exclusive_pair(class: Class, a: &str, b: &str) {
+    exec(&LOCK_PAIR, &[(class as i32).into(), a.into(), b.into()]);
+}

@@ -1,0 +1,9 @@
+//! The bottom layer: what every other layer stands on. Names nothing above it.
+
+pub mod args;
+pub mod errors;
+pub mod ids;
+pub mod jsonb;
+pub mod locks;
+pub mod plans;
+pub mod shard;

@@ -1,0 +1,413 @@
+//! The claim: one ordered seek on the ready set, `FOR UPDATE SKIP LOCKED`,
+//! batch-sized, in one statement. No gate and no fallback scan: a task whose
+//! concurrency key is full is not in the ready set, aging and fairness are
+//! static index keys, and future tasks wait outside it.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pgrx::prelude::*;
+
+use crate::base::errors::{SpiResultExt, internal};
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, exec, run};
+use crate::queue::hooks::ExecutionHooks;
+use crate::queue::{lease, promote};
+
+pub const MAX_BATCH: i32 = 1_000;
+/// Due scheduled tasks promoted, and expired leases reaped, per sweep.
+const SWEEP_PROMOTE: i64 = 1_000;
+const SWEEP_REAP: i64 = 100;
+/// A busy queue is swept at least this often per backend; an idle-looking
+/// one (the claim came up short) on every claim. A worker cycling over many
+/// queues sweeps each of them this often, so it is not much shorter.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+const CLAIM: Stmt = Stmt::write(
+    "WITH picked AS (\
+       SELECT ctid FROM ready WHERE queue = $1 \
+       ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
+     gone AS (\
+       DELETE FROM ready WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked)) \
+       RETURNING task_id, k1, k2, seq) \
+     UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, token = nextval('fence_token'), \
+            lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
+     FROM gone g WHERE t.id = g.task_id \
+     RETURNING t.id, t.token, t.payload, t.attempts, t.execution_id, t.concurrency_key, t.kind, \
+               g.k1, g.k2, g.seq",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::FLOAT8OID,
+    ],
+);
+// Whether a sweep has anything to do: one read, where promotion and reaping
+// would each run a locking scan.
+const SWEEP_PROBE: Stmt = Stmt::read(
+    "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'scheduled' AND run_at <= now()), \
+            EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'running' AND lease_expires_at < now())",
+    &[PgBuiltInOids::TEXTOID],
+);
+// Moves the fairness virtual time forward, unless another claim is doing it
+// right now: a claim never waits on the queue row.
+const ADVANCE_VTIME: Stmt = Stmt::write(
+    "UPDATE queues SET vtime = $2 WHERE name = $1 AND vtime < $2 \
+     AND name = (SELECT name FROM queues WHERE name = $1 AND vtime < $2 FOR NO KEY UPDATE SKIP LOCKED)",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::FLOAT8OID],
+);
+
+thread_local! {
+    static LAST_SWEEP: RefCell<HashMap<String, Instant>> = RefCell::new(HashMap::new());
+}
+
+/// A claimed task: id, token, payload, attempt, execution id, concurrency
+/// key, kind.
+pub type Claimed = (
+    pgrx::Uuid,
+    i64,
+    Jsonb,
+    i32,
+    Option<pgrx::Uuid>,
+    Option<String>,
+    String,
+);
+
+/// Claims up to `batch` tasks of `queue` for `worker`, each under a lease of
+/// `lease_secs` fenced by its token. Order: priority descending (or the
+/// aging key), then fairness start tag, then enqueue sequence. Also promotes
+/// due scheduled tasks and reaps a bounded number of expired leases of this
+/// queue (whose executions hear of a dead letter through `hooks`), so
+/// SQL-only users need no scheduler.
+pub fn claim(
+    name: &str,
+    batch: i32,
+    worker: &str,
+    lease_secs: f64,
+    hooks: &dyn ExecutionHooks,
+) -> Vec<Claimed> {
+    let mut swept = false;
+    if sweep_due(name) {
+        sweep(name, hooks);
+        swept = true;
+    }
+    let mut rows = claim_once(name, batch, worker, lease_secs);
+    if (rows.len() as i32) < batch && !swept && sweep(name, hooks) > 0 {
+        rows.extend(claim_once(name, batch - rows.len() as i32, worker, lease_secs));
+    }
+    rows.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)));
+    // Only fairness queues have start tags above 0; for them, move the
+    // virtual time up to what was just claimed.
+    if let Some(max_k2) = rows.iter().map(|r| r.2).reduce(f64::max)
+        && max_k2 > 0.0
+    {
+        exec(&ADVANCE_VTIME, &[name.into(), max_k2.into()]);
+    }
+    rows.into_iter().map(|r| r.0).collect()
+}
+
+fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<(Claimed, f64, f64, i64)> {
+    Spi::connect_mut(|client| {
+        run(
+            client,
+            &CLAIM,
+            &[
+                queue.into(),
+                (batch as i64).into(),
+                worker.into(),
+                lease_secs.into(),
+            ],
+        )
+        .map(|row| {
+            let get = |what: &str| format!("reading a claimed task's {what}");
+            fn not_null<T>(what: &str) -> T {
+                internal(format_args!("reading a claimed task: its {what} is NULL"))
+            }
+            let claimed: Claimed = (
+                row.get(1)
+                    .or_internal(&get("id"))
+                    .unwrap_or_else(|| not_null("id")),
+                row.get(2)
+                    .or_internal(&get("token"))
+                    .unwrap_or_else(|| not_null("token")),
+                row.get(3)
+                    .or_internal(&get("payload"))
+                    .unwrap_or_else(|| not_null("payload")),
+                row.get(4)
+                    .or_internal(&get("attempts"))
+                    .unwrap_or_else(|| not_null("attempts")),
+                row.get(5).or_internal(&get("execution id")),
+                row.get(6).or_internal(&get("concurrency key")),
+                row.get(7)
+                    .or_internal(&get("kind"))
+                    .unwrap_or_else(|| not_null("kind")),
+            );
+            let k1: f64 = row.get(8).or_internal(&get("k1")).unwrap_or(0.0);
+            let k2: f64 = row.get(9).or_internal(&get("k2")).unwrap_or(0.0);
+            let seq: i64 = row.get(10).or_internal(&get("seq")).unwrap_or(0);
+            (claimed, k1, k2, seq)
+        })
+        .collect()
+    })
+}
+
+fn sweep_due(queue: &str) -> bool {
+    LAST_SWEEP.with(|last| {
+        last.borrow()
+            .get(queue)
+            .is_none_or(|t| t.elapsed() >= SWEEP_EVERY)
+    })
+}
+
+/// Promotes due scheduled tasks and reaps expired leases of one queue;
+/// returns how many tasks became claimable or waiting.
+fn sweep(queue: &str, hooks: &dyn ExecutionHooks) -> i64 {
+    LAST_SWEEP.with(|last| {
+        last.borrow_mut().insert(queue.to_owned(), Instant::now());
+    });
+    let (due, expired) = Spi::connect_mut(|client| {
+        let row = run(client, &SWEEP_PROBE, &[queue.into()]).first();
+        let flag = |i| {
+            row.get::<bool>(i)
+                .or_internal("probing for due tasks")
+                .unwrap_or(true)
+        };
+        (flag(1), flag(2))
+    });
+    let promoted = if due {
+        promote::due(queue, SWEEP_PROMOTE)
+    } else {
+        0
+    };
+    let reaped = if expired {
+        lease::reap_queue(queue, SWEEP_REAP, hooks)
+    } else {
+        0
+    };
+    promoted + reaped
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, complete, count, enqueue, init, ns};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    #[pg_test]
+    fn priority_first_then_enqueue_order() {
+        init();
+        for (n, p) in [(0, 0), (1, 5), (2, 0), (3, 5), (4, 1)] {
+            enqueue("q", json!({"n": n}), json!({"priority": p}));
+        }
+        assert_eq!(ns(&claim("q", 10)), vec![1, 3, 4, 0, 2]);
+        assert!(claim("q", 10).is_empty());
+    }
+
+    #[pg_test]
+    fn a_batch_keeps_its_order_across_claims() {
+        init();
+        Spi::run(
+            "SELECT sheaf.enqueue_batch('q', array_agg(jsonb_build_object('n', i) ORDER BY i)) \
+             FROM generate_series(1, 50) i",
+        )
+        .expect("batch");
+        let first = claim("q", 20);
+        let rest = claim("q", 100);
+        let all: Vec<i64> = ns(&first).into_iter().chain(ns(&rest)).collect();
+        assert_eq!(all, (1..=50).collect::<Vec<_>>());
+        let attempts = count("SELECT min(attempts)::bigint FROM sheaf.tasks WHERE state = 'running'");
+        assert_eq!(attempts, 1);
+    }
+
+    /// Payloads are the caller's data: they come back exactly as stored, with
+    /// no float rounding of numbers and no change of scale.
+    #[pg_test]
+    fn payloads_come_back_exactly() {
+        init();
+        let doc = r#"{"n": 12345678901234567890123.000000000001, "x": 1.50, "e": 1e-20, "s": "é\t"}"#;
+        Spi::run_with_args("SELECT sheaf.enqueue('q', $1::jsonb)", &[doc.into()]).expect("enqueue");
+        Spi::run_with_args(
+            "SELECT sheaf.enqueue_batch('q', ARRAY[$1::jsonb, '[]'])",
+            &[doc.into()],
+        )
+        .expect("enqueue_batch");
+        let same = Spi::get_one_with_args::<i64>(
+            "SELECT count(*) FILTER (WHERE payload::text = $1::jsonb::text) FROM sheaf.claim('q', 'w', 10)",
+            &[doc.into()],
+        )
+        .expect("claim");
+        assert_eq!(same, Some(2));
+    }
+
+    #[pg_test]
+    fn an_unknown_queue_claims_nothing() {
+        init();
+        assert!(claim("nobody-enqueued-here", 5).is_empty());
+    }
+
+    #[pg_test]
+    fn a_future_task_is_never_claimed_early() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({"run_at": "2999-01-01T00:00:00Z"}));
+        enqueue("q", json!({"n": 2}), json!({}));
+        assert_eq!(ns(&claim("q", 10)), vec![2]);
+        assert!(claim("q", 10).is_empty());
+        assert_eq!(count("SELECT scheduled FROM sheaf.queue_stats('q')"), 1);
+        // Time passes: the task is due, and the next claim promotes it.
+        Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '1 second'").expect("time passes");
+        assert_eq!(ns(&claim("q", 10)), vec![1]);
+    }
+
+    #[pg_test]
+    fn aging_lets_an_old_low_priority_task_overtake() {
+        init();
+        let old = enqueue("q", json!({"n": 1}), json!({"priority": 0}));
+        enqueue("q", json!({"n": 2}), json!({"priority": 1}));
+        Spi::run_with_args(
+            "UPDATE sheaf.tasks SET enqueued_at = now() - interval '2 minutes' WHERE id = $1",
+            &[old.into()],
+        )
+        .expect("age it");
+        // Re-keying on the switch to aging: 120 s of age beats 1 priority at 60 s per step.
+        Spi::run("SELECT sheaf.configure_queue('q', '{\"aging_secs\": 60}')").expect("configure");
+        assert_eq!(ns(&claim("q", 10)), vec![1, 2]);
+    }
+
+    #[pg_test]
+    fn aging_off_restores_priority_order() {
+        init();
+        Spi::run("SELECT sheaf.configure_queue('q', '{\"aging_secs\": 60}')").expect("configure");
+        let old = enqueue("q", json!({"n": 1}), json!({"priority": 0}));
+        enqueue("q", json!({"n": 2}), json!({"priority": 1}));
+        Spi::run_with_args(
+            "UPDATE sheaf.tasks SET enqueued_at = now() - interval '2 minutes' WHERE id = $1",
+            &[old.into()],
+        )
+        .expect("age it");
+        Spi::run("SELECT sheaf.configure_queue('q', '{\"aging_secs\": null}')").expect("configure");
+        assert_eq!(ns(&claim("q", 10)), vec![2, 1]);
+    }
+
+    /// The SQL aging key is the formula sheaf-core proves orders correctly.
+    #[pg_test]
+    fn ready_k1_is_the_core_ordering_key() {
+        use sheaf_core::ordering::{Mode, primary_key};
+        for (priority, secs, aging) in [
+            (0, 0.0, None),
+            (7, 10.5, None),
+            (-3, 1e9, Some(60)),
+            (4, 1.7e9, Some(3600)),
+        ] {
+            let got = Spi::get_one_with_args::<f64>(
+                "SELECT sheaf.ready_k1($1, to_timestamp($2), $3)",
+                &[priority.into(), secs.into(), aging.into()],
+            )
+            .expect("k1")
+            .expect("not null");
+            let mode = match aging {
+                None => Mode::Priority,
+                Some(s) => Mode::Aging { secs: s as u32 },
+            };
+            let want = primary_key(mode, priority, secs);
+            assert!(
+                (got - want).abs() < 1e-6,
+                "priority {priority} secs {secs}: {got} vs {want}"
+            );
+        }
+    }
+
+    /// Weights 1 and 3, both backlogged: every window of 8 claims gives
+    /// each key its share within one task.
+    #[pg_test]
+    fn fairness_gives_each_key_its_weighted_share() {
+        init();
+        Spi::run("SELECT sheaf.configure_queue('q', '{\"fairness\": true}')").expect("configure");
+        Spi::run(
+            "SELECT sheaf.enqueue_batch('q', array_agg(jsonb_build_object('n', 0) ORDER BY i), \
+                                         '{\"fairness_key\": \"a\", \"fairness_weight\": 1}') \
+             FROM generate_series(1, 40) i",
+        )
+        .expect("a");
+        Spi::run(
+            "SELECT sheaf.enqueue_batch('q', array_agg(jsonb_build_object('n', 1) ORDER BY i), \
+                                         '{\"fairness_key\": \"b\", \"fairness_weight\": 3}') \
+             FROM generate_series(1, 40) i",
+        )
+        .expect("b");
+        let order = ns(&claim("q", 40));
+        assert_eq!(order.len(), 40);
+        for window in order.windows(8) {
+            let b = window.iter().filter(|&&k| k == 1).count() as i64;
+            assert!((b - 6).abs() <= 1, "window {window:?} gives b {b} of 8, share 6");
+        }
+    }
+
+    #[pg_test(
+        error = "queue \"q\" has ready tasks: fairness can only be switched on or off while it has none"
+    )]
+    fn fairness_cannot_be_switched_with_ready_tasks() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({}));
+        Spi::run("SELECT sheaf.configure_queue('q', '{\"fairness\": true}')").expect("refused");
+    }
+
+    #[pg_test]
+    fn idempotency_key_returns_the_unfinished_task() {
+        init();
+        let a = enqueue("q", json!({"n": 1}), json!({"idempotency_key": "once"}));
+        let b = enqueue("q", json!({"n": 2}), json!({"idempotency_key": "once"}));
+        assert_eq!(a, b);
+        assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 1);
+        let claimed = claim("q", 1);
+        complete(&claimed[0]);
+        let c = enqueue("q", json!({"n": 3}), json!({"idempotency_key": "once"}));
+        assert_ne!(a, c);
+    }
+
+    #[pg_test]
+    fn ids_are_shard_prefixed() {
+        init();
+        let id = enqueue("q", json!({}), json!({}));
+        assert_eq!(sheaf_core::id::shard_of(id.as_bytes()), 1);
+    }
+
+    #[pg_test]
+    fn claimed_tasks_carry_their_fields() {
+        init();
+        Spi::run(
+            "INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state, seq, queue, input) \
+             VALUES ('00010000-0000-8000-8000-000000000001', 'wf', 'w1', 'RUNNING', 1, 'q', '{}')",
+        )
+        .expect("execution");
+        enqueue(
+            "q",
+            json!({"n": 1}),
+            json!({"kind": "workflow", "concurrency_key": "k", "execution_id": "00010000-0000-8000-8000-000000000001"}),
+        );
+        let (attempt, exec, key, kind) = Spi::connect(|client| {
+            let row = client
+                .select(
+                    "SELECT attempt, execution_id, concurrency_key, kind FROM sheaf.claim('q', 'w')",
+                    None,
+                    &[],
+                )
+                .expect("claim")
+                .first();
+            (
+                row.get::<i32>(1).unwrap(),
+                row.get::<pgrx::Uuid>(2).unwrap(),
+                row.get::<String>(3).unwrap(),
+                row.get::<String>(4).unwrap(),
+            )
+        });
+        assert_eq!(attempt, Some(1));
+        assert_eq!(
+            exec.map(|e| e.to_string()),
+            Some("00010000-0000-8000-8000-000000000001".into())
+        );
+        assert_eq!(key.as_deref(), Some("k"));
+        assert_eq!(kind.as_deref(), Some("workflow"));
+    }
+}

@@ -1,0 +1,205 @@
+//! Completing claimed tasks. A completed task leaves the hot table; its slot
+//! goes to the next waiting task of its key; its result goes to its
+//! execution's history.
+
+use std::collections::{BTreeMap, HashSet};
+
+use pgrx::prelude::*;
+
+use crate::base::errors::{SpiResultExt, stale_token};
+use crate::base::plans::{Stmt, run};
+use crate::queue::caps;
+use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
+
+pub const MAX_BATCH: usize = 10_000;
+
+const COMPLETE: Stmt = Stmt::write(
+    "DELETE FROM tasks WHERE id = $1 AND token = $2 AND state = 'running' \
+     RETURNING concurrency_key, execution_id, kind",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+// Two steps, so every statement is a primary-key seek whatever the batch:
+// lock the entries still running, then delete those whose token matches.
+const RUNNING_TOKENS: Stmt = Stmt::write(
+    "SELECT id, token FROM tasks WHERE id = ANY($1) AND state = 'running' FOR UPDATE",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+const DELETE_BATCH: Stmt = Stmt::write(
+    "DELETE FROM tasks WHERE id = ANY($1) RETURNING id, concurrency_key, execution_id, kind",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+
+/// Completes a task claimed under `token`; its execution (if any) hears of
+/// it with `result`. A stale token (the lease was lost) raises 55P03 and
+/// changes nothing.
+pub fn complete(
+    task_id: pgrx::Uuid,
+    token: i64,
+    result: Option<serde_json::Value>,
+    hooks: &dyn ExecutionHooks,
+) {
+    let done = Spi::connect_mut(|client| {
+        let row = run(client, &COMPLETE, &[task_id.into(), token.into()]).next()?;
+        Some((
+            row.get::<String>(1).or_internal("completing a task"),
+            row.get::<pgrx::Uuid>(2).or_internal("completing a task"),
+            row.get::<String>(3)
+                .or_internal("completing a task")
+                .unwrap_or_default(),
+        ))
+    });
+    let Some((key, execution_id, kind)) = done else {
+        stale_token(task_id, token);
+    };
+    if let Some(key) = key {
+        caps::release(&key, 1);
+    }
+    if let Some(execution_id) = execution_id {
+        record(hooks, execution_id, task_id, &kind, result);
+    }
+}
+
+/// Completes the entries of `ids` whose token in `tokens` (paired by
+/// position) is current; returns, in input order, whether each completed.
+pub fn complete_batch(
+    ids: Vec<pgrx::Uuid>,
+    tokens: Vec<i64>,
+    hooks: &dyn ExecutionHooks,
+) -> Vec<(pgrx::Uuid, bool)> {
+    let wanted: HashSet<(pgrx::Uuid, i64)> = ids.iter().copied().zip(tokens).collect();
+    let done: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>, String)> = Spi::connect_mut(|client| {
+        let matching: Vec<pgrx::Uuid> = run(client, &RUNNING_TOKENS, &[ids.clone().into()])
+            .filter_map(|row| {
+                let id = row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?;
+                let token = row.get::<i64>(2).or_internal("completing tasks")?;
+                wanted.contains(&(id, token)).then_some(id)
+            })
+            .collect();
+        if matching.is_empty() {
+            return Vec::new();
+        }
+        run(client, &DELETE_BATCH, &[matching.into()])
+            .filter_map(|row| {
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?,
+                    row.get::<String>(2).or_internal("completing tasks"),
+                    row.get::<pgrx::Uuid>(3).or_internal("completing tasks"),
+                    row.get::<String>(4)
+                        .or_internal("completing tasks")
+                        .unwrap_or_default(),
+                ))
+            })
+            .collect()
+    });
+    // Keys in a fixed order: no two batches lock two keys in opposite orders.
+    let mut per_key: BTreeMap<&str, i32> = BTreeMap::new();
+    for (_, key, _, _) in &done {
+        if let Some(key) = key {
+            *per_key.entry(key.as_str()).or_default() += 1;
+        }
+    }
+    for (key, n) in per_key {
+        caps::release(key, n);
+    }
+    for (id, _, execution_id, kind) in &done {
+        if let Some(execution_id) = execution_id {
+            record(hooks, *execution_id, *id, kind, None);
+        }
+    }
+    let completed: HashSet<pgrx::Uuid> = done.iter().map(|d| d.0).collect();
+    ids.into_iter()
+        .map(move |id| (id, completed.contains(&id)))
+        .collect()
+}
+
+fn record(
+    hooks: &dyn ExecutionHooks,
+    execution_id: pgrx::Uuid,
+    task_id: pgrx::Uuid,
+    kind: &str,
+    result: Option<serde_json::Value>,
+) {
+    hooks.task_outcome(TaskEvent {
+        execution_id,
+        task_id,
+        kind,
+        outcome: Outcome::Completed { result },
+    });
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, count, enqueue, init};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    #[pg_test]
+    fn complete_batch_reports_stale_entries_and_completes_the_rest() {
+        init();
+        for n in 0..3 {
+            enqueue("q", json!({"n": n}), json!({}));
+        }
+        let t = claim("q", 3);
+        let report: Vec<bool> = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT completed FROM sheaf.complete_batch(ARRAY[$1, $2, $3], ARRAY[$4, $5, $6])",
+                    None,
+                    &[
+                        t[0].0.into(),
+                        t[1].0.into(),
+                        t[2].0.into(),
+                        t[0].1.into(),
+                        (t[1].1 + 1000).into(),
+                        t[2].1.into(),
+                    ],
+                )
+                .unwrap()
+                .map(|r| r.get::<bool>(1).unwrap().unwrap())
+                .collect()
+        });
+        assert_eq!(report, vec![true, false, true]);
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.tasks"),
+            1,
+            "the stale one is untouched"
+        );
+    }
+
+    #[pg_test]
+    fn a_result_goes_to_the_execution_history() {
+        init();
+        Spi::run(
+            "INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state, seq, queue, input) \
+             VALUES ('00010000-0000-8000-8000-000000000001', 'wf', 'w1', 'RUNNING', 1, 'q', '{}')",
+        )
+        .unwrap();
+        enqueue(
+            "q",
+            json!({}),
+            json!({"execution_id": "00010000-0000-8000-8000-000000000001"}),
+        );
+        let t = claim("q", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.complete($1, $2, '{\"ok\": 42}')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        let (kind, result) = Spi::get_two::<String, i64>(
+            "SELECT event_type, (payload #>> '{result,ok}')::bigint FROM sheaf.events",
+        )
+        .unwrap();
+        assert_eq!(kind.as_deref(), Some("TaskCompleted"));
+        assert_eq!(result, Some(42));
+        assert!(count("SELECT history_bytes FROM sheaf.executions") > 0);
+    }
+
+    #[pg_test(
+        error = "task 00010000-0000-8000-8000-000000000009 is not running under token 7: its lease was lost (expired and claimed again) or it already finished"
+    )]
+    fn completing_twice_is_stale() {
+        init();
+        Spi::run("SELECT sheaf.complete('00010000-0000-8000-8000-000000000009', 7)").unwrap();
+    }
+}

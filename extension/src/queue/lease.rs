@@ -1,0 +1,209 @@
+//! Leases: extending them, giving a task back, and reaping the expired ones
+//! of crashed workers.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+
+use crate::base::errors::{SpiResultExt, internal, stale_token};
+use crate::base::plans::{Stmt, exec, run};
+use crate::queue::hooks::ExecutionHooks;
+use crate::queue::{caps, dead_letters, queues, ready};
+
+const RUNNING_FOR_UPDATE: Stmt = Stmt::write(
+    "SELECT concurrency_key FROM tasks WHERE id = $1 AND token = $2 AND state = 'running' FOR UPDATE",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+const PUT_BACK: Stmt = Stmt::write(
+    "UPDATE tasks SET state = $2, attempts = attempts - $3, last_error = coalesce($4, last_error), \
+            lease_owner = NULL, lease_secs = NULL, lease_expires_at = NULL \
+     WHERE id = $1",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+const HEARTBEAT: Stmt = Stmt::write(
+    "UPDATE tasks SET lease_secs = coalesce($3, lease_secs), \
+            lease_expires_at = now() + make_interval(secs => coalesce($3, lease_secs)) \
+     WHERE id = $1 AND token = $2 AND state = 'running' RETURNING lease_expires_at",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::FLOAT8OID,
+    ],
+);
+const EXPIRED: Stmt = Stmt::write(
+    "SELECT id, concurrency_key, attempts >= max_attempts FROM tasks \
+     WHERE queue = $1 AND state = 'running' AND lease_expires_at < now() \
+     ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
+);
+
+/// Locks a task that must be running under `token`; its concurrency key.
+pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
+    Spi::connect_mut(|client| {
+        match run(client, &RUNNING_FOR_UPDATE, &[task_id.into(), token.into()]).next() {
+            Some(row) => row.get::<String>(1).or_internal("reading a running task"),
+            None => stale_token(task_id, token),
+        }
+    })
+}
+
+/// Puts a running task back in line: ready with its original keys (so it is
+/// next), or waiting if its key's cap was lowered below its running count.
+/// `refund` gives back the attempt its claim spent.
+pub fn put_back(task_id: pgrx::Uuid, key: Option<&str>, refund: bool, error: Option<&str>) {
+    let wait = key.is_some_and(caps::give_up_slot_if_over_cap);
+    let state = if wait { "waiting" } else { "ready" };
+    exec(
+        &PUT_BACK,
+        &[task_id.into(), state.into(), (refund as i32).into(), error.into()],
+    );
+    if !wait {
+        ready::insert(&[task_id]);
+    }
+}
+
+/// Gives a claimed task back without spending an attempt (a draining worker).
+pub fn release(task_id: pgrx::Uuid, token: i64) {
+    let key = lock_running(task_id, token);
+    put_back(task_id, key.as_deref(), true, None);
+}
+
+/// Extends a task's lease from now by `extend_secs` (default: the lease it
+/// was claimed with); returns the new lease end.
+pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> TimestampWithTimeZone {
+    Spi::connect_mut(|client| {
+        match run(
+            client,
+            &HEARTBEAT,
+            &[task_id.into(), token.into(), extend_secs.into()],
+        )
+        .next()
+        {
+            Some(row) => row
+                .get::<TimestampWithTimeZone>(1)
+                .or_internal("reading a lease end")
+                .unwrap_or_else(|| internal("reading a lease end: a running task has none")),
+            None => stale_token(task_id, token),
+        }
+    })
+}
+
+/// Reaps up to `max` expired leases of `queue`: each task goes back in line
+/// (its attempt spent), or to the dead letters if that was its last attempt,
+/// which its execution hears of (`hooks`: a dead-lettered workflow task
+/// fails its execution).
+pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks) -> i64 {
+    let expired: Vec<(pgrx::Uuid, Option<String>, bool)> = Spi::connect_mut(|client| {
+        run(client, &EXPIRED, &[queue.into(), max.into()])
+            .filter_map(|row| {
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal("reading expired leases")?,
+                    row.get::<String>(2).or_internal("reading expired leases"),
+                    row.get::<bool>(3).or_internal("reading expired leases")?,
+                ))
+            })
+            .collect()
+    });
+    let n = expired.len() as i64;
+    // Keys in a fixed order: two reapers never take two keys' slot rows in
+    // opposite orders.
+    let mut expired = expired;
+    expired.sort_by(|a, b| a.1.cmp(&b.1));
+    let error = "lease expired before the task was completed (worker crashed or stalled)";
+    for (id, key, last_attempt) in expired {
+        if last_attempt {
+            dead_letters::bury(id, error, hooks);
+        } else {
+            put_back(id, key.as_deref(), false, Some(error));
+        }
+    }
+    n
+}
+
+/// Reaps up to `max` expired leases across all queues; returns how many.
+pub fn reap_all(max: i64, hooks: &dyn ExecutionHooks) -> i64 {
+    let mut left = max;
+    for queue in queues::names() {
+        if left <= 0 {
+            break;
+        }
+        left -= reap_queue(&queue, left, hooks);
+    }
+    max - left
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, complete, count, enqueue, init, ns};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    #[pg_test]
+    fn release_returns_a_task_to_the_front_without_spending_an_attempt() {
+        init();
+        for n in 0..3 {
+            enqueue("q", json!({"n": n}), json!({}));
+        }
+        let t = claim("q", 1);
+        Spi::run_with_args("SELECT sheaf.release($1, $2)", &[t[0].0.into(), t[0].1.into()]).unwrap();
+        assert_eq!(
+            count("SELECT attempts::bigint FROM sheaf.tasks WHERE id IS NOT NULL ORDER BY seq LIMIT 1"),
+            0
+        );
+        assert_eq!(ns(&claim("q", 3)), vec![0, 1, 2]);
+    }
+
+    #[pg_test]
+    fn expired_leases_are_reaped_and_the_old_token_is_refused() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({"max_attempts": 2}));
+        let first = claim("q", 1);
+        Spi::run("UPDATE sheaf.tasks SET lease_expires_at = now() - interval '1 second'").unwrap();
+        assert_eq!(
+            Spi::get_one::<i32>("SELECT sheaf.reap_expired()").unwrap(),
+            Some(1)
+        );
+        let second = claim("q", 1);
+        assert_eq!(second[0].0, first[0].0);
+        assert_ne!(second[0].1, first[0].1, "a new claim, a new token");
+        let stale = Spi::get_one_with_args::<bool>(
+            "SELECT completed FROM sheaf.complete_batch(ARRAY[$1], ARRAY[$2])",
+            &[first[0].0.into(), first[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(stale, Some(false));
+        // The second claim was its last attempt: expiry dead-letters it.
+        Spi::run("UPDATE sheaf.tasks SET lease_expires_at = now() - interval '1 second'").unwrap();
+        assert_eq!(
+            Spi::get_one::<i32>("SELECT sheaf.reap_expired()").unwrap(),
+            Some(1)
+        );
+        assert_eq!(count("SELECT count(*) FROM sheaf.dead_letters"), 1);
+    }
+
+    #[pg_test]
+    fn heartbeat_extends_the_lease() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({}));
+        let t = claim("q", 1);
+        let secs = Spi::get_one_with_args::<f64>(
+            "SELECT extract(epoch FROM sheaf.heartbeat($1, $2, '1 hour') - now())::float8",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert!((secs - 3600.0).abs() < 1.0);
+        complete(&t[0]);
+    }
+
+    #[pg_test(error = "invalid lease: must be from 1 second to 1 day, got 0 seconds")]
+    fn a_zero_lease_is_refused() {
+        init();
+        Spi::run("SELECT * FROM sheaf.claim('q', 'w', 1, '0 seconds')").unwrap();
+    }
+}

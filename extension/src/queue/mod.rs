@@ -1,0 +1,17 @@
+//! The queue layer: tasks and everything that moves them. Names `base` only;
+//! where a task's life matters to its execution it calls the hook it is
+//! handed (`hooks`), never workflow code.
+
+pub mod caps;
+pub mod claim;
+pub mod complete;
+pub mod dead_letters;
+pub mod hooks;
+pub mod lease;
+pub mod promote;
+pub mod queues;
+pub mod ready;
+pub mod retry;
+pub mod stats;
+pub mod tasks;
+pub mod workers;

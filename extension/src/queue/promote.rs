@@ -1,0 +1,65 @@
+//! Moving tasks that are due into the ready set (or their key's waiting line).
+
+use std::collections::BTreeMap;
+
+use pgrx::prelude::*;
+
+use crate::base::errors::SpiResultExt;
+use crate::base::plans::{Stmt, exec, run};
+use crate::queue::{caps, ready, tasks};
+
+const DUE: Stmt = Stmt::write(
+    "SELECT id, concurrency_key FROM tasks \
+     WHERE queue = $1 AND state = 'scheduled' AND run_at <= now() \
+     ORDER BY run_at, priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
+);
+const SET_WAITING: Stmt = Stmt::write(
+    "UPDATE tasks SET state = 'waiting' WHERE id = ANY($1)",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+
+/// Promotes up to `max` due scheduled tasks of `queue`; returns how many.
+pub fn due(queue: &str, max: i64) -> i64 {
+    let rows: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
+        run(client, &DUE, &[queue.into(), max.into()])
+            .filter_map(|row| {
+                let id = row.get::<pgrx::Uuid>(1).or_internal("reading due tasks")?;
+                Some((id, row.get::<String>(2).or_internal("reading due tasks")))
+            })
+            .collect()
+    });
+    let n = rows.len() as i64;
+    place(rows);
+    n
+}
+
+/// Admits tasks that are due: into the ready set where their key has a free
+/// slot, into its waiting line where not. Takes `(id, concurrency key)` in
+/// the order the tasks should be admitted.
+pub fn place(tasks: Vec<(pgrx::Uuid, Option<String>)>) {
+    if tasks.is_empty() {
+        return;
+    }
+    let mut ready_ids = Vec::new();
+    let mut waiting_ids = Vec::new();
+    // Keys in a fixed order, so two transactions never lock two keys'
+    // rows in opposite orders.
+    let mut by_key: BTreeMap<String, Vec<pgrx::Uuid>> = BTreeMap::new();
+    for (id, key) in tasks {
+        match key {
+            None => ready_ids.push(id),
+            Some(k) => by_key.entry(k).or_default().push(id),
+        }
+    }
+    for (key, ids) in by_key {
+        let admitted = caps::admit(&key, ids.len() as i32) as usize;
+        ready_ids.extend_from_slice(&ids[..admitted]);
+        waiting_ids.extend_from_slice(&ids[admitted..]);
+    }
+    if !waiting_ids.is_empty() {
+        exec(&SET_WAITING, &[waiting_ids.into()]);
+    }
+    tasks::set_ready(&ready_ids);
+    ready::insert(&ready_ids);
+}

@@ -1,0 +1,166 @@
+//! The ready set: the only place the claim looks. A task enters it once it is
+//! due and its concurrency key has a free slot.
+
+use std::collections::BTreeMap;
+
+use pgrx::prelude::*;
+use sheaf_core::ordering::fair_tags;
+
+use crate::base::errors::{SpiResultExt, internal};
+use crate::base::plans::{Stmt, run};
+
+const INSERT: Stmt = Stmt::write(
+    "WITH r AS (\
+       INSERT INTO ready (task_id, queue, k1, k2, seq) \
+       SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, q.aging_secs), coalesce(t.fair_start, 0), t.seq \
+       FROM tasks t JOIN queues q ON q.name = t.queue \
+       WHERE t.id = ANY($1) AND t.state = 'ready' \
+       RETURNING queue) \
+     SELECT DISTINCT queue FROM r",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+// Wakes listeners of queues that had no other ready task: only an idle
+// queue has workers asleep on LISTEN; a busy one has workers coming back for
+// more anyway. So under load nothing is sent, and NOTIFY, which serializes
+// the commits of every notifying transaction, costs nothing. NOTIFY also
+// folds equal (channel, payload) pairs within a transaction: one per queue.
+// A LIMIT 1 subquery, not NOT EXISTS: the generic plan of an anti-join reads
+// the whole ready set. From the tail of the queue's range: the head is where
+// claims leave dead entries until the next vacuum.
+const NOTIFY_IF_IDLE: Stmt = Stmt::write(
+    "SELECT pg_notify('sheaf_ready', q.name) FROM queues q \
+     WHERE q.name = ANY($1) AND q.notify \
+       AND (SELECT r.task_id FROM ready r WHERE r.queue = q.name AND r.task_id <> ALL($2) \
+                ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT 1) IS NULL",
+    &[PgBuiltInOids::TEXTARRAYOID, PgBuiltInOids::UUIDARRAYOID],
+);
+const VTIME: Stmt = Stmt::read(
+    "SELECT vtime FROM queues WHERE name = $1",
+    &[PgBuiltInOids::TEXTOID],
+);
+// Advances a key's finish tag by `$4` (the sum of 1/weight of its new tasks)
+// from max(finish, vtime), returning the new finish tag.
+const ADVANCE_KEY: Stmt = Stmt::write(
+    "INSERT INTO fairness_keys AS f (queue, key, finish) VALUES ($1, $2, $3 + $4) \
+     ON CONFLICT (queue, key) DO UPDATE SET finish = greatest(f.finish, $3) + $4 \
+     RETURNING finish",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::FLOAT8OID,
+    ],
+);
+
+const ANY: Stmt = Stmt::read(
+    "SELECT EXISTS (SELECT 1 FROM ready WHERE queue = $1)",
+    &[PgBuiltInOids::TEXTOID],
+);
+// The same expression every insertion into `ready` uses.
+const REKEY: Stmt = Stmt::write(
+    "UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2) \
+     FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
+);
+// A key whose finish tag is behind the virtual time behaves exactly like a
+// key never seen, so its row can go.
+const PRUNE_KEYS: Stmt = Stmt::write(
+    "WITH d AS (DELETE FROM fairness_keys f WHERE (f.queue, f.key) IN (\
+       SELECT f2.queue, f2.key FROM fairness_keys f2 JOIN queues q ON q.name = f2.queue \
+       WHERE f2.finish <= q.vtime LIMIT $1) RETURNING 1) \
+     SELECT count(*) FROM d",
+    &[PgBuiltInOids::INT8OID],
+);
+
+/// Whether `queue` has a ready task.
+pub fn any(queue: &str) -> bool {
+    Spi::connect_mut(|client| {
+        run(client, &ANY, &[queue.into()])
+            .first()
+            .get::<bool>(1)
+            .or_internal("checking for ready tasks")
+            .unwrap_or(false)
+    })
+}
+
+/// Re-keys a queue's ready tasks for its new aging (`None`: priority order).
+pub fn rekey(queue: &str, aging_secs: Option<i32>) {
+    Spi::connect_mut(|client| {
+        run(client, &REKEY, &[queue.into(), aging_secs.into()]);
+    })
+}
+
+/// Deletes up to `max` fairness keys that no longer matter; returns how many.
+pub fn prune_fairness_keys(max: i64) -> i64 {
+    Spi::connect_mut(|client| {
+        run(client, &PRUNE_KEYS, &[max.into()])
+            .first()
+            .get::<i64>(1)
+            .or_internal("pruning fairness keys")
+            .unwrap_or(0)
+    })
+}
+
+/// Inserts ready rows for tasks whose state is already `ready`, and wakes
+/// the listeners of queues that were idle.
+pub fn insert(ids: &[pgrx::Uuid]) {
+    if ids.is_empty() {
+        return;
+    }
+    Spi::connect_mut(|client| {
+        let queues: Vec<String> = run(client, &INSERT, &[ids.to_vec().into()])
+            .filter_map(|row| row.get::<String>(1).or_internal("reading ready queues"))
+            .collect();
+        if !queues.is_empty() {
+            run(client, &NOTIFY_IF_IDLE, &[queues.into(), ids.to_vec().into()]);
+        }
+    })
+}
+
+/// Fairness start tags for tasks about to become ready in a fairness queue,
+/// given in claim order as `(fairness key, weight)`. Keyless tasks start at
+/// the queue's virtual time; a key's tasks follow one another by 1/weight.
+pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
+    Spi::connect_mut(|client| {
+        let vtime: f64 = run(client, &VTIME, &[queue.into()])
+            .next()
+            .and_then(|row| row.get::<f64>(1).or_internal("reading vtime"))
+            .unwrap_or(0.0);
+        let mut per_key: BTreeMap<&str, f64> = BTreeMap::new();
+        for (key, weight) in tasks {
+            if let Some(key) = key {
+                *per_key.entry(key.as_str()).or_insert(0.0) += 1.0 / weight;
+            }
+        }
+        // Each key's finish tag moves once, by the sum of its tasks' 1/weight;
+        // the tasks take the starts in between, in order.
+        let mut next_start: BTreeMap<&str, f64> = BTreeMap::new();
+        for (key, total) in &per_key {
+            let finish: f64 = run(
+                client,
+                &ADVANCE_KEY,
+                &[queue.into(), (*key).into(), vtime.into(), (*total).into()],
+            )
+            .next()
+            .and_then(|row| row.get::<f64>(1).or_internal("advancing a fairness key"))
+            .unwrap_or(vtime + total);
+            next_start.insert(key, finish - total);
+        }
+        tasks
+            .iter()
+            .map(|(key, weight)| match key {
+                None => fair_tags(vtime, None, *weight).0,
+                Some(key) => {
+                    let Some(start) = next_start.get_mut(key.as_str()) else {
+                        internal(format_args!(
+                            "tagging tasks of fairness key {key:?}: the key was not advanced"
+                        ))
+                    };
+                    let this = *start;
+                    *start += 1.0 / weight;
+                    this
+                }
+            })
+            .collect()
+    })
+}

@@ -1,0 +1,236 @@
+//! Failing a claimed task: retry with exponential backoff and jitter until its
+//! attempts run out, then the dead letters.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use sheaf_core::backoff::retry_delay_ms;
+
+use crate::base::errors::{SpiResultExt, internal, stale_token};
+use crate::base::plans::{Stmt, run};
+use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
+use crate::queue::{caps, dead_letters, lease};
+
+/// The longest explicit `retry_in`.
+pub const MAX_RETRY_SECS: f64 = 365.0 * 86_400.0;
+/// The longest error text kept; longer ones are cut (and say so).
+pub const MAX_ERROR_BYTES: usize = 8_192;
+
+const RUNNING: Stmt = Stmt::write(
+    "SELECT concurrency_key, attempts, max_attempts, execution_id, kind FROM tasks \
+     WHERE id = $1 AND token = $2 AND state = 'running' FOR UPDATE",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+const BACK_OFF: Stmt = Stmt::write(
+    "UPDATE tasks SET state = 'scheduled', run_at = now() + make_interval(secs => $2), last_error = $3, \
+            lease_owner = NULL, lease_secs = NULL, lease_expires_at = NULL \
+     WHERE id = $1 RETURNING run_at",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+
+/// A running task's row, locked.
+struct Running {
+    key: Option<String>,
+    attempts: i32,
+    max_attempts: i32,
+    execution_id: Option<pgrx::Uuid>,
+    kind: String,
+}
+
+fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
+    let row = Spi::connect_mut(|client| {
+        let row = run(client, &RUNNING, &[task_id.into(), token.into()]).next()?;
+        Some(Running {
+            key: row.get::<String>(1).or_internal("failing a task"),
+            attempts: row.get::<i32>(2).or_internal("failing a task").unwrap_or(0),
+            max_attempts: row.get::<i32>(3).or_internal("failing a task").unwrap_or(1),
+            execution_id: row.get::<pgrx::Uuid>(4).or_internal("failing a task"),
+            kind: row
+                .get::<String>(5)
+                .or_internal("failing a task")
+                .unwrap_or_default(),
+        })
+    });
+    row.unwrap_or_else(|| stale_token(task_id, token))
+}
+
+/// An error text as kept: cut at `MAX_ERROR_BYTES` (on a character
+/// boundary), saying so.
+pub fn cut_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_BYTES {
+        return error.to_owned();
+    }
+    let mut cut = MAX_ERROR_BYTES;
+    while !error.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… [cut at {MAX_ERROR_BYTES} bytes]", &error[..cut])
+}
+
+/// The default delay before attempt `attempts + 1`: exponential, with jitter.
+fn backoff_secs(attempts: i32) -> f64 {
+    let jitter = (uuid::Uuid::new_v4().as_u64_pair().1 >> 11) as f64 / (1u64 << 53) as f64;
+    retry_delay_ms(attempts as u32, jitter) as f64 / 1000.0
+}
+
+/// The start of this transaction: `now()` in SQL.
+fn transaction_start() -> TimestampWithTimeZone {
+    // SAFETY: reads this backend's transaction state; always set inside one.
+    let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    TimestampWithTimeZone::try_from(now).unwrap_or_else(|_| internal("reading the transaction's start time"))
+}
+
+/// Records a failed attempt of a task claimed under `token` (`error` as
+/// kept, see `cut_error`). Until its attempts run out it is retried after
+/// `retry_secs`, or by default after an exponential backoff with jitter;
+/// then it moves to the dead letters. Its execution hears of either through
+/// `hooks`. Returns when it will run again (`None` once dead-lettered), and
+/// whether it was dead-lettered. A stale token raises 55P03 and changes
+/// nothing.
+pub fn fail(
+    task_id: pgrx::Uuid,
+    token: i64,
+    error: &str,
+    retry_secs: Option<f64>,
+    hooks: &dyn ExecutionHooks,
+) -> (Option<TimestampWithTimeZone>, bool) {
+    let task = lock_running(task_id, token);
+    if task.attempts >= task.max_attempts {
+        dead_letters::bury(task_id, error, hooks);
+        return (None, true);
+    }
+    let delay = retry_secs.unwrap_or_else(|| backoff_secs(task.attempts));
+    let retry_at = if delay == 0.0 {
+        // Straight back in line, keeping its place and its slot.
+        lease::put_back(task_id, task.key.as_deref(), false, Some(error));
+        transaction_start()
+    } else {
+        let at = Spi::connect_mut(|client| {
+            run(client, &BACK_OFF, &[task_id.into(), delay.into(), error.into()])
+                .next()
+                .and_then(|row| {
+                    row.get::<TimestampWithTimeZone>(1)
+                        .or_internal("scheduling a retry")
+                })
+        });
+        // A backing-off task holds no slot: the next waiting task gets it.
+        if let Some(key) = &task.key {
+            caps::release(key, 1);
+        }
+        at.unwrap_or_else(|| internal("scheduling a retry: the locked task is gone"))
+    };
+    if let Some(execution_id) = task.execution_id {
+        hooks.task_outcome(TaskEvent {
+            execution_id,
+            task_id,
+            kind: &task.kind,
+            outcome: Outcome::Failed {
+                attempt: task.attempts,
+                error,
+            },
+        });
+    }
+    (Some(retry_at), false)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, count, enqueue, init, ns};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    fn fail(task: &(pgrx::Uuid, i64, serde_json::Value), retry_in: Option<&str>) -> (bool, bool) {
+        Spi::connect(|client| {
+            let row = client
+                .select(
+                    "SELECT retry_at IS NOT NULL, dead_lettered FROM sheaf.fail($1, $2, 'boom', $3::interval)",
+                    None,
+                    &[task.0.into(), task.1.into(), retry_in.into()],
+                )
+                .expect("fail")
+                .first();
+            (
+                row.get::<bool>(1).unwrap().unwrap(),
+                row.get::<bool>(2).unwrap().unwrap(),
+            )
+        })
+    }
+
+    #[pg_test]
+    fn a_failure_backs_off_with_jitter() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({}));
+        let t = claim("q", 1);
+        assert_eq!(fail(&t[0], None), (true, false));
+        let delay = Spi::get_one::<f64>(
+            "SELECT extract(epoch FROM run_at - now())::float8 FROM sheaf.tasks WHERE state = 'scheduled'",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(
+            (0.75..=1.25).contains(&delay),
+            "first retry after ~1 s, got {delay}"
+        );
+        assert!(claim("q", 1).is_empty(), "not before its retry time");
+        assert_eq!(
+            Spi::get_one::<String>("SELECT last_error FROM sheaf.tasks")
+                .unwrap()
+                .as_deref(),
+            Some("boom")
+        );
+    }
+
+    #[pg_test]
+    fn retry_in_zero_puts_it_straight_back() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({}));
+        let t = claim("q", 1);
+        assert_eq!(fail(&t[0], Some("0 seconds")), (true, false));
+        let again = claim("q", 1);
+        assert_eq!(ns(&again), vec![1]);
+        assert_eq!(count("SELECT attempts::bigint FROM sheaf.tasks"), 2);
+    }
+
+    #[pg_test]
+    fn the_last_attempt_dead_letters_and_redrive_brings_it_back() {
+        init();
+        let id = enqueue(
+            "q",
+            json!({"n": 1}),
+            json!({"max_attempts": 2, "concurrency_key": "k"}),
+        );
+        Spi::run("SELECT sheaf.set_concurrency_limit('k', 1)").unwrap();
+        let t = claim("q", 1);
+        fail(&t[0], Some("0 seconds"));
+        let t = claim("q", 1);
+        assert_eq!(fail(&t[0], None), (false, true));
+        assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 0);
+        assert_eq!(count("SELECT dead FROM sheaf.queue_stats('q')"), 1);
+        assert_eq!(
+            count("SELECT admitted::bigint FROM sheaf.concurrency_limits"),
+            0,
+            "its slot was freed"
+        );
+        let moved = Spi::get_one_with_args::<i32>("SELECT sheaf.redrive(ARRAY[$1])", &[id.into()]).unwrap();
+        assert_eq!(moved, Some(1));
+        let t = claim("q", 1);
+        assert_eq!(t[0].0, id);
+        assert_eq!(
+            count("SELECT attempts::bigint FROM sheaf.tasks"),
+            1,
+            "redrive resets attempts"
+        );
+    }
+
+    #[pg_test(
+        error = "task 00010000-0000-8000-8000-000000000009 is not running under token 1: its lease was lost (expired and claimed again) or it already finished"
+    )]
+    fn failing_an_unknown_task_is_stale() {
+        init();
+        Spi::run("SELECT sheaf.fail('00010000-0000-8000-8000-000000000009', 1, 'x')").unwrap();
+    }
+}

@@ -1,0 +1,384 @@
+//! Enqueueing tasks, and moving existing tasks between states.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use sheaf_core::options::EnqueueOptions;
+use sheaf_core::ordering::Mode;
+
+use crate::base::errors::{SpiResultExt, bad_argument};
+use crate::base::ids;
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, exec, run};
+use crate::queue::hooks::{ExecutionHooks, Intake};
+use crate::queue::{caps, queues, ready};
+
+/// The most payloads one `enqueue_batch` accepts.
+pub const MAX_BATCH: usize = 10_000;
+
+// One statement inserts the tasks (in input order, so `seq` keeps the batch's
+// order) and the ready rows of those admitted now, and answers whether the
+// queue had no ready task before (its workers may be asleep on LISTEN; see
+// ready.rs). It looks from the tail of the queue's range: the head is where
+// claims leave dead entries until the next vacuum. A single task is inserted
+// from VALUES, a batch from unnest (a function scan costs more to start than
+// a one-row insert takes). ON CONFLICT makes Postgres use speculative
+// insertion for every row, which costs, so only enqueues that carry an
+// idempotency key pay for it; only queues that notify pay for the probe.
+macro_rules! insert_tasks {
+    ($rows:expr, $on_conflict:expr, $probe:expr) => {
+        concat!(
+            "WITH t AS (\
+               INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, fair_start, run_at, \
+                                  max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
+                                  idempotency_key) ",
+            $rows,
+            " ",
+            $on_conflict,
+            " RETURNING id, queue, priority, enqueued_at, fair_start, seq, state), \
+             r AS (INSERT INTO ready (task_id, queue, k1, k2, seq) \
+               SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
+               FROM t WHERE t.state = 'ready') \
+             SELECT ",
+            $probe
+        )
+    };
+}
+macro_rules! idle {
+    () => {
+        "(SELECT task_id FROM ready WHERE queue = $2 ORDER BY k1 DESC, k2 DESC, seq DESC LIMIT 1) IS NULL"
+    };
+}
+macro_rules! idempotent {
+    () => {
+        "ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+    };
+}
+macro_rules! one_task {
+    () => {
+        "VALUES ($1, $2, $3, $12, $4, $13, nextval('task_seq'), $14, coalesce($5, now()), $6, $7, $8, $9, $10, $11)"
+    };
+}
+macro_rules! many_tasks {
+    () => {
+        "SELECT x.id, $2, $3, x.payload, $4, x.state, nextval('task_seq'), x.fair_start, \
+                coalesce($5, now()), $6, $7, $8, $9, $10, $11 \
+         FROM unnest($1::uuid[], $12::jsonb[], $13::text[], $14::float8[]) AS x(id, payload, state, fair_start)"
+    };
+}
+// $1, $12, $13 and $14 are per task: scalars for one task, arrays for many.
+macro_rules! insert_args {
+    ($id:ident, $payload:ident, $state:ident, $fair_start:ident) => {
+        &[
+            PgBuiltInOids::$id,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::TIMESTAMPTZOID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::UUIDOID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::FLOAT8OID,
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::$payload,
+            PgBuiltInOids::$state,
+            PgBuiltInOids::$fair_start,
+            PgBuiltInOids::INT4OID,
+        ]
+    };
+}
+const ONE: &[PgBuiltInOids] = insert_args!(UUIDOID, JSONBOID, TEXTOID, FLOAT8OID);
+const MANY: &[PgBuiltInOids] = insert_args!(UUIDARRAYOID, JSONBARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID);
+/// The insert statements: [one task, one with an idempotency key, a batch],
+/// each without and with the idle probe.
+static INSERTS: [[Stmt; 2]; 3] = [
+    [
+        Stmt::write(insert_tasks!(one_task!(), "", "false"), ONE),
+        Stmt::write(insert_tasks!(one_task!(), "", idle!()), ONE),
+    ],
+    [
+        Stmt::write(insert_tasks!(one_task!(), idempotent!(), "false"), ONE),
+        Stmt::write(insert_tasks!(one_task!(), idempotent!(), idle!()), ONE),
+    ],
+    [
+        Stmt::write(insert_tasks!(many_tasks!(), "", "false"), MANY),
+        Stmt::write(insert_tasks!(many_tasks!(), "", idle!()), MANY),
+    ],
+];
+const BY_IDEMPOTENCY_KEY: Stmt = Stmt::read(
+    "SELECT id FROM tasks WHERE queue = $1 AND idempotency_key = $2",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
+);
+const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_ready', $1)", &[PgBuiltInOids::TEXTOID]);
+const NEEDING_FAIR_START: Stmt = Stmt::read(
+    "SELECT t.id, t.queue, t.fairness_key, t.fairness_weight \
+     FROM tasks t JOIN queues q ON q.name = t.queue \
+     WHERE t.id = ANY($1) AND q.fairness AND t.fair_start IS NULL \
+     ORDER BY t.queue, t.priority DESC, t.seq",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+const SET_READY: Stmt = Stmt::write(
+    "UPDATE tasks t SET state = 'ready', fair_start = coalesce(x.fair_start, t.fair_start) \
+     FROM unnest($1::uuid[], $2::float8[]) AS x(id, fair_start) WHERE t.id = x.id",
+    &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::FLOAT8ARRAYOID],
+);
+/// Inserts tasks with validated options (the queue name is checked). A task
+/// of an execution asks it whether it takes tasks (`hooks`).
+pub fn insert(
+    name: &str,
+    payloads: Vec<Jsonb>,
+    o: &EnqueueOptions,
+    hooks: &dyn ExecutionHooks,
+) -> Vec<pgrx::Uuid> {
+    let run_at = o
+        .run_at
+        .as_deref()
+        .map(|s| match s.parse::<TimestampWithTimeZone>() {
+            Ok(t) if t.is_finite() => t,
+            _ => bad_argument(
+                "opts.run_at",
+                format!("must be a finite timestamp with time zone, got {s:?}"),
+            ),
+        });
+    let execution_id = o.execution_id.map(pgrx::Uuid::from_bytes);
+    // A paused execution's new tasks wait, holding no slot, until it resumes.
+    let paused = execution_id.is_some_and(|id| hooks.intake(id) == Intake::Parked);
+    if let Some(key) = &o.idempotency_key {
+        if payloads.len() > 1 {
+            bad_argument(
+                "opts.idempotency_key",
+                "names one task: it cannot apply to a batch of several payloads",
+            );
+        }
+        if let Some(existing) = by_idempotency_key(name, key) {
+            return vec![existing];
+        }
+    }
+    let q = queues::load_or_create(name);
+
+    let n = payloads.len();
+    let due = match run_at {
+        _ if paused => false,
+        None => true,
+        Some(t) => Spi::get_one_with_args::<bool>("SELECT $1 <= now()", &[t.into()])
+            .or_internal("comparing run_at")
+            .unwrap_or(true),
+    };
+    let admitted = match (&o.concurrency_key, due) {
+        (_, false) => 0,
+        (None, true) => n,
+        (Some(key), true) => caps::admit(key, n as i32) as usize,
+    };
+    let mut fair_start: Vec<Option<f64>> = vec![None; n];
+    if q.mode == Mode::Fairness && admitted > 0 {
+        let starts = ready::fair_starts(name, &vec![(o.fairness_key.clone(), o.fairness_weight); admitted]);
+        for (slot, s) in fair_start.iter_mut().zip(starts) {
+            *slot = Some(s);
+        }
+    }
+    let states: Vec<&str> = (0..n)
+        .map(|i| match (due, i < admitted) {
+            _ if paused => "paused",
+            (false, _) => "scheduled",
+            (true, true) => "ready",
+            (true, false) => "waiting",
+        })
+        .collect();
+    let mut mint = ids::minter();
+    let new_ids: Vec<pgrx::Uuid> = (0..n).map(|_| mint()).collect();
+    let aging = match q.mode {
+        Mode::Aging { secs } => Some(secs as i32),
+        _ => None,
+    };
+    let shared = [
+        name.into(),
+        o.kind.as_str().into(),
+        o.priority.into(),
+        run_at.into(),
+        o.max_attempts.into(),
+        execution_id.into(),
+        o.concurrency_key.clone().into(),
+        o.fairness_key.clone().into(),
+        o.fairness_weight.into(),
+        o.idempotency_key.clone().into(),
+    ];
+    let (variant, per_task) = match (payloads.len(), &o.idempotency_key) {
+        (1, key) => {
+            let payload = payloads.into_iter().next();
+            (
+                if key.is_some() { 1 } else { 0 },
+                [
+                    new_ids[0].into(),
+                    payload.into(),
+                    states[0].into(),
+                    fair_start[0].into(),
+                ],
+            )
+        }
+        // A key names one task: refused above for a batch.
+        _ => (
+            2,
+            [
+                new_ids.clone().into(),
+                payloads.into(),
+                states.into(),
+                fair_start.into(),
+            ],
+        ),
+    };
+    let [id, payload, state, start] = per_task;
+    let mut args = vec![id];
+    args.extend(shared);
+    args.extend([payload, state, start, aging.into()]);
+    let stmt = &INSERTS[variant][q.notify as usize];
+    let was_idle = Spi::connect_mut(|client| {
+        run(client, stmt, &args)
+            .first()
+            .get::<bool>(1)
+            .or_internal("enqueueing")
+            .unwrap_or(false)
+    });
+    if let Some(key) = &o.idempotency_key
+        && let Some(existing) = by_idempotency_key(name, key)
+        && existing != new_ids[0]
+    {
+        // A concurrent enqueue with the same key won the insert: give back
+        // the slot taken for ours and answer with theirs.
+        if let Some(ckey) = &o.concurrency_key
+            && admitted > 0
+        {
+            caps::release(ckey, admitted as i32);
+        }
+        return vec![existing];
+    }
+    // Only an idle queue's workers can be asleep on LISTEN (see ready.rs).
+    if admitted > 0 && q.notify && was_idle {
+        exec(&NOTIFY, &[name.into()]);
+    }
+    new_ids
+}
+
+fn by_idempotency_key(queue: &str, key: &str) -> Option<pgrx::Uuid> {
+    Spi::connect_mut(|client| {
+        run(client, &BY_IDEMPOTENCY_KEY, &[queue.into(), key.into()])
+            .next()
+            .and_then(|row| row.get::<pgrx::Uuid>(1).or_internal("reading an idempotency key"))
+    })
+}
+
+/// Marks existing tasks ready (the caller has admitted them), fixing the
+/// fairness start tag of those entering a fairness queue for the first time.
+/// The caller then inserts their ready rows with `ready::insert`.
+pub fn set_ready(ids: &[pgrx::Uuid]) {
+    if ids.is_empty() {
+        return;
+    }
+    let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect_mut(|client| {
+        run(client, &NEEDING_FAIR_START, &[ids.to_vec().into()])
+            .filter_map(|row| {
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal("fairness")?,
+                    row.get::<String>(2).or_internal("fairness")?,
+                    row.get::<String>(3).or_internal("fairness"),
+                    row.get::<f64>(4).or_internal("fairness")?,
+                ))
+            })
+            .collect()
+    });
+    let mut starts: Vec<Option<f64>> = vec![None; ids.len()];
+    let index: std::collections::HashMap<pgrx::Uuid, usize> =
+        ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let mut i = 0;
+    while i < needing.len() {
+        let queue = &needing[i].1;
+        let group: Vec<_> = needing[i..].iter().take_while(|t| &t.1 == queue).collect();
+        let tags = ready::fair_starts(
+            queue,
+            &group.iter().map(|t| (t.2.clone(), t.3)).collect::<Vec<_>>(),
+        );
+        for (t, tag) in group.iter().zip(tags) {
+            if let Some(&pos) = index.get(&t.0) {
+                starts[pos] = Some(tag);
+            }
+        }
+        i += group.len();
+    }
+    exec(&SET_READY, &[ids.to_vec().into(), starts.into()]);
+}
+
+// An execution's tasks, for its state changes (the workflow layer's close,
+// pause and resume). Ready rows first, as the claim locks them (ready row,
+// then task row).
+const UNREADY: Stmt = Stmt::write(
+    "DELETE FROM ready WHERE task_id = ANY(ARRAY(\
+       SELECT id FROM tasks WHERE execution_id = $1 AND state = 'ready'))",
+    &[PgBuiltInOids::UUIDOID],
+);
+const DELETE_OF_EXECUTION: Stmt = Stmt::write(
+    "DELETE FROM tasks WHERE execution_id = $1 RETURNING state, concurrency_key",
+    &[PgBuiltInOids::UUIDOID],
+);
+// Ready, waiting and scheduled tasks wait, holding no slot, until resumed.
+const PARK: Stmt = Stmt::write(
+    "WITH old AS (SELECT id, state, concurrency_key FROM tasks \
+                  WHERE execution_id = $1 AND state IN ('ready', 'waiting', 'scheduled') FOR UPDATE) \
+     UPDATE tasks t SET state = 'paused' FROM old WHERE t.id = old.id \
+     RETURNING old.state, old.concurrency_key",
+    &[PgBuiltInOids::UUIDOID],
+);
+const UNPARK_FUTURE: Stmt = Stmt::write(
+    "UPDATE tasks SET state = 'scheduled' WHERE execution_id = $1 AND state = 'paused' AND run_at > now()",
+    &[PgBuiltInOids::UUIDOID],
+);
+const PARKED: Stmt = Stmt::write(
+    "SELECT id, concurrency_key FROM tasks WHERE execution_id = $1 AND state = 'paused' \
+     ORDER BY priority DESC, seq FOR UPDATE",
+    &[PgBuiltInOids::UUIDOID],
+);
+
+fn state_and_key(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    stmt: &Stmt,
+    execution_id: pgrx::Uuid,
+    doing: &str,
+) -> Vec<(String, Option<String>)> {
+    run(client, stmt, &[execution_id.into()])
+        .filter_map(|row| {
+            Some((
+                row.get::<String>(1).or_internal(doing)?,
+                row.get::<String>(2).or_internal(doing),
+            ))
+        })
+        .collect()
+}
+
+/// Deletes an execution's unfinished tasks (locking them); returns
+/// `(state, key)` of each, for `caps::release_held`.
+pub fn delete_of_execution(execution_id: pgrx::Uuid) -> Vec<(String, Option<String>)> {
+    exec(&UNREADY, &[execution_id.into()]);
+    Spi::connect_mut(|client| state_and_key(client, &DELETE_OF_EXECUTION, execution_id, "cancelling tasks"))
+}
+
+/// Parks an execution's ready, waiting and scheduled tasks (locking them);
+/// returns `(previous state, key)` of each, for `caps::release_held`.
+pub fn park_of_execution(execution_id: pgrx::Uuid) -> Vec<(String, Option<String>)> {
+    exec(&UNREADY, &[execution_id.into()]);
+    Spi::connect_mut(|client| state_and_key(client, &PARK, execution_id, "parking tasks"))
+}
+
+/// Locks an execution's parked tasks, and makes those not yet due
+/// scheduled again; returns the rest, `(id, key)` in the order they should
+/// be admitted (`promote::place`).
+pub fn unpark_of_execution(execution_id: pgrx::Uuid) -> Vec<(pgrx::Uuid, Option<String>)> {
+    exec(&UNPARK_FUTURE, &[execution_id.into()]);
+    Spi::connect_mut(|client| {
+        run(client, &PARKED, &[execution_id.into()])
+            .filter_map(|row| {
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal("unparking tasks")?,
+                    row.get::<String>(2).or_internal("unparking tasks"),
+                ))
+            })
+            .collect()
+    })
+}

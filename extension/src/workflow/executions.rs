@@ -1,0 +1,192 @@
+//! Executions: locking and reading one, and enqueueing its workflow tasks.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use sheaf_core::options::{EnqueueOptions, Kind};
+
+use crate::base::errors::{SpiResultExt, not_ready, unknown_execution};
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, run};
+use crate::queue::tasks;
+use crate::workflow::hooks::EXECUTIONS;
+
+/// The states that count as active (for uniqueness, gates and quotas).
+pub const ACTIVE: [&str; 3] = ["RUNNING", "SUSPENDED", "PAUSED"];
+
+pub fn is_active(state: &str) -> bool {
+    ACTIVE.contains(&state)
+}
+
+const STATE: Stmt = Stmt::read(
+    "SELECT state FROM executions WHERE id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+const LOCK: Stmt = Stmt::write(
+    "SELECT state, workflow_name, workflow_id, concurrency_key, quota_key, queue, paused_from \
+     FROM executions WHERE id = $1 FOR UPDATE",
+    &[PgBuiltInOids::UUIDOID],
+);
+/// The columns `get_execution` and `find_execution` return, in their order.
+macro_rules! execution_columns {
+    () => {
+        "id, workflow_name, workflow_id, state, input, result, error, concurrency_key, \
+         quota_key, history_bytes, created_at, closed_at, wake_at"
+    };
+}
+const GET: Stmt = Stmt::read(
+    concat!("SELECT ", execution_columns!(), " FROM executions WHERE id = $1"),
+    &[PgBuiltInOids::UUIDOID],
+);
+// The active one if any (it sorts first), else the most recent.
+const FIND: Stmt = Stmt::read(
+    concat!(
+        "SELECT ",
+        execution_columns!(),
+        " FROM executions WHERE workflow_name = $1 AND workflow_id = $2 \
+         ORDER BY state NOT IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING', 'MIGRATED'), seq DESC LIMIT 1"
+    ),
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
+);
+
+/// An execution's state; `None` if it is not on this shard.
+pub fn state_of(id: pgrx::Uuid) -> Option<String> {
+    Spi::connect_mut(|client| {
+        run(client, &STATE, &[id.into()])
+            .next()
+            .and_then(|row| row.get::<String>(1).or_internal("reading an execution"))
+    })
+}
+
+const QUOTA_KEY: Stmt = Stmt::read(
+    "SELECT quota_key FROM executions WHERE id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+
+/// The quota key stamped on an execution at its start, if any.
+pub fn quota_key_of(id: pgrx::Uuid) -> Option<String> {
+    Spi::connect_mut(|client| {
+        run(client, &QUOTA_KEY, &[id.into()])
+            .next()
+            .and_then(|row| row.get::<String>(1).or_internal("reading a quota key"))
+    })
+}
+
+/// A locked execution row.
+pub struct Locked {
+    pub id: pgrx::Uuid,
+    pub state: String,
+    pub workflow_name: String,
+    pub workflow_id: String,
+    pub concurrency_key: Option<String>,
+    pub quota_key: Option<String>,
+    pub queue: String,
+    pub paused_from: Option<String>,
+}
+
+impl Locked {
+    /// The concurrency key its workflow tasks carry, if its policy capped it.
+    pub fn task_key(&self) -> Option<String> {
+        self.concurrency_key
+            .as_ref()
+            .map(|k| task_key(&self.workflow_name, k))
+    }
+}
+
+/// The task concurrency key of a workflow's resolved concurrency key.
+pub fn task_key(workflow: &str, key: &str) -> String {
+    format!("{workflow}:{key}")
+}
+
+/// Locks an execution's row; P0002 if it is not on this shard.
+pub fn lock(id: pgrx::Uuid) -> Locked {
+    let row = Spi::connect_mut(|client| {
+        let row = run(client, &LOCK, &[id.into()]).next()?;
+        let text = |i: usize| row.get::<String>(i).or_internal("locking an execution");
+        Some(Locked {
+            id,
+            state: text(1)?,
+            workflow_name: text(2)?,
+            workflow_id: text(3)?,
+            concurrency_key: text(4),
+            quota_key: text(5),
+            queue: text(6)?,
+            paused_from: text(7),
+        })
+    });
+    row.unwrap_or_else(|| unknown_execution(id))
+}
+
+/// Locks an execution that must be active; 55000 naming its state if not.
+pub fn lock_active(id: pgrx::Uuid, doing: &str) -> Locked {
+    let e = lock(id);
+    if !is_active(&e.state) {
+        not_ready(format!("execution {id} is {}: cannot {doing}", e.state));
+    }
+    e
+}
+
+/// Enqueues a workflow task for an execution (its first, or after a wake).
+pub fn enqueue_workflow_task(e: &Locked, payload: serde_json::Value, priority: i32, run_at: Option<String>) {
+    let o = EnqueueOptions {
+        priority,
+        run_at,
+        concurrency_key: e.task_key(),
+        execution_id: Some(*e.id.as_bytes()),
+        kind: Kind::Workflow,
+        ..EnqueueOptions::default()
+    };
+    tasks::insert(&e.queue, vec![Jsonb::from_value(payload)], &o, &EXECUTIONS);
+}
+
+/// An execution as `get_execution` returns it.
+pub type Row = (
+    pgrx::Uuid,
+    String,
+    String,
+    String,
+    pgrx::JsonB,
+    Option<pgrx::JsonB>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+    TimestampWithTimeZone,
+    Option<TimestampWithTimeZone>,
+    Option<TimestampWithTimeZone>,
+);
+
+fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> {
+    Spi::connect_mut(|client| {
+        run(client, stmt, &args)
+            .filter_map(|row| {
+                let ctx = "reading an execution";
+                Some((
+                    row.get::<pgrx::Uuid>(1).or_internal(ctx)?,
+                    row.get::<String>(2).or_internal(ctx)?,
+                    row.get::<String>(3).or_internal(ctx)?,
+                    row.get::<String>(4).or_internal(ctx)?,
+                    row.get::<pgrx::JsonB>(5).or_internal(ctx)?,
+                    row.get::<pgrx::JsonB>(6).or_internal(ctx),
+                    row.get::<String>(7).or_internal(ctx),
+                    row.get::<String>(8).or_internal(ctx),
+                    row.get::<String>(9).or_internal(ctx),
+                    row.get::<i64>(10).or_internal(ctx)?,
+                    row.get::<TimestampWithTimeZone>(11).or_internal(ctx)?,
+                    row.get::<TimestampWithTimeZone>(12).or_internal(ctx),
+                    row.get::<TimestampWithTimeZone>(13).or_internal(ctx),
+                ))
+            })
+            .collect()
+    })
+}
+
+/// An execution by id: one row, or none if it is not on this shard.
+pub fn get(id: pgrx::Uuid) -> Vec<Row> {
+    read_rows(&GET, vec![id.into()])
+}
+
+/// The active execution of (name, workflow_id), else the most recent
+/// terminal one; none if there is none.
+pub fn find(name: &str, workflow_id: &str) -> Vec<Row> {
+    read_rows(&FIND, vec![name.into(), workflow_id.into()])
+}

@@ -1,0 +1,111 @@
+//! Execution history: append-only events, one gap-free sequence per execution.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+
+use crate::base::errors::{SpiResultExt, unknown_execution};
+use crate::base::plans::{Stmt, run};
+use crate::workflow::{executions, quota};
+
+/// The largest event payload, in bytes of its JSON text.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+/// The most events one page of history holds.
+pub const MAX_PAGE: i32 = 10_000;
+
+// Updating the execution row serializes appends to one execution, and the
+// update reads the row's latest version after any wait: `seq` is gap-free
+// and never reused.
+const APPEND: Stmt = Stmt::write(
+    "WITH e AS (UPDATE executions SET history_bytes = history_bytes + $4, last_event_seq = last_event_seq + 1 \
+                WHERE id = $1 RETURNING id, last_event_seq, quota_key, state), \
+          i AS (INSERT INTO events (execution_id, seq, event_type, payload, bytes) \
+                SELECT e.id, e.last_event_seq, $2, $3, $4 FROM e RETURNING seq) \
+     SELECT i.seq, e.quota_key, e.state FROM i, e",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::INT4OID,
+    ],
+);
+const PAGE: Stmt = Stmt::read(
+    "SELECT seq, event_type, payload, created_at FROM events \
+     WHERE execution_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::INT8OID,
+    ],
+);
+
+/// Appends an event to an execution's history and returns its seq; `None`
+/// if the execution is not on this shard. The bytes count toward the
+/// execution's quota key while it is active.
+pub fn append(execution_id: pgrx::Uuid, event_type: &str, payload: serde_json::Value) -> Option<i64> {
+    let bytes = payload.to_string().len();
+    let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
+    let (seq, quota_key, state) = Spi::connect_mut(|client| {
+        let row = run(
+            client,
+            &APPEND,
+            &[
+                execution_id.into(),
+                event_type.into(),
+                pgrx::JsonB(payload).into(),
+                bytes.into(),
+            ],
+        )
+        .next()?;
+        Some((
+            row.get::<i64>(1).or_internal("appending an event")?,
+            row.get::<String>(2).or_internal("appending an event"),
+            row.get::<String>(3).or_internal("appending an event")?,
+        ))
+    })?;
+    if let Some(key) = quota_key
+        && executions::is_active(&state)
+    {
+        quota::add(&key, 0, bytes as i64, 0);
+    }
+    Some(seq)
+}
+
+/// Appends a caller's event to an active execution's history; returns its
+/// seq. A closed history (terminal execution) refuses with 55000.
+pub fn append_to_active(id: pgrx::Uuid, event_type: &str, payload: serde_json::Value) -> i64 {
+    // Locked, so no terminal transition slips in between the check and the append.
+    executions::lock_active(id, "append to its history");
+    match append(id, event_type, payload) {
+        Some(seq) => seq,
+        None => unknown_execution(id),
+    }
+}
+
+/// Events of execution `id` after `after`, in order, at most `max_rows`;
+/// P0002 if the execution is not on this shard.
+pub fn page(
+    id: pgrx::Uuid,
+    after: i64,
+    max_rows: i32,
+) -> Vec<(i64, String, pgrx::JsonB, TimestampWithTimeZone)> {
+    if executions::state_of(id).is_none() {
+        unknown_execution(id);
+    }
+    Spi::connect_mut(|client| {
+        run(
+            client,
+            &PAGE,
+            &[id.into(), after.into(), (max_rows as i64).into()],
+        )
+        .filter_map(|row| {
+            Some((
+                row.get::<i64>(1).or_internal("reading history")?,
+                row.get::<String>(2).or_internal("reading history")?,
+                row.get::<pgrx::JsonB>(3).or_internal("reading history")?,
+                row.get::<TimestampWithTimeZone>(4)
+                    .or_internal("reading history")?,
+            ))
+        })
+        .collect::<Vec<_>>()
+    })
+}

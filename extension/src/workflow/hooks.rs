@@ -1,0 +1,86 @@
+//! The workflow layer's side of `queue::hooks`: what a task's outcome does
+//! to its execution.
+
+use std::collections::BTreeMap;
+
+use crate::base::errors::{bad_argument, not_ready};
+use crate::queue::hooks::{ExecutionHooks, Intake, Outcome, TaskEvent};
+use crate::workflow::lifecycle::{self, Close};
+use crate::workflow::{executions, history, quota};
+
+/// Executions as the queue sees them.
+pub struct Executions;
+
+/// The one implementation; the api layer hands it to queue functions.
+pub static EXECUTIONS: Executions = Executions;
+
+impl ExecutionHooks for Executions {
+    fn intake(&self, id: pgrx::Uuid) -> Intake {
+        match executions::state_of(id).as_deref() {
+            None => bad_argument("opts.execution_id", format!("no execution {id} on this shard")),
+            Some("PAUSED") => Intake::Parked,
+            Some("RUNNING" | "SUSPENDED") => Intake::Open,
+            Some(state) => not_ready(format!("execution {id} is {state}: it takes no new tasks")),
+        }
+    }
+
+    fn task_outcome(&self, event: TaskEvent<'_>) {
+        let TaskEvent {
+            execution_id,
+            task_id,
+            kind,
+            outcome,
+        } = event;
+        let task = task_id.to_string();
+        match outcome {
+            Outcome::Completed { result } => {
+                history::append(
+                    execution_id,
+                    "TaskCompleted",
+                    serde_json::json!({"task_id": task, "kind": kind, "result": result}),
+                );
+            }
+            Outcome::Failed { attempt, error } => {
+                history::append(
+                    execution_id,
+                    "TaskFailed",
+                    serde_json::json!({"task_id": task, "kind": kind, "attempt": attempt, "error": error}),
+                );
+            }
+            Outcome::DeadLettered { attempts, error } => {
+                history::append(
+                    execution_id,
+                    "TaskDeadLettered",
+                    serde_json::json!({"task_id": task, "kind": kind, "attempts": attempts, "error": error}),
+                );
+                if let Some(quota_key) = executions::quota_key_of(execution_id) {
+                    quota::add(&quota_key, 0, 0, 1);
+                }
+                // A workflow task that ran out of attempts fails its execution.
+                if kind == "workflow" && executions::state_of(execution_id).is_some() {
+                    lifecycle::close(
+                        execution_id,
+                        Close::Failed {
+                            error: format!(
+                                "workflow task {task_id} dead-lettered after {attempts} attempt(s): {error}"
+                            ),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn redriven(&self, execution_ids: &[pgrx::Uuid]) {
+        // Counter rows in key order (the lock order, `base::locks`).
+        let mut per_quota_key: BTreeMap<String, i64> = BTreeMap::new();
+        for id in execution_ids {
+            if let Some(key) = executions::quota_key_of(*id) {
+                *per_quota_key.entry(key).or_default() += 1;
+            }
+        }
+        for (key, k) in per_quota_key {
+            quota::add(&key, 0, 0, -k);
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! Execution state transitions. Each one locks the execution row, appends its
+//! event, and changes the state in the same transaction.
+//!
+//! A terminal transition also releases everything the execution holds: its
+//! unfinished tasks are cancelled (their concurrency slots go to the next
+//! waiting tasks), its mutexes pass to their next waiters, its places in
+//! mutex waiting lines are removed, and its quota counters are updated.
+//! Each follows the lock order of `base::locks`: the execution's tasks, then
+//! its row, then quota counters, concurrency keys and mutex keys.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+
+use crate::base::errors::{SpiResultExt, not_ready, unknown_execution};
+use crate::base::plans::{Stmt, exec, run};
+use crate::mutex;
+use crate::queue::{caps, promote, tasks};
+use crate::workflow::executions::{self, Locked};
+use crate::workflow::{history, quota};
+
+/// How an execution ends.
+pub enum Close {
+    Completed { result: Option<serde_json::Value> },
+    Failed { error: String },
+    Cancelled { reason: Option<String> },
+    Terminated { reason: Option<String> },
+}
+
+impl Close {
+    fn state(&self) -> &'static str {
+        match self {
+            Close::Completed { .. } => "COMPLETED",
+            Close::Failed { .. } => "FAILED",
+            Close::Cancelled { .. } => "CANCELLED",
+            Close::Terminated { .. } => "TERMINATED",
+        }
+    }
+
+    fn event(&self) -> (&'static str, serde_json::Value) {
+        match self {
+            Close::Completed { result } => ("WorkflowCompleted", serde_json::json!({ "result": result })),
+            Close::Failed { error } => ("WorkflowFailed", serde_json::json!({ "error": error })),
+            Close::Cancelled { reason } => ("WorkflowCancelled", serde_json::json!({ "reason": reason })),
+            Close::Terminated { reason } => ("WorkflowTerminated", serde_json::json!({ "reason": reason })),
+        }
+    }
+}
+
+const CLOSE: Stmt = Stmt::write(
+    "UPDATE executions SET state = $2, result = $3, error = $4, closed_at = now(), \
+            wake_at = NULL, paused_from = NULL \
+     WHERE id = $1 RETURNING history_bytes",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+const SET_STATE: Stmt = Stmt::write(
+    "UPDATE executions SET state = $2, paused_from = $3, wake_at = CASE WHEN $5 THEN $4 ELSE wake_at END \
+     WHERE id = $1",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::BOOLOID,
+    ],
+);
+const DUE_WAKES: Stmt = Stmt::write(
+    "SELECT id FROM executions WHERE state = 'SUSPENDED' AND wake_at <= now() \
+     ORDER BY wake_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+    &[PgBuiltInOids::INT8OID],
+);
+
+/// Ends an execution; `false` if it had already ended (nothing changes).
+/// A migrating or migrated execution refuses (55000): its own shard ends it.
+pub fn close(id: pgrx::Uuid, how: Close) -> bool {
+    match executions::state_of(id) {
+        None => unknown_execution(id),
+        Some(state) if !executions::is_active(&state) => return refuse_migrating(id, &state),
+        Some(_) => {}
+    }
+    // Tasks before the execution row: a completing or failing task holds
+    // its row and then appends to its execution's history.
+    let cancelled = tasks::delete_of_execution(id);
+    let e = executions::lock(id);
+    if !executions::is_active(&e.state) {
+        return refuse_migrating(id, &e.state);
+    }
+    let (event_type, payload) = how.event();
+    history::append(id, event_type, payload);
+    let (result, error) = match &how {
+        Close::Completed { result } => (result.clone().map(pgrx::JsonB), None),
+        Close::Failed { error } => (None, Some(error.clone())),
+        Close::Cancelled { reason } | Close::Terminated { reason } => (None, reason.clone()),
+    };
+    let bytes = Spi::connect_mut(|client| {
+        run(
+            client,
+            &CLOSE,
+            &[id.into(), how.state().into(), result.into(), error.into()],
+        )
+        .next()
+        .and_then(|row| row.get::<i64>(1).or_internal("closing an execution"))
+        .unwrap_or(0)
+    });
+    if let Some(key) = &e.quota_key {
+        quota::add(key, -1, -bytes, 0);
+    }
+    caps::release_held(cancelled);
+    mutex::release_all(id);
+    true
+}
+
+fn refuse_migrating(id: pgrx::Uuid, state: &str) -> bool {
+    if state == "MIGRATING" || state == "MIGRATED" {
+        not_ready(format!(
+            "execution {id} is {state}: it is ended where it now runs"
+        ));
+    }
+    false
+}
+
+/// Sets an execution's state; `wake_at`: `Some(t)` sets the timer to `t`,
+/// `None` keeps it.
+fn set_state(
+    e: &Locked,
+    state: &str,
+    paused_from: Option<&str>,
+    wake_at: Option<Option<TimestampWithTimeZone>>,
+) {
+    exec(
+        &SET_STATE,
+        &[
+            e.id.into(),
+            state.into(),
+            paused_from.into(),
+            wake_at.flatten().into(),
+            wake_at.is_some().into(),
+        ],
+    );
+}
+
+/// Pauses a running or suspended execution: its ready, waiting and scheduled
+/// tasks are parked (holding no slot) until it resumes; running tasks
+/// finish. `false` if it was already paused; 55000 if it has ended.
+pub fn pause(id: pgrx::Uuid) -> bool {
+    if executions::state_of(id).as_deref() == Some("PAUSED") {
+        return false;
+    }
+    // Tasks before the execution row, as in `close`.
+    let parked = tasks::park_of_execution(id);
+    let e = executions::lock_active(id, "be paused");
+    if e.state == "PAUSED" {
+        // Paused meanwhile: its tasks were parked already.
+        return false;
+    }
+    history::append(e.id, "WorkflowPaused", serde_json::json!({ "from": e.state }));
+    set_state(&e, "PAUSED", Some(&e.state), None);
+    caps::release_held(parked);
+    true
+}
+
+/// Resumes a paused execution in the state it was paused from; its parked
+/// tasks go back in line. `false` if it was not paused; 55000 if it has ended.
+pub fn resume(id: pgrx::Uuid) -> bool {
+    let e = executions::lock_active(id, "be resumed");
+    if e.state != "PAUSED" {
+        return false;
+    }
+    let to = e.paused_from.clone().unwrap_or_else(|| "RUNNING".into());
+    history::append(e.id, "WorkflowResumed", serde_json::json!({ "to": to }));
+    set_state(&e, &to, None, None);
+    promote::place(tasks::unpark_of_execution(e.id));
+    true
+}
+
+/// Suspends a running execution until `wake`, or until `wake_at` (then
+/// `wake_due` wakes it). `false` if it was already suspended; 55000 if it is
+/// paused or has ended.
+pub fn suspend(id: pgrx::Uuid, wake_at: Option<TimestampWithTimeZone>) -> bool {
+    let e = executions::lock_active(id, "be suspended");
+    match e.state.as_str() {
+        "SUSPENDED" => false,
+        "PAUSED" => not_ready(format!(
+            "execution {id} is PAUSED: resume it before suspending it"
+        )),
+        _ => {
+            history::append(id, "WorkflowSuspended", serde_json::json!({ "wake_at": wake_at }));
+            set_state(&e, "SUSPENDED", None, Some(wake_at));
+            true
+        }
+    }
+}
+
+/// Wakes a suspended execution: RUNNING again, with a new workflow task.
+/// A paused execution that was suspended wakes into paused-from-running
+/// (its task waits for the resume). `false` if it was not suspended.
+pub fn wake(id: pgrx::Uuid) -> bool {
+    let e = executions::lock_active(id, "be woken");
+    let suspended = e.state == "SUSPENDED";
+    let paused_suspended = e.state == "PAUSED" && e.paused_from.as_deref() == Some("SUSPENDED");
+    if !suspended && !paused_suspended {
+        return false;
+    }
+    history::append(id, "WorkflowWoken", serde_json::json!({}));
+    if suspended {
+        set_state(&e, "RUNNING", None, Some(None));
+    } else {
+        set_state(&e, "PAUSED", Some("RUNNING"), Some(None));
+    }
+    executions::enqueue_workflow_task(
+        &e,
+        serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "woken": true}),
+        0,
+        None,
+    );
+    true
+}
+
+/// Wakes up to `max` suspended executions whose timer is due; returns how many.
+pub fn wake_due(max: i64) -> i64 {
+    let due: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
+        run(client, &DUE_WAKES, &[max.into()])
+            .filter_map(|row| row.get::<pgrx::Uuid>(1).or_internal("reading due timers"))
+            .collect()
+    });
+    due.into_iter().filter(|id| wake(*id)).count() as i64
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, count, declare, init, start, state};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    fn call(sql: &str, id: pgrx::Uuid) -> bool {
+        Spi::get_one_with_args::<bool>(sql, &[id.into()])
+            .unwrap()
+            .unwrap()
+    }
+
+    #[pg_test]
+    fn a_terminal_transition_cancels_tasks_frees_slots_and_locks() {
+        init();
+        declare(
+            "w",
+            json!({"queue": "wq", "concurrency": {"key": "input.k", "limit": 1}}),
+        );
+        let (a, ..) = start("w", "a", json!({"k": "k"}));
+        let (b, ..) = start("w", "b", json!({"k": "k"}));
+        let t = claim("wq", 1);
+        assert_eq!(t.len(), 1);
+        Spi::run_with_args("SELECT * FROM sheaf.mutex_acquire('m', $1)", &[a.into()]).unwrap();
+        Spi::run_with_args("SELECT * FROM sheaf.mutex_acquire('m', $1)", &[b.into()]).unwrap();
+        assert!(call("SELECT sheaf.terminate_execution($1, 'stop')", a));
+        assert!(
+            !call("SELECT sheaf.cancel_execution($1, NULL)", a),
+            "already ended"
+        );
+        assert_eq!(state(a), "TERMINATED");
+        assert_eq!(
+            Spi::get_one::<pgrx::Uuid>("SELECT holder FROM sheaf.mutex_status('m')").unwrap(),
+            Some(b),
+            "the lock passed to the next waiter"
+        );
+        assert_eq!(claim("wq", 1).len(), 1, "the slot went to b's task");
+    }
+
+    #[pg_test]
+    fn a_dead_lettered_workflow_task_fails_its_execution() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        Spi::run("UPDATE sheaf.tasks SET max_attempts = 1").unwrap();
+        let t = claim("default", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.fail($1, $2, 'boom')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(state(a), "FAILED");
+    }
+
+    #[pg_test]
+    fn pause_parks_tasks_and_resume_brings_them_back() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        assert!(call("SELECT sheaf.pause_execution($1)", a));
+        assert!(!call("SELECT sheaf.pause_execution($1)", a));
+        assert!(
+            claim("default", 1).is_empty(),
+            "a paused execution's task is not claimable"
+        );
+        assert!(call("SELECT sheaf.resume_execution($1)", a));
+        assert_eq!(state(a), "RUNNING");
+        assert_eq!(claim("default", 1).len(), 1);
+    }
+
+    #[pg_test]
+    fn suspend_and_wake_enqueue_a_new_workflow_task() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        let t = claim("default", 1);
+        crate::testing::complete(&t[0]);
+        assert!(call(
+            "SELECT sheaf.suspend_execution($1, now() - interval '1 second')",
+            a
+        ));
+        assert_eq!(state(a), "SUSPENDED");
+        let woken = Spi::get_one::<i64>("SELECT (sheaf.maintain()->>'woken')::bigint").unwrap();
+        assert_eq!(woken, Some(1));
+        assert_eq!(state(a), "RUNNING");
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.tasks WHERE kind = 'workflow'"),
+            1
+        );
+    }
+
+    #[pg_test(error = "execution 00010000-0000-8000-8000-000000000001 is COMPLETED: cannot be paused")]
+    fn pausing_an_ended_execution_is_refused() {
+        init();
+        Spi::run(
+            "INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state, seq, queue, input) \
+             VALUES ('00010000-0000-8000-8000-000000000001', 'w', 'a', 'COMPLETED', 1, 'default', '{}')",
+        )
+        .unwrap();
+        Spi::run("SELECT sheaf.pause_execution('00010000-0000-8000-8000-000000000001')").unwrap();
+    }
+}

@@ -1,0 +1,56 @@
+//! Workflow policies: the queue, concurrency gate and quota of a workflow
+//! name, declared once and applied by every start.
+
+use pgrx::prelude::*;
+use sheaf_core::policy::WorkflowPolicy;
+
+use crate::base::args::required;
+use crate::base::errors::{SpiResultExt, bad_argument};
+use crate::base::plans::{Stmt, exec, run};
+
+const LOAD: Stmt = Stmt::read(
+    "SELECT policy FROM workflow_policies WHERE workflow_name = $1",
+    &[PgBuiltInOids::TEXTOID],
+);
+const STORE: Stmt = Stmt::write(
+    "INSERT INTO workflow_policies (workflow_name, policy) VALUES ($1, $2) \
+     ON CONFLICT (workflow_name) DO UPDATE SET policy = EXCLUDED.policy, updated_at = now()",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::JSONBOID],
+);
+
+/// Validates a workflow name: 1 to 256 bytes, no control characters.
+pub fn check_name(name: Option<&str>) -> &str {
+    let name = required(name, "name");
+    if name.is_empty() || name.len() > 256 {
+        bad_argument("name", format!("must be 1 to 256 bytes, got {}", name.len()));
+    }
+    if name.chars().any(char::is_control) {
+        bad_argument("name", "must not contain control characters");
+    }
+    name
+}
+
+/// The policy of a workflow name; the default (queue "default", no gates)
+/// for a name never declared.
+pub fn load(name: &str) -> WorkflowPolicy {
+    let stored = Spi::connect_mut(|client| {
+        run(client, &LOAD, &[name.into()])
+            .next()
+            .and_then(|row| row.get::<pgrx::JsonB>(1).or_internal("reading a workflow policy"))
+    });
+    match stored {
+        None => WorkflowPolicy::default(),
+        Some(json) => match WorkflowPolicy::parse(&json.0) {
+            Ok(p) => p,
+            Err(e) => bad_argument(
+                "the stored policy",
+                format!("of workflow {name:?} no longer parses ({e}); declare it again"),
+            ),
+        },
+    }
+}
+
+/// Stores (or replaces) a workflow's validated policy.
+pub fn store(name: &str, policy: &WorkflowPolicy) {
+    exec(&STORE, &[name.into(), pgrx::JsonB(policy.to_json()).into()]);
+}

@@ -1,0 +1,354 @@
+//! The admission transaction: `start_workflow`.
+//!
+//! A start runs, in one transaction: active uniqueness (attach to the running
+//! execution of the same name and workflow id), the quota check, the
+//! concurrency gate (reject or supersede), then the insert of the execution,
+//! its `WorkflowStarted` event and its first workflow task.
+
+use pgrx::prelude::*;
+use sheaf_core::id;
+use sheaf_core::policy::{ConcurrencyPolicy, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key};
+
+use crate::base::errors::{SpiResultExt, bad_argument};
+use crate::base::locks::{self, Class};
+use crate::base::plans::{Stmt, exec, run};
+use crate::base::{ids, shard};
+use crate::queue::caps;
+use crate::workflow::executions::{Locked, enqueue_workflow_task, task_key};
+use crate::workflow::{gates, history, policy, quota};
+
+// Write statements read with a fresh snapshot: they must see what the
+// previous holder of the start lock committed.
+const HOLDING_ID: Stmt = Stmt::write(
+    "SELECT id FROM executions WHERE workflow_name = $1 AND workflow_id = $2 \
+     AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING', 'MIGRATED')",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
+);
+const ID_TAKEN: Stmt = Stmt::write(
+    "SELECT EXISTS (SELECT 1 FROM executions WHERE id = $1)",
+    &[PgBuiltInOids::UUIDOID],
+);
+const INSERT: Stmt = Stmt::write(
+    "INSERT INTO executions (id, workflow_name, workflow_id, state, seq, queue, input, concurrency_key, quota_key) \
+     VALUES ($1, $2, $3, 'RUNNING', nextval('execution_seq'), $4, $5, $6, $7)",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+
+/// What a start returns: the execution, whether this start created it, and
+/// the executions it superseded.
+pub type Started = (pgrx::Uuid, bool, Vec<pgrx::Uuid>);
+
+/// The gates that apply to one start: each policy with its key resolved
+/// from the input (a missing or null key means that gate does not apply).
+struct Gates<'p> {
+    concurrency: Option<(&'p ConcurrencyPolicy, String)>,
+    quota: Option<(&'p QuotaPolicy, String)>,
+}
+
+fn resolve_gates<'p>(p: &'p WorkflowPolicy, input: &serde_json::Value) -> Gates<'p> {
+    let resolve = |segments: &[String], field: &str| match resolve_key(input, segments, field) {
+        Ok(k) => k,
+        Err(e) => bad_argument(&format!("input (for {})", e.option), e.why),
+    };
+    Gates {
+        concurrency: p
+            .concurrency
+            .as_ref()
+            .and_then(|c| resolve(&c.key, "policy.concurrency.key").map(|k| (c, k))),
+        quota: p
+            .quota
+            .as_ref()
+            .and_then(|q| resolve(&q.key, "policy.quota.key").map(|k| (q, k))),
+    }
+}
+
+/// The new execution's id: minted here, or the caller's, which must carry
+/// this shard's prefix.
+fn new_execution_id(given: Option<[u8; 16]>) -> pgrx::Uuid {
+    match given.map(pgrx::Uuid::from_bytes) {
+        None => ids::mint(),
+        Some(given) => {
+            let here = shard::current();
+            let prefix = id::shard_of(given.as_bytes()) as i32;
+            if prefix != here {
+                bad_argument(
+                    "opts.execution_id",
+                    format!("{given} was minted for shard {prefix}, and this is shard {here}"),
+                );
+            }
+            given
+        }
+    }
+}
+
+/// The active (or migrating) execution of (name, workflow id), if any. The
+/// caller holds the start lock; a write statement reads a fresh snapshot.
+fn holding(name: &str, workflow_id: &str) -> Option<pgrx::Uuid> {
+    Spi::connect_mut(|client| {
+        run(client, &HOLDING_ID, &[name.into(), workflow_id.into()])
+            .next()
+            .and_then(|row| {
+                row.get::<pgrx::Uuid>(1)
+                    .or_internal("looking up an active execution")
+            })
+    })
+}
+
+fn refuse_taken(new_id: pgrx::Uuid) {
+    let taken = Spi::connect_mut(|client| {
+        run(client, &ID_TAKEN, &[new_id.into()])
+            .next()
+            .and_then(|row| row.get::<bool>(1).or_internal("checking an execution id"))
+    });
+    if taken == Some(true) {
+        bad_argument(
+            "opts.execution_id",
+            format!("{new_id} already names another execution on this shard"),
+        );
+    }
+}
+
+/// Starts an execution of workflow `name` with `workflow_id` (validated)
+/// unless one is active: then returns it with `created = false`, changing
+/// nothing. Refusals: 53400 (quota), 55006 (concurrency gate `reject`).
+pub fn start(name: &str, workflow_id: &str, input: serde_json::Value, o: &StartOptions) -> Started {
+    let p = policy::load(name);
+    let gates = resolve_gates(&p, &input);
+    let new_id = new_execution_id(o.execution_id);
+
+    // (1) Active uniqueness, serialized per (name, workflow id).
+    locks::exclusive_pair(Class::Start, name, workflow_id);
+    if let Some(existing) = holding(name, workflow_id) {
+        return (existing, false, Vec::new());
+    }
+    refuse_taken(new_id);
+    // (2) Quota: the early, lock-free check keeps the documented order of
+    // refusals; the authoritative one (locked counters) runs after the gate,
+    // so every path locks executions before quota counters.
+    if let Some((q, key)) = &gates.quota {
+        quota::precheck(name, key, q);
+    }
+    // (3) Concurrency gate.
+    let superseded = match &gates.concurrency {
+        Some((c, key)) => {
+            caps::ensure_limit(&task_key(name, key), c.limit);
+            gates::admit(name, key, c, new_id)
+        }
+        None => Vec::new(),
+    };
+    if let Some((q, key)) = &gates.quota {
+        quota::admit(name, key, q);
+    }
+    // (4) The execution, its first event and its first workflow task.
+    let started = Locked {
+        id: new_id,
+        state: "RUNNING".into(),
+        workflow_name: name.to_owned(),
+        workflow_id: workflow_id.to_owned(),
+        concurrency_key: gates.concurrency.map(|(_, k)| k),
+        quota_key: gates.quota.map(|(_, k)| k),
+        queue: o.queue.clone().unwrap_or_else(|| p.queue.clone()),
+        paused_from: None,
+    };
+    insert(&started, input, o);
+    (new_id, true, superseded)
+}
+
+/// Writes a new execution, its `WorkflowStarted` event and its first
+/// workflow task.
+fn insert(e: &Locked, input: serde_json::Value, o: &StartOptions) {
+    exec(
+        &INSERT,
+        &[
+            e.id.into(),
+            e.workflow_name.as_str().into(),
+            e.workflow_id.as_str().into(),
+            e.queue.as_str().into(),
+            pgrx::JsonB(input.clone()).into(),
+            e.concurrency_key.clone().into(),
+            e.quota_key.clone().into(),
+        ],
+    );
+    history::append(
+        e.id,
+        "WorkflowStarted",
+        serde_json::json!({"workflow_id": e.workflow_id, "input": input}),
+    );
+    enqueue_workflow_task(
+        e,
+        serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "input": input}),
+        o.priority,
+        o.run_at.clone(),
+    );
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, count, declare, init, start, state};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    /// A workflow's input is the caller's data: its numbers keep every digit
+    /// and their scale in the execution, its first event and its task.
+    #[pg_test]
+    fn a_start_keeps_the_input_exactly() {
+        init();
+        let input = r#"{"amount": 12345678901234567890.10, "rate": 0.1000000000000000055511151231257827}"#;
+        Spi::run_with_args(
+            "SELECT sheaf.start_workflow('order', 'o-1', $1::jsonb)",
+            &[input.into()],
+        )
+        .expect("start");
+        let exact = |sql: &str| {
+            Spi::get_one_with_args::<bool>(sql, &[input.into()])
+                .expect("query")
+                .expect("a row")
+        };
+        assert!(exact(
+            "SELECT input::text = $1::jsonb::text FROM sheaf.executions"
+        ));
+        assert!(exact(
+            "SELECT (payload -> 'input')::text = $1::jsonb::text FROM sheaf.tasks WHERE kind = 'workflow'"
+        ));
+    }
+
+    #[pg_test]
+    fn a_start_writes_the_execution_its_event_and_its_workflow_task() {
+        init();
+        let (id, created, superseded) = start("order", "o-1", json!({"sku": 7}));
+        assert!(created && superseded.is_empty());
+        assert_eq!(state(id), "RUNNING");
+        assert_eq!(
+            Spi::get_one::<String>("SELECT event_type FROM sheaf.events WHERE seq = 1")
+                .unwrap()
+                .as_deref(),
+            Some("WorkflowStarted")
+        );
+        let t = claim("default", 1);
+        assert_eq!(t[0].2["input"]["sku"], 7);
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.tasks WHERE kind = 'workflow' AND execution_id IS NOT NULL"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn restarting_an_active_workflow_attaches_and_changes_nothing() {
+        init();
+        let (id, ..) = start("order", "o-1", json!({}));
+        let again = start("order", "o-1", json!({"other": true}));
+        assert_eq!((again.0, again.1), (id, false));
+        assert_eq!(count("SELECT count(*) FROM sheaf.events"), 1);
+        assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 1);
+        Spi::run_with_args("SELECT sheaf.complete_execution($1, NULL)", &[id.into()]).unwrap();
+        let fresh = start("order", "o-1", json!({}));
+        assert!(fresh.1 && fresh.0 != id, "a finished run frees its workflow id");
+        let found = Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT execution_id FROM sheaf.find_execution('order', 'o-1')",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(found, Some(fresh.0), "the active run is found first");
+    }
+
+    #[pg_test]
+    fn latest_wins_keeps_the_newest_and_leaves_other_workflows_alone() {
+        init();
+        declare(
+            "doc",
+            json!({"concurrency": {"key": "input.doc", "limit": 1, "on_conflict": "cancel_running"}}),
+        );
+        let (other, ..) = start("other", "x", json!({"doc": "d"}));
+        let (first, ..) = start("doc", "a", json!({"doc": "d"}));
+        let (second, _, superseded) = start("doc", "b", json!({"doc": "d"}));
+        assert_eq!(superseded, vec![first]);
+        assert_eq!(state(first), "CANCELLED");
+        assert_eq!(
+            (state(second), state(other)),
+            ("RUNNING".into(), "RUNNING".into())
+        );
+        let reason = Spi::get_one_with_args::<String>(
+            "SELECT payload->>'reason' FROM sheaf.events WHERE execution_id = $1 AND event_type = 'WorkflowCancelled'",
+            &[first.into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert!(reason.contains("superseded by execution"), "{reason}");
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM sheaf.tasks WHERE execution_id IS NOT NULL AND concurrency_key = 'doc:d'"
+            ),
+            1,
+            "the cancelled run's task is gone"
+        );
+    }
+
+    #[pg_test(
+        error = "workflow \"job\" refused: concurrency key \"k\" already has 1 active execution(s) (limit 1, on_conflict reject)"
+    )]
+    fn reject_refuses_a_start_over_the_limit() {
+        init();
+        declare(
+            "job",
+            json!({"concurrency": {"key": "input.k", "limit": 1, "on_conflict": "reject"}}),
+        );
+        start("job", "1", json!({"k": "k"}));
+        start("job", "2", json!({"k": "k"}));
+    }
+
+    #[pg_test]
+    fn a_missing_key_path_means_no_gate() {
+        init();
+        declare(
+            "job",
+            json!({"concurrency": {"key": "input.k", "limit": 1, "on_conflict": "reject"},
+                             "quota": {"key": "input.k", "max_active_executions": 1}}),
+        );
+        start("job", "1", json!({}));
+        let (_, created, _) = start("job", "2", json!({"k": null}));
+        assert!(created);
+    }
+
+    #[pg_test]
+    fn defer_caps_the_running_workflow_tasks() {
+        init();
+        declare(
+            "job",
+            json!({"queue": "jobs", "concurrency": {"key": "input.k", "limit": 2}}),
+        );
+        for i in 0..5 {
+            start("job", &i.to_string(), json!({"k": "k"}));
+        }
+        assert_eq!(claim("jobs", 10).len(), 2);
+    }
+
+    #[pg_test(
+        error = "invalid opts.execution_id: 00070000-0000-8000-8000-000000000001 was minted for shard 7, and this is shard 1"
+    )]
+    fn an_execution_id_of_another_shard_is_refused() {
+        init();
+        Spi::run("SELECT sheaf.start_workflow('w', '1', '{}', '{\"execution_id\": \"00070000-0000-8000-8000-000000000001\"}')")
+            .unwrap();
+    }
+
+    #[pg_test(
+        error = "invalid input (for policy.quota.key): resolves to 257 bytes in the input; a key is at most 256 bytes (never truncated)"
+    )]
+    fn a_key_over_256_bytes_is_refused() {
+        init();
+        declare(
+            "w",
+            json!({"quota": {"key": "input.t", "max_active_executions": 5}}),
+        );
+        start("w", "1", json!({"t": "x".repeat(257)}));
+    }
+}
