@@ -1,8 +1,10 @@
 //! Pure logic shared by the sheaf extension and driver. No I/O, no Postgres.
 
 pub mod backoff;
+pub mod excerpt;
 pub mod hrw;
 pub mod id;
+pub mod nesting;
 pub mod options;
 pub mod ordering;
 pub mod policy;

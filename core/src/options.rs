@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use crate::excerpt::{excerpt, quoted};
+
 /// The longest key (concurrency, fairness, idempotency) or queue name, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
 /// The longest concurrency key: room for a workflow's derived key,
@@ -12,7 +14,13 @@ pub const MAX_KEY_BYTES: usize = 256;
 pub const MAX_CONCURRENCY_KEY_BYTES: usize = 1024;
 pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 pub const MAX_ATTEMPTS_LIMIT: i32 = 1_000;
-pub const MAX_FAIRNESS_WEIGHT: f64 = 1_000_000.0;
+/// Fairness weights are 0.001..=1000. A task's tags advance by `1 / weight`,
+/// kept as `float8`: within this range a step (at least 0.001) stays exact
+/// while the queue's virtual time is below ~2e12, billions of claims even at
+/// the smallest weight. Far smaller weights pushed virtual time to ~1e300 in
+/// a few claims, where adding a step changes nothing and every key ties.
+pub const MIN_FAIRNESS_WEIGHT: f64 = 0.001;
+pub const MAX_FAIRNESS_WEIGHT: f64 = 1_000.0;
 
 /// A refused option: which one, and why.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,11 +120,14 @@ impl EnqueueOptions {
                 "fairness_weight" => {
                     let w = value
                         .as_f64()
-                        .ok_or_else(|| err(&opt, format!("must be a number, got {value}")))?;
-                    if !(w > 0.0 && w <= MAX_FAIRNESS_WEIGHT) {
+                        .ok_or_else(|| err(&opt, format!("must be a number, got {}", excerpt(value))))?;
+                    if !(MIN_FAIRNESS_WEIGHT..=MAX_FAIRNESS_WEIGHT).contains(&w) {
                         return Err(err(
                             &opt,
-                            format!("must be > 0 and <= {MAX_FAIRNESS_WEIGHT}, got {w}"),
+                            format!(
+                                "must be from {MIN_FAIRNESS_WEIGHT} to {MAX_FAIRNESS_WEIGHT}, got {}",
+                                excerpt(value)
+                            ),
                         ));
                     }
                     o.fairness_weight = w;
@@ -125,7 +136,7 @@ impl EnqueueOptions {
                 "execution_id" => {
                     let s = string(&opt, value, 36)?;
                     let id = uuid::Uuid::parse_str(&s)
-                        .map_err(|_| err(&opt, format!("must be a UUID, got {s:?}")))?;
+                        .map_err(|_| err(&opt, format!("must be a UUID, got {}", quoted(&s))))?;
                     o.execution_id = Some(*id.as_bytes());
                 }
                 "kind" => {
@@ -135,7 +146,7 @@ impl EnqueueOptions {
                         _ => {
                             return Err(err(
                                 &opt,
-                                format!("must be \"activity\" or \"workflow\", got {value}"),
+                                format!("must be \"activity\" or \"workflow\", got {}", excerpt(value)),
                             ));
                         }
                     }
@@ -218,12 +229,16 @@ pub fn check_key(key: &str) -> Result<(), String> {
 fn object<'a>(opts: &'a Value, accepted: &[&str]) -> Result<&'a Map<String, Value>, OptionError> {
     let map = opts
         .as_object()
-        .ok_or_else(|| err("opts", format!("must be a JSON object, got {opts}")))?;
+        .ok_or_else(|| err("opts", format!("must be a JSON object, got {}", excerpt(opts))))?;
     for name in map.keys() {
         if !accepted.contains(&name.as_str()) {
             return Err(err(
                 "opts",
-                format!("unknown option {name:?} (accepted: {})", accepted.join(", ")),
+                format!(
+                    "unknown option {} (accepted: {})",
+                    quoted(name),
+                    accepted.join(", ")
+                ),
             ));
         }
     }
@@ -238,7 +253,7 @@ fn int(opt: &str, value: &Value, min: i32, max: i32) -> Result<i32, OptionError>
         .ok_or_else(|| {
             err(
                 opt,
-                format!("must be an integer from {min} to {max}, got {value}"),
+                format!("must be an integer from {min} to {max}, got {}", excerpt(value)),
             )
         })
 }
@@ -246,7 +261,7 @@ fn int(opt: &str, value: &Value, min: i32, max: i32) -> Result<i32, OptionError>
 fn boolean(opt: &str, value: &Value) -> Result<bool, OptionError> {
     value
         .as_bool()
-        .ok_or_else(|| err(opt, format!("must be true or false, got {value}")))
+        .ok_or_else(|| err(opt, format!("must be true or false, got {}", excerpt(value))))
 }
 
 fn string(opt: &str, value: &Value, max_bytes: usize) -> Result<String, OptionError> {
@@ -256,14 +271,14 @@ fn string(opt: &str, value: &Value, max_bytes: usize) -> Result<String, OptionEr
             opt,
             format!("must be 1 to {max_bytes} bytes, got {}", s.len()),
         )),
-        None => Err(err(opt, format!("must be a string, got {value}"))),
+        None => Err(err(opt, format!("must be a string, got {}", excerpt(value)))),
     }
 }
 
 fn key(opt: &str, value: &Value) -> Result<String, OptionError> {
     let s = value
         .as_str()
-        .ok_or_else(|| err(opt, format!("must be a string, got {value}")))?;
+        .ok_or_else(|| err(opt, format!("must be a string, got {}", excerpt(value))))?;
     check_key(s).map_err(|why| err(opt, why))?;
     Ok(s.to_owned())
 }
@@ -312,6 +327,9 @@ mod tests {
             (json!({"max_attempts": 1001}), "opts.max_attempts"),
             (json!({"fairness_weight": 0}), "opts.fairness_weight"),
             (json!({"fairness_weight": "2"}), "opts.fairness_weight"),
+            (json!({"fairness_weight": 1e-300}), "opts.fairness_weight"),
+            (json!({"fairness_weight": 0.0009}), "opts.fairness_weight"),
+            (json!({"fairness_weight": 1000.5}), "opts.fairness_weight"),
             (json!({"concurrency_key": ""}), "opts.concurrency_key"),
             (
                 json!({"concurrency_key": "x".repeat(1025)}),

@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::excerpt::{excerpt, quoted};
 use crate::options::{MAX_KEY_BYTES, OptionError, check_queue_name};
 
 /// The queue of a workflow's tasks when its policy names none.
@@ -83,7 +84,7 @@ fn object<'a>(
 ) -> Result<&'a Map<String, Value>, OptionError> {
     let map = value
         .as_object()
-        .ok_or_else(|| err(name, format!("must be a JSON object, got {value}")))?;
+        .ok_or_else(|| err(name, format!("must be a JSON object, got {}", excerpt(value))))?;
     for key in map.keys() {
         if !accepted.contains(&key.as_str()) {
             return Err(err(
@@ -100,37 +101,86 @@ fn path(name: &str, value: &Value) -> Result<Vec<String>, OptionError> {
     let s = value.as_str().ok_or_else(|| {
         err(
             name,
-            format!("must be a dot path like \"input.tenant_id\", got {value}"),
+            format!(
+                "must be a dot path like \"input.tenant_id\", got {}",
+                excerpt(value)
+            ),
         )
     })?;
     let mut segments = s.split('.');
     if segments.next() != Some("input") {
         return Err(err(
             name,
-            format!("must start with \"input\" (a dot path into the start input), got {s:?}"),
+            format!(
+                "must start with \"input\" (a dot path into the start input), got {}",
+                quoted(s)
+            ),
         ));
     }
     let rest: Vec<String> = segments.map(str::to_owned).collect();
     if rest.iter().any(String::is_empty) || rest.len() > MAX_PATH_SEGMENTS {
         return Err(err(
             name,
-            format!("must be \"input\" followed by 0 to {MAX_PATH_SEGMENTS} non-empty .segments, got {s:?}"),
+            format!(
+                "must be \"input\" followed by 0 to {MAX_PATH_SEGMENTS} non-empty .segments, got {}",
+                quoted(s)
+            ),
         ));
     }
     Ok(rest)
 }
 
 fn limit(name: &str, value: &Value, min: i64, max: i64) -> Result<i64, OptionError> {
-    // 1e9 arrives as a float; accept any number that is a whole value in range.
-    let n = value
-        .as_f64()
-        .filter(|f| f.fract() == 0.0 && *f >= min as f64 && *f <= max as f64);
-    n.map(|f| f as i64).ok_or_else(|| {
-        err(
-            name,
-            format!("must be a whole number from {min} to {max}, got {value}"),
-        )
-    })
+    whole_number(value)
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| {
+            err(
+                name,
+                format!(
+                    "must be a whole number from {min} to {max}, got {}",
+                    excerpt(value)
+                ),
+            )
+        })
+}
+
+/// A JSON number that is exactly a whole number in i64 range, read from its
+/// decimal text: `1e9` and `1000.0` are whole, `1e-400` is not (as a float it
+/// rounds to 0, which would have passed for a whole number).
+fn whole_number(value: &Value) -> Option<i64> {
+    let n = value.as_number()?;
+    if let Some(i) = n.as_i64() {
+        return Some(i);
+    }
+    let text = n.to_string();
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.as_str()),
+    };
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        Some(i) => (&text[..i], text[i + 1..].parse::<i64>().ok()?),
+        None => (text, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits = format!("{int_part}{frac_part}");
+    let mut exponent = exponent.checked_sub(i64::try_from(frac_part.len()).ok()?)?;
+    while digits.len() > 1 && digits.ends_with('0') {
+        digits.pop();
+        exponent += 1;
+    }
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some(0);
+    }
+    // Whole only if no digit is left of the decimal point's right; at most 19
+    // digits fit an i64.
+    if exponent < 0 || digits.len() as i64 + exponent > 19 {
+        return None;
+    }
+    let magnitude: i128 = format!("{digits}{}", "0".repeat(exponent as usize))
+        .parse()
+        .ok()?;
+    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
 }
 
 impl WorkflowPolicy {
@@ -140,7 +190,7 @@ impl WorkflowPolicy {
         if let Some(q) = map.get("queue").filter(|v| !v.is_null()) {
             let name = q
                 .as_str()
-                .ok_or_else(|| err("policy.queue", format!("must be a string, got {q}")))?;
+                .ok_or_else(|| err("policy.queue", format!("must be a string, got {}", excerpt(q))))?;
             check_queue_name(name).map_err(|why| err("policy.queue", why))?;
             p.queue = name.to_owned();
         }
@@ -167,7 +217,10 @@ impl WorkflowPolicy {
                     _ => {
                         return Err(err(
                             "policy.concurrency.on_conflict",
-                            format!("must be \"defer\", \"cancel_running\" or \"reject\", got {v}"),
+                            format!(
+                                "must be \"defer\", \"cancel_running\" or \"reject\", got {}",
+                                excerpt(v)
+                            ),
                         ));
                     }
                 },
@@ -310,13 +363,13 @@ impl StartOptions {
             let string = || {
                 value
                     .as_str()
-                    .ok_or_else(|| err(&opt, format!("must be a string, got {value}")))
+                    .ok_or_else(|| err(&opt, format!("must be a string, got {}", excerpt(value))))
             };
             match name.as_str() {
                 "execution_id" => {
                     let s = string()?;
                     let id = uuid::Uuid::parse_str(s)
-                        .map_err(|_| err(&opt, format!("must be a UUID, got {s:?}")))?;
+                        .map_err(|_| err(&opt, format!("must be a UUID, got {}", quoted(s))))?;
                     o.execution_id = Some(*id.as_bytes());
                 }
                 "queue" => {
@@ -328,7 +381,9 @@ impl StartOptions {
                     o.priority = value
                         .as_i64()
                         .and_then(|v| i32::try_from(v).ok())
-                        .ok_or_else(|| err(&opt, format!("must be a 32-bit integer, got {value}")))?;
+                        .ok_or_else(|| {
+                            err(&opt, format!("must be a 32-bit integer, got {}", excerpt(value)))
+                        })?;
                 }
                 "run_at" => o.run_at = Some(string()?.to_owned()),
                 _ => unreachable!("object() refuses unknown options"),
@@ -378,6 +433,38 @@ mod tests {
     fn on_conflict_defaults_to_defer() {
         let p = WorkflowPolicy::parse(&json!({"concurrency": {"key": "input", "limit": 1}})).unwrap();
         assert_eq!(p.concurrency.unwrap().on_conflict, OnConflict::Defer);
+    }
+
+    #[test]
+    fn whole_numbers_are_read_from_their_decimal_text() {
+        let n = |text: &str| whole_number(&serde_json::from_str::<Value>(text).unwrap());
+        assert_eq!(n("5"), Some(5));
+        assert_eq!(n("1e9"), Some(1_000_000_000));
+        assert_eq!(n("1E+3"), Some(1000));
+        assert_eq!(n("1000.0"), Some(1000));
+        assert_eq!(n("12.5e1"), Some(125));
+        assert_eq!(n("-2.0"), Some(-2));
+        assert_eq!(n("0.0"), Some(0));
+        assert_eq!(n("0e-5"), Some(0));
+        assert_eq!(n("1e-400"), None);
+        assert_eq!(n("1.5"), None);
+        assert_eq!(n("0.001e3"), Some(1));
+        assert_eq!(n("9223372036854775807"), Some(i64::MAX));
+        assert_eq!(n("1e19"), None);
+        assert_eq!(n("1e400"), None);
+        assert_eq!(n("\"5\""), None);
+    }
+
+    #[test]
+    fn tiny_quota_limits_are_refused_not_stored_as_zero() {
+        for limit in ["1e-400", "0.5", "1e-5"] {
+            let policy: Value = serde_json::from_str(&format!(
+                r#"{{"quota": {{"key": "input.a", "max_active_executions": {limit}}}}}"#
+            ))
+            .unwrap();
+            let e = WorkflowPolicy::parse(&policy).unwrap_err();
+            assert_eq!(e.option, "policy.quota.max_active_executions", "{limit}: {e}");
+        }
     }
 
     #[test]
