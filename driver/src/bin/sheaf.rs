@@ -7,11 +7,17 @@ use clap::{Parser, Subcommand};
 use sheaf_driver::{Client, PoolOptions, Topology};
 
 #[derive(Parser)]
-#[command(name = "sheaf", version, about = "Operate a fleet of sheaf shard databases")]
+#[command(
+    name = "sheaf",
+    version,
+    about = "Operate a fleet of sheaf shard databases",
+    after_help = "The shards come from the environment only, never from the command line \
+                  (where every process on the host can read them): SHEAF_SHARDS holds \
+                  `<id>=<connection string>` entries, comma-separated or a JSON list; \
+                  SHEAF_READABLE, SHEAF_WRITABLE, SHEAF_RESERVED, SHEAF_DEFAULT_SHARD, \
+                  SHEAF_RESIDENCY and SHEAF_FORWARDS are optional (see the README)."
+)]
 struct Cli {
-    /// The shards: `<id>=<connection string>` entries, comma-separated or a JSON list.
-    #[arg(long, env = "SHEAF_SHARDS", hide_env_values = true)]
-    shards: String,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -45,12 +51,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The shard list from the flag (or SHEAF_SHARDS); the role sets,
-    // residency and forwards from the environment, as Topology::from_env.
-    let topology = match Topology::from_vars(|name| match name {
-        "SHEAF_SHARDS" => Some(cli.shards.clone()),
-        _ => std::env::var(name).ok(),
-    }) {
+    // Connection strings carry credentials: they come from the environment
+    // alone, never from an argument every process on the host can read.
+    let topology = match Topology::from_env() {
         Ok(t) => t,
         Err(e) => {
             eprintln!("sheaf: bad topology: {e}");
