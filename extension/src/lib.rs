@@ -28,6 +28,20 @@
 
 ::pgrx::pg_module_magic!(name, version);
 
+/// Runs once per backend, when Postgres loads the library.
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    // pgrx puts a Rust backtrace into the DETAIL of every error raised while
+    // sheaf runs (a panic, or a Postgres error passing through sheaf) when
+    // the server's environment has RUST_BACKTRACE set: ~60 lines of build
+    // paths sent to the client. std reads this variable once, on the first
+    // capture, so setting it here turns capturing off for this library's
+    // lifetime; the error itself, its SQLSTATE and message are unchanged.
+    // SAFETY: a backend runs one thread; nothing reads the environment
+    // concurrently.
+    unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+}
+
 mod api;
 mod base;
 mod mutex;

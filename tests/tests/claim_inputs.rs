@@ -71,8 +71,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
                 "SELECT sheaf.enqueue('in', '{{}}', '{{\"execution_id\": {}}}')",
                 stranger.replace('\'', "\"")
             ),
-            "22023",
-            "opts.execution_id",
+            "P0002",
+            "no execution",
         ),
         (
             "SELECT sheaf.enqueue('in', '{}', '{\"fairness_weight\": -1}')".into(),

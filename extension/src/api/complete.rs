@@ -2,8 +2,10 @@
 
 use pgrx::prelude::*;
 
-use crate::base::args::{no_nulls, required};
+use crate::base::args::required;
 use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
+use crate::base::list::List;
 use crate::queue::complete;
 use crate::workflow::hooks::EXECUTIONS;
 
@@ -11,10 +13,11 @@ use crate::workflow::hooks::EXECUTIONS;
 /// raises 55P03 and changes nothing.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Option<pgrx::JsonB>, "NULL")) {
+fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Option<Jsonb>, "NULL")) {
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
-    complete::complete(task_id, token, result.map(|r| r.0), &EXECUTIONS);
+    let result = result.map(|r| r.parse("result"));
+    complete::complete(task_id, token, result, &EXECUTIONS);
 }
 
 /// Completes many tasks at once; reports each entry, in input order:
@@ -23,8 +26,8 @@ fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Op
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn complete_batch(
-    task_ids: Option<Vec<Option<pgrx::Uuid>>>,
-    tokens: Option<Vec<Option<i64>>>,
+    task_ids: Option<List<pgrx::Uuid>>,
+    tokens: Option<List<i64>>,
 ) -> TableIterator<'static, (name!(task_id, pgrx::Uuid), name!(completed, bool))> {
     let task_ids = required(task_ids, "task_ids");
     let tokens = required(tokens, "tokens");
@@ -48,7 +51,7 @@ fn complete_batch(
             ),
         );
     }
-    let ids = no_nulls(task_ids, "task_ids");
-    let tokens = no_nulls(tokens, "tokens");
+    let ids = task_ids.into_items("task_ids");
+    let tokens = tokens.into_items("tokens");
     TableIterator::new(complete::complete_batch(ids, tokens, &EXECUTIONS))
 }

@@ -2,18 +2,19 @@
 
 use pgrx::prelude::*;
 
-use crate::base::args::{no_nulls, required};
+use crate::base::args::required;
 use crate::base::errors::bad_argument;
+use crate::base::list::List;
 use crate::queue::dead_letters;
 use crate::workflow::hooks::EXECUTIONS;
 
-/// Puts dead letters back in line with fresh attempts; returns how many moved.
-/// Ids that are not dead letters are ignored, and so are (they stay dead
-/// letters) one whose idempotency key an unfinished task holds again, and
-/// one whose execution is not running or suspended.
+/// Puts dead letters back in line with fresh attempts; returns how many
+/// moved. Ids that are not dead letters are skipped; a dead letter that
+/// cannot go back (its idempotency key is taken, or its execution ended)
+/// refuses the whole call with 55000.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
+fn redrive(task_ids: Option<List<pgrx::Uuid>>) -> i32 {
     let ids = required(task_ids, "task_ids");
     if ids.len() > 10_000 {
         bad_argument(
@@ -21,5 +22,5 @@ fn redrive(task_ids: Option<Vec<Option<pgrx::Uuid>>>) -> i32 {
             format!("must hold at most 10000 ids, got {}", ids.len()),
         );
     }
-    dead_letters::redrive(no_nulls(ids, "task_ids"), &EXECUTIONS)
+    dead_letters::redrive(ids.into_items("task_ids"), &EXECUTIONS)
 }

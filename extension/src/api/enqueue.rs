@@ -3,9 +3,10 @@
 use pgrx::prelude::*;
 use sheaf_core::options::EnqueueOptions;
 
-use crate::base::args::{no_nulls, required};
+use crate::base::args::required;
 use crate::base::errors::{bad_argument, internal};
 use crate::base::jsonb::Jsonb;
+use crate::base::list::List;
 use crate::queue::{queues, tasks};
 use crate::workflow::hooks::EXECUTIONS;
 
@@ -16,12 +17,8 @@ use crate::workflow::hooks::EXECUTIONS;
 /// unfinished, enqueueing again returns its id and writes nothing).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn enqueue(
-    queue: Option<&str>,
-    payload: Option<Jsonb>,
-    opts: default!(Option<pgrx::JsonB>, "'{}'"),
-) -> pgrx::Uuid {
-    let payload = required(payload, "payload");
+fn enqueue(queue: Option<&str>, payload: Option<Jsonb>, opts: default!(Option<Jsonb>, "'{}'")) -> pgrx::Uuid {
+    let payload = required(payload, "payload").checked("payload");
     let ids = enqueue_many(queue, vec![payload], opts);
     // One payload, one id: `insert` answers with an id per payload.
     ids.into_iter()
@@ -35,8 +32,8 @@ fn enqueue(
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn enqueue_batch(
     queue: Option<&str>,
-    payloads: Option<Vec<Option<Jsonb>>>,
-    opts: default!(Option<pgrx::JsonB>, "'{}'"),
+    payloads: Option<List<Jsonb>>,
+    opts: default!(Option<Jsonb>, "'{}'"),
 ) -> SetOfIterator<'static, pgrx::Uuid> {
     let payloads = required(payloads, "payloads");
     if payloads.is_empty() || payloads.len() > tasks::MAX_BATCH {
@@ -49,13 +46,19 @@ fn enqueue_batch(
             ),
         );
     }
-    SetOfIterator::new(enqueue_many(queue, no_nulls(payloads, "payloads"), opts))
+    let payloads = payloads
+        .into_items("payloads")
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| p.checked(&format!("payloads[{}]", i + 1)))
+        .collect();
+    SetOfIterator::new(enqueue_many(queue, payloads, opts))
 }
 
-fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<pgrx::JsonB>) -> Vec<pgrx::Uuid> {
+fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<Jsonb>) -> Vec<pgrx::Uuid> {
     let name = queues::check_name(queue);
-    let opts = required(opts, "opts");
-    let o = match EnqueueOptions::parse(&opts.0) {
+    let opts = required(opts, "opts").parse("opts");
+    let o = match EnqueueOptions::parse(&opts) {
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };

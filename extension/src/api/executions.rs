@@ -2,10 +2,12 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
+use sheaf_core::excerpt::quoted;
 use sheaf_core::policy::StartOptions;
 
 use crate::base::args::required;
 use crate::base::errors::{bad_argument, require_read_committed};
+use crate::base::jsonb::Jsonb;
 use crate::workflow::{executions, policy, start};
 
 fn check_workflow_id(workflow_id: Option<&str>) -> &str {
@@ -30,8 +32,8 @@ fn check_workflow_id(workflow_id: Option<&str>) -> &str {
 fn start_workflow(
     name: Option<&str>,
     workflow_id: Option<&str>,
-    input: Option<pgrx::JsonB>,
-    opts: default!(Option<pgrx::JsonB>, "'{}'"),
+    input: Option<Jsonb>,
+    opts: default!(Option<Jsonb>, "'{}'"),
 ) -> TableIterator<
     'static,
     (
@@ -43,9 +45,9 @@ fn start_workflow(
     require_read_committed("start_workflow");
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    let input = required(input, "input").0;
-    let opts = required(opts, "opts");
-    let o = match StartOptions::parse(&opts.0) {
+    let input = required(input, "input").parse("input");
+    let opts = required(opts, "opts").parse("opts");
+    let o = match StartOptions::parse(&opts) {
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
@@ -54,7 +56,7 @@ fn start_workflow(
     {
         bad_argument(
             "opts.run_at",
-            format!("must be a finite timestamp with time zone, got {s:?}"),
+            format!("must be a finite timestamp with time zone, got {}", quoted(s)),
         );
     }
     TableIterator::once(start::start(name, workflow_id, input, &o))

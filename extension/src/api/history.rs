@@ -5,20 +5,17 @@ use pgrx::prelude::*;
 
 use crate::base::args::required;
 use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
 use crate::workflow::history::{self, MAX_EVENT_BYTES, MAX_PAGE};
 
 /// Appends an event to an active execution's history; returns its seq.
 /// A closed history (terminal execution) refuses with 55000.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn append_event(
-    execution_id: Option<pgrx::Uuid>,
-    event_type: Option<&str>,
-    payload: Option<pgrx::JsonB>,
-) -> i64 {
+fn append_event(execution_id: Option<pgrx::Uuid>, event_type: Option<&str>, payload: Option<Jsonb>) -> i64 {
     let id = required(execution_id, "execution_id");
     let event_type = required(event_type, "event_type");
-    let payload = required(payload, "payload").0;
+    let payload = required(payload, "payload").parse("payload");
     if event_type.is_empty() || event_type.len() > 128 {
         bad_argument(
             "event_type",

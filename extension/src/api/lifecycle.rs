@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 
 use crate::base::args::required;
 use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
 use crate::workflow::lifecycle::{self, Close};
 
 fn execution_arg(id: Option<pgrx::Uuid>) -> pgrx::Uuid {
@@ -15,13 +16,9 @@ fn execution_arg(id: Option<pgrx::Uuid>) -> pgrx::Uuid {
 /// Completes an execution with `result`; `false` if it had already ended.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn complete_execution(execution_id: Option<pgrx::Uuid>, result: Option<pgrx::JsonB>) -> bool {
-    lifecycle::close(
-        execution_arg(execution_id),
-        Close::Completed {
-            result: result.map(|r| r.0),
-        },
-    )
+fn complete_execution(execution_id: Option<pgrx::Uuid>, result: Option<Jsonb>) -> bool {
+    let result = result.map(|r| r.parse("result"));
+    lifecycle::close(execution_arg(execution_id), Close::Completed { result })
 }
 
 /// Fails an execution with `error`; `false` if it had already ended.

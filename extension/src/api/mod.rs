@@ -4,6 +4,7 @@
 //! are handed the workflow layer's hook (`workflow::hooks::EXECUTIONS`).
 
 mod caps;
+mod catalog;
 mod claim;
 mod complete;
 mod dead_letters;

@@ -5,6 +5,7 @@ use sheaf_core::policy::WorkflowPolicy;
 
 use crate::base::args::required;
 use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
 use crate::workflow::policy;
 
 /// Declares (or replaces) a workflow's policy; every field is optional:
@@ -15,10 +16,10 @@ use crate::workflow::policy;
 /// Applies to starts from now on; running executions keep what they got.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn declare_workflow(name: Option<&str>, policy: Option<pgrx::JsonB>) {
+fn declare_workflow(name: Option<&str>, policy: Option<Jsonb>) {
     let name = policy::check_name(name);
-    let policy = required(policy, "policy");
-    let parsed = match WorkflowPolicy::parse(&policy.0) {
+    let policy = required(policy, "policy").parse("policy");
+    let parsed = match WorkflowPolicy::parse(&policy) {
         Ok(p) => p,
         Err(e) => bad_argument(&e.option, e.why),
     };

@@ -5,6 +5,7 @@ use sheaf_core::options::QueueOptions;
 
 use crate::base::args::required;
 use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
 use crate::queue::queues;
 
 /// Sets a queue's options: `{"aging_secs": 60}` or `{"aging_secs": null}`,
@@ -16,10 +17,10 @@ use crate::queue::queues;
 /// Returns the resulting configuration.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn configure_queue(queue: Option<&str>, opts: Option<pgrx::JsonB>) -> pgrx::JsonB {
+fn configure_queue(queue: Option<&str>, opts: Option<Jsonb>) -> pgrx::JsonB {
     let name = queues::check_name(queue);
-    let opts = required(opts, "opts");
-    let parsed = match QueueOptions::parse(&opts.0) {
+    let opts = required(opts, "opts").parse("opts");
+    let parsed = match QueueOptions::parse(&opts) {
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };

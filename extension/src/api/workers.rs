@@ -2,15 +2,16 @@
 
 use pgrx::prelude::*;
 
-use crate::base::args::{self, no_nulls, required};
+use crate::base::args::{self, required};
 use crate::base::errors::bad_argument;
+use crate::base::list::List;
 use crate::queue::{queues, workers};
 
 /// Records that `worker` is alive and serving `queues`. Call it more often
 /// than every 60 seconds.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn worker_heartbeat(worker: Option<&str>, queues: Option<Vec<Option<String>>>) {
+fn worker_heartbeat(worker: Option<&str>, queues: Option<List<String>>) {
     let worker = args::key(worker, "worker");
     let names = required(queues, "queues");
     if names.len() > 1_000 {
@@ -19,7 +20,7 @@ fn worker_heartbeat(worker: Option<&str>, queues: Option<Vec<Option<String>>>) {
             format!("must hold at most 1000 names, got {}", names.len()),
         );
     }
-    let names = no_nulls(names, "queues");
+    let names = names.into_items("queues");
     for q in &names {
         queues::check_name(Some(q));
     }

@@ -4,6 +4,7 @@
 //! message stay consistent across functions.
 
 use pgrx::prelude::*;
+use sheaf_core::excerpt::quoted;
 
 /// 22023: an argument has a value sheaf cannot accept. `arg` names it.
 pub fn bad_argument(arg: &str, why: impl std::fmt::Display) -> ! {
@@ -85,7 +86,12 @@ pub fn quota_exceeded(workflow: &str, key: &str, resource: &str, limit: i64, usa
         ERROR,
         PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         format!(
-            "workflow {workflow:?} refused: quota key {key:?} has reached {resource} (limit {limit}, usage {usage})"
+            "workflow {} refused: quota key {} has reached {} (limit {}, usage {})",
+            quoted(workflow),
+            quoted(key),
+            resource,
+            limit,
+            usage
         )
     );
 }
@@ -96,7 +102,11 @@ pub fn gate_rejected(workflow: &str, key: &str, limit: i32) -> ! {
         ERROR,
         PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
         format!(
-            "workflow {workflow:?} refused: concurrency key {key:?} already has {limit} active execution(s) (limit {limit}, on_conflict reject)"
+            "workflow {} refused: concurrency key {} already has {} active execution(s) (limit {}, on_conflict reject)",
+            quoted(workflow),
+            quoted(key),
+            limit,
+            limit
         )
     );
 }
@@ -107,7 +117,10 @@ pub fn not_mutex_holder(key: &str, owner: pgrx::Uuid, token: i64) -> ! {
         ERROR,
         PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
         format!(
-            "{owner} does not hold mutex {key:?} under token {token}: its lease was lost (reclaimed and granted again), or it never held it; nothing changed"
+            "{} does not hold mutex {} under token {}: its lease was lost (reclaimed and granted again), or it never held it; nothing changed",
+            owner,
+            quoted(key),
+            token
         )
     );
 }

@@ -11,6 +11,9 @@ use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
 use pgrx::datum::{Datum, FromDatum, IntoDatum, UnboxDatum};
 use pgrx::nullable::Nullable;
 use pgrx::pg_sys;
+use sheaf_core::nesting::check_depth;
+
+use crate::base::errors::{bad_argument, internal};
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct Jsonb(Vec<u8>);
@@ -23,6 +26,77 @@ impl Jsonb {
         datum
             .and_then(|d| unsafe { Jsonb::from_datum(d, false) })
             .unwrap_or_else(|| pgrx::error!("jsonb_in returned no value"))
+    }
+}
+
+impl Jsonb {
+    /// The value checked against sheaf's one nesting rule
+    /// (`sheaf_core::nesting`): deeper values are refused, naming `arg`.
+    pub fn checked(self, arg: &str) -> Jsonb {
+        if let Err(why) = check_depth(self.depth()) {
+            bad_argument(arg, why);
+        }
+        self
+    }
+
+    /// The value as serde_json reads it, for sheaf's own use (options,
+    /// inputs, results, event payloads), after the nesting check: serde_json
+    /// stops at 128 levels, which a checked value stays well within.
+    pub fn parse(self, arg: &str) -> serde_json::Value {
+        let checked = self.checked(arg);
+        let text = checked.with_palloc(|jb| {
+            // SAFETY: `jb` is a valid jsonb; JsonbToCString with no buffer
+            // pallocs a NUL-terminated string.
+            unsafe {
+                let cstr = pg_sys::JsonbToCString(std::ptr::null_mut(), &raw mut (*jb).root, 0);
+                let text = std::ffi::CStr::from_ptr(cstr).to_string_lossy().into_owned();
+                pg_sys::pfree(cstr.cast());
+                text
+            }
+        });
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| internal(format!("reading back the jsonb value of {arg}: {e}")))
+    }
+
+    /// How deep the value nests arrays and objects (a scalar is 0).
+    pub fn depth(&self) -> usize {
+        self.with_palloc(|jb| {
+            // SAFETY: `jb` is a valid jsonb; the iterator walks it and frees
+            // each level's frame as it leaves it.
+            unsafe {
+                if (*jb).root.header & pg_sys::JB_FSCALAR != 0 {
+                    return 0;
+                }
+                let mut it = pg_sys::JsonbIteratorInit(&raw mut (*jb).root);
+                let mut value: pg_sys::JsonbValue = std::mem::zeroed();
+                let (mut depth, mut deepest) = (0usize, 0usize);
+                loop {
+                    use pg_sys::JsonbIteratorToken::*;
+                    match pg_sys::JsonbIteratorNext(&raw mut it, &raw mut value, false) {
+                        WJB_DONE => break,
+                        WJB_BEGIN_ARRAY | WJB_BEGIN_OBJECT => {
+                            depth += 1;
+                            deepest = deepest.max(depth);
+                        }
+                        WJB_END_ARRAY | WJB_END_OBJECT => depth -= 1,
+                        _ => {}
+                    }
+                }
+                deepest
+            }
+        })
+    }
+
+    /// Runs `f` on a palloc'd (so suitably aligned) copy of the value.
+    fn with_palloc<R>(&self, f: impl FnOnce(*mut pg_sys::Jsonb) -> R) -> R {
+        // SAFETY: palloc'd and MAXALIGNed, exactly the value's bytes.
+        unsafe {
+            let ptr = pg_sys::palloc(self.0.len()).cast::<u8>();
+            std::ptr::copy_nonoverlapping(self.0.as_ptr(), ptr, self.0.len());
+            let out = f(ptr.cast());
+            pg_sys::pfree(ptr.cast());
+            out
+        }
     }
 }
 

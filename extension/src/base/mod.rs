@@ -4,6 +4,7 @@ pub mod args;
 pub mod errors;
 pub mod ids;
 pub mod jsonb;
+pub mod list;
 pub mod locks;
 pub mod plans;
 pub mod shard;

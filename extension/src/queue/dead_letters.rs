@@ -2,7 +2,7 @@
 
 use pgrx::prelude::*;
 
-use crate::base::errors::SpiResultExt;
+use crate::base::errors::{SpiResultExt, not_ready};
 use crate::base::plans::{Stmt, run};
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::{caps, promote};
@@ -48,44 +48,78 @@ pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
     }
 }
 
-/// Puts dead letters back in line with fresh attempts; returns how many moved.
-/// Ids that are not dead letters are ignored, and so are (they stay dead
-/// letters) one whose idempotency key an unfinished task holds again, and
-/// one whose execution is not running or suspended.
+// Why a dead letter cannot go back: its idempotency key is held by an
+// unfinished task or by another dead letter of the same call (two unfinished
+// tasks would share it), or its execution has ended. The first such entry.
+const REDRIVE_BLOCKER: Stmt = Stmt::read(
+    "SELECT d.id, \
+            (SELECT t.id FROM tasks t WHERE t.queue = d.queue AND t.idempotency_key = d.idempotency_key), \
+            (SELECT o.id FROM dead_letters o WHERE o.id = ANY($1) AND o.id <> d.id AND o.queue = d.queue \
+               AND o.idempotency_key = d.idempotency_key ORDER BY o.id LIMIT 1), \
+            (SELECT coalesce(e.state, 'gone') FROM (SELECT 1) one \
+               LEFT JOIN executions e ON e.id = d.execution_id WHERE d.execution_id IS NOT NULL) \
+     FROM dead_letters d WHERE d.id = ANY($1) \
+       AND (EXISTS (SELECT 1 FROM tasks t WHERE t.queue = d.queue AND t.idempotency_key = d.idempotency_key) \
+            OR EXISTS (SELECT 1 FROM dead_letters o WHERE o.id = ANY($1) AND o.id <> d.id \
+                       AND o.queue = d.queue AND o.idempotency_key = d.idempotency_key) \
+            OR (d.execution_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM executions e \
+                WHERE e.id = d.execution_id AND e.state IN ('RUNNING', 'SUSPENDED')))) \
+     ORDER BY d.id LIMIT 1",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+// Moves the dead letters back as scheduled tasks (promoted right away).
+// Counts what it took out, so an idempotency key taken between the check
+// above and this statement cannot drop a dead letter: the call fails whole.
+const REDRIVE: Stmt = Stmt::write(
+    "WITH d AS (DELETE FROM dead_letters d WHERE id = ANY($1) \
+       AND (d.execution_id IS NULL OR EXISTS (SELECT 1 FROM executions e \
+            WHERE e.id = d.execution_id AND e.state IN ('RUNNING', 'SUSPENDED'))) \
+       RETURNING *), \
+     i AS (INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, enqueued_at, run_at, \
+                              attempts, max_attempts, execution_id, concurrency_key, fairness_key, \
+                              fairness_weight, idempotency_key, last_error) \
+       SELECT id, queue, kind, payload, priority, 'scheduled', nextval('task_seq'), enqueued_at, now(), \
+              0, max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
+              idempotency_key, last_error \
+       FROM d \
+       ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+       RETURNING id, concurrency_key, execution_id) \
+     SELECT (SELECT count(*) FROM d), i.id, i.concurrency_key, i.execution_id \
+     FROM (SELECT 1) one LEFT JOIN i ON true",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+
+/// Puts dead letters back in line with fresh attempts; returns how many
+/// moved. Ids that are not dead letters (never were, or already redriven)
+/// are skipped. A dead letter that cannot go back refuses the whole call
+/// (55000, nothing moves): its idempotency key is held by an unfinished task
+/// or by another dead letter of the call, or its execution has ended.
 /// The executions of those that moved hear of it through `hooks`.
-/// (The statement reads `executions` itself: one statement decides which
-/// dead letters may move.)
+/// (The statements read `executions` themselves: they decide which dead
+/// letters may move.)
 pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
-    let moved: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>)> = Spi::connect_mut(|client| {
-        client
-            .update(
-                "WITH d AS (DELETE FROM dead_letters d WHERE id = ANY($1) \
-                   AND NOT EXISTS (SELECT 1 FROM tasks t \
-                                   WHERE t.queue = d.queue AND t.idempotency_key = d.idempotency_key) \
-                   AND (d.execution_id IS NULL OR EXISTS (SELECT 1 FROM executions e \
-                        WHERE e.id = d.execution_id AND e.state IN ('RUNNING', 'SUSPENDED'))) \
-                   RETURNING *) \
-                 INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, enqueued_at, run_at, \
-                                    attempts, max_attempts, execution_id, concurrency_key, fairness_key, \
-                                    fairness_weight, idempotency_key, last_error) \
-                 SELECT id, queue, kind, payload, priority, 'scheduled', nextval('task_seq'), enqueued_at, now(), \
-                        0, max_attempts, execution_id, concurrency_key, fairness_key, fairness_weight, \
-                        idempotency_key, last_error \
-                 FROM d \
-                 RETURNING id, concurrency_key, execution_id",
-                None,
-                &[ids.into()],
-            )
-            .or_internal("redriving dead letters")
-            .filter_map(|row| {
-                Some((
-                    row.get::<pgrx::Uuid>(1).or_internal("redriving")?,
-                    row.get::<String>(2).or_internal("redriving"),
-                    row.get::<pgrx::Uuid>(3).or_internal("redriving"),
-                ))
-            })
-            .collect()
+    refuse_blocked(&ids);
+    let (taken, moved) = Spi::connect_mut(|client| {
+        let ctx = "redriving dead letters";
+        let mut taken = 0i64;
+        let mut moved: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>)> = Vec::new();
+        for row in run(client, &REDRIVE, &[ids.into()]) {
+            taken = row.get::<i64>(1).or_internal(ctx).unwrap_or(0);
+            if let Some(id) = row.get::<pgrx::Uuid>(2).or_internal(ctx) {
+                moved.push((
+                    id,
+                    row.get::<String>(3).or_internal(ctx),
+                    row.get::<pgrx::Uuid>(4).or_internal(ctx),
+                ));
+            }
+        }
+        (taken, moved)
     });
+    if taken != moved.len() as i64 {
+        not_ready(
+            "an unfinished task took a redriven dead letter's idempotency key meanwhile; nothing was redriven",
+        );
+    }
     let n = moved.len() as i32;
     let executions: Vec<pgrx::Uuid> = moved.iter().filter_map(|m| m.2).collect();
     if !executions.is_empty() {
@@ -93,4 +127,34 @@ pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
     }
     promote::place(moved.into_iter().map(|m| (m.0, m.1)).collect());
     n
+}
+
+/// 55000 naming the first of `ids` that cannot go back, and why.
+fn refuse_blocked(ids: &[pgrx::Uuid]) {
+    type Blocker = (pgrx::Uuid, Option<pgrx::Uuid>, Option<pgrx::Uuid>, Option<String>);
+    let blocker: Option<Blocker> = Spi::connect_mut(|client| {
+        let row = run(client, &REDRIVE_BLOCKER, &[ids.to_vec().into()]).next()?;
+        let ctx = "checking dead letters to redrive";
+        Some((
+            row.get::<pgrx::Uuid>(1).or_internal(ctx)?,
+            row.get::<pgrx::Uuid>(2).or_internal(ctx),
+            row.get::<pgrx::Uuid>(3).or_internal(ctx),
+            row.get::<String>(4).or_internal(ctx),
+        ))
+    });
+    let Some((id, holder, twin, state)) = blocker else {
+        return;
+    };
+    not_ready(match (holder, twin) {
+        (Some(task), _) => format!(
+            "dead letter {id} cannot be redriven: unfinished task {task} holds its idempotency key; nothing was redriven"
+        ),
+        (None, Some(twin)) => format!(
+            "dead letters {id} and {twin} share an idempotency key: redrive one of them; nothing was redriven"
+        ),
+        (None, None) => format!(
+            "dead letter {id} cannot be redriven: its execution is {}; nothing was redriven",
+            state.unwrap_or_else(|| "gone".into())
+        ),
+    });
 }

@@ -25,8 +25,7 @@ const PUT_BACK: Stmt = Stmt::write(
     ],
 );
 const HEARTBEAT: Stmt = Stmt::write(
-    "UPDATE tasks SET lease_secs = coalesce($3, lease_secs), \
-            lease_expires_at = now() + make_interval(secs => coalesce($3, lease_secs)) \
+    "UPDATE tasks SET lease_expires_at = now() + make_interval(secs => coalesce($3, lease_secs)) \
      WHERE id = $1 AND token = $2 AND state = 'running' RETURNING lease_expires_at",
     &[
         PgBuiltInOids::UUIDOID,

@@ -5,6 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use pgrx::prelude::*;
+use sheaf_core::excerpt::quoted;
 use sheaf_core::options::{QueueOptions, check_queue_name};
 use sheaf_core::ordering::Mode;
 
@@ -182,7 +183,8 @@ pub fn configure(name: &str, parsed: &QueueOptions) -> serde_json::Value {
         bad_argument(
             "opts",
             format!(
-                "queue {name:?} would have both aging and fairness: one ordering mode per queue (turn one off in the same call)"
+                "queue {} would have both aging and fairness: one ordering mode per queue (turn one off in the same call)",
+                quoted(name)
             ),
         );
     }
@@ -191,7 +193,8 @@ pub fn configure(name: &str, parsed: &QueueOptions) -> serde_json::Value {
     if was_fair != fairness {
         if ready::any(name) {
             not_ready(format!(
-                "queue {name:?} has ready tasks: fairness can only be switched on or off while it has none"
+                "queue {} has ready tasks: fairness can only be switched on or off while it has none",
+                quoted(name)
             ));
         }
     }

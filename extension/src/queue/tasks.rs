@@ -2,6 +2,7 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
+use sheaf_core::excerpt::quoted;
 use sheaf_core::options::EnqueueOptions;
 use sheaf_core::ordering::Mode;
 
@@ -137,7 +138,7 @@ pub fn insert(
             Ok(t) if t.is_finite() => t,
             _ => bad_argument(
                 "opts.run_at",
-                format!("must be a finite timestamp with time zone, got {s:?}"),
+                format!("must be a finite timestamp with time zone, got {}", quoted(s)),
             ),
         });
     let execution_id = o.execution_id.map(pgrx::Uuid::from_bytes);
@@ -155,6 +156,18 @@ pub fn insert(
         }
     }
     let q = queues::load_or_create(name);
+    // A fairness key on a queue that does not share claims by it would be
+    // stored and never used: refuse it rather than ignore it.
+    if q.mode != Mode::Fairness && (o.fairness_key.is_some() || o.fairness_weight != 1.0) {
+        bad_argument(
+            "opts.fairness_key",
+            format!(
+                "queue {} does not share claims by fairness key; turn fairness on first: \
+                 sheaf.configure_queue(queue, '{{\"fairness\": true}}')",
+                quoted(name)
+            ),
+        );
+    }
 
     let n = payloads.len();
     let due = match run_at {

@@ -9,6 +9,7 @@
 //! key resolves to the same string.
 
 use pgrx::prelude::*;
+use sheaf_core::excerpt::quoted;
 use sheaf_core::policy::{ConcurrencyPolicy, OnConflict};
 
 use crate::base::errors::{SpiResultExt, gate_rejected};
@@ -67,7 +68,10 @@ pub fn admit(workflow: &str, key: &str, policy: &ConcurrencyPolicy, new_id: pgrx
             let mut victims: Vec<pgrx::Uuid> = active.into_iter().skip(policy.limit as usize - 1).collect();
             victims.reverse();
             let reason = format!(
-                "superseded by execution {new_id}: workflow {workflow:?} keeps the newest {limit} active execution(s) per concurrency key (on_conflict cancel_running)"
+                "superseded by execution {}: workflow {} keeps the newest {} active execution(s) per concurrency key (on_conflict cancel_running)",
+                new_id,
+                quoted(workflow),
+                limit
             );
             for id in &victims {
                 lifecycle::close(

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::base::errors::{bad_argument, not_ready};
+use crate::base::errors::{not_ready, unknown_execution};
 use crate::queue::hooks::{ExecutionHooks, Intake, Outcome, TaskEvent};
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::{executions, history, quota};
@@ -17,7 +17,7 @@ pub static EXECUTIONS: Executions = Executions;
 impl ExecutionHooks for Executions {
     fn intake(&self, id: pgrx::Uuid) -> Intake {
         match executions::state_of(id).as_deref() {
-            None => bad_argument("opts.execution_id", format!("no execution {id} on this shard")),
+            None => unknown_execution(id),
             Some("PAUSED") => Intake::Parked,
             Some("RUNNING" | "SUSPENDED") => Intake::Open,
             Some(state) => not_ready(format!("execution {id} is {state}: it takes no new tasks")),

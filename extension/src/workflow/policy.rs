@@ -2,6 +2,7 @@
 //! name, declared once and applied by every start.
 
 use pgrx::prelude::*;
+use sheaf_core::excerpt::quoted;
 use sheaf_core::policy::WorkflowPolicy;
 
 use crate::base::args::required;
@@ -44,7 +45,11 @@ pub fn load(name: &str) -> WorkflowPolicy {
             Ok(p) => p,
             Err(e) => bad_argument(
                 "the stored policy",
-                format!("of workflow {name:?} no longer parses ({e}); declare it again"),
+                format!(
+                    "of workflow {} no longer parses ({}); declare it again",
+                    quoted(name),
+                    e
+                ),
             ),
         },
     }
