@@ -708,6 +708,20 @@ impl Client {
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
                 }
+                Ok(Err(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) => {
+                    // The shard's schema changed under this client (an
+                    // upgrade mid-flight): say so, not "function does not exist".
+                    self.pools.recheck_schema(call.shard);
+                    let schema = conn.query_one(crate::schema::SCHEMA_VERSION, &[]).await;
+                    return Err(match schema.and_then(|row| row.try_get::<_, Option<String>>(0)) {
+                        Ok(schema) if !schema.as_deref().is_some_and(crate::schema::is_compatible) => call
+                            .unavailable(ShardError::IncompatibleSchema {
+                                shard: call.shard,
+                                schema,
+                            }),
+                        _ => call.error(e, attempt),
+                    });
+                }
                 Ok(Err(e)) => {
                     if e.as_db_error().is_none() && lost_connection(&e) {
                         self.pools.record_failure(call.shard);

@@ -65,12 +65,22 @@ pub enum ShardError {
          only if it had already committed"
     )]
     Timeout { shard: ShardId, waited: Duration },
+    /// The shard's schema is not one this driver works with
+    /// ([`crate::COMPATIBLE_SCHEMAS`]); nothing was sent to it.
+    #[error("shard {shard} cannot serve this driver: {}", crate::schema::incompatibility(schema.as_deref()))]
+    IncompatibleSchema { shard: ShardId, schema: Option<String> },
 }
 
 struct ShardPool {
     pool: Pool,
     breaker: Mutex<Breaker>,
+    /// The shard's schema version as last read, and when.
+    schema: Mutex<Option<(Option<String>, Instant)>>,
 }
+
+/// How long a shard's schema version is trusted before it is read again, so
+/// an `ALTER EXTENSION sheaf UPDATE` is noticed within this long.
+const SCHEMA_RECHECK: Duration = Duration::from_secs(10);
 
 /// The pools of every shard in a topology.
 pub struct ShardPools {
@@ -117,6 +127,7 @@ impl ShardPools {
                 ShardPool {
                     pool,
                     breaker: Mutex::new(breaker),
+                    schema: Mutex::new(None),
                 },
             );
         }
@@ -133,6 +144,7 @@ impl ShardPools {
         match entry.pool.get().await {
             Ok(conn) => {
                 lock(&entry.breaker).record_success();
+                self.check_schema(shard, entry, &conn).await?;
                 Ok(conn)
             }
             Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => Err(ShardError::Exhausted {
@@ -147,6 +159,46 @@ impl ShardPools {
                     cause: e.to_string(),
                 })
             }
+        }
+    }
+
+    /// Refuses a shard whose schema this driver does not work with, reading
+    /// the version on `conn` when the last reading is older than
+    /// [`SCHEMA_RECHECK`].
+    async fn check_schema(&self, shard: ShardId, entry: &ShardPool, conn: &Object) -> Result<(), ShardError> {
+        let known = lock(&entry.schema)
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < SCHEMA_RECHECK)
+            .map(|(v, _)| v.clone());
+        let version = match known {
+            Some(v) => v,
+            None => {
+                let row = conn
+                    .query_one(crate::schema::SCHEMA_VERSION, &[])
+                    .await
+                    .map_err(|e| ShardError::Unreachable {
+                        shard,
+                        cause: format!("reading its schema version: {e}"),
+                    })?;
+                let v: Option<String> = row.try_get(0).map_err(|e| ShardError::Unreachable {
+                    shard,
+                    cause: format!("reading its schema version: {e}"),
+                })?;
+                *lock(&entry.schema) = Some((v.clone(), Instant::now()));
+                v
+            }
+        };
+        match version {
+            Some(v) if crate::schema::is_compatible(&v) => Ok(()),
+            schema => Err(ShardError::IncompatibleSchema { shard, schema }),
+        }
+    }
+
+    /// Forgets what `shard`'s schema version was, so the next call reads it
+    /// (a call found a function missing).
+    pub fn recheck_schema(&self, shard: ShardId) {
+        if let Some(entry) = self.pools.get(&shard) {
+            *lock(&entry.schema) = None;
         }
     }
 
@@ -169,8 +221,9 @@ impl ShardPools {
     }
 }
 
-/// The breaker's lock is never held across an await, so a poisoned lock can
-/// only come from a panic in the state machine itself; its state is still usable.
-fn lock(m: &Mutex<Breaker>) -> std::sync::MutexGuard<'_, Breaker> {
+/// These locks are never held across an await, so a poisoned lock can only
+/// come from a panic in the breaker's state machine or a plain assignment;
+/// the state is still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

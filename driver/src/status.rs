@@ -118,6 +118,8 @@ pub struct ShardStatus {
     pub library_version: Option<String>,
     /// The installed schema version (`pg_extension.extversion`).
     pub schema_version: Option<String>,
+    /// The schema is one this driver works with ([`crate::COMPATIBLE_SCHEMAS`]).
+    pub schema_compatible: bool,
     pub server_version: Option<String>,
     /// The workers with a heartbeat in the last 60 s (`sheaf.live_workers()`).
     pub live_workers: Vec<LiveWorker>,
@@ -156,6 +158,7 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
         reported_shard_id: None,
         library_version: None,
         schema_version: None,
+        schema_compatible: false,
         server_version: None,
         live_workers: Vec::new(),
         stranded: Vec::new(),
@@ -172,8 +175,14 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
             status.reported_shard_id = identity.shard_id;
             status.live_workers = identity.live_workers;
             status.stranded = identity.stranded;
+            status.schema_compatible = status
+                .schema_version
+                .as_deref()
+                .is_some_and(crate::schema::is_compatible);
             status.problem = match (status.schema_version.as_ref(), identity.shard_id) {
-                (None, _) => Some("the sheaf extension is not installed".into()),
+                _ if !status.schema_compatible => {
+                    Some(crate::schema::incompatibility(status.schema_version.as_deref()))
+                }
                 (Some(_), None) => Some("the shard is not initialized (sheaf.init_shard)".into()),
                 (Some(_), Some(id)) if id != shard.id.get() as i32 => Some(format!(
                     "the database is shard {id}, but the topology calls it shard {}",
@@ -221,7 +230,12 @@ async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String>
         live_workers: Vec::new(),
         stranded: Vec::new(),
     };
-    if identity.schema_version.is_some() {
+    // sheaf's functions are called only on a schema this driver knows has them.
+    if identity
+        .schema_version
+        .as_deref()
+        .is_some_and(crate::schema::is_compatible)
+    {
         let row = client
             .query_one("SELECT sheaf.version()", &[])
             .await
@@ -295,6 +309,7 @@ mod tests {
             reported_shard_id: Some(3),
             library_version: None,
             schema_version: None,
+            schema_compatible: true,
             server_version: None,
             live_workers: Vec::new(),
             stranded: vec![

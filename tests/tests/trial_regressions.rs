@@ -175,11 +175,7 @@ async fn redrive_refuses_what_would_break_an_idempotency_key() {
             .expect("fail");
         dead.push(id);
     }
-    let dead_count = |db: &Client| {
-        let sql = format!("SELECT count(*) FROM sheaf.dead_letters WHERE queue = '{queue}'");
-        async move { db.query_one(&sql, &[]).await.expect("count").get::<_, i64>(0) }
-    };
-    assert_eq!(dead_count(&db).await, 2);
+    assert_eq!(dead_count(&db, &queue).await, 2);
 
     let both = db
         .execute("SELECT sheaf.redrive($1)", &[&dead])
@@ -187,7 +183,7 @@ async fn redrive_refuses_what_would_break_an_idempotency_key() {
         .expect_err("two dead letters cannot both hold the key");
     assert_eq!(code(&both), Some("55000"), "{both}");
     assert!(both.to_string().contains("share an idempotency key"), "{both}");
-    assert_eq!(dead_count(&db).await, 2, "nothing moved");
+    assert_eq!(dead_count(&db, &queue).await, 2, "nothing moved");
 
     // An unfinished task with the key blocks the redrive of either.
     db.batch_execute(&format!("SELECT sheaf.enqueue('{queue}', '{{}}', {opts})"))
@@ -199,7 +195,7 @@ async fn redrive_refuses_what_would_break_an_idempotency_key() {
         .expect_err("the key is held");
     assert_eq!(code(&held), Some("55000"), "{held}");
     assert!(held.to_string().contains("holds its idempotency key"), "{held}");
-    assert_eq!(dead_count(&db).await, 2, "nothing moved");
+    assert_eq!(dead_count(&db, &queue).await, 2, "nothing moved");
 
     // Once the key is free, one of them goes back.
     db.batch_execute(&format!(
@@ -213,7 +209,17 @@ async fn redrive_refuses_what_would_break_an_idempotency_key() {
         .expect("redrive one")
         .get(0);
     assert_eq!(moved, 1);
-    assert_eq!(dead_count(&db).await, 1);
+    assert_eq!(dead_count(&db, &queue).await, 1);
+}
+
+async fn dead_count(db: &Client, queue: &str) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM sheaf.dead_letters WHERE queue = $1",
+        &[&queue],
+    )
+    .await
+    .expect("count")
+    .get(0)
 }
 
 /// `heartbeat` without `extend` extends by the lease the task was claimed
