@@ -72,7 +72,7 @@ pub const ALL: &[Code] = &[
     Code {
         code: OBJECT_NOT_IN_PREREQUISITE_STATE,
         name: "object_not_in_prerequisite_state",
-        meaning: "the shard or execution is not in a state that allows the call (shard not initialized or initialized as another id; execution ended or paused; history closed)",
+        meaning: "the shard, execution or task is not in a state that allows the call (shard not initialized or initialized as another id; execution ended or paused; history closed; a dead letter that cannot be redriven)",
     },
     Code {
         code: OBJECT_IN_USE,
