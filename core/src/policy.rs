@@ -118,11 +118,11 @@ fn path(name: &str, value: &Value) -> Result<Vec<String>, OptionError> {
         ));
     }
     let rest: Vec<String> = segments.map(str::to_owned).collect();
-    if rest.iter().any(String::is_empty) || rest.len() > MAX_PATH_SEGMENTS {
+    if rest.iter().any(|seg| seg.is_empty() || seg.len() > MAX_KEY_BYTES) || rest.len() > MAX_PATH_SEGMENTS {
         return Err(err(
             name,
             format!(
-                "must be \"input\" followed by 0 to {MAX_PATH_SEGMENTS} non-empty .segments, got {}",
+                "must be \"input\" followed by 0 to {MAX_PATH_SEGMENTS} .segments of 1 to {MAX_KEY_BYTES} bytes, got {}",
                 quoted(s)
             ),
         ));
@@ -480,6 +480,10 @@ mod tests {
             ),
             (
                 json!({"concurrency": {"key": "input..a", "limit": 1}}),
+                "policy.concurrency.key",
+            ),
+            (
+                json!({"concurrency": {"key": format!("input.{}", "a".repeat(257)), "limit": 1}}),
                 "policy.concurrency.key",
             ),
             (
