@@ -119,6 +119,12 @@ fn promote_waiting(key: &str, room: i32) {
     ready::insert(&ids);
 }
 
+// A key's ready rows, locked as a claim locks them (ready row first).
+const LOCK_READY: Stmt = Stmt::write(
+    "SELECT r.task_id FROM tasks t JOIN ready r ON r.task_id = t.id \
+     WHERE t.concurrency_key = $1 AND t.state = 'ready' FOR UPDATE OF r",
+    &[PgBuiltInOids::TEXTOID],
+);
 const CURRENT_LIMIT: Stmt = Stmt::read(
     "SELECT max_running FROM concurrency_limits WHERE key = $1",
     &[PgBuiltInOids::TEXTOID],
@@ -142,6 +148,14 @@ pub fn ensure_limit(key: &str, max: i32) {
 /// running tasks finish. Raising or removing it promotes waiting tasks
 /// (removing promotes all of them, in this transaction).
 pub fn set_limit(key: &str, max_running: Option<i32>) {
+    // Ready rows before the key (`base::locks`): a cap may come down and
+    // send ready tasks back to waiting, and a terminal transition holds its
+    // tasks' ready rows while it waits to release this key.
+    if max_running.is_some() {
+        Spi::connect_mut(|client| {
+            run(client, &LOCK_READY, &[key.into()]);
+        });
+    }
     // No admission or release of this key runs while we count and re-cap.
     lock(key, true);
     let current = limit_for_update(key);
@@ -198,8 +212,13 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
 /// let that claim commit after the lowered cap and run over it. A task a
 /// claim took meanwhile is running (it was claimed before the cap changed)
 /// and is left alone. No task row is locked before its ready row, so this
-/// cannot deadlock with a claim; it can with a terminal transition that holds
-/// an execution's ready rows and waits for this key (40P01, retry).
+/// cannot deadlock with a claim.
+///
+/// Out of the lock order (`base::locks`): this waits for ready rows while
+/// holding the key. `set_limit` locked the key's ready rows before the key,
+/// so the only rows it can wait for here became ready in between; if a
+/// terminal transition of their execution holds them and waits for this
+/// key, PostgreSQL aborts one of the two (40P01, retry).
 fn demote_ready(key: &str, excess: i32) {
     let demoted = Spi::get_one_with_args::<i32>(
         "WITH d AS (\

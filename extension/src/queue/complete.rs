@@ -51,11 +51,12 @@ pub fn complete(
     let Some((key, execution_id, kind)) = done else {
         stale_token(task_id, token);
     };
-    if let Some(key) = key {
-        caps::release(&key, 1);
-    }
+    // The execution row before the concurrency key (`base::locks`).
     if let Some(execution_id) = execution_id {
         record(hooks, execution_id, task_id, &kind, result);
+    }
+    if let Some(key) = key {
+        caps::release(&key, 1);
     }
 }
 
@@ -91,7 +92,13 @@ pub fn complete_batch(
             })
             .collect()
     });
-    // Keys in a fixed order: no two batches lock two keys in opposite orders.
+    // Execution rows before concurrency keys (`base::locks`); keys in a
+    // fixed order, so no two batches lock two keys in opposite orders.
+    for (id, _, execution_id, kind) in &done {
+        if let Some(execution_id) = execution_id {
+            record(hooks, *execution_id, *id, kind, None);
+        }
+    }
     let mut per_key: BTreeMap<&str, i32> = BTreeMap::new();
     for (_, key, _, _) in &done {
         if let Some(key) = key {
@@ -100,11 +107,6 @@ pub fn complete_batch(
     }
     for (key, n) in per_key {
         caps::release(key, n);
-    }
-    for (id, _, execution_id, kind) in &done {
-        if let Some(execution_id) = execution_id {
-            record(hooks, *execution_id, *id, kind, None);
-        }
     }
     let completed: HashSet<pgrx::Uuid> = done.iter().map(|d| d.0).collect();
     ids.into_iter()

@@ -35,9 +35,7 @@ pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
     let Some((key, execution_id, kind, attempts)) = row else {
         return;
     };
-    if let Some(key) = key {
-        caps::release(&key, 1);
-    }
+    // The execution row before the concurrency key (`base::locks`).
     if let Some(execution_id) = execution_id {
         hooks.task_outcome(TaskEvent {
             execution_id,
@@ -45,6 +43,9 @@ pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
             kind: &kind,
             outcome: Outcome::DeadLettered { attempts, error },
         });
+    }
+    if let Some(key) = key {
+        caps::release(&key, 1);
     }
 }
 

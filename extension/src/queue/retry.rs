@@ -104,9 +104,7 @@ pub fn fail(
     }
     let delay = retry_secs.unwrap_or_else(|| backoff_secs(task.attempts));
     let retry_at = if delay == 0.0 {
-        // Straight back in line, keeping its place and its slot.
-        lease::put_back(task_id, task.key.as_deref(), false, Some(error));
-        transaction_start()
+        None
     } else {
         let at = Spi::connect_mut(|client| {
             run(client, &BACK_OFF, &[task_id.into(), delay.into(), error.into()])
@@ -116,12 +114,9 @@ pub fn fail(
                         .or_internal("scheduling a retry")
                 })
         });
-        // A backing-off task holds no slot: the next waiting task gets it.
-        if let Some(key) = &task.key {
-            caps::release(key, 1);
-        }
-        at.unwrap_or_else(|| internal("scheduling a retry: the locked task is gone"))
+        Some(at.unwrap_or_else(|| internal("scheduling a retry: the locked task is gone")))
     };
+    // The execution row before the concurrency key (`base::locks`).
     if let Some(execution_id) = task.execution_id {
         hooks.task_outcome(TaskEvent {
             execution_id,
@@ -133,7 +128,20 @@ pub fn fail(
             },
         });
     }
-    (Some(retry_at), false)
+    match retry_at {
+        None => {
+            // Straight back in line, keeping its place and its slot.
+            lease::put_back(task_id, task.key.as_deref(), false, Some(error));
+            (Some(transaction_start()), false)
+        }
+        Some(at) => {
+            // A backing-off task holds no slot: the next waiting task gets it.
+            if let Some(key) = &task.key {
+                caps::release(key, 1);
+            }
+            (Some(at), false)
+        }
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

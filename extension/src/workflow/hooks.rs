@@ -48,24 +48,31 @@ impl ExecutionHooks for Executions {
                 );
             }
             Outcome::DeadLettered { attempts, error } => {
-                history::append(
-                    execution_id,
-                    "TaskDeadLettered",
-                    serde_json::json!({"task_id": task, "kind": kind, "attempts": attempts, "error": error}),
-                );
-                if let Some(quota_key) = executions::quota_key_of(execution_id) {
-                    quota::add(&quota_key, 0, 0, 1);
-                }
-                // A workflow task that ran out of attempts fails its execution.
+                let record = || {
+                    history::append(
+                        execution_id,
+                        "TaskDeadLettered",
+                        serde_json::json!({"task_id": task, "kind": kind, "attempts": attempts, "error": error}),
+                    );
+                    if let Some(quota_key) = executions::quota_key_of(execution_id) {
+                        quota::add(&quota_key, 0, 0, 1);
+                    }
+                };
+                // A workflow task that ran out of attempts fails its
+                // execution: its other tasks are locked before the record
+                // touches the execution row (`base::locks`).
                 if kind == "workflow" && executions::state_of(execution_id).is_some() {
-                    lifecycle::close(
+                    lifecycle::close_after(
                         execution_id,
                         Close::Failed {
                             error: format!(
                                 "workflow task {task_id} dead-lettered after {attempts} attempt(s): {error}"
                             ),
                         },
+                        record,
                     );
+                } else {
+                    record();
                 }
             }
         }

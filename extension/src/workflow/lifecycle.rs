@@ -77,14 +77,25 @@ const DUE_WAKES: Stmt = Stmt::write(
 /// Ends an execution; `false` if it had already ended (nothing changes).
 /// A migrating or migrated execution refuses (55000): its own shard ends it.
 pub fn close(id: pgrx::Uuid, how: Close) -> bool {
+    close_after(id, how, || {})
+}
+
+/// `close`, running `first` once the execution's tasks are locked and
+/// before its row is (a dead-lettered workflow task records itself there,
+/// which updates the row). `first` runs also when the execution has ended.
+pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
     match executions::state_of(id) {
         None => unknown_execution(id),
-        Some(state) if !executions::is_active(&state) => return refuse_migrating(id, &state),
+        Some(state) if !executions::is_active(&state) => {
+            first();
+            return refuse_migrating(id, &state);
+        }
         Some(_) => {}
     }
-    // Tasks before the execution row: a completing or failing task holds
-    // its row and then appends to its execution's history.
+    // Tasks before the execution row (`base::locks`): a completing or
+    // failing task holds its row and then appends to its execution's history.
     let cancelled = tasks::delete_of_execution(id);
+    first();
     let e = executions::lock(id);
     if !executions::is_active(&e.state) {
         return refuse_migrating(id, &e.state);
@@ -166,14 +177,21 @@ pub fn pause(id: pgrx::Uuid) -> bool {
 /// Resumes a paused execution in the state it was paused from; its parked
 /// tasks go back in line. `false` if it was not paused; 55000 if it has ended.
 pub fn resume(id: pgrx::Uuid) -> bool {
+    // Tasks before the execution row, as in `close`: lock the parked tasks
+    // of an execution that reads as paused, then its row.
+    let parked = match executions::state_of(id).as_deref() {
+        Some("PAUSED") => tasks::unpark_of_execution(id),
+        _ => Vec::new(),
+    };
     let e = executions::lock_active(id, "be resumed");
     if e.state != "PAUSED" {
+        // Not paused (or resumed meanwhile, which unparked its tasks).
         return false;
     }
     let to = e.paused_from.clone().unwrap_or_else(|| "RUNNING".into());
     history::append(e.id, "WorkflowResumed", serde_json::json!({ "to": to }));
     set_state(&e, &to, None, None);
-    promote::place(tasks::unpark_of_execution(e.id));
+    promote::place(parked);
     true
 }
 
@@ -199,6 +217,8 @@ pub fn suspend(id: pgrx::Uuid, wake_at: Option<TimestampWithTimeZone>) -> bool {
 /// A paused execution that was suspended wakes into paused-from-running
 /// (its task waits for the resume). `false` if it was not suspended.
 pub fn wake(id: pgrx::Uuid) -> bool {
+    // The execution row first: a wake locks none of the execution's tasks,
+    // it only inserts a new one (`base::locks`: new rows are no one's yet).
     let e = executions::lock_active(id, "be woken");
     let suspended = e.state == "SUSPENDED";
     let paused_suspended = e.state == "PAUSED" && e.paused_from.as_deref() == Some("SUSPENDED");
