@@ -9,3 +9,4 @@ pub mod options;
 pub mod ordering;
 pub mod policy;
 pub mod sqlstate;
+pub mod state;

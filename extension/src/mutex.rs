@@ -10,9 +10,10 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
-use crate::base::errors::{SpiResultExt, internal, not_mutex_holder};
+use crate::base::errors::{internal, not_mutex_holder};
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 
 const HOLDER: Stmt = Stmt::write(
     "SELECT holder, token, lease_expires_at <= now() FROM mutex_locks WHERE key = $1",
@@ -91,37 +92,24 @@ fn lock(key: &str) {
 
 /// (holder, token, expired) of a key's lock.
 fn holder(key: &str) -> Option<(pgrx::Uuid, i64, bool)> {
-    Spi::connect_mut(|client| {
-        let row = run(client, &HOLDER, &[key.into()]).next()?;
-        let ctx = "reading a mutex";
-        Some((
-            row.get::<pgrx::Uuid>(1).or_internal(ctx)?,
-            row.get::<i64>(2).or_internal(ctx)?,
-            row.get::<bool>(3).or_internal(ctx)?,
-        ))
-    })
+    Spi::connect_mut(|client| rows::first(run(client, &HOLDER, &[key.into()]), "reading a mutex"))
 }
 
 fn grant(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> i64 {
     exec(&LEAVE_LINE, &[key.into(), owner.into()]);
     Spi::connect_mut(|client| {
-        run(client, &GRANT, &[key.into(), owner.into(), lease_secs.into()])
-            .next()
-            .and_then(|row| row.get::<i64>(1).or_internal("granting a mutex"))
-            .unwrap_or_else(|| internal("granting a mutex: the upsert returned no token"))
+        rows::only_value(
+            run(client, &GRANT, &[key.into(), owner.into(), lease_secs.into()]),
+            "granting a mutex",
+        )
     })
 }
 
 /// The key is free (released, or its lease expired): grants it to the first
 /// waiter, or frees it. Returns the new holder. The caller holds the key's lock.
 fn hand_off(key: &str) -> Option<pgrx::Uuid> {
-    let next = Spi::connect_mut(|client| {
-        let row = run(client, &POP_WAITER, &[key.into()]).next()?;
-        Some((
-            row.get::<pgrx::Uuid>(1).or_internal("popping a waiter")?,
-            row.get::<f64>(2).or_internal("popping a waiter")?,
-        ))
-    });
+    let next =
+        Spi::connect_mut(|client| rows::first(run(client, &POP_WAITER, &[key.into()]), "popping a waiter"));
     match next {
         Some((owner, lease_secs)) => {
             grant(key, owner, lease_secs);
@@ -153,10 +141,10 @@ pub fn acquire(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> (bool, Option<i
             Some(_) => {
                 exec(&JOIN_LINE, &[key.into(), owner.into(), lease_secs.into()]);
                 let place = Spi::connect_mut(|client| {
-                    run(client, &PLACE_IN_LINE, &[key.into(), owner.into()])
-                        .next()
-                        .and_then(|row| row.get::<i32>(1).or_internal("reading a place in line"))
-                        .unwrap_or(1)
+                    rows::only_value(
+                        run(client, &PLACE_IN_LINE, &[key.into(), owner.into()]),
+                        "reading a place in line",
+                    )
                 });
                 return (false, None, place);
             }
@@ -189,16 +177,12 @@ pub fn release(key: &str, owner: pgrx::Uuid, token: i64) -> Option<pgrx::Uuid> {
 pub fn renew(key: &str, owner: pgrx::Uuid, token: i64, lease_secs: f64) -> TimestampWithTimeZone {
     lock(key);
     let renewed = Spi::connect_mut(|client| {
-        run(
+        let table = run(
             client,
             &RENEW,
             &[key.into(), owner.into(), token.into(), lease_secs.into()],
-        )
-        .next()
-        .and_then(|row| {
-            row.get::<TimestampWithTimeZone>(1)
-                .or_internal("renewing a mutex")
-        })
+        );
+        rows::value(table, "renewing a mutex")
     });
     renewed.unwrap_or_else(|| not_mutex_holder(key, owner, token))
 }
@@ -207,9 +191,7 @@ pub fn renew(key: &str, owner: pgrx::Uuid, token: i64, lease_secs: f64) -> Times
 /// take two keys' locks in opposite orders.
 pub fn reclaim(max: i64) -> i64 {
     let mut keys: Vec<String> = Spi::connect_mut(|client| {
-        run(client, &EXPIRED, &[max.into()])
-            .filter_map(|row| row.get::<String>(1).or_internal("reading expired mutexes"))
-            .collect()
+        rows::values(run(client, &EXPIRED, &[max.into()]), "reading expired mutexes")
     });
     keys.sort();
     let mut n = 0;
@@ -228,9 +210,10 @@ pub fn reclaim(max: i64) -> i64 {
 /// in order.
 pub fn release_all(owner: pgrx::Uuid) {
     let mut keys: Vec<String> = Spi::connect_mut(|client| {
-        run(client, &HELD_OR_AWAITED_BY, &[owner.into()])
-            .filter_map(|row| row.get::<String>(1).or_internal("reading an owner's mutexes"))
-            .collect()
+        rows::values(
+            run(client, &HELD_OR_AWAITED_BY, &[owner.into()]),
+            "reading an owner's mutexes",
+        )
     });
     keys.sort();
     for key in keys {
@@ -251,17 +234,7 @@ pub fn status(
     Option<TimestampWithTimeZone>,
     i32,
 )> {
-    Spi::connect_mut(|client| {
-        run(client, &STATUS, &[key.into()]).next().map(|row| {
-            let ctx = "reading a mutex";
-            (
-                row.get::<pgrx::Uuid>(1).or_internal(ctx),
-                row.get::<i64>(2).or_internal(ctx),
-                row.get::<TimestampWithTimeZone>(3).or_internal(ctx),
-                row.get::<i32>(4).or_internal(ctx).unwrap_or(0),
-            )
-        })
-    })
+    Spi::connect_mut(|client| rows::first(run(client, &STATUS, &[key.into()]), "reading a mutex"))
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -253,10 +253,7 @@ async fn pause_vs_complete() {
     pair("pause vs complete", setup, &[], |f| {
         (
             complete_first(f),
-            (
-                "SELECT sheaf.pause_execution($1)",
-                vec![Box::new(f.execution)],
-            ),
+            ("SELECT sheaf.pause_execution($1)", vec![Box::new(f.execution)]),
         )
     })
     .await;
@@ -266,13 +263,13 @@ async fn pause_vs_complete() {
 async fn resume_vs_cancel() {
     // Resume puts the parked tasks back in line while the cancel deletes
     // them; a resume that comes second finds the execution ended (55000).
-    let setup = Setup { paused: true, ..PLAIN };
+    let setup = Setup {
+        paused: true,
+        ..PLAIN
+    };
     pair("resume vs cancel", setup, &["55000"], |f| {
         (
-            (
-                "SELECT sheaf.resume_execution($1)",
-                vec![Box::new(f.execution)],
-            ),
+            ("SELECT sheaf.resume_execution($1)", vec![Box::new(f.execution)]),
             cancel(f),
         )
     })

@@ -6,6 +6,21 @@
 use pgrx::prelude::*;
 use sheaf_core::excerpt::quoted;
 
+/// Every code this module raises (and so the extension: every refusal goes
+/// through here; pgrx's `error!` raises XX000). A test checks the list is
+/// complete and each code is documented in `sheaf_core::sqlstate::ALL`.
+pub const RAISED: &[PgSqlErrorCode] = &[
+    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+    PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+    PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+    PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+    PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
+    PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+    PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+];
+
 /// 22023: an argument has a value sheaf cannot accept. `arg` names it.
 pub fn bad_argument(arg: &str, why: impl std::fmt::Display) -> ! {
     ereport!(
@@ -139,5 +154,49 @@ pub fn require_read_committed(function: &str) {
                 "sheaf.{function} runs only at READ COMMITTED isolation: it serializes on a lock and must then see what was committed before it got the lock"
             )
         );
+    }
+}
+
+/// The five characters of a code, as PostgreSQL packs them (six bits each,
+/// first character lowest).
+pub fn sqlstate_text(code: PgSqlErrorCode) -> String {
+    let packed = code as i32;
+    (0..5)
+        .map(|i| char::from(((packed >> (6 * i)) & 0x3F) as u8 + b'0'))
+        .collect()
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::{RAISED, sqlstate_text};
+    use pgrx::prelude::*;
+
+    /// Every code sheaf raises is documented in `sheaf_core::sqlstate::ALL`
+    /// (the list the README's error table shows).
+    #[pg_test]
+    fn every_code_sheaf_raises_is_documented() {
+        assert_eq!(sqlstate_text(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR), "XX000");
+        for code in RAISED {
+            let text = sqlstate_text(*code);
+            assert!(
+                sheaf_core::sqlstate::ALL.iter().any(|c| c.code == text),
+                "{text} ({code:?}) is raised but not in sheaf_core::sqlstate::ALL"
+            );
+        }
+    }
+
+    /// `RAISED` lists every code this module names (a new refusal must be
+    /// added there, and so checked above).
+    #[pg_test]
+    fn raised_lists_every_code_of_this_module() {
+        let source = include_str!("errors.rs");
+        let listed_end = source.find("];").expect("RAISED is a slice");
+        let (listed, rest) = source.split_at(listed_end);
+        for token in rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if token.starts_with("ERRCODE_") {
+                assert!(listed.contains(token), "{token} is raised but not in RAISED");
+            }
+        }
     }
 }

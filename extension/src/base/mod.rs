@@ -7,4 +7,5 @@ pub mod jsonb;
 pub mod list;
 pub mod locks;
 pub mod plans;
+pub mod rows;
 pub mod shard;

@@ -4,8 +4,9 @@ use std::cell::Cell;
 
 use pgrx::prelude::*;
 
-use crate::base::errors::{SpiResultExt, not_ready};
+use crate::base::errors::not_ready;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 
 const INIT: Stmt = Stmt::write(
     "INSERT INTO shard_identity (shard_id) VALUES ($1) ON CONFLICT (singleton) DO NOTHING",
@@ -66,12 +67,5 @@ thread_local! {
 const STORED: Stmt = Stmt::read("SELECT shard_id, xmin FROM shard_identity", &[]);
 
 fn stored() -> Option<(i32, pg_sys::TransactionId)> {
-    Spi::connect_mut(|client| {
-        let row = run(client, &STORED, &[]).next()?;
-        Some((
-            row.get::<i32>(1).or_internal("reading the shard id")?,
-            row.get::<pg_sys::TransactionId>(2)
-                .or_internal("reading the shard id")?,
-        ))
-    })
+    Spi::connect_mut(|client| rows::first(run(client, &STORED, &[]), "reading the shard id"))
 }

@@ -16,9 +16,11 @@ use pgrx::prelude::*;
 
 use std::collections::BTreeMap;
 
-use crate::base::errors::SpiResultExt;
+use sheaf_core::state::TaskState;
+
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, run};
+use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 use crate::queue::{ready, tasks};
 
 const LIMIT_FOR_UPDATE: Stmt = Stmt::write(
@@ -47,19 +49,19 @@ fn lock(key: &str, exclusive: bool) {
 /// `(max_running, admitted)` of a capped key, row-locked; `None` if uncapped.
 fn limit_for_update(key: &str) -> Option<(i32, i32)> {
     Spi::connect_mut(|client| {
-        let row = run(client, &LIMIT_FOR_UPDATE, &[key.into()]).next()?;
-        let max: Option<i32> = row.get(1).or_internal("reading a concurrency limit");
-        let admitted: Option<i32> = row.get(2).or_internal("reading a concurrency limit");
-        Some((max.unwrap_or(0), admitted.unwrap_or(0)))
+        rows::first(
+            run(client, &LIMIT_FOR_UPDATE, &[key.into()]),
+            "reading a concurrency limit",
+        )
     })
 }
 
 fn add_admitted(key: &str, delta: i32) -> Option<(i32, i32)> {
     Spi::connect_mut(|client| {
-        let row = run(client, &ADD_ADMITTED, &[key.into(), delta.into()]).next()?;
-        let max: Option<i32> = row.get(1).or_internal("updating a concurrency limit");
-        let admitted: Option<i32> = row.get(2).or_internal("updating a concurrency limit");
-        Some((max.unwrap_or(0), admitted.unwrap_or(0)))
+        rows::first(
+            run(client, &ADD_ADMITTED, &[key.into(), delta.into()]),
+            "updating a concurrency limit",
+        )
     })
 }
 
@@ -107,9 +109,10 @@ fn promote_waiting(key: &str, room: i32) {
         return;
     }
     let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
-        run(client, &NEXT_WAITING, &[key.into(), (room as i64).into()])
-            .filter_map(|row| row.get::<pgrx::Uuid>(1).or_internal("reading waiting tasks"))
-            .collect()
+        rows::values(
+            run(client, &NEXT_WAITING, &[key.into(), (room as i64).into()]),
+            "reading waiting tasks",
+        )
     });
     if ids.is_empty() {
         return;
@@ -125,6 +128,36 @@ const LOCK_READY: Stmt = Stmt::write(
      WHERE t.concurrency_key = $1 AND t.state = 'ready' FOR UPDATE OF r",
     &[PgBuiltInOids::TEXTOID],
 );
+const REMOVE: Stmt = Stmt::write(
+    "DELETE FROM concurrency_limits WHERE key = $1",
+    &[PgBuiltInOids::TEXTOID],
+);
+const CHANGE: Stmt = Stmt::write(
+    "UPDATE concurrency_limits SET max_running = $2 WHERE key = $1",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
+);
+const HELD: Stmt = Stmt::write(
+    "SELECT count(*)::int FROM tasks WHERE concurrency_key = $1 AND state IN ('ready', 'running')",
+    &[PgBuiltInOids::TEXTOID],
+);
+const ADD: Stmt = Stmt::write(
+    "INSERT INTO concurrency_limits (key, max_running, admitted) VALUES ($1, $2, $3)",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::INT4OID,
+    ],
+);
+const DEMOTE: Stmt = Stmt::write(
+    "WITH d AS (\
+       SELECT t.id FROM tasks t JOIN ready r ON r.task_id = t.id \
+       WHERE t.concurrency_key = $1 AND t.state = 'ready' \
+       ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT $2 FOR UPDATE OF r), \
+     gone AS (DELETE FROM ready r USING d WHERE r.task_id = d.id RETURNING r.task_id), \
+     w AS (UPDATE tasks t SET state = 'waiting' FROM gone WHERE t.id = gone.task_id RETURNING 1) \
+     SELECT count(*)::int FROM w",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
+);
 const CURRENT_LIMIT: Stmt = Stmt::read(
     "SELECT max_running FROM concurrency_limits WHERE key = $1",
     &[PgBuiltInOids::TEXTOID],
@@ -134,9 +167,10 @@ const CURRENT_LIMIT: Stmt = Stmt::read(
 /// capped by its policy's limit): the common case is one index read.
 pub fn ensure_limit(key: &str, max: i32) {
     let current = Spi::connect_mut(|client| {
-        run(client, &CURRENT_LIMIT, &[key.into()])
-            .next()
-            .and_then(|row| row.get::<i32>(1).or_internal("reading a concurrency limit"))
+        rows::value::<i32>(
+            run(client, &CURRENT_LIMIT, &[key.into()]),
+            "reading a concurrency limit",
+        )
     });
     if current != Some(max) {
         set_limit(key, Some(max));
@@ -162,12 +196,12 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
     match (max_running, current) {
         (None, None) => {}
         (None, Some(_)) => {
-            Spi::run_with_args("DELETE FROM concurrency_limits WHERE key = $1", &[key.into()])
-                .or_internal("removing a cap");
+            exec(&REMOVE, &[key.into()]);
             let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
-                run(client, &NEXT_WAITING, &[key.into(), i64::MAX.into()])
-                    .filter_map(|row| row.get::<pgrx::Uuid>(1).or_internal("reading waiting tasks"))
-                    .collect()
+                rows::values(
+                    run(client, &NEXT_WAITING, &[key.into(), i64::MAX.into()]),
+                    "reading waiting tasks",
+                )
             });
             tasks::set_ready(&ids);
             ready::insert(&ids);
@@ -175,25 +209,14 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
         (Some(max), current) => {
             let admitted = match current {
                 Some((_, admitted)) => {
-                    Spi::run_with_args(
-                        "UPDATE concurrency_limits SET max_running = $2 WHERE key = $1",
-                        &[key.into(), max.into()],
-                    )
-                    .or_internal("changing a cap");
+                    exec(&CHANGE, &[key.into(), max.into()]);
                     admitted
                 }
                 None => {
-                    let held = Spi::get_one_with_args::<i32>(
-                        "SELECT count(*)::int FROM tasks WHERE concurrency_key = $1 AND state IN ('ready', 'running')",
-                        &[key.into()],
-                    )
-                    .or_internal("counting a key's tasks")
-                    .unwrap_or(0);
-                    Spi::run_with_args(
-                        "INSERT INTO concurrency_limits (key, max_running, admitted) VALUES ($1, $2, $3)",
-                        &[key.into(), max.into(), held.into()],
-                    )
-                    .or_internal("adding a cap");
+                    let held: i32 = Spi::connect_mut(|client| {
+                        rows::only_value(run(client, &HELD, &[key.into()]), "counting a key's tasks")
+                    });
+                    exec(&ADD, &[key.into(), max.into(), held.into()]);
                     held
                 }
             };
@@ -220,18 +243,12 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
 /// terminal transition of their execution holds them and waits for this
 /// key, PostgreSQL aborts one of the two (40P01, retry).
 fn demote_ready(key: &str, excess: i32) {
-    let demoted = Spi::get_one_with_args::<i32>(
-        "WITH d AS (\
-           SELECT t.id FROM tasks t JOIN ready r ON r.task_id = t.id \
-           WHERE t.concurrency_key = $1 AND t.state = 'ready' \
-           ORDER BY r.k1 DESC, r.k2 DESC, r.seq DESC LIMIT $2 FOR UPDATE OF r), \
-         gone AS (DELETE FROM ready r USING d WHERE r.task_id = d.id RETURNING r.task_id), \
-         w AS (UPDATE tasks t SET state = 'waiting' FROM gone WHERE t.id = gone.task_id RETURNING 1) \
-         SELECT count(*)::int FROM w",
-        &[key.into(), (excess as i64).into()],
-    )
-    .or_internal("demoting ready tasks")
-    .unwrap_or(0);
+    let demoted: i32 = Spi::connect_mut(|client| {
+        rows::only_value(
+            run(client, &DEMOTE, &[key.into(), (excess as i64).into()]),
+            "demoting ready tasks",
+        )
+    });
     if demoted > 0 {
         add_admitted(key, -demoted);
     }
@@ -239,11 +256,11 @@ fn demote_ready(key: &str, excess: i32) {
 
 /// Frees the slots of tasks that held one (ready or running), given as
 /// `(state, key)`; keys in ascending order (the lock order, `base::locks`).
-pub fn release_held(tasks: Vec<(String, Option<String>)>) {
+pub fn release_held(tasks: Vec<(TaskState, Option<String>)>) {
     let mut per_key: BTreeMap<String, i32> = BTreeMap::new();
     for (state, key) in tasks {
         if let Some(key) = key
-            && (state == "ready" || state == "running")
+            && state.holds_slot()
         {
             *per_key.entry(key).or_default() += 1;
         }

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 
-use crate::base::errors::{SpiResultExt, internal};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows::{self, FromRow};
 use crate::queue::hooks::ExecutionHooks;
 use crate::queue::{lease, promote};
 
@@ -120,33 +120,14 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<(Cl
             ],
         )
         .map(|row| {
-            let get = |what: &str| format!("reading a claimed task's {what}");
-            fn not_null<T>(what: &str) -> T {
-                internal(format_args!("reading a claimed task: its {what} is NULL"))
-            }
-            let claimed: Claimed = (
-                row.get(1)
-                    .or_internal(&get("id"))
-                    .unwrap_or_else(|| not_null("id")),
-                row.get(2)
-                    .or_internal(&get("token"))
-                    .unwrap_or_else(|| not_null("token")),
-                row.get(3)
-                    .or_internal(&get("payload"))
-                    .unwrap_or_else(|| not_null("payload")),
-                row.get(4)
-                    .or_internal(&get("attempts"))
-                    .unwrap_or_else(|| not_null("attempts")),
-                row.get(5).or_internal(&get("execution id")),
-                row.get(6).or_internal(&get("concurrency key")),
-                row.get(7)
-                    .or_internal(&get("kind"))
-                    .unwrap_or_else(|| not_null("kind")),
-            );
-            let k1: f64 = row.get(8).or_internal(&get("k1")).unwrap_or(0.0);
-            let k2: f64 = row.get(9).or_internal(&get("k2")).unwrap_or(0.0);
-            let seq: i64 = row.get(10).or_internal(&get("seq")).unwrap_or(0);
-            (claimed, k1, k2, seq)
+            let (id, token, payload, attempt, execution_id, key, kind, k1, k2, seq) =
+                FromRow::from_row(&row, "reading a claimed task");
+            (
+                (id, token, payload, attempt, execution_id, key, kind),
+                k1,
+                k2,
+                seq,
+            )
         })
         .collect()
     })
@@ -167,13 +148,10 @@ fn sweep(queue: &str, hooks: &dyn ExecutionHooks) -> i64 {
         last.borrow_mut().insert(queue.to_owned(), Instant::now());
     });
     let (due, expired) = Spi::connect_mut(|client| {
-        let row = run(client, &SWEEP_PROBE, &[queue.into()]).first();
-        let flag = |i| {
-            row.get::<bool>(i)
-                .or_internal("probing for due tasks")
-                .unwrap_or(true)
-        };
-        (flag(1), flag(2))
+        rows::only::<(bool, bool)>(
+            run(client, &SWEEP_PROBE, &[queue.into()]),
+            "probing for due tasks",
+        )
     });
     let promoted = if due {
         promote::due(queue, SWEEP_PROMOTE)

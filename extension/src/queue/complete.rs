@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use pgrx::prelude::*;
 
-use crate::base::errors::{SpiResultExt, stale_token};
+use crate::base::errors::stale_token;
 use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 
@@ -39,14 +40,10 @@ pub fn complete(
     hooks: &dyn ExecutionHooks,
 ) {
     let done = Spi::connect_mut(|client| {
-        let row = run(client, &COMPLETE, &[task_id.into(), token.into()]).next()?;
-        Some((
-            row.get::<String>(1).or_internal("completing a task"),
-            row.get::<pgrx::Uuid>(2).or_internal("completing a task"),
-            row.get::<String>(3)
-                .or_internal("completing a task")
-                .unwrap_or_default(),
-        ))
+        rows::first::<(Option<String>, Option<pgrx::Uuid>, String)>(
+            run(client, &COMPLETE, &[task_id.into(), token.into()]),
+            "completing a task",
+        )
     });
     let Some((key, execution_id, kind)) = done else {
         stale_token(task_id, token);
@@ -69,28 +66,18 @@ pub fn complete_batch(
 ) -> Vec<(pgrx::Uuid, bool)> {
     let wanted: HashSet<(pgrx::Uuid, i64)> = ids.iter().copied().zip(tokens).collect();
     let done: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>, String)> = Spi::connect_mut(|client| {
-        let matching: Vec<pgrx::Uuid> = run(client, &RUNNING_TOKENS, &[ids.clone().into()])
-            .filter_map(|row| {
-                let id = row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?;
-                let token = row.get::<i64>(2).or_internal("completing tasks")?;
-                wanted.contains(&(id, token)).then_some(id)
-            })
-            .collect();
+        let matching: Vec<pgrx::Uuid> = rows::all::<(pgrx::Uuid, i64)>(
+            run(client, &RUNNING_TOKENS, &[ids.clone().into()]),
+            "completing tasks",
+        )
+        .into_iter()
+        .filter(|pair| wanted.contains(pair))
+        .map(|(id, _)| id)
+        .collect();
         if matching.is_empty() {
             return Vec::new();
         }
-        run(client, &DELETE_BATCH, &[matching.into()])
-            .filter_map(|row| {
-                Some((
-                    row.get::<pgrx::Uuid>(1).or_internal("completing tasks")?,
-                    row.get::<String>(2).or_internal("completing tasks"),
-                    row.get::<pgrx::Uuid>(3).or_internal("completing tasks"),
-                    row.get::<String>(4)
-                        .or_internal("completing tasks")
-                        .unwrap_or_default(),
-                ))
-            })
-            .collect()
+        rows::all(run(client, &DELETE_BATCH, &[matching.into()]), "completing tasks")
     });
     // Execution rows before concurrency keys (`base::locks`); keys in a
     // fixed order, so no two batches lock two keys in opposite orders.

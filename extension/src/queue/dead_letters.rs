@@ -2,8 +2,9 @@
 
 use pgrx::prelude::*;
 
-use crate::base::errors::{SpiResultExt, not_ready};
+use crate::base::errors::not_ready;
 use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::{caps, promote};
 
@@ -22,15 +23,10 @@ const BURY: Stmt = Stmt::write(
 /// execution hears of it through `hooks` (a workflow task's execution fails).
 pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
     let row: Option<(Option<String>, Option<pgrx::Uuid>, String, i32)> = Spi::connect_mut(|client| {
-        let row = run(client, &BURY, &[task_id.into(), error.into()]).next()?;
-        Some((
-            row.get::<String>(1).or_internal("burying a task"),
-            row.get::<pgrx::Uuid>(2).or_internal("burying a task"),
-            row.get::<String>(3)
-                .or_internal("burying a task")
-                .unwrap_or_default(),
-            row.get::<i32>(4).or_internal("burying a task").unwrap_or(0),
-        ))
+        rows::first(
+            run(client, &BURY, &[task_id.into(), error.into()]),
+            "burying a task",
+        )
     });
     let Some((key, execution_id, kind, attempts)) = row else {
         return;
@@ -101,19 +97,15 @@ const REDRIVE: Stmt = Stmt::write(
 pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
     refuse_blocked(&ids);
     let (taken, moved) = Spi::connect_mut(|client| {
-        let ctx = "redriving dead letters";
-        let mut taken = 0i64;
-        let mut moved: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>)> = Vec::new();
-        for row in run(client, &REDRIVE, &[ids.into()]) {
-            taken = row.get::<i64>(1).or_internal(ctx).unwrap_or(0);
-            if let Some(id) = row.get::<pgrx::Uuid>(2).or_internal(ctx) {
-                moved.push((
-                    id,
-                    row.get::<String>(3).or_internal(ctx),
-                    row.get::<pgrx::Uuid>(4).or_internal(ctx),
-                ));
-            }
-        }
+        // One row per moved task, or one row of NULLs when none moved; the
+        // count of what was taken out is on every row.
+        let rows: Vec<(i64, Option<pgrx::Uuid>, Option<String>, Option<pgrx::Uuid>)> =
+            rows::all(run(client, &REDRIVE, &[ids.into()]), "redriving dead letters");
+        let taken = rows.first().map_or(0, |r| r.0);
+        let moved: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>)> = rows
+            .into_iter()
+            .filter_map(|(_, id, key, execution)| id.map(|id| (id, key, execution)))
+            .collect();
         (taken, moved)
     });
     if taken != moved.len() as i64 {
@@ -134,14 +126,10 @@ pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
 fn refuse_blocked(ids: &[pgrx::Uuid]) {
     type Blocker = (pgrx::Uuid, Option<pgrx::Uuid>, Option<pgrx::Uuid>, Option<String>);
     let blocker: Option<Blocker> = Spi::connect_mut(|client| {
-        let row = run(client, &REDRIVE_BLOCKER, &[ids.to_vec().into()]).next()?;
-        let ctx = "checking dead letters to redrive";
-        Some((
-            row.get::<pgrx::Uuid>(1).or_internal(ctx)?,
-            row.get::<pgrx::Uuid>(2).or_internal(ctx),
-            row.get::<pgrx::Uuid>(3).or_internal(ctx),
-            row.get::<String>(4).or_internal(ctx),
-        ))
+        rows::first(
+            run(client, &REDRIVE_BLOCKER, &[ids.to_vec().into()]),
+            "checking dead letters to redrive",
+        )
     });
     let Some((id, holder, twin, state)) = blocker else {
         return;

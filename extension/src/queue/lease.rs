@@ -3,9 +3,11 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
+use sheaf_core::state::TaskState;
 
-use crate::base::errors::{SpiResultExt, internal, stale_token};
+use crate::base::errors::stale_token;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows::{self, Column};
 use crate::queue::hooks::ExecutionHooks;
 use crate::queue::{caps, dead_letters, queues, ready};
 
@@ -43,8 +45,11 @@ const EXPIRED: Stmt = Stmt::write(
 /// Locks a task that must be running under `token`; its concurrency key.
 pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
     Spi::connect_mut(|client| {
-        match run(client, &RUNNING_FOR_UPDATE, &[task_id.into(), token.into()]).next() {
-            Some(row) => row.get::<String>(1).or_internal("reading a running task"),
+        match rows::first::<(Option<String>,)>(
+            run(client, &RUNNING_FOR_UPDATE, &[task_id.into(), token.into()]),
+            "reading a running task",
+        ) {
+            Some((key,)) => key,
             None => stale_token(task_id, token),
         }
     })
@@ -55,10 +60,19 @@ pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
 /// `refund` gives back the attempt its claim spent.
 pub fn put_back(task_id: pgrx::Uuid, key: Option<&str>, refund: bool, error: Option<&str>) {
     let wait = key.is_some_and(caps::give_up_slot_if_over_cap);
-    let state = if wait { "waiting" } else { "ready" };
+    let state = if wait {
+        TaskState::Waiting
+    } else {
+        TaskState::Ready
+    };
     exec(
         &PUT_BACK,
-        &[task_id.into(), state.into(), (refund as i32).into(), error.into()],
+        &[
+            task_id.into(),
+            state.as_str().into(),
+            (refund as i32).into(),
+            error.into(),
+        ],
     );
     if !wait {
         ready::insert(&[task_id]);
@@ -82,10 +96,7 @@ pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> Time
         )
         .next()
         {
-            Some(row) => row
-                .get::<TimestampWithTimeZone>(1)
-                .or_internal("reading a lease end")
-                .unwrap_or_else(|| internal("reading a lease end: a running task has none")),
+            Some(row) => TimestampWithTimeZone::read(&row, 1, "reading a lease end"),
             None => stale_token(task_id, token),
         }
     })
@@ -97,15 +108,10 @@ pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> Time
 /// fails its execution).
 pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks) -> i64 {
     let expired: Vec<(pgrx::Uuid, Option<String>, bool)> = Spi::connect_mut(|client| {
-        run(client, &EXPIRED, &[queue.into(), max.into()])
-            .filter_map(|row| {
-                Some((
-                    row.get::<pgrx::Uuid>(1).or_internal("reading expired leases")?,
-                    row.get::<String>(2).or_internal("reading expired leases"),
-                    row.get::<bool>(3).or_internal("reading expired leases")?,
-                ))
-            })
-            .collect()
+        rows::all(
+            run(client, &EXPIRED, &[queue.into(), max.into()]),
+            "reading expired leases",
+        )
     });
     let n = expired.len() as i64;
     // Keys in a fixed order: two reapers never take two keys' slot rows in

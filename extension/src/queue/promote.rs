@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use pgrx::prelude::*;
 
-use crate::base::errors::SpiResultExt;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 use crate::queue::{caps, ready, tasks};
 
 const DUE: Stmt = Stmt::write(
@@ -22,12 +22,10 @@ const SET_WAITING: Stmt = Stmt::write(
 /// Promotes up to `max` due scheduled tasks of `queue`; returns how many.
 pub fn due(queue: &str, max: i64) -> i64 {
     let rows: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
-        run(client, &DUE, &[queue.into(), max.into()])
-            .filter_map(|row| {
-                let id = row.get::<pgrx::Uuid>(1).or_internal("reading due tasks")?;
-                Some((id, row.get::<String>(2).or_internal("reading due tasks")))
-            })
-            .collect()
+        rows::all(
+            run(client, &DUE, &[queue.into(), max.into()]),
+            "reading due tasks",
+        )
     });
     let n = rows.len() as i64;
     place(rows);

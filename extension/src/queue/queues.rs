@@ -10,8 +10,9 @@ use sheaf_core::options::{QueueOptions, check_queue_name};
 use sheaf_core::ordering::Mode;
 
 use crate::base::args::required;
-use crate::base::errors::{SpiResultExt, bad_argument, internal, not_ready};
+use crate::base::errors::{bad_argument, internal, not_ready};
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 use crate::queue::ready;
 
 /// A queue's configuration.
@@ -92,26 +93,16 @@ pub fn check_name(queue: Option<&str>) -> &str {
 /// the row (then it may yet roll back, and is not cached).
 fn stored(name: &str) -> Option<(Queue, bool)> {
     Spi::connect_mut(|client| {
-        let table = run(client, &LOAD, &[name.into()]);
-        let row = table.into_iter().next()?;
-        let aging: Option<i32> = row.get(1).or_internal("reading a queue");
-        let fairness: Option<bool> = row.get(2).or_internal("reading a queue");
-        let notify: Option<bool> = row.get(3).or_internal("reading a queue");
-        let xmin: Option<pg_sys::TransactionId> = row.get(4).or_internal("reading a queue");
+        let (aging, fairness, notify, xmin): (Option<i32>, bool, bool, pg_sys::TransactionId) =
+            rows::first(run(client, &LOAD, &[name.into()]), "reading a queue")?;
         let mode = match (aging, fairness) {
             (Some(secs), _) => Mode::Aging { secs: secs as u32 },
-            (None, Some(true)) => Mode::Fairness,
-            _ => Mode::Priority,
+            (None, true) => Mode::Fairness,
+            (None, false) => Mode::Priority,
         };
         // SAFETY: a plain lookup in this backend's transaction state.
-        let ours = xmin.is_some_and(|x| unsafe { pg_sys::TransactionIdIsCurrentTransactionId(x) });
-        Some((
-            Queue {
-                mode,
-                notify: notify.unwrap_or(true),
-            },
-            ours,
-        ))
+        let ours = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) };
+        Some((Queue { mode, notify }, ours))
     })
 }
 
@@ -214,9 +205,5 @@ pub fn configure(name: &str, parsed: &QueueOptions) -> serde_json::Value {
 
 /// Every queue's name.
 pub fn names() -> Vec<String> {
-    Spi::connect_mut(|client| {
-        run(client, &NAMES, &[])
-            .filter_map(|row| row.get::<String>(1).or_internal("listing queues"))
-            .collect()
-    })
+    Spi::connect_mut(|client| rows::values(run(client, &NAMES, &[]), "listing queues"))
 }

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use pgrx::prelude::*;
 use sheaf_core::ordering::fair_tags;
 
-use crate::base::errors::{SpiResultExt, internal};
+use crate::base::errors::internal;
 use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 
 const INSERT: Stmt = Stmt::write(
     "WITH r AS (\
@@ -75,11 +76,7 @@ const PRUNE_KEYS: Stmt = Stmt::write(
 /// Whether `queue` has a ready task.
 pub fn any(queue: &str) -> bool {
     Spi::connect_mut(|client| {
-        run(client, &ANY, &[queue.into()])
-            .first()
-            .get::<bool>(1)
-            .or_internal("checking for ready tasks")
-            .unwrap_or(false)
+        rows::only_value(run(client, &ANY, &[queue.into()]), "checking for ready tasks")
     })
 }
 
@@ -93,11 +90,7 @@ pub fn rekey(queue: &str, aging_secs: Option<i32>) {
 /// Deletes up to `max` fairness keys that no longer matter; returns how many.
 pub fn prune_fairness_keys(max: i64) -> i64 {
     Spi::connect_mut(|client| {
-        run(client, &PRUNE_KEYS, &[max.into()])
-            .first()
-            .get::<i64>(1)
-            .or_internal("pruning fairness keys")
-            .unwrap_or(0)
+        rows::only_value(run(client, &PRUNE_KEYS, &[max.into()]), "pruning fairness keys")
     })
 }
 
@@ -108,9 +101,10 @@ pub fn insert(ids: &[pgrx::Uuid]) {
         return;
     }
     Spi::connect_mut(|client| {
-        let queues: Vec<String> = run(client, &INSERT, &[ids.to_vec().into()])
-            .filter_map(|row| row.get::<String>(1).or_internal("reading ready queues"))
-            .collect();
+        let queues: Vec<String> = rows::values(
+            run(client, &INSERT, &[ids.to_vec().into()]),
+            "reading ready queues",
+        );
         if !queues.is_empty() {
             run(client, &NOTIFY_IF_IDLE, &[queues.into(), ids.to_vec().into()]);
         }
@@ -122,10 +116,8 @@ pub fn insert(ids: &[pgrx::Uuid]) {
 /// the queue's virtual time; a key's tasks follow one another by 1/weight.
 pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
     Spi::connect_mut(|client| {
-        let vtime: f64 = run(client, &VTIME, &[queue.into()])
-            .next()
-            .and_then(|row| row.get::<f64>(1).or_internal("reading vtime"))
-            .unwrap_or(0.0);
+        // The queue exists: the enqueue loaded (or created) it first.
+        let vtime: f64 = rows::only_value(run(client, &VTIME, &[queue.into()]), "reading vtime");
         let mut per_key: BTreeMap<&str, f64> = BTreeMap::new();
         for (key, weight) in tasks {
             if let Some(key) = key {
@@ -136,14 +128,14 @@ pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
         // the tasks take the starts in between, in order.
         let mut next_start: BTreeMap<&str, f64> = BTreeMap::new();
         for (key, total) in &per_key {
-            let finish: f64 = run(
-                client,
-                &ADVANCE_KEY,
-                &[queue.into(), (*key).into(), vtime.into(), (*total).into()],
-            )
-            .next()
-            .and_then(|row| row.get::<f64>(1).or_internal("advancing a fairness key"))
-            .unwrap_or(vtime + total);
+            let finish: f64 = rows::only_value(
+                run(
+                    client,
+                    &ADVANCE_KEY,
+                    &[queue.into(), (*key).into(), vtime.into(), (*total).into()],
+                ),
+                "advancing a fairness key",
+            );
             next_start.insert(key, finish - total);
         }
         tasks

@@ -5,8 +5,9 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::backoff::retry_delay_ms;
 
-use crate::base::errors::{SpiResultExt, internal, stale_token};
+use crate::base::errors::{internal, stale_token};
 use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::{caps, dead_letters, lease};
 
@@ -42,19 +43,21 @@ struct Running {
 
 fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
     let row = Spi::connect_mut(|client| {
-        let row = run(client, &RUNNING, &[task_id.into(), token.into()]).next()?;
-        Some(Running {
-            key: row.get::<String>(1).or_internal("failing a task"),
-            attempts: row.get::<i32>(2).or_internal("failing a task").unwrap_or(0),
-            max_attempts: row.get::<i32>(3).or_internal("failing a task").unwrap_or(1),
-            execution_id: row.get::<pgrx::Uuid>(4).or_internal("failing a task"),
-            kind: row
-                .get::<String>(5)
-                .or_internal("failing a task")
-                .unwrap_or_default(),
-        })
+        rows::first(
+            run(client, &RUNNING, &[task_id.into(), token.into()]),
+            "failing a task",
+        )
     });
-    row.unwrap_or_else(|| stale_token(task_id, token))
+    let Some((key, attempts, max_attempts, execution_id, kind)) = row else {
+        stale_token(task_id, token)
+    };
+    Running {
+        key,
+        attempts,
+        max_attempts,
+        execution_id,
+        kind,
+    }
 }
 
 /// An error text as kept: cut at `MAX_ERROR_BYTES` (on a character
@@ -106,15 +109,12 @@ pub fn fail(
     let retry_at = if delay == 0.0 {
         None
     } else {
-        let at = Spi::connect_mut(|client| {
-            run(client, &BACK_OFF, &[task_id.into(), delay.into(), error.into()])
-                .next()
-                .and_then(|row| {
-                    row.get::<TimestampWithTimeZone>(1)
-                        .or_internal("scheduling a retry")
-                })
-        });
-        Some(at.unwrap_or_else(|| internal("scheduling a retry: the locked task is gone")))
+        Some(Spi::connect_mut(|client| {
+            rows::only_value::<TimestampWithTimeZone>(
+                run(client, &BACK_OFF, &[task_id.into(), delay.into(), error.into()]),
+                "scheduling a retry",
+            )
+        }))
     };
     // The execution row before the concurrency key (`base::locks`).
     if let Some(execution_id) = task.execution_id {

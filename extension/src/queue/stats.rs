@@ -4,43 +4,60 @@
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
-use crate::base::errors::SpiResultExt;
+use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 use crate::queue::workers::LIVE_SECS;
 
 /// One queue's counts: ready, scheduled, running, waiting, dead, live
 /// workers, and the age of its oldest ready task.
 pub type QueueCounts = (i64, i64, i64, i64, i64, i64, Option<Interval>);
 
+const QUEUE: Stmt = Stmt::read(
+    "SELECT (SELECT count(*) FROM ready WHERE queue = $1), \
+            count(*) FILTER (WHERE state = 'scheduled'), \
+            count(*) FILTER (WHERE state = 'running'), \
+            count(*) FILTER (WHERE state = 'waiting'), \
+            (SELECT count(*) FROM dead_letters WHERE queue = $1), \
+            (SELECT count(*) FROM workers WHERE $1 = ANY(queues) \
+                AND last_seen_at > now() - make_interval(secs => $2)), \
+            now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
+                     WHERE r.queue = $1) \
+     FROM tasks WHERE queue = $1",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::FLOAT8OID],
+);
+const STRANDED: Stmt = Stmt::read(
+    "SELECT q.name, \
+            (SELECT count(*) FROM ready r WHERE r.queue = q.name), \
+            now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
+                     WHERE r.queue = q.name) \
+     FROM queues q \
+     WHERE EXISTS (SELECT 1 FROM ready r WHERE r.queue = q.name) \
+       AND NOT EXISTS (SELECT 1 FROM workers w WHERE q.name = ANY(w.queues) \
+                       AND w.last_seen_at > now() - make_interval(secs => $1)) \
+     ORDER BY q.name",
+    &[PgBuiltInOids::FLOAT8OID],
+);
+const CONCURRENCY: Stmt = Stmt::read(
+    "SELECT coalesce(c.key, t.concurrency_key), l.max_running, \
+            coalesce(t.running, 0), coalesce(t.ready, 0), coalesce(t.waiting, 0) \
+     FROM (SELECT concurrency_key, \
+                  count(*) FILTER (WHERE state = 'running') AS running, \
+                  count(*) FILTER (WHERE state = 'ready') AS ready, \
+                  count(*) FILTER (WHERE state = 'waiting') AS waiting \
+           FROM tasks WHERE concurrency_key IS NOT NULL GROUP BY concurrency_key) t \
+     FULL JOIN (SELECT key FROM concurrency_limits) c ON c.key = t.concurrency_key \
+     LEFT JOIN concurrency_limits l ON l.key = coalesce(c.key, t.concurrency_key) \
+     ORDER BY 1",
+    &[],
+);
+
 /// One queue's tasks by state, its dead letters, its live workers, and the
 /// age of its oldest ready task.
 pub fn queue(name: &str) -> QueueCounts {
-    Spi::connect(|client| {
-        let table = client
-            .select(
-                "SELECT (SELECT count(*) FROM ready WHERE queue = $1), \
-                        count(*) FILTER (WHERE state = 'scheduled'), \
-                        count(*) FILTER (WHERE state = 'running'), \
-                        count(*) FILTER (WHERE state = 'waiting'), \
-                        (SELECT count(*) FROM dead_letters WHERE queue = $1), \
-                        (SELECT count(*) FROM workers WHERE $1 = ANY(queues) \
-                            AND last_seen_at > now() - make_interval(secs => $2)), \
-                        now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
-                                 WHERE r.queue = $1) \
-                 FROM tasks WHERE queue = $1",
-                None,
-                &[name.into(), (LIVE_SECS as f64).into()],
-            )
-            .or_internal("reading queue stats");
-        let row = table.first();
-        let n = |i: usize| row.get::<i64>(i).or_internal("reading queue stats").unwrap_or(0);
-        (
-            n(1),
-            n(2),
-            n(3),
-            n(4),
-            n(5),
-            n(6),
-            row.get::<Interval>(7).or_internal("reading queue stats"),
+    Spi::connect_mut(|client| {
+        rows::only(
+            run(client, &QUEUE, &[name.into(), (LIVE_SECS as f64).into()]),
+            "reading queue stats",
         )
     })
 }
@@ -50,65 +67,16 @@ pub fn queue(name: &str) -> QueueCounts {
 /// ready task. Walks the queue list and seeks each queue's ready rows, so
 /// its cost follows the queues and the stranded rows only.
 pub fn stranded() -> Vec<(String, i64, Option<Interval>)> {
-    Spi::connect(|client| {
-        client
-            .select(
-                "SELECT q.name, \
-                        (SELECT count(*) FROM ready r WHERE r.queue = q.name), \
-                        now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
-                                 WHERE r.queue = q.name) \
-                 FROM queues q \
-                 WHERE EXISTS (SELECT 1 FROM ready r WHERE r.queue = q.name) \
-                   AND NOT EXISTS (SELECT 1 FROM workers w WHERE q.name = ANY(w.queues) \
-                                   AND w.last_seen_at > now() - make_interval(secs => $1)) \
-                 ORDER BY q.name",
-                None,
-                &[(LIVE_SECS as f64).into()],
-            )
-            .or_internal("reading stranded work")
-            .map(|row| {
-                let read = || -> Result<_, pgrx::spi::SpiError> {
-                    Ok((
-                        row.get::<String>(1)?.unwrap_or_default(),
-                        row.get::<i64>(2)?.unwrap_or(0),
-                        row.get::<Interval>(3)?,
-                    ))
-                };
-                read().or_internal("reading stranded work")
-            })
-            .collect::<Vec<_>>()
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &STRANDED, &[(LIVE_SECS as f64).into()]),
+            "reading stranded work",
+        )
     })
 }
 
 /// Per concurrency key: its cap (`None` if uncapped), and its running,
 /// ready and waiting tasks; capped keys and keys with unfinished tasks.
 pub fn concurrency() -> Vec<(String, Option<i32>, i64, i64, i64)> {
-    Spi::connect(|client| {
-        client
-            .select(
-                "SELECT coalesce(c.key, t.concurrency_key), l.max_running, \
-                        coalesce(t.running, 0), coalesce(t.ready, 0), coalesce(t.waiting, 0) \
-                 FROM (SELECT concurrency_key, \
-                              count(*) FILTER (WHERE state = 'running') AS running, \
-                              count(*) FILTER (WHERE state = 'ready') AS ready, \
-                              count(*) FILTER (WHERE state = 'waiting') AS waiting \
-                       FROM tasks WHERE concurrency_key IS NOT NULL GROUP BY concurrency_key) t \
-                 FULL JOIN (SELECT key FROM concurrency_limits) c ON c.key = t.concurrency_key \
-                 LEFT JOIN concurrency_limits l ON l.key = coalesce(c.key, t.concurrency_key) \
-                 ORDER BY 1",
-                None,
-                &[],
-            )
-            .or_internal("reading concurrency stats")
-            .map(|row| {
-                (
-                    row.get::<String>(1).or_internal("stats").unwrap_or_default(),
-                    row.get::<i32>(2).or_internal("stats"),
-                    row.get::<i64>(3).or_internal("stats").unwrap_or(0),
-                    row.get::<i64>(4).or_internal("stats").unwrap_or(0),
-                    row.get::<i64>(5).or_internal("stats").unwrap_or(0),
-                )
-            })
-            .collect()
-    })
+    Spi::connect_mut(|client| rows::all(run(client, &CONCURRENCY, &[]), "reading concurrency stats"))
 }

@@ -5,11 +5,13 @@ use pgrx::prelude::*;
 use sheaf_core::excerpt::quoted;
 use sheaf_core::options::EnqueueOptions;
 use sheaf_core::ordering::Mode;
+use sheaf_core::state::TaskState;
 
-use crate::base::errors::{SpiResultExt, bad_argument};
+use crate::base::errors::bad_argument;
 use crate::base::ids;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Intake};
 use crate::queue::{caps, queues, ready};
 
@@ -173,9 +175,9 @@ pub fn insert(
     let due = match run_at {
         _ if paused => false,
         None => true,
-        Some(t) => Spi::get_one_with_args::<bool>("SELECT $1 <= now()", &[t.into()])
-            .or_internal("comparing run_at")
-            .unwrap_or(true),
+        // `run_at <= now()`, in Rust: now() is the transaction's start.
+        // SAFETY: reads this backend's transaction state, set inside one.
+        Some(t) => pg_sys::TimestampTz::from(t) <= unsafe { pg_sys::GetCurrentTransactionStartTimestamp() },
     };
     let admitted = match (&o.concurrency_key, due) {
         (_, false) => 0,
@@ -191,11 +193,12 @@ pub fn insert(
     }
     let states: Vec<&str> = (0..n)
         .map(|i| match (due, i < admitted) {
-            _ if paused => "paused",
-            (false, _) => "scheduled",
-            (true, true) => "ready",
-            (true, false) => "waiting",
+            _ if paused => TaskState::Paused,
+            (false, _) => TaskState::Scheduled,
+            (true, true) => TaskState::Ready,
+            (true, false) => TaskState::Waiting,
         })
+        .map(TaskState::as_str)
         .collect();
     let mut mint = ids::minter();
     let new_ids: Vec<pgrx::Uuid> = (0..n).map(|_| mint()).collect();
@@ -245,11 +248,9 @@ pub fn insert(
     args.extend([payload, state, start, aging.into()]);
     let stmt = &INSERTS[variant][q.notify as usize];
     let was_idle = Spi::connect_mut(|client| {
-        run(client, stmt, &args)
-            .first()
-            .get::<bool>(1)
-            .or_internal("enqueueing")
-            .unwrap_or(false)
+        // The probe answers once per statement, even when an idempotency
+        // conflict inserted nothing.
+        rows::only_value::<bool>(run(client, stmt, &args), "enqueueing")
     });
     if let Some(key) = &o.idempotency_key
         && let Some(existing) = by_idempotency_key(name, key)
@@ -273,9 +274,10 @@ pub fn insert(
 
 fn by_idempotency_key(queue: &str, key: &str) -> Option<pgrx::Uuid> {
     Spi::connect_mut(|client| {
-        run(client, &BY_IDEMPOTENCY_KEY, &[queue.into(), key.into()])
-            .next()
-            .and_then(|row| row.get::<pgrx::Uuid>(1).or_internal("reading an idempotency key"))
+        rows::value(
+            run(client, &BY_IDEMPOTENCY_KEY, &[queue.into(), key.into()]),
+            "reading an idempotency key",
+        )
     })
 }
 
@@ -287,16 +289,10 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
         return;
     }
     let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect_mut(|client| {
-        run(client, &NEEDING_FAIR_START, &[ids.to_vec().into()])
-            .filter_map(|row| {
-                Some((
-                    row.get::<pgrx::Uuid>(1).or_internal("fairness")?,
-                    row.get::<String>(2).or_internal("fairness")?,
-                    row.get::<String>(3).or_internal("fairness"),
-                    row.get::<f64>(4).or_internal("fairness")?,
-                ))
-            })
-            .collect()
+        rows::all(
+            run(client, &NEEDING_FAIR_START, &[ids.to_vec().into()]),
+            "reading fairness keys",
+        )
     });
     let mut starts: Vec<Option<f64>> = vec![None; ids.len()];
     let index: std::collections::HashMap<pgrx::Uuid, usize> =
@@ -354,27 +350,20 @@ fn state_and_key(
     stmt: &Stmt,
     execution_id: pgrx::Uuid,
     doing: &str,
-) -> Vec<(String, Option<String>)> {
-    run(client, stmt, &[execution_id.into()])
-        .filter_map(|row| {
-            Some((
-                row.get::<String>(1).or_internal(doing)?,
-                row.get::<String>(2).or_internal(doing),
-            ))
-        })
-        .collect()
+) -> Vec<(TaskState, Option<String>)> {
+    rows::all(run(client, stmt, &[execution_id.into()]), doing)
 }
 
 /// Deletes an execution's unfinished tasks (locking them); returns
 /// `(state, key)` of each, for `caps::release_held`.
-pub fn delete_of_execution(execution_id: pgrx::Uuid) -> Vec<(String, Option<String>)> {
+pub fn delete_of_execution(execution_id: pgrx::Uuid) -> Vec<(TaskState, Option<String>)> {
     exec(&UNREADY, &[execution_id.into()]);
     Spi::connect_mut(|client| state_and_key(client, &DELETE_OF_EXECUTION, execution_id, "cancelling tasks"))
 }
 
 /// Parks an execution's ready, waiting and scheduled tasks (locking them);
 /// returns `(previous state, key)` of each, for `caps::release_held`.
-pub fn park_of_execution(execution_id: pgrx::Uuid) -> Vec<(String, Option<String>)> {
+pub fn park_of_execution(execution_id: pgrx::Uuid) -> Vec<(TaskState, Option<String>)> {
     exec(&UNREADY, &[execution_id.into()]);
     Spi::connect_mut(|client| state_and_key(client, &PARK, execution_id, "parking tasks"))
 }
@@ -384,14 +373,5 @@ pub fn park_of_execution(execution_id: pgrx::Uuid) -> Vec<(String, Option<String
 /// be admitted (`promote::place`).
 pub fn unpark_of_execution(execution_id: pgrx::Uuid) -> Vec<(pgrx::Uuid, Option<String>)> {
     exec(&UNPARK_FUTURE, &[execution_id.into()]);
-    Spi::connect_mut(|client| {
-        run(client, &PARKED, &[execution_id.into()])
-            .filter_map(|row| {
-                Some((
-                    row.get::<pgrx::Uuid>(1).or_internal("unparking tasks")?,
-                    row.get::<String>(2).or_internal("unparking tasks"),
-                ))
-            })
-            .collect()
-    })
+    Spi::connect_mut(|client| rows::all(run(client, &PARKED, &[execution_id.into()]), "unparking tasks"))
 }

@@ -2,8 +2,8 @@
 
 use pgrx::prelude::*;
 
-use crate::base::errors::SpiResultExt;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 
 /// A worker is live while its last heartbeat is younger than this.
 pub const LIVE_SECS: i32 = 60;
@@ -35,31 +35,16 @@ pub fn heartbeat(worker: &str, queues: Vec<String>) {
 /// queues each serves and when it was last seen.
 pub fn live() -> Vec<(String, Vec<String>, pgrx::datum::TimestampWithTimeZone)> {
     Spi::connect_mut(|client| {
-        run(client, &LIVE, &[(LIVE_SECS as f64).into()])
-            .map(|row| {
-                let read = || -> Result<_, pgrx::spi::SpiError> {
-                    Ok((
-                        row.get::<String>(1)?.unwrap_or_default(),
-                        row.get::<Vec<String>>(2)?.unwrap_or_default(),
-                        row.get::<pgrx::datum::TimestampWithTimeZone>(3)?,
-                    ))
-                };
-                read().or_internal("reading live workers")
-            })
-            .filter_map(|(name, queues, seen)| seen.map(|seen| (name, queues, seen)))
-            .collect()
+        rows::all(
+            run(client, &LIVE, &[(LIVE_SECS as f64).into()]),
+            "reading live workers",
+        )
     })
 }
 
 /// Deletes up to `max` workers silent for a day; returns how many.
 pub fn prune(max: i64) -> i64 {
-    Spi::connect_mut(|client| {
-        run(client, &PRUNE, &[max.into()])
-            .first()
-            .get::<i64>(1)
-            .or_internal("pruning workers")
-            .unwrap_or(0)
-    })
+    Spi::connect_mut(|client| rows::only_value(run(client, &PRUNE, &[max.into()]), "pruning workers"))
 }
 
 #[cfg(any(test, feature = "pg_test"))]

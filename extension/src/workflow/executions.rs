@@ -3,19 +3,14 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::options::{EnqueueOptions, Kind};
+use sheaf_core::state::ExecutionState;
 
-use crate::base::errors::{SpiResultExt, not_ready, unknown_execution};
+use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 use crate::queue::tasks;
 use crate::workflow::hooks::EXECUTIONS;
-
-/// The states that count as active (for uniqueness, gates and quotas).
-pub const ACTIVE: [&str; 3] = ["RUNNING", "SUSPENDED", "PAUSED"];
-
-pub fn is_active(state: &str) -> bool {
-    ACTIVE.contains(&state)
-}
 
 const STATE: Stmt = Stmt::read(
     "SELECT state FROM executions WHERE id = $1",
@@ -49,12 +44,8 @@ const FIND: Stmt = Stmt::read(
 );
 
 /// An execution's state; `None` if it is not on this shard.
-pub fn state_of(id: pgrx::Uuid) -> Option<String> {
-    Spi::connect_mut(|client| {
-        run(client, &STATE, &[id.into()])
-            .next()
-            .and_then(|row| row.get::<String>(1).or_internal("reading an execution"))
-    })
+pub fn state_of(id: pgrx::Uuid) -> Option<ExecutionState> {
+    Spi::connect_mut(|client| rows::value(run(client, &STATE, &[id.into()]), "reading an execution"))
 }
 
 const QUOTA_KEY: Stmt = Stmt::read(
@@ -65,22 +56,20 @@ const QUOTA_KEY: Stmt = Stmt::read(
 /// The quota key stamped on an execution at its start, if any.
 pub fn quota_key_of(id: pgrx::Uuid) -> Option<String> {
     Spi::connect_mut(|client| {
-        run(client, &QUOTA_KEY, &[id.into()])
-            .next()
-            .and_then(|row| row.get::<String>(1).or_internal("reading a quota key"))
+        rows::value::<Option<String>>(run(client, &QUOTA_KEY, &[id.into()]), "reading a quota key").flatten()
     })
 }
 
 /// A locked execution row.
 pub struct Locked {
     pub id: pgrx::Uuid,
-    pub state: String,
+    pub state: ExecutionState,
     pub workflow_name: String,
     pub workflow_id: String,
     pub concurrency_key: Option<String>,
     pub quota_key: Option<String>,
     pub queue: String,
-    pub paused_from: Option<String>,
+    pub paused_from: Option<ExecutionState>,
 }
 
 impl Locked {
@@ -100,17 +89,17 @@ pub fn task_key(workflow: &str, key: &str) -> String {
 /// Locks an execution's row; P0002 if it is not on this shard.
 pub fn lock(id: pgrx::Uuid) -> Locked {
     let row = Spi::connect_mut(|client| {
-        let row = run(client, &LOCK, &[id.into()]).next()?;
-        let text = |i: usize| row.get::<String>(i).or_internal("locking an execution");
+        let (state, workflow_name, workflow_id, concurrency_key, quota_key, queue, paused_from) =
+            rows::first(run(client, &LOCK, &[id.into()]), "locking an execution")?;
         Some(Locked {
             id,
-            state: text(1)?,
-            workflow_name: text(2)?,
-            workflow_id: text(3)?,
-            concurrency_key: text(4),
-            quota_key: text(5),
-            queue: text(6)?,
-            paused_from: text(7),
+            state,
+            workflow_name,
+            workflow_id,
+            concurrency_key,
+            quota_key,
+            queue,
+            paused_from,
         })
     });
     row.unwrap_or_else(|| unknown_execution(id))
@@ -119,7 +108,7 @@ pub fn lock(id: pgrx::Uuid) -> Locked {
 /// Locks an execution that must be active; 55000 naming its state if not.
 pub fn lock_active(id: pgrx::Uuid, doing: &str) -> Locked {
     let e = lock(id);
-    if !is_active(&e.state) {
+    if !e.state.is_active() {
         not_ready(format!("execution {id} is {}: cannot {doing}", e.state));
     }
     e
@@ -156,28 +145,7 @@ pub type Row = (
 );
 
 fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> {
-    Spi::connect_mut(|client| {
-        run(client, stmt, &args)
-            .filter_map(|row| {
-                let ctx = "reading an execution";
-                Some((
-                    row.get::<pgrx::Uuid>(1).or_internal(ctx)?,
-                    row.get::<String>(2).or_internal(ctx)?,
-                    row.get::<String>(3).or_internal(ctx)?,
-                    row.get::<String>(4).or_internal(ctx)?,
-                    row.get::<pgrx::JsonB>(5).or_internal(ctx)?,
-                    row.get::<pgrx::JsonB>(6).or_internal(ctx),
-                    row.get::<String>(7).or_internal(ctx),
-                    row.get::<String>(8).or_internal(ctx),
-                    row.get::<String>(9).or_internal(ctx),
-                    row.get::<i64>(10).or_internal(ctx)?,
-                    row.get::<TimestampWithTimeZone>(11).or_internal(ctx)?,
-                    row.get::<TimestampWithTimeZone>(12).or_internal(ctx),
-                    row.get::<TimestampWithTimeZone>(13).or_internal(ctx),
-                ))
-            })
-            .collect()
-    })
+    Spi::connect_mut(|client| rows::all(run(client, stmt, &args), "reading an execution"))
 }
 
 /// An execution by id: one row, or none if it is not on this shard.

@@ -12,9 +12,10 @@ use pgrx::prelude::*;
 use sheaf_core::excerpt::quoted;
 use sheaf_core::policy::{ConcurrencyPolicy, OnConflict};
 
-use crate::base::errors::{SpiResultExt, gate_rejected};
+use crate::base::errors::gate_rejected;
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 use crate::workflow::lifecycle;
 
 /// The most executions one admission cancels; the rest go on later ones.
@@ -32,13 +33,12 @@ const ACTIVE_NEWEST_FIRST: Stmt = Stmt::write(
 
 fn active_newest_first(workflow: &str, key: &str, max: i64) -> Vec<pgrx::Uuid> {
     Spi::connect_mut(|client| {
-        run(
+        let table = run(
             client,
             &ACTIVE_NEWEST_FIRST,
             &[workflow.into(), key.into(), max.into()],
-        )
-        .filter_map(|row| row.get::<pgrx::Uuid>(1).or_internal("reading a key's executions"))
-        .collect()
+        );
+        rows::values(table, "reading a key's executions")
     })
 }
 

@@ -3,8 +3,11 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
-use crate::base::errors::{SpiResultExt, unknown_execution};
+use sheaf_core::state::ExecutionState;
+
+use crate::base::errors::unknown_execution;
 use crate::base::plans::{Stmt, run};
+use crate::base::rows;
 use crate::workflow::{executions, quota};
 
 /// The largest event payload, in bytes of its JSON text.
@@ -44,8 +47,8 @@ const PAGE: Stmt = Stmt::read(
 pub fn append(execution_id: pgrx::Uuid, event_type: &str, payload: serde_json::Value) -> Option<i64> {
     let bytes = payload.to_string().len();
     let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
-    let (seq, quota_key, state) = Spi::connect_mut(|client| {
-        let row = run(
+    let (seq, quota_key, state): (i64, Option<String>, ExecutionState) = Spi::connect_mut(|client| {
+        let table = run(
             client,
             &APPEND,
             &[
@@ -54,16 +57,11 @@ pub fn append(execution_id: pgrx::Uuid, event_type: &str, payload: serde_json::V
                 pgrx::JsonB(payload).into(),
                 bytes.into(),
             ],
-        )
-        .next()?;
-        Some((
-            row.get::<i64>(1).or_internal("appending an event")?,
-            row.get::<String>(2).or_internal("appending an event"),
-            row.get::<String>(3).or_internal("appending an event")?,
-        ))
+        );
+        rows::first(table, "appending an event")
     })?;
     if let Some(key) = quota_key
-        && executions::is_active(&state)
+        && state.is_active()
     {
         quota::add(&key, 0, bytes as i64, 0);
     }
@@ -92,20 +90,11 @@ pub fn page(
         unknown_execution(id);
     }
     Spi::connect_mut(|client| {
-        run(
+        let table = run(
             client,
             &PAGE,
             &[id.into(), after.into(), (max_rows as i64).into()],
-        )
-        .filter_map(|row| {
-            Some((
-                row.get::<i64>(1).or_internal("reading history")?,
-                row.get::<String>(2).or_internal("reading history")?,
-                row.get::<pgrx::JsonB>(3).or_internal("reading history")?,
-                row.get::<TimestampWithTimeZone>(4)
-                    .or_internal("reading history")?,
-            ))
-        })
-        .collect::<Vec<_>>()
+        );
+        rows::all(table, "reading history")
     })
 }

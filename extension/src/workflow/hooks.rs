@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use sheaf_core::state::ExecutionState;
+
 use crate::base::errors::{not_ready, unknown_execution};
 use crate::queue::hooks::{ExecutionHooks, Intake, Outcome, TaskEvent};
 use crate::workflow::lifecycle::{self, Close};
@@ -16,10 +18,10 @@ pub static EXECUTIONS: Executions = Executions;
 
 impl ExecutionHooks for Executions {
     fn intake(&self, id: pgrx::Uuid) -> Intake {
-        match executions::state_of(id).as_deref() {
+        match executions::state_of(id) {
             None => unknown_execution(id),
-            Some("PAUSED") => Intake::Parked,
-            Some("RUNNING" | "SUSPENDED") => Intake::Open,
+            Some(ExecutionState::Paused) => Intake::Parked,
+            Some(state) if state.takes_tasks() => Intake::Open,
             Some(state) => not_ready(format!("execution {id} is {state}: it takes no new tasks")),
         }
     }

@@ -10,9 +10,11 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
+use sheaf_core::state::ExecutionState;
 
-use crate::base::errors::{SpiResultExt, not_ready, unknown_execution};
+use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 use crate::mutex;
 use crate::queue::{caps, promote, tasks};
 use crate::workflow::executions::{self, Locked};
@@ -27,12 +29,12 @@ pub enum Close {
 }
 
 impl Close {
-    fn state(&self) -> &'static str {
+    fn state(&self) -> ExecutionState {
         match self {
-            Close::Completed { .. } => "COMPLETED",
-            Close::Failed { .. } => "FAILED",
-            Close::Cancelled { .. } => "CANCELLED",
-            Close::Terminated { .. } => "TERMINATED",
+            Close::Completed { .. } => ExecutionState::Completed,
+            Close::Failed { .. } => ExecutionState::Failed,
+            Close::Cancelled { .. } => ExecutionState::Cancelled,
+            Close::Terminated { .. } => ExecutionState::Terminated,
         }
     }
 
@@ -86,9 +88,9 @@ pub fn close(id: pgrx::Uuid, how: Close) -> bool {
 pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
     match executions::state_of(id) {
         None => unknown_execution(id),
-        Some(state) if !executions::is_active(&state) => {
+        Some(state) if !state.is_active() => {
             first();
-            return refuse_migrating(id, &state);
+            return refuse_migrating(id, state);
         }
         Some(_) => {}
     }
@@ -97,8 +99,8 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
     let cancelled = tasks::delete_of_execution(id);
     first();
     let e = executions::lock(id);
-    if !executions::is_active(&e.state) {
-        return refuse_migrating(id, &e.state);
+    if !e.state.is_active() {
+        return refuse_migrating(id, e.state);
     }
     let (event_type, payload) = how.event();
     history::append(id, event_type, payload);
@@ -107,15 +109,19 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
         Close::Failed { error } => (None, Some(error.clone())),
         Close::Cancelled { reason } | Close::Terminated { reason } => (None, reason.clone()),
     };
-    let bytes = Spi::connect_mut(|client| {
-        run(
+    // The row is locked above: the update returns it.
+    let bytes: i64 = Spi::connect_mut(|client| {
+        let table = run(
             client,
             &CLOSE,
-            &[id.into(), how.state().into(), result.into(), error.into()],
-        )
-        .next()
-        .and_then(|row| row.get::<i64>(1).or_internal("closing an execution"))
-        .unwrap_or(0)
+            &[
+                id.into(),
+                how.state().as_str().into(),
+                result.into(),
+                error.into(),
+            ],
+        );
+        rows::only_value(table, "closing an execution")
     });
     if let Some(key) = &e.quota_key {
         quota::add(key, -1, -bytes, 0);
@@ -125,8 +131,8 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
     true
 }
 
-fn refuse_migrating(id: pgrx::Uuid, state: &str) -> bool {
-    if state == "MIGRATING" || state == "MIGRATED" {
+fn refuse_migrating(id: pgrx::Uuid, state: ExecutionState) -> bool {
+    if state.is_migrating() {
         not_ready(format!(
             "execution {id} is {state}: it is ended where it now runs"
         ));
@@ -138,16 +144,16 @@ fn refuse_migrating(id: pgrx::Uuid, state: &str) -> bool {
 /// `None` keeps it.
 fn set_state(
     e: &Locked,
-    state: &str,
-    paused_from: Option<&str>,
+    state: ExecutionState,
+    paused_from: Option<ExecutionState>,
     wake_at: Option<Option<TimestampWithTimeZone>>,
 ) {
     exec(
         &SET_STATE,
         &[
             e.id.into(),
-            state.into(),
-            paused_from.into(),
+            state.as_str().into(),
+            paused_from.map(ExecutionState::as_str).into(),
             wake_at.flatten().into(),
             wake_at.is_some().into(),
         ],
@@ -158,18 +164,22 @@ fn set_state(
 /// tasks are parked (holding no slot) until it resumes; running tasks
 /// finish. `false` if it was already paused; 55000 if it has ended.
 pub fn pause(id: pgrx::Uuid) -> bool {
-    if executions::state_of(id).as_deref() == Some("PAUSED") {
+    if executions::state_of(id) == Some(ExecutionState::Paused) {
         return false;
     }
     // Tasks before the execution row, as in `close`.
     let parked = tasks::park_of_execution(id);
     let e = executions::lock_active(id, "be paused");
-    if e.state == "PAUSED" {
+    if e.state == ExecutionState::Paused {
         // Paused meanwhile: its tasks were parked already.
         return false;
     }
-    history::append(e.id, "WorkflowPaused", serde_json::json!({ "from": e.state }));
-    set_state(&e, "PAUSED", Some(&e.state), None);
+    history::append(
+        e.id,
+        "WorkflowPaused",
+        serde_json::json!({ "from": e.state.as_str() }),
+    );
+    set_state(&e, ExecutionState::Paused, Some(e.state), None);
     caps::release_held(parked);
     true
 }
@@ -179,18 +189,18 @@ pub fn pause(id: pgrx::Uuid) -> bool {
 pub fn resume(id: pgrx::Uuid) -> bool {
     // Tasks before the execution row, as in `close`: lock the parked tasks
     // of an execution that reads as paused, then its row.
-    let parked = match executions::state_of(id).as_deref() {
-        Some("PAUSED") => tasks::unpark_of_execution(id),
+    let parked = match executions::state_of(id) {
+        Some(ExecutionState::Paused) => tasks::unpark_of_execution(id),
         _ => Vec::new(),
     };
     let e = executions::lock_active(id, "be resumed");
-    if e.state != "PAUSED" {
+    if e.state != ExecutionState::Paused {
         // Not paused (or resumed meanwhile, which unparked its tasks).
         return false;
     }
-    let to = e.paused_from.clone().unwrap_or_else(|| "RUNNING".into());
-    history::append(e.id, "WorkflowResumed", serde_json::json!({ "to": to }));
-    set_state(&e, &to, None, None);
+    let to = e.paused_from.unwrap_or(ExecutionState::Running);
+    history::append(e.id, "WorkflowResumed", serde_json::json!({ "to": to.as_str() }));
+    set_state(&e, to, None, None);
     promote::place(parked);
     true
 }
@@ -200,14 +210,14 @@ pub fn resume(id: pgrx::Uuid) -> bool {
 /// paused or has ended.
 pub fn suspend(id: pgrx::Uuid, wake_at: Option<TimestampWithTimeZone>) -> bool {
     let e = executions::lock_active(id, "be suspended");
-    match e.state.as_str() {
-        "SUSPENDED" => false,
-        "PAUSED" => not_ready(format!(
+    match e.state {
+        ExecutionState::Suspended => false,
+        ExecutionState::Paused => not_ready(format!(
             "execution {id} is PAUSED: resume it before suspending it"
         )),
         _ => {
             history::append(id, "WorkflowSuspended", serde_json::json!({ "wake_at": wake_at }));
-            set_state(&e, "SUSPENDED", None, Some(wake_at));
+            set_state(&e, ExecutionState::Suspended, None, Some(wake_at));
             true
         }
     }
@@ -220,16 +230,22 @@ pub fn wake(id: pgrx::Uuid) -> bool {
     // The execution row first: a wake locks none of the execution's tasks,
     // it only inserts a new one (`base::locks`: new rows are no one's yet).
     let e = executions::lock_active(id, "be woken");
-    let suspended = e.state == "SUSPENDED";
-    let paused_suspended = e.state == "PAUSED" && e.paused_from.as_deref() == Some("SUSPENDED");
+    let suspended = e.state == ExecutionState::Suspended;
+    let paused_suspended =
+        e.state == ExecutionState::Paused && e.paused_from == Some(ExecutionState::Suspended);
     if !suspended && !paused_suspended {
         return false;
     }
     history::append(id, "WorkflowWoken", serde_json::json!({}));
     if suspended {
-        set_state(&e, "RUNNING", None, Some(None));
+        set_state(&e, ExecutionState::Running, None, Some(None));
     } else {
-        set_state(&e, "PAUSED", Some("RUNNING"), Some(None));
+        set_state(
+            &e,
+            ExecutionState::Paused,
+            Some(ExecutionState::Running),
+            Some(None),
+        );
     }
     executions::enqueue_workflow_task(
         &e,
@@ -242,11 +258,8 @@ pub fn wake(id: pgrx::Uuid) -> bool {
 
 /// Wakes up to `max` suspended executions whose timer is due; returns how many.
 pub fn wake_due(max: i64) -> i64 {
-    let due: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
-        run(client, &DUE_WAKES, &[max.into()])
-            .filter_map(|row| row.get::<pgrx::Uuid>(1).or_internal("reading due timers"))
-            .collect()
-    });
+    let due: Vec<pgrx::Uuid> =
+        Spi::connect_mut(|client| rows::values(run(client, &DUE_WAKES, &[max.into()]), "reading due timers"));
     due.into_iter().filter(|id| wake(*id)).count() as i64
 }
 

@@ -11,8 +11,9 @@
 use pgrx::prelude::*;
 use sheaf_core::policy::QuotaPolicy;
 
-use crate::base::errors::{SpiResultExt, quota_exceeded};
+use crate::base::errors::quota_exceeded;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 
 const ADD: Stmt = Stmt::write(
     "INSERT INTO quota_usage AS u (key, active_executions, history_bytes, dead_letters) \
@@ -70,13 +71,9 @@ pub struct Usage {
 
 fn usage_row(stmt: &Stmt, key: &str) -> Usage {
     Spi::connect_mut(|client| {
-        run(client, stmt, &[key.into()])
-            .next()
-            .map(|row| Usage {
-                active: row.get::<i64>(1).or_internal("reading quota usage").unwrap_or(0),
-                bytes: row.get::<i64>(2).or_internal("reading quota usage").unwrap_or(0),
-                dead: row.get::<i64>(3).or_internal("reading quota usage").unwrap_or(0),
-            })
+        // A key with no counter row yet has used nothing.
+        rows::first::<(i64, i64, i64)>(run(client, stmt, &[key.into()]), "reading quota usage")
+            .map(|(active, bytes, dead)| Usage { active, bytes, dead })
             .unwrap_or_default()
     })
 }

@@ -8,6 +8,7 @@
 use pgrx::prelude::*;
 use sheaf_core::id;
 use sheaf_core::policy::{ConcurrencyPolicy, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key};
+use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{SpiResultExt, bad_argument};
 use crate::base::locks::{self, Class};
@@ -150,7 +151,7 @@ pub fn start(name: &str, workflow_id: &str, input: serde_json::Value, o: &StartO
     // (4) The execution, its first event and its first workflow task.
     let started = Locked {
         id: new_id,
-        state: "RUNNING".into(),
+        state: ExecutionState::Running,
         workflow_name: name.to_owned(),
         workflow_id: workflow_id.to_owned(),
         concurrency_key: gates.concurrency.map(|(_, k)| k),
