@@ -183,6 +183,91 @@ fn whole_number(value: &Value) -> Option<i64> {
     i64::try_from(if negative { -magnitude } else { magnitude }).ok()
 }
 
+impl ConcurrencyPolicy {
+    /// `policy.concurrency`: `{"key", "limit", "on_conflict"}`.
+    fn parse(c: &Value) -> Result<Self, OptionError> {
+        let c = object("policy.concurrency", c, &["key", "limit", "on_conflict"])?;
+        let key = path(
+            "policy.concurrency.key",
+            c.get("key")
+                .ok_or_else(|| err("policy.concurrency.key", "is required"))?,
+        )?;
+        let limit = limit(
+            "policy.concurrency.limit",
+            c.get("limit")
+                .ok_or_else(|| err("policy.concurrency.limit", "is required"))?,
+            1,
+            1_000_000,
+        )? as i32;
+        let on_conflict = match c.get("on_conflict").and_then(|v| (!v.is_null()).then_some(v)) {
+            None => OnConflict::Defer,
+            Some(v) => match v.as_str() {
+                Some("defer") => OnConflict::Defer,
+                Some("cancel_running") => OnConflict::CancelRunning,
+                Some("reject") => OnConflict::Reject,
+                _ => {
+                    return Err(err(
+                        "policy.concurrency.on_conflict",
+                        format!(
+                            "must be \"defer\", \"cancel_running\" or \"reject\", got {}",
+                            excerpt(v)
+                        ),
+                    ));
+                }
+            },
+        };
+        Ok(ConcurrencyPolicy {
+            key,
+            limit,
+            on_conflict,
+        })
+    }
+}
+
+impl QuotaPolicy {
+    /// `policy.quota`: `{"key", "max_active_executions", "max_history_bytes",
+    /// "max_dead_letters"}`, at least one limit.
+    fn parse(q: &Value) -> Result<Self, OptionError> {
+        let q = object(
+            "policy.quota",
+            q,
+            &[
+                "key",
+                "max_active_executions",
+                "max_history_bytes",
+                "max_dead_letters",
+            ],
+        )?;
+        let key = path(
+            "policy.quota.key",
+            q.get("key")
+                .ok_or_else(|| err("policy.quota.key", "is required"))?,
+        )?;
+        let get = |field: &str| -> Result<Option<i64>, OptionError> {
+            match q.get(field).filter(|v| !v.is_null()) {
+                None => Ok(None),
+                Some(v) => limit(&format!("policy.quota.{field}"), v, 0, i64::MAX / 2).map(Some),
+            }
+        };
+        let quota = QuotaPolicy {
+            key,
+            max_active_executions: get("max_active_executions")?,
+            max_history_bytes: get("max_history_bytes")?,
+            max_dead_letters: get("max_dead_letters")?,
+        };
+        if quota.max_active_executions.is_none()
+            && quota.max_history_bytes.is_none()
+            && quota.max_dead_letters.is_none()
+        {
+            return Err(err(
+                "policy.quota",
+                "must set at least one of max_active_executions, max_history_bytes, max_dead_letters",
+            ));
+        }
+        Ok(quota)
+    }
+}
+
 impl WorkflowPolicy {
     pub fn parse(policy: &Value) -> Result<Self, OptionError> {
         let map = object("policy", policy, &["queue", "concurrency", "quota"])?;
@@ -195,80 +280,10 @@ impl WorkflowPolicy {
             p.queue = name.to_owned();
         }
         if let Some(c) = map.get("concurrency").filter(|v| !v.is_null()) {
-            let c = object("policy.concurrency", c, &["key", "limit", "on_conflict"])?;
-            let key = path(
-                "policy.concurrency.key",
-                c.get("key")
-                    .ok_or_else(|| err("policy.concurrency.key", "is required"))?,
-            )?;
-            let limit = limit(
-                "policy.concurrency.limit",
-                c.get("limit")
-                    .ok_or_else(|| err("policy.concurrency.limit", "is required"))?,
-                1,
-                1_000_000,
-            )? as i32;
-            let on_conflict = match c.get("on_conflict").and_then(|v| (!v.is_null()).then_some(v)) {
-                None => OnConflict::Defer,
-                Some(v) => match v.as_str() {
-                    Some("defer") => OnConflict::Defer,
-                    Some("cancel_running") => OnConflict::CancelRunning,
-                    Some("reject") => OnConflict::Reject,
-                    _ => {
-                        return Err(err(
-                            "policy.concurrency.on_conflict",
-                            format!(
-                                "must be \"defer\", \"cancel_running\" or \"reject\", got {}",
-                                excerpt(v)
-                            ),
-                        ));
-                    }
-                },
-            };
-            p.concurrency = Some(ConcurrencyPolicy {
-                key,
-                limit,
-                on_conflict,
-            });
+            p.concurrency = Some(ConcurrencyPolicy::parse(c)?);
         }
         if let Some(q) = map.get("quota").filter(|v| !v.is_null()) {
-            let q = object(
-                "policy.quota",
-                q,
-                &[
-                    "key",
-                    "max_active_executions",
-                    "max_history_bytes",
-                    "max_dead_letters",
-                ],
-            )?;
-            let key = path(
-                "policy.quota.key",
-                q.get("key")
-                    .ok_or_else(|| err("policy.quota.key", "is required"))?,
-            )?;
-            let get = |field: &str| -> Result<Option<i64>, OptionError> {
-                match q.get(field).filter(|v| !v.is_null()) {
-                    None => Ok(None),
-                    Some(v) => limit(&format!("policy.quota.{field}"), v, 0, i64::MAX / 2).map(Some),
-                }
-            };
-            let quota = QuotaPolicy {
-                key,
-                max_active_executions: get("max_active_executions")?,
-                max_history_bytes: get("max_history_bytes")?,
-                max_dead_letters: get("max_dead_letters")?,
-            };
-            if quota.max_active_executions.is_none()
-                && quota.max_history_bytes.is_none()
-                && quota.max_dead_letters.is_none()
-            {
-                return Err(err(
-                    "policy.quota",
-                    "must set at least one of max_active_executions, max_history_bytes, max_dead_letters",
-                ));
-            }
-            p.quota = Some(quota);
+            p.quota = Some(QuotaPolicy::parse(q)?);
         }
         Ok(p)
     }

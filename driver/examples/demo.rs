@@ -36,6 +36,8 @@ const TENANTS: [(&str, i32); 4] = [
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+// The demo's script, step after step as it prints them.
+#[allow(clippy::too_many_lines)]
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let spec = std::env::var("SHEAF_SHARDS").map_err(|_| "set SHEAF_SHARDS (scripts/shards up prints it)")?;

@@ -58,6 +58,8 @@ async fn main() -> Result<(), Error> {
 
 /// A document indexer declared latest-wins: every edit starts a re-index,
 /// and only the newest run per document may stay active.
+// The demo's script, step after step as it prints them.
+#[allow(clippy::too_many_lines)]
 async fn latest_wins(shard: &Shard, run: u32) -> Result<(), Error> {
     println!(
         "# latest-wins: doc_index keeps the newest run per document (limit 1, on_conflict cancel_running)"

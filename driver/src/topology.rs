@@ -183,105 +183,29 @@ impl TopologyBuilder {
         self
     }
 
+    /// Validates everything and builds the topology: a bad map is an error
+    /// here, never at the first request.
     pub fn build(self) -> Result<Topology, TopologyError> {
-        let mut shards = BTreeMap::new();
-        for (id, url) in self.shards {
-            let id = ShardId::new(id)?;
-            if shards.insert(id, Shard { id, url }).is_some() {
-                return Err(TopologyError::DuplicateId(id.get()));
-            }
-        }
-        if shards.is_empty() {
-            return Err(TopologyError::Empty);
-        }
-        let known = |set: &'static str, ids: &[u32]| -> Result<BTreeSet<ShardId>, TopologyError> {
-            ids.iter()
-                .map(|&id| {
-                    let sid = ShardId::new(id)?;
-                    if shards.contains_key(&sid) {
-                        Ok(sid)
-                    } else {
-                        Err(TopologyError::UnknownShard {
-                            set,
-                            shard: id as u16,
-                        })
-                    }
-                })
-                .collect()
-        };
+        let shards = collect_shards(self.shards)?;
         let all: BTreeSet<ShardId> = shards.keys().copied().collect();
         let readable = match &self.readable {
-            Some(ids) => known("readable", ids)?,
-            None => all.clone(),
+            Some(ids) => known(&shards, "readable", ids)?,
+            None => all,
         };
         let writable = match &self.writable {
-            Some(ids) => known("writable", ids)?,
+            Some(ids) => known(&shards, "writable", ids)?,
             None => readable.clone(),
         };
         if let Some(w) = writable.difference(&readable).next() {
             return Err(TopologyError::WritableNotReadable(w.get()));
         }
-        let reserved = known("reserved", &self.reserved)?;
+        let reserved = known(&shards, "reserved", &self.reserved)?;
         if !writable.is_empty() && writable.is_subset(&reserved) {
             return Err(TopologyError::ReservedCoverWritable);
         }
-        let default = match self.default {
-            Some(id) => {
-                let id = known("default", &[id])?
-                    .into_iter()
-                    .next()
-                    .expect("one id in, one out");
-                if !readable.contains(&id) {
-                    return Err(TopologyError::DefaultNotReadable(id.get()));
-                }
-                id
-            }
-            None => match readable.iter().find(|id| !reserved.contains(id)) {
-                Some(id) => *id,
-                None => *readable
-                    .iter()
-                    .next()
-                    .ok_or(TopologyError::ReservedCoverWritable)?,
-            },
-        };
-        if reserved.contains(&default) {
-            return Err(TopologyError::ReservedDefault(default.get()));
-        }
-        let mut residency = BTreeMap::new();
-        for (key, id) in self.residency {
-            if key.trim().is_empty() {
-                return Err(TopologyError::BlankResidencyKey);
-            }
-            let sid = ShardId::new(id)?;
-            if !readable.contains(&sid) {
-                return Err(TopologyError::ResidencyNotReadable {
-                    key,
-                    shard: id as u16,
-                });
-            }
-            residency.insert(key, sid);
-        }
-        let mut forwards = BTreeMap::new();
-        for (from, to) in self.forwards {
-            let (from_id, to_id) = (ShardId::new(from)?, ShardId::new(to)?);
-            if !readable.contains(&to_id) {
-                return Err(TopologyError::ForwardNotReadable {
-                    from: from as u16,
-                    to: to as u16,
-                });
-            }
-            forwards.insert(from_id, to_id);
-        }
-        for start in forwards.keys() {
-            let mut at = *start;
-            for _ in 0..=forwards.len() {
-                match forwards.get(&at) {
-                    Some(next) if next == start => return Err(TopologyError::ForwardCycle(start.get())),
-                    Some(next) => at = *next,
-                    None => break,
-                }
-            }
-        }
+        let default = pick_default(&shards, self.default, &readable, &reserved)?;
+        let residency = collect_residency(self.residency, &readable)?;
+        let forwards = collect_forwards(self.forwards, &readable)?;
         Ok(Topology {
             shards,
             readable,
@@ -292,6 +216,122 @@ impl TopologyBuilder {
             forwards,
         })
     }
+}
+
+fn collect_shards(entries: Vec<(u32, String)>) -> Result<BTreeMap<ShardId, Shard>, TopologyError> {
+    let mut shards = BTreeMap::new();
+    for (id, url) in entries {
+        let id = ShardId::new(id)?;
+        if shards.insert(id, Shard { id, url }).is_some() {
+            return Err(TopologyError::DuplicateId(id.get()));
+        }
+    }
+    if shards.is_empty() {
+        return Err(TopologyError::Empty);
+    }
+    Ok(shards)
+}
+
+/// The ids of one set (named `set` in the error), each a shard of the map.
+fn known(
+    shards: &BTreeMap<ShardId, Shard>,
+    set: &'static str,
+    ids: &[u32],
+) -> Result<BTreeSet<ShardId>, TopologyError> {
+    ids.iter()
+        .map(|&id| {
+            let sid = ShardId::new(id)?;
+            if shards.contains_key(&sid) {
+                Ok(sid)
+            } else {
+                Err(TopologyError::UnknownShard {
+                    set,
+                    shard: id as u16,
+                })
+            }
+        })
+        .collect()
+}
+
+/// The default shard: the given one (readable, unreserved), else the lowest
+/// readable unreserved id.
+fn pick_default(
+    shards: &BTreeMap<ShardId, Shard>,
+    given: Option<u32>,
+    readable: &BTreeSet<ShardId>,
+    reserved: &BTreeSet<ShardId>,
+) -> Result<ShardId, TopologyError> {
+    let default = match given {
+        Some(raw) => {
+            known(shards, "default", &[raw])?;
+            let id = ShardId::new(raw)?;
+            if !readable.contains(&id) {
+                return Err(TopologyError::DefaultNotReadable(id.get()));
+            }
+            id
+        }
+        None => match readable.iter().find(|id| !reserved.contains(id)) {
+            Some(id) => *id,
+            None => *readable
+                .iter()
+                .next()
+                .ok_or(TopologyError::ReservedCoverWritable)?,
+        },
+    };
+    if reserved.contains(&default) {
+        return Err(TopologyError::ReservedDefault(default.get()));
+    }
+    Ok(default)
+}
+
+fn collect_residency(
+    entries: Vec<(String, u32)>,
+    readable: &BTreeSet<ShardId>,
+) -> Result<BTreeMap<String, ShardId>, TopologyError> {
+    let mut residency = BTreeMap::new();
+    for (key, id) in entries {
+        if key.trim().is_empty() {
+            return Err(TopologyError::BlankResidencyKey);
+        }
+        let sid = ShardId::new(id)?;
+        if !readable.contains(&sid) {
+            return Err(TopologyError::ResidencyNotReadable {
+                key,
+                shard: id as u16,
+            });
+        }
+        residency.insert(key, sid);
+    }
+    Ok(residency)
+}
+
+/// Forwards to readable shards, with no cycle.
+fn collect_forwards(
+    entries: Vec<(u32, u32)>,
+    readable: &BTreeSet<ShardId>,
+) -> Result<BTreeMap<ShardId, ShardId>, TopologyError> {
+    let mut forwards = BTreeMap::new();
+    for (from, to) in entries {
+        let (from_id, to_id) = (ShardId::new(from)?, ShardId::new(to)?);
+        if !readable.contains(&to_id) {
+            return Err(TopologyError::ForwardNotReadable {
+                from: from as u16,
+                to: to as u16,
+            });
+        }
+        forwards.insert(from_id, to_id);
+    }
+    for start in forwards.keys() {
+        let mut at = *start;
+        for _ in 0..=forwards.len() {
+            match forwards.get(&at) {
+                Some(next) if next == start => return Err(TopologyError::ForwardCycle(start.get())),
+                Some(next) => at = *next,
+                None => break,
+            }
+        }
+    }
+    Ok(forwards)
 }
 
 /// A comma-separated list of shard ids; blank is the empty list.

@@ -225,15 +225,17 @@ pub fn release_all(owner: pgrx::Uuid) {
     }
 }
 
-/// A key's holder, token and lease end (NULL when free), and how many wait.
-pub fn status(
-    key: &str,
-) -> Option<(
+/// A key's lock as `mutex_status` shows it: holder, token and lease end
+/// (all `None` when free), and how many wait.
+pub type Status = (
     Option<pgrx::Uuid>,
     Option<i64>,
     Option<TimestampWithTimeZone>,
     i32,
-)> {
+);
+
+/// A key's holder, token and lease end (NULL when free), and how many wait.
+pub fn status(key: &str) -> Option<Status> {
     Spi::connect_mut(|client| rows::first(run(client, &STATUS, &[key.into()]), "reading a mutex"))
 }
 

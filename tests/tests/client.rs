@@ -349,6 +349,9 @@ async fn a_start_that_deadlocks_is_retried_with_the_same_id_then_reported() {
     assert!(none.is_none(), "nothing was written");
 }
 
+// A scenario reads top to bottom as one story (set up, race, check);
+// split into helpers it would scatter what it asserts.
+#[allow(clippy::too_many_lines)]
 #[tokio::test]
 async fn id_routed_calls_reach_the_shard_in_the_id() {
     let client = client();

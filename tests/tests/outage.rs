@@ -59,6 +59,9 @@ async fn pool_refusal(pools: &ShardPools, shard: ShardId) -> ShardError {
     panic!("the pool kept handing out connections to a stopped shard");
 }
 
+// A scenario reads top to bottom as one story (set up, race, check);
+// split into helpers it would scatter what it asserts.
+#[allow(clippy::too_many_lines)]
 #[tokio::test]
 async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() {
     let topology = Topology::parse(&shards(&["up", "--count", "3", "--no-install"])).unwrap();

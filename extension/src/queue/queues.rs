@@ -181,13 +181,11 @@ pub fn configure(name: &str, parsed: &QueueOptions) -> serde_json::Value {
     }
     let notify = parsed.notify.unwrap_or(current.notify);
     let was_fair = current.mode == Mode::Fairness;
-    if was_fair != fairness {
-        if ready::any(name) {
-            not_ready(format!(
-                "queue {} has ready tasks: fairness can only be switched on or off while it has none",
-                quoted(name)
-            ));
-        }
+    if was_fair != fairness && ready::any(name) {
+        not_ready(format!(
+            "queue {} has ready tasks: fairness can only be switched on or off while it has none",
+            quoted(name)
+        ));
     }
     exec(
         &UPDATE,

@@ -1,6 +1,6 @@
 //! Enqueueing tasks, and moving existing tasks between states.
 
-use pgrx::datum::TimestampWithTimeZone;
+use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use sheaf_core::excerpt::quoted;
 use sheaf_core::options::EnqueueOptions;
@@ -13,6 +13,7 @@ use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Intake};
+use crate::queue::queues::Queue;
 use crate::queue::{caps, queues, ready};
 
 /// The most payloads one `enqueue_batch` accepts.
@@ -125,6 +126,133 @@ const SET_READY: Stmt = Stmt::write(
      FROM unnest($1::uuid[], $2::float8[]) AS x(id, fair_start) WHERE t.id = x.id",
     &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::FLOAT8ARRAYOID],
 );
+/// The rows one insert statement writes, by what each parameter holds:
+/// `$1, $12, $13, $14` are per task (scalars for one task, arrays for a
+/// batch), `$2..$11` and `$15` shared by all.
+struct NewTasks<'a> {
+    ids: Vec<pgrx::Uuid>,
+    payloads: Vec<Jsonb>,
+    states: Vec<&'static str>,
+    fair_starts: Vec<Option<f64>>,
+    queue: &'a str,
+    o: &'a EnqueueOptions,
+    run_at: Option<TimestampWithTimeZone>,
+    execution_id: Option<pgrx::Uuid>,
+    /// The queue's aging (`ready_k1`'s third argument), if it ages.
+    aging_secs: Option<i32>,
+}
+
+impl NewTasks<'_> {
+    /// Which of `INSERTS` writes these rows (one task, one with an
+    /// idempotency key, a batch), and its arguments in parameter order.
+    fn statement(self) -> (usize, Vec<DatumWithOid<'static>>) {
+        let o = self.o;
+        let shared: [DatumWithOid<'static>; 10] = [
+            self.queue.to_owned().into(),
+            o.kind.as_str().into(),
+            o.priority.into(),
+            self.run_at.into(),
+            o.max_attempts.into(),
+            self.execution_id.into(),
+            o.concurrency_key.clone().into(),
+            o.fairness_key.clone().into(),
+            o.fairness_weight.into(),
+            o.idempotency_key.clone().into(),
+        ];
+        let (variant, [id, payload, state, start]): (usize, [DatumWithOid<'static>; 4]) =
+            if self.ids.len() == 1 {
+                (
+                    usize::from(o.idempotency_key.is_some()),
+                    [
+                        self.ids[0].into(),
+                        self.payloads.into_iter().next().into(),
+                        self.states[0].into(),
+                        self.fair_starts[0].into(),
+                    ],
+                )
+            } else {
+                // A key names one task: refused before for a batch.
+                (
+                    2,
+                    [
+                        self.ids.into(),
+                        self.payloads.into(),
+                        self.states.into(),
+                        self.fair_starts.into(),
+                    ],
+                )
+            };
+        let mut args = vec![id];
+        args.extend(shared);
+        args.extend([payload, state, start, self.aging_secs.into()]);
+        (variant, args)
+    }
+}
+
+fn parse_run_at(o: &EnqueueOptions) -> Option<TimestampWithTimeZone> {
+    o.run_at
+        .as_deref()
+        .map(|s| match s.parse::<TimestampWithTimeZone>() {
+            Ok(t) if t.is_finite() => t,
+            _ => bad_argument(
+                "opts.run_at",
+                format!("must be a finite timestamp with time zone, got {}", quoted(s)),
+            ),
+        })
+}
+
+/// A fairness key on a queue that does not share claims by it would be
+/// stored and never used: refuse it rather than ignore it.
+fn refuse_unused_fairness(q: Queue, name: &str, o: &EnqueueOptions) {
+    if q.mode != Mode::Fairness && (o.fairness_key.is_some() || o.fairness_weight != 1.0) {
+        bad_argument(
+            "opts.fairness_key",
+            format!(
+                "queue {} does not share claims by fairness key; turn fairness on first: \
+                 sheaf.configure_queue(queue, '{{\"fairness\": true}}')",
+                quoted(name)
+            ),
+        );
+    }
+}
+
+/// Whether a task with `run_at` is due now (`run_at <= now()`, in Rust:
+/// now() is the transaction's start).
+fn is_due(run_at: Option<TimestampWithTimeZone>) -> bool {
+    match run_at {
+        None => true,
+        // SAFETY: reads this backend's transaction state, set inside one.
+        Some(t) => pg_sys::TimestampTz::from(t) <= unsafe { pg_sys::GetCurrentTransactionStartTimestamp() },
+    }
+}
+
+/// Each new task's state: the first `admitted` of due tasks are ready, the
+/// rest wait for a slot; tasks not due are scheduled; a paused execution's
+/// are parked.
+fn states(n: usize, due: bool, admitted: usize, paused: bool) -> Vec<&'static str> {
+    (0..n)
+        .map(|i| match (due, i < admitted) {
+            _ if paused => TaskState::Paused,
+            (false, _) => TaskState::Scheduled,
+            (true, true) => TaskState::Ready,
+            (true, false) => TaskState::Waiting,
+        })
+        .map(TaskState::as_str)
+        .collect()
+}
+
+/// Fairness start tags of the admitted tasks in a fairness queue.
+fn fair_starts(q: Queue, name: &str, o: &EnqueueOptions, n: usize, admitted: usize) -> Vec<Option<f64>> {
+    let mut fair_start: Vec<Option<f64>> = vec![None; n];
+    if q.mode == Mode::Fairness && admitted > 0 {
+        let starts = ready::fair_starts(name, &vec![(o.fairness_key.clone(), o.fairness_weight); admitted]);
+        for (slot, s) in fair_start.iter_mut().zip(starts) {
+            *slot = Some(s);
+        }
+    }
+    fair_start
+}
+
 /// Inserts tasks with validated options (the queue name is checked). A task
 /// of an execution asks it whether it takes tasks (`hooks`).
 pub fn insert(
@@ -133,16 +261,7 @@ pub fn insert(
     o: &EnqueueOptions,
     hooks: &dyn ExecutionHooks,
 ) -> Vec<pgrx::Uuid> {
-    let run_at = o
-        .run_at
-        .as_deref()
-        .map(|s| match s.parse::<TimestampWithTimeZone>() {
-            Ok(t) if t.is_finite() => t,
-            _ => bad_argument(
-                "opts.run_at",
-                format!("must be a finite timestamp with time zone, got {}", quoted(s)),
-            ),
-        });
+    let run_at = parse_run_at(o);
     let execution_id = o.execution_id.map(pgrx::Uuid::from_bytes);
     // A paused execution's new tasks wait, holding no slot, until it resumes.
     let paused = execution_id.is_some_and(|id| hooks.intake(id) == Intake::Parked);
@@ -158,94 +277,32 @@ pub fn insert(
         }
     }
     let q = queues::load_or_create(name);
-    // A fairness key on a queue that does not share claims by it would be
-    // stored and never used: refuse it rather than ignore it.
-    if q.mode != Mode::Fairness && (o.fairness_key.is_some() || o.fairness_weight != 1.0) {
-        bad_argument(
-            "opts.fairness_key",
-            format!(
-                "queue {} does not share claims by fairness key; turn fairness on first: \
-                 sheaf.configure_queue(queue, '{{\"fairness\": true}}')",
-                quoted(name)
-            ),
-        );
-    }
-
+    refuse_unused_fairness(q, name, o);
     let n = payloads.len();
-    let due = match run_at {
-        _ if paused => false,
-        None => true,
-        // `run_at <= now()`, in Rust: now() is the transaction's start.
-        // SAFETY: reads this backend's transaction state, set inside one.
-        Some(t) => pg_sys::TimestampTz::from(t) <= unsafe { pg_sys::GetCurrentTransactionStartTimestamp() },
-    };
+    let due = !paused && is_due(run_at);
     let admitted = match (&o.concurrency_key, due) {
         (_, false) => 0,
         (None, true) => n,
         (Some(key), true) => caps::admit(key, n as i32) as usize,
     };
-    let mut fair_start: Vec<Option<f64>> = vec![None; n];
-    if q.mode == Mode::Fairness && admitted > 0 {
-        let starts = ready::fair_starts(name, &vec![(o.fairness_key.clone(), o.fairness_weight); admitted]);
-        for (slot, s) in fair_start.iter_mut().zip(starts) {
-            *slot = Some(s);
-        }
-    }
-    let states: Vec<&str> = (0..n)
-        .map(|i| match (due, i < admitted) {
-            _ if paused => TaskState::Paused,
-            (false, _) => TaskState::Scheduled,
-            (true, true) => TaskState::Ready,
-            (true, false) => TaskState::Waiting,
-        })
-        .map(TaskState::as_str)
-        .collect();
     let mut mint = ids::minter();
     let new_ids: Vec<pgrx::Uuid> = (0..n).map(|_| mint()).collect();
-    let aging = match q.mode {
-        Mode::Aging { secs } => Some(secs as i32),
-        _ => None,
-    };
-    let shared = [
-        name.into(),
-        o.kind.as_str().into(),
-        o.priority.into(),
-        run_at.into(),
-        o.max_attempts.into(),
-        execution_id.into(),
-        o.concurrency_key.clone().into(),
-        o.fairness_key.clone().into(),
-        o.fairness_weight.into(),
-        o.idempotency_key.clone().into(),
-    ];
-    let (variant, per_task) = match (payloads.len(), &o.idempotency_key) {
-        (1, key) => {
-            let payload = payloads.into_iter().next();
-            (
-                if key.is_some() { 1 } else { 0 },
-                [
-                    new_ids[0].into(),
-                    payload.into(),
-                    states[0].into(),
-                    fair_start[0].into(),
-                ],
-            )
-        }
-        // A key names one task: refused above for a batch.
-        _ => (
-            2,
-            [
-                new_ids.clone().into(),
-                payloads.into(),
-                states.into(),
-                fair_start.into(),
-            ],
-        ),
-    };
-    let [id, payload, state, start] = per_task;
-    let mut args = vec![id];
-    args.extend(shared);
-    args.extend([payload, state, start, aging.into()]);
+    let first_id = new_ids[0];
+    let (variant, args) = NewTasks {
+        ids: new_ids.clone(),
+        payloads,
+        states: states(n, due, admitted, paused),
+        fair_starts: fair_starts(q, name, o, n, admitted),
+        queue: name,
+        o,
+        run_at,
+        execution_id,
+        aging_secs: match q.mode {
+            Mode::Aging { secs } => Some(secs as i32),
+            _ => None,
+        },
+    }
+    .statement();
     let stmt = &INSERTS[variant][q.notify as usize];
     let was_idle = Spi::connect_mut(|client| {
         // The probe answers once per statement, even when an idempotency
@@ -254,7 +311,7 @@ pub fn insert(
     });
     if let Some(key) = &o.idempotency_key
         && let Some(existing) = by_idempotency_key(name, key)
-        && existing != new_ids[0]
+        && existing != first_id
     {
         // A concurrent enqueue with the same key won the insert: give back
         // the slot taken for ours and answer with theirs.
