@@ -31,7 +31,7 @@ fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
 }
 
 /// Per concurrency key: its cap (NULL if uncapped) and how many of its tasks
-/// are running, ready and waiting — the guide's `/admin/concurrency`. Lists
+/// are running, ready and waiting: the operator's view of every key. Lists
 /// capped keys and keys with unfinished tasks.
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
