@@ -30,7 +30,11 @@
 //! know the execution and lock its tasks before its row to match.
 //!
 //! Where a path must take a lock out of this order, the code says so beside
-//! it (see `workflow::gates`, latest wins, and `queue::caps::demote_ready`).
+//! it: `workflow::gates` (latest wins holds the gate lock while it closes
+//! executions), `workflow::hooks` (a dead-lettered workflow task holds its
+//! own row, and a reap every row it reaped, before locking its siblings),
+//! and `queue::caps::demote_ready` (a lowered cap waits for ready rows while
+//! holding its key). The README's "Deadlocks" says what a caller sees.
 
 use pgrx::prelude::*;
 

@@ -62,7 +62,11 @@ impl ExecutionHooks for Executions {
                 };
                 // A workflow task that ran out of attempts fails its
                 // execution: its other tasks are locked before the record
-                // touches the execution row (`base::locks`).
+                // touches the execution row (`base::locks`). Out of the
+                // order among tasks: this transaction already holds the dead
+                // task (a reap, every task it reaped), so a concurrent end of
+                // the same execution that holds a sibling and waits for one
+                // of those deadlocks with it (40P01, README "Deadlocks").
                 if kind == "workflow" && executions::state_of(execution_id).is_some() {
                     lifecycle::close_after(
                         execution_id,
