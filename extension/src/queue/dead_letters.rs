@@ -95,12 +95,13 @@ const REDRIVE: Stmt = Stmt::write(
 /// (The statements read `executions` themselves: they decide which dead
 /// letters may move.)
 pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
+    // (dead letters taken out, then per moved task: id, key, execution).
+    type Redriven = (i64, Option<pgrx::Uuid>, Option<String>, Option<pgrx::Uuid>);
     refuse_blocked(&ids);
     let (taken, moved) = Spi::connect_mut(|client| {
         // One row per moved task, or one row of NULLs when none moved; the
         // count of what was taken out is on every row.
-        let rows: Vec<(i64, Option<pgrx::Uuid>, Option<String>, Option<pgrx::Uuid>)> =
-            rows::all(run(client, &REDRIVE, &[ids.into()]), "redriving dead letters");
+        let rows: Vec<Redriven> = rows::all(run(client, &REDRIVE, &[ids.into()]), "redriving dead letters");
         let taken = rows.first().map_or(0, |r| r.0);
         let moved: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>)> = rows
             .into_iter()

@@ -6,8 +6,9 @@ use sheaf_core::excerpt::quoted;
 use sheaf_core::policy::WorkflowPolicy;
 
 use crate::base::args::required;
-use crate::base::errors::{SpiResultExt, bad_argument};
+use crate::base::errors::bad_argument;
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 
 const LOAD: Stmt = Stmt::read(
     "SELECT policy FROM workflow_policies WHERE workflow_name = $1",
@@ -35,9 +36,7 @@ pub fn check_name(name: Option<&str>) -> &str {
 /// for a name never declared.
 pub fn load(name: &str) -> WorkflowPolicy {
     let stored = Spi::connect_mut(|client| {
-        run(client, &LOAD, &[name.into()])
-            .next()
-            .and_then(|row| row.get::<pgrx::JsonB>(1).or_internal("reading a workflow policy"))
+        rows::value::<pgrx::JsonB>(run(client, &LOAD, &[name.into()]), "reading a workflow policy")
     });
     match stored {
         None => WorkflowPolicy::default(),

@@ -10,9 +10,10 @@ use sheaf_core::id;
 use sheaf_core::policy::{ConcurrencyPolicy, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key};
 use sheaf_core::state::ExecutionState;
 
-use crate::base::errors::{SpiResultExt, bad_argument};
+use crate::base::errors::bad_argument;
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 use crate::base::{ids, shard};
 use crate::queue::caps;
 use crate::workflow::executions::{Locked, enqueue_workflow_task, task_key};
@@ -94,22 +95,21 @@ fn new_execution_id(given: Option<[u8; 16]>) -> pgrx::Uuid {
 /// caller holds the start lock; a write statement reads a fresh snapshot.
 fn holding(name: &str, workflow_id: &str) -> Option<pgrx::Uuid> {
     Spi::connect_mut(|client| {
-        run(client, &HOLDING_ID, &[name.into(), workflow_id.into()])
-            .next()
-            .and_then(|row| {
-                row.get::<pgrx::Uuid>(1)
-                    .or_internal("looking up an active execution")
-            })
+        rows::value(
+            run(client, &HOLDING_ID, &[name.into(), workflow_id.into()]),
+            "looking up an active execution",
+        )
     })
 }
 
 fn refuse_taken(new_id: pgrx::Uuid) {
-    let taken = Spi::connect_mut(|client| {
-        run(client, &ID_TAKEN, &[new_id.into()])
-            .next()
-            .and_then(|row| row.get::<bool>(1).or_internal("checking an execution id"))
+    let taken: bool = Spi::connect_mut(|client| {
+        rows::only_value(
+            run(client, &ID_TAKEN, &[new_id.into()]),
+            "checking an execution id",
+        )
     });
-    if taken == Some(true) {
+    if taken {
         bad_argument(
             "opts.execution_id",
             format!("{new_id} already names another execution on this shard"),
