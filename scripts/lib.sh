@@ -36,3 +36,35 @@ bindir_for() { "$(pg_config_for "$1")" --bindir; }
 
 # as_pg CMD...: run a command as the cluster owner.
 as_pg() { runuser -u "$PG_USER" -- "$@"; }
+
+# The workspace version ([workspace.package] version in Cargo.toml): the
+# version HEAD's library reports and the default_version it installs.
+workspace_version() {
+    python3 - "$ROOT/Cargo.toml" <<'PY'
+import sys, tomllib
+print(tomllib.load(open(sys.argv[1], "rb"))["workspace"]["package"]["version"])
+PY
+}
+
+# releases: one `<version> <commit>` line per release recorded in
+# releases.toml, oldest first. Empty while nothing is released.
+releases() {
+    python3 - "$ROOT/releases.toml" <<'PY'
+import re, sys, tomllib
+try:
+    recorded = tomllib.load(open(sys.argv[1], "rb")).get("releases", {})
+except FileNotFoundError:
+    recorded = {}
+for version, commit in recorded.items():
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        sys.exit(f"releases.toml: {version!r} is not a version X.Y.Z")
+    if not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit)):
+        sys.exit(f"releases.toml: release {version} must name a full 40-hex commit, got {commit!r}")
+key = lambda v: tuple(int(p) for p in v.split("."))
+for version in sorted(recorded, key=key):
+    print(version, recorded[version])
+PY
+}
+
+# version_lt A B: true when version A sorts before version B.
+version_lt() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]; }

@@ -1,9 +1,10 @@
--- sheaf shard schema, version 0.1.0.
+-- sheaf shard schema, HEAD's version (the workspace version in Cargo.toml).
 --
 -- This file is the spec of what lives in every shard database. It is included
--- verbatim in the extension's install script (see extension/src/lib.rs). Until
--- the first tagged release it may change; after it, changes ship only as
--- sheaf--A--B.sql upgrade scripts beside it.
+-- verbatim in the extension's install script (see extension/src/lib.rs), so a
+-- fresh install runs it. Once a version is released (releases.toml), every
+-- change here goes into the next upgrade script sql/sheaf--A--B.sql too
+-- (README, "Schema changes and releases").
 --
 -- Nothing here is for callers to write directly: workers and admins act through
 -- the functions (SECURITY DEFINER); see privileges.sql.

@@ -5,6 +5,9 @@
 //! the same `scripts/shards up` (PostgreSQL `SHEAF_TEST_PG`, default 15), so a
 //! plain `cargo test -p sheaf-tests` works too.
 
+pub mod catalog;
+pub mod valid_calls;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;

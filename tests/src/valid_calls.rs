@@ -1,0 +1,411 @@
+//! One valid call of every function in schema `sheaf`: the shared asset of
+//! the upgrade test (every function of HEAD is callable after an upgrade) and
+//! the starting point of hostile-input tests (change one argument of a valid
+//! call at a time).
+//!
+//! Contract: run in this order, once, in one fresh session, on a database
+//! where `CREATE EXTENSION sheaf` ran and that is either not yet initialized
+//! or initialized as shard [`SHARD_ID`] (the first call is `init_shard`).
+//! Names start with `vc_`, so other state in the database is not touched.
+//! Every argument is spelled out, defaults included, as an SQL expression;
+//! `setup` statements run just before the call and leave what its arguments
+//! read in temporary tables.
+//!
+//! [`check_coverage`] fails when a function of the schema has no entry here
+//! (add one with the function), or an entry names a function that is gone.
+
+use tokio_postgres::Client;
+
+/// The shard id the calls initialize (or expect).
+pub const SHARD_ID: i32 = 7;
+
+/// One valid call.
+#[derive(Debug, Clone, Copy)]
+pub struct ValidCall {
+    /// The function: `sheaf.<name>(<argument types>)`, types as
+    /// `oidvectortypes` prints them (`integer, timestamp with time zone`).
+    pub function: &'static str,
+    /// Statements run first, in order, in the same session.
+    pub setup: &'static [&'static str],
+    /// Every argument, in order, as an SQL expression.
+    pub args: &'static [&'static str],
+}
+
+impl ValidCall {
+    /// The qualified name, without the argument types.
+    pub fn name(&self) -> &'static str {
+        self.function.split('(').next().unwrap_or(self.function)
+    }
+
+    /// The call as one statement.
+    pub fn sql(&self) -> String {
+        self.sql_with(self.args)
+    }
+
+    /// The call with other arguments (a hostile-input test's variations).
+    pub fn sql_with(&self, args: &[&str]) -> String {
+        format!("SELECT * FROM {}({})", self.name(), args.join(", "))
+    }
+}
+
+const fn call(
+    function: &'static str,
+    setup: &'static [&'static str],
+    args: &'static [&'static str],
+) -> ValidCall {
+    ValidCall {
+        function,
+        setup,
+        args,
+    }
+}
+
+/// Every function of schema `sheaf`, with a valid call, in the order they run.
+pub const VALID_CALLS: &[ValidCall] = &[
+    // Shard and ids.
+    call("sheaf.init_shard(integer)", &[], &["7"]),
+    call("sheaf.shard_id()", &[], &[]),
+    call("sheaf.version()", &[], &[]),
+    call("sheaf.new_id()", &[], &[]),
+    call("sheaf.id_shard(uuid)", &[], &["sheaf.new_id()"]),
+    call("sheaf.id_timestamp(uuid)", &[], &["sheaf.new_id()"]),
+    // The aging order key of the ready set (used by the schema's index).
+    call(
+        "sheaf.ready_k1(integer, timestamp with time zone, integer)",
+        &[],
+        &["1", "now()", "60"],
+    ),
+    // The queue.
+    call(
+        "sheaf.configure_queue(text, jsonb)",
+        &[],
+        &["'vc_q'", r#"'{"aging_secs": 60, "notify": false}'"#],
+    ),
+    call(
+        "sheaf.set_concurrency_limit(text, integer)",
+        &[],
+        &["'vc_key'", "2"],
+    ),
+    call(
+        "sheaf.enqueue(text, jsonb, jsonb)",
+        &[],
+        &[
+            "'vc_q'",
+            r#"'{"n": 1}'"#,
+            r#"'{"priority": 1, "concurrency_key": "vc_key", "max_attempts": 3, "idempotency_key": "vc-1"}'"#,
+        ],
+    ),
+    call(
+        "sheaf.enqueue_batch(text, jsonb[], jsonb)",
+        &[],
+        &[
+            "'vc_q'",
+            r#"ARRAY['{"n": 2}', '{"n": 3}']::jsonb[]"#,
+            r#"'{"run_at": "2000-01-01T00:00:00Z"}'"#,
+        ],
+    ),
+    call(
+        "sheaf.claim(text, text, integer, interval)",
+        &[],
+        &["'vc_q'", "'vc_worker'", "2", "'5 minutes'"],
+    ),
+    call(
+        "sheaf.heartbeat(uuid, bigint, interval)",
+        &[
+            "SELECT sheaf.enqueue('vc_heartbeat', '{}', '{}')",
+            "CREATE TEMP TABLE vc_heartbeat AS SELECT task_id, token FROM sheaf.claim('vc_heartbeat', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_heartbeat)",
+            "(SELECT token FROM vc_heartbeat)",
+            "'10 minutes'",
+        ],
+    ),
+    call(
+        "sheaf.complete(uuid, bigint, jsonb)",
+        &[
+            "SELECT sheaf.enqueue('vc_complete', '{}', '{}')",
+            "CREATE TEMP TABLE vc_complete AS SELECT task_id, token FROM sheaf.claim('vc_complete', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_complete)",
+            "(SELECT token FROM vc_complete)",
+            r#"'{"ok": true}'"#,
+        ],
+    ),
+    call(
+        "sheaf.complete_batch(uuid[], bigint[])",
+        &[
+            "SELECT sheaf.enqueue_batch('vc_complete_batch', ARRAY['{}', '{}']::jsonb[], '{}')",
+            "CREATE TEMP TABLE vc_complete_batch AS SELECT task_id, token FROM sheaf.claim('vc_complete_batch', 'vc_worker', 2, '5 minutes')",
+        ],
+        &[
+            "ARRAY(SELECT task_id FROM vc_complete_batch ORDER BY task_id)",
+            "ARRAY(SELECT token FROM vc_complete_batch ORDER BY task_id)",
+        ],
+    ),
+    call(
+        "sheaf.fail(uuid, bigint, text, interval)",
+        &[
+            "SELECT sheaf.enqueue('vc_fail', '{}', '{}')",
+            "CREATE TEMP TABLE vc_fail AS SELECT task_id, token FROM sheaf.claim('vc_fail', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_fail)",
+            "(SELECT token FROM vc_fail)",
+            "'vc: failed on purpose'",
+            "'1 second'",
+        ],
+    ),
+    call(
+        "sheaf.release(uuid, bigint)",
+        &[
+            "SELECT sheaf.enqueue('vc_release', '{}', '{}')",
+            "CREATE TEMP TABLE vc_release AS SELECT task_id, token FROM sheaf.claim('vc_release', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_release)",
+            "(SELECT token FROM vc_release)",
+        ],
+    ),
+    call(
+        "sheaf.redrive(uuid[])",
+        &[
+            r#"SELECT sheaf.enqueue('vc_redrive', '{}', '{"max_attempts": 1}')"#,
+            "CREATE TEMP TABLE vc_redrive AS SELECT task_id, token FROM sheaf.claim('vc_redrive', 'vc_worker', 1, '5 minutes')",
+            "SELECT * FROM sheaf.fail((SELECT task_id FROM vc_redrive), (SELECT token FROM vc_redrive), 'vc: dead', NULL)",
+        ],
+        &["ARRAY(SELECT task_id FROM vc_redrive)"],
+    ),
+    call("sheaf.reap_expired(integer)", &[], &["100"]),
+    call("sheaf.maintain()", &[], &[]),
+    call(
+        "sheaf.worker_heartbeat(text, text[])",
+        &[],
+        &["'vc_worker'", "ARRAY['vc_q', 'vc_fail']"],
+    ),
+    call("sheaf.live_workers()", &[], &[]),
+    call("sheaf.stranded_work()", &[], &[]),
+    call("sheaf.queue_stats(text)", &[], &["'vc_q'"]),
+    call("sheaf.concurrency_stats()", &[], &[]),
+    // Executions and gates.
+    call(
+        "sheaf.declare_workflow(text, jsonb)",
+        &[],
+        &[
+            "'vc_wf'",
+            r#"'{"queue": "vc_wf_q", "concurrency": {"key": "input.tenant", "limit": 10, "on_conflict": "defer"}, "quota": {"key": "input.tenant", "max_active_executions": 100, "max_history_bytes": 1000000000, "max_dead_letters": 50}}'"#,
+        ],
+    ),
+    call(
+        "sheaf.start_workflow(text, text, jsonb, jsonb)",
+        &[],
+        &[
+            "'vc_wf'",
+            "'vc-start'",
+            r#"'{"tenant": "vc_t"}'"#,
+            r#"'{"priority": 2}'"#,
+        ],
+    ),
+    call(
+        "sheaf.find_execution(text, text)",
+        &[],
+        &["'vc_wf'", "'vc-start'"],
+    ),
+    call(
+        "sheaf.get_execution(uuid)",
+        &[],
+        &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))"],
+    ),
+    call(
+        "sheaf.append_event(uuid, text, jsonb)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))",
+            "'VcNote'",
+            r#"'{"note": 1}'"#,
+        ],
+    ),
+    call(
+        "sheaf.history(uuid, bigint, integer)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))",
+            "0",
+            "100",
+        ],
+    ),
+    call(
+        "sheaf.pause_execution(uuid)",
+        &["SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-pause', '{\"tenant\": \"vc_t\"}', '{}')"],
+        &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-pause'))"],
+    ),
+    call(
+        "sheaf.resume_execution(uuid)",
+        &[],
+        &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-pause'))"],
+    ),
+    call(
+        "sheaf.suspend_execution(uuid, timestamp with time zone)",
+        &["SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-suspend', '{\"tenant\": \"vc_t\"}', '{}')"],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-suspend'))",
+            "now() + interval '1 hour'",
+        ],
+    ),
+    call(
+        "sheaf.wake_execution(uuid)",
+        &[],
+        &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-suspend'))"],
+    ),
+    call(
+        "sheaf.complete_execution(uuid, jsonb)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))",
+            r#"'{"done": true}'"#,
+        ],
+    ),
+    call(
+        "sheaf.fail_execution(uuid, text)",
+        &["SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-fail', '{\"tenant\": \"vc_t\"}', '{}')"],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-fail'))",
+            "'vc: failed on purpose'",
+        ],
+    ),
+    call(
+        "sheaf.cancel_execution(uuid, text)",
+        &["SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-cancel', '{\"tenant\": \"vc_t\"}', '{}')"],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-cancel'))",
+            "'vc: not needed'",
+        ],
+    ),
+    call(
+        "sheaf.terminate_execution(uuid, text)",
+        &["SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-terminate', '{\"tenant\": \"vc_t\"}', '{}')"],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-terminate'))",
+            "'vc: stopped'",
+        ],
+    ),
+    call("sheaf.quota_usage(text)", &[], &["'vc_t'"]),
+    call("sheaf.quota_recompute(text)", &[], &["'vc_t'"]),
+    // The durable mutex.
+    call(
+        "sheaf.mutex_acquire(text, uuid, interval)",
+        &[],
+        &["'vc_m'", "'00000000-0000-0000-0000-00000000a001'", "'1 minute'"],
+    ),
+    call("sheaf.mutex_status(text)", &[], &["'vc_m'"]),
+    call(
+        "sheaf.mutex_renew(text, uuid, bigint, interval)",
+        &[],
+        &[
+            "'vc_m'",
+            "'00000000-0000-0000-0000-00000000a001'",
+            "(SELECT token FROM sheaf.mutex_status('vc_m'))",
+            "'2 minutes'",
+        ],
+    ),
+    call(
+        "sheaf.mutex_release(text, uuid, bigint)",
+        &[],
+        &[
+            "'vc_m'",
+            "'00000000-0000-0000-0000-00000000a001'",
+            "(SELECT token FROM sheaf.mutex_status('vc_m'))",
+        ],
+    ),
+    call("sheaf.mutex_reclaim(integer)", &[], &["100"]),
+];
+
+/// The functions of schema `sheaf` in this database, as [`ValidCall::function`]
+/// spells them, with their argument counts.
+pub async fn functions(db: &Client) -> Result<Vec<(String, usize)>, tokio_postgres::Error> {
+    let rows = db
+        .query(
+            "SELECT format('%s.%s(%s)', n.nspname, p.proname, pg_catalog.oidvectortypes(p.proargtypes)), \
+                    p.pronargs::int \
+             FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'sheaf' ORDER BY 1",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i32>(1) as usize))
+        .collect())
+}
+
+/// `Err` names every function without an entry, every entry without a
+/// function, and every entry whose argument count is not the function's.
+pub async fn check_coverage(db: &Client) -> Result<(), String> {
+    let functions = functions(db)
+        .await
+        .map_err(|e| format!("listing the functions of schema sheaf: {e}"))?;
+    let mut problems = Vec::new();
+    for (function, nargs) in &functions {
+        match VALID_CALLS.iter().find(|c| c.function == function) {
+            None => problems.push(format!(
+                "{function}: no valid call in tests/src/valid_calls.rs (add one)"
+            )),
+            Some(c) if c.args.len() != *nargs => problems.push(format!(
+                "{function}: the valid call gives {} arguments, the function takes {nargs} (spell out every one)",
+                c.args.len()
+            )),
+            Some(_) => {}
+        }
+    }
+    for c in VALID_CALLS {
+        if !functions.iter().any(|(f, _)| f == c.function) {
+            problems.push(format!(
+                "{}: in tests/src/valid_calls.rs, but not a function of schema sheaf",
+                c.function
+            ));
+        }
+        if VALID_CALLS.iter().filter(|d| d.function == c.function).count() > 1 {
+            problems.push(format!("{}: more than one valid call", c.function));
+        }
+    }
+    problems.dedup();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the valid calls do not match the functions of schema sheaf:\n  {}",
+            problems.join("\n  ")
+        ))
+    }
+}
+
+/// Runs every valid call (setup first) on `db`; `Err` lists every failure
+/// with its statement and the server's error.
+pub async fn run_all(db: &Client) -> Result<(), String> {
+    let mut failures = Vec::new();
+    for c in VALID_CALLS {
+        let mut statements: Vec<String> = c.setup.iter().map(|s| s.to_string()).collect();
+        statements.push(c.sql());
+        for sql in &statements {
+            if let Err(e) = db.batch_execute(sql).await {
+                let detail = match e.as_db_error() {
+                    Some(d) => format!("{} {}", d.code().code(), d.message()),
+                    None => e.to_string(),
+                };
+                failures.push(format!("{}: {sql}\n    -> {detail}", c.function));
+                break;
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {} valid calls failed:\n  {}",
+            failures.len(),
+            VALID_CALLS.len(),
+            failures.join("\n  ")
+        ))
+    }
+}
