@@ -54,10 +54,12 @@ impl Env {
     async fn connect(&self, db: &str) -> Client {
         let mut config = self.config.clone();
         config.dbname(db);
-        let (client, connection) = config
-            .connect(NoTls)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to database {db} of the upgrade cluster: {e}"));
+        let (client, connection) = config.connect(NoTls).await.unwrap_or_else(|e| {
+            panic!(
+                "cannot connect to database {db} of the upgrade cluster: {}",
+                pg_error(&e)
+            )
+        });
         tokio::spawn(connection);
         client
     }
@@ -67,7 +69,7 @@ async fn one_text(db: &Client, sql: &str) -> String {
     let row = db
         .query_one(sql, &[])
         .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        .unwrap_or_else(|e| panic!("{sql}: {}", pg_error(&e)));
     row.get(0)
 }
 
@@ -85,7 +87,7 @@ async fn set_library_path(env: &Env, path: Option<&str>) {
     admin
         .batch_execute(&sql)
         .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        .unwrap_or_else(|e| panic!("{sql}: {}", pg_error(&e)));
     admin
         .batch_execute("SELECT pg_reload_conf()")
         .await
@@ -107,12 +109,25 @@ async fn set_library_path(env: &Env, path: Option<&str>) {
 
 async fn recreate_db(env: &Env, db: &str) {
     let admin = env.connect("postgres").await;
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {db} WITH (FORCE); CREATE DATABASE {db}"
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("recreating database {db}: {e}"));
+    // Two statements: CREATE DATABASE cannot run in a multi-statement batch.
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+        format!("CREATE DATABASE {db}"),
+    ] {
+        admin
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {}", pg_error(&e)));
+    }
+}
+
+/// A server error as its SQLSTATE and message (tokio-postgres' Display
+/// says only "db error").
+fn pg_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} {}", d.code().code(), d.message()),
+        None => e.to_string(),
+    }
 }
 
 /// What the test holds of the live state: ids, tokens, owners.
@@ -137,7 +152,7 @@ async fn enqueue(db: &Client, queue: &str, payload: &str, opts: &str) -> Uuid {
     let sql = "SELECT sheaf.enqueue($1, $2::text::jsonb, $3::text::jsonb)";
     db.query_one(sql, &[&queue, &payload, &opts])
         .await
-        .unwrap_or_else(|e| panic!("enqueue to {queue} with {opts}: {e}"))
+        .unwrap_or_else(|e| panic!("enqueue to {queue} with {opts}: {}", pg_error(&e)))
         .get(0)
 }
 
@@ -147,7 +162,7 @@ async fn claim(db: &Client, queue: &str, batch: i32) -> Vec<(Uuid, i64)> {
         &[&queue, &batch],
     )
     .await
-    .unwrap_or_else(|e| panic!("claim from {queue}: {e}"))
+    .unwrap_or_else(|e| panic!("claim from {queue}: {}", pg_error(&e)))
     .iter()
     .map(|r| (r.get(0), r.get(1)))
     .collect()
@@ -159,14 +174,14 @@ async fn start(db: &Client, workflow_id: &str) -> Uuid {
         &[&workflow_id, &format!(r#"{{"tenant": "{QUOTA_KEY}"}}"#)],
     )
     .await
-    .unwrap_or_else(|e| panic!("start_workflow wf {workflow_id}: {e}"))
+    .unwrap_or_else(|e| panic!("start_workflow wf {workflow_id}: {}", pg_error(&e)))
     .get(0)
 }
 
 async fn exec_bool(db: &Client, sql: &str, id: Uuid) -> bool {
     db.query_one(sql, &[&id])
         .await
-        .unwrap_or_else(|e| panic!("{sql} ({id}): {e}"))
+        .unwrap_or_else(|e| panic!("{sql} ({id}): {}", pg_error(&e)))
         .get(0)
 }
 
@@ -306,7 +321,7 @@ async fn snapshot(db: &Client, live: &Live) -> BTreeMap<String, String> {
                 &[q],
             )
             .await
-            .unwrap_or_else(|e| panic!("queue_stats({q}): {e}"));
+            .unwrap_or_else(|e| panic!("queue_stats({q}): {}", pg_error(&e)));
         s.insert(format!("queue_stats({q})"), row.get(0));
     }
     let rows = db
@@ -330,7 +345,7 @@ async fn snapshot(db: &Client, live: &Live) -> BTreeMap<String, String> {
                 &[&id],
             )
             .await
-            .unwrap_or_else(|e| panic!("get_execution({name}): {e}"));
+            .unwrap_or_else(|e| panic!("get_execution({name}): {}", pg_error(&e)));
         s.insert(format!("get_execution({name})"), row.get(0));
         let row = db
             .query_one(
@@ -339,7 +354,7 @@ async fn snapshot(db: &Client, live: &Live) -> BTreeMap<String, String> {
                 &[&id],
             )
             .await
-            .unwrap_or_else(|e| panic!("history({name}): {e}"));
+            .unwrap_or_else(|e| panic!("history({name}): {}", pg_error(&e)));
         s.insert(format!("history({name})"), row.get(0));
     }
     let row = db
@@ -413,11 +428,7 @@ async fn run_statements(db: &Client, statements: &[&str]) -> Vec<String> {
     let mut failures = Vec::new();
     for sql in statements {
         if let Err(e) = db.batch_execute(sql).await {
-            let detail = match e.as_db_error() {
-                Some(d) => format!("{} {}", d.code().code(), d.message()),
-                None => e.to_string(),
-            };
-            failures.push(format!("{sql}\n    -> {detail}"));
+            failures.push(format!("{sql}\n    -> {}", pg_error(&e)));
         }
     }
     failures
@@ -427,7 +438,7 @@ async fn run_statements(db: &Client, statements: &[&str]) -> Vec<String> {
 async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
     macro_rules! q {
         ($sql:expr, $($p:expr),*) => {
-            db.query($sql, &[$($p),*]).await.map_err(|e| format!("{}: {e}", $sql))?
+            db.query($sql, &[$($p),*]).await.map_err(|e| format!("{}: {}", $sql, pg_error(&e)))?
         };
     }
     macro_rules! ensure {
@@ -644,7 +655,7 @@ async fn an_upgraded_shard_equals_a_fresh_install_and_carries_on() {
         let db = env.connect(LIVE_DB).await;
         db.batch_execute(&format!("CREATE EXTENSION sheaf VERSION '{from}'"))
             .await
-            .unwrap_or_else(|e| panic!("CREATE EXTENSION sheaf VERSION '{from}': {e}"));
+            .unwrap_or_else(|e| panic!("CREATE EXTENSION sheaf VERSION '{from}': {}", pg_error(&e)));
         assert_eq!(
             one_text(&db, "SELECT sheaf.version()").await,
             from,
@@ -677,7 +688,7 @@ async fn an_upgraded_shard_equals_a_fresh_install_and_carries_on() {
     let db = env.connect(LIVE_DB).await;
     db.batch_execute("ALTER EXTENSION sheaf UPDATE")
         .await
-        .unwrap_or_else(|e| panic!("ALTER EXTENSION sheaf UPDATE from {from}: {e}"));
+        .unwrap_or_else(|e| panic!("ALTER EXTENSION sheaf UPDATE from {from}: {}", pg_error(&e)));
     assert_eq!(
         one_text(&db, "SELECT extversion FROM pg_extension WHERE extname = 'sheaf'").await,
         HEAD,

@@ -26,16 +26,20 @@ async fn every_function_has_a_valid_call_that_succeeds() {
     // A database of its own on shard 0's cluster: the calls initialize it
     // as shard valid_calls::SHARD_ID.
     let admin = connect("postgres").await;
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {DB} WITH (FORCE); CREATE DATABASE {DB}"
-        ))
-        .await
-        .expect("creating the valid-calls database");
+    // Two statements: CREATE DATABASE cannot run in a multi-statement batch.
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"),
+        format!("CREATE DATABASE {DB}"),
+    ] {
+        admin
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
     let db = connect(DB).await;
     db.batch_execute("CREATE EXTENSION sheaf")
         .await
-        .expect("CREATE EXTENSION sheaf");
+        .unwrap_or_else(|e| panic!("CREATE EXTENSION sheaf: {e:?}"));
     let coverage = valid_calls::check_coverage(&db).await;
     let calls = valid_calls::run_all(&db).await;
     drop(db);
