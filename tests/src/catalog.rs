@@ -66,13 +66,17 @@ fn queries() -> Vec<(&'static str, String)> {
                 acl("c.relacl")
             ),
         ),
+        // Column options without `pg_attver=<n>`: this machine's PostgreSQL
+        // builds stamp it on every column (catalog views too) with a value
+        // that differs per creation; it is not something sheaf sets.
         (
             "column",
             format!(
                 "SELECT format('column %s.%s type=%s not_null=%s default=%s identity=%s generated=%s collation=%s storage=%s options=%s acl=%s', \
                     c.relname, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, \
                     coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid), '-'), a.attidentity, a.attgenerated, \
-                    coalesce(co.collname, '-'), a.attstorage, coalesce(a.attoptions::text, '{{}}'), {}) \
+                    coalesce(co.collname, '-'), a.attstorage, \
+                    coalesce((SELECT array_agg(o ORDER BY o) FROM unnest(a.attoptions) o WHERE o NOT LIKE 'pg\\_attver=%')::text, '{{}}'), {}) \
                  FROM pg_catalog.pg_attribute a \
                  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
                  LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
