@@ -238,9 +238,9 @@ async fn build_live_state(db: &Client) -> Live {
 
     // Executions of a workflow with a quota: running (with history), paused,
     // suspended, and one that ended.
-    db.batch_execute(&format!(
-        r#"SELECT sheaf.declare_workflow('wf', '{{"queue": "wf_q", "quota": {{"key": "input.tenant", "max_active_executions": 100, "max_history_bytes": 100000000, "max_dead_letters": 10}}}}')"#
-    ))
+    db.batch_execute(
+        r#"SELECT sheaf.declare_workflow('wf', '{"queue": "wf_q", "quota": {"key": "input.tenant", "max_active_executions": 100, "max_history_bytes": 100000000, "max_dead_letters": 10}}')"#,
+    )
     .await
     .expect("declare_workflow");
     let exec_running = start(db, "running").await;
