@@ -24,9 +24,16 @@ fn one_line(expr: &str) -> String {
     format!("replace(replace(replace({expr}, E'\\\\', E'\\\\\\\\'), E'\\n', E'\\\\n'), E'\\t', E'\\\\t')")
 }
 
+const NS: &str = "(SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'sheaf')";
+const EXT: &str = "(SELECT oid FROM pg_catalog.pg_extension WHERE extname = 'sheaf')";
+
+/// One query per kind of catalog object, each returning one text column.
 fn queries() -> Vec<(&'static str, String)> {
-    const NS: &str = "(SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'sheaf')";
-    const EXT: &str = "(SELECT oid FROM pg_catalog.pg_extension WHERE extname = 'sheaf')";
+    [tables(), definitions(), rules(), grants()].concat()
+}
+
+/// The schema, the extension and its members, relations and their columns.
+fn tables() -> Vec<(&'static str, String)> {
     vec![
         (
             "schema",
@@ -86,6 +93,12 @@ fn queries() -> Vec<(&'static str, String)> {
                 acl("a.attacl")
             ),
         ),
+    ]
+}
+
+/// Indexes, constraints, sequences, functions and types.
+fn definitions() -> Vec<(&'static str, String)> {
+    vec![
         (
             "index",
             format!(
@@ -148,6 +161,12 @@ fn queries() -> Vec<(&'static str, String)> {
                 acl("t.typacl")
             ),
         ),
+    ]
+}
+
+/// Triggers, policies, views, rules and statistics.
+fn rules() -> Vec<(&'static str, String)> {
+    vec![
         (
             "trigger",
             format!(
@@ -190,6 +209,12 @@ fn queries() -> Vec<(&'static str, String)> {
                  FROM pg_catalog.pg_statistic_ext s WHERE s.stxnamespace = {NS}"
             ),
         ),
+    ]
+}
+
+/// Default privileges, comments and roles.
+fn grants() -> Vec<(&'static str, String)> {
+    vec![
         (
             "default privileges",
             format!(

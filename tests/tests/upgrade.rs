@@ -190,7 +190,30 @@ async fn build_live_state(db: &Client) -> Live {
     db.query("SELECT sheaf.init_shard($1)", &[&valid_calls::SHARD_ID])
         .await
         .expect("init_shard");
+    let ready_order = live_ready(db).await;
+    let running = live_running(db).await;
+    let (cap_running, cap_waiting) = live_capped(db).await;
+    // Scheduled for later.
+    enqueue(db, "q_sched", "{}", r#"{"run_at": "2999-01-01T00:00:00Z"}"#).await;
+    let (exec_running, exec_paused, exec_suspended) = live_executions(db).await;
+    let dead = live_dead_letter(db, exec_running).await;
+    let (mutex_holder, mutex_waiters) = live_mutex(db).await;
+    Live {
+        ready_order,
+        running,
+        cap_running,
+        cap_waiting,
+        dead,
+        exec_running,
+        exec_paused,
+        exec_suspended,
+        mutex_holder,
+        mutex_waiters,
+    }
+}
 
+/// Ready tasks; returns them in the order they must be claimed.
+async fn live_ready(db: &Client) -> Vec<Uuid> {
     // Ready, in a known order: priority first, then enqueue order.
     let mut by_priority = Vec::new();
     for (i, priority) in [0, 5, 0, 9, 1].into_iter().enumerate() {
@@ -204,15 +227,22 @@ async fn build_live_state(db: &Client) -> Live {
         by_priority.push((priority, i, id));
     }
     by_priority.sort_by_key(|&(p, i, _)| (-p, i));
-    let ready_order = by_priority.into_iter().map(|(_, _, id)| id).collect();
+    by_priority.into_iter().map(|(_, _, id)| id).collect()
+}
 
+/// Running tasks, their tokens held by this test.
+async fn live_running(db: &Client) -> Vec<(Uuid, i64)> {
     // Running, tokens held by this test.
     for i in 0..2 {
         enqueue(db, "q_run", &format!(r#"{{"i": {i}}}"#), "{}").await;
     }
     let running = claim(db, "q_run", 2).await;
     assert_eq!(running.len(), 2, "both q_run tasks claimed");
+    running
+}
 
+/// A capped key: the running task and the waiting ones, in line order.
+async fn live_capped(db: &Client) -> ((Uuid, i64), Vec<Uuid>) {
     // A capped key: one running, two waiting behind it.
     db.batch_execute("SELECT sheaf.set_concurrency_limit('cap_k', 1)")
         .await
@@ -233,9 +263,11 @@ async fn build_live_state(db: &Client) -> Live {
     assert_eq!(cap_claimed.len(), 1, "a cap of 1 lets one task of cap_k run");
     assert_eq!(cap_claimed[0].0, cap[0], "the first task of cap_k runs");
 
-    // Scheduled for later.
-    enqueue(db, "q_sched", "{}", r#"{"run_at": "2999-01-01T00:00:00Z"}"#).await;
+    (cap_claimed[0], cap[1..].to_vec())
+}
 
+/// Running, paused and suspended executions (and an ended one).
+async fn live_executions(db: &Client) -> (Uuid, Uuid, Uuid) {
     // Executions of a workflow with a quota: running (with history), paused,
     // suspended, and one that ended.
     db.batch_execute(
@@ -259,12 +291,17 @@ async fn build_live_state(db: &Client) -> Live {
         .await
         .expect("complete_execution");
 
+    (exec_running, exec_paused, exec_suspended)
+}
+
+/// A dead letter of `execution` (counted by its quota key).
+async fn live_dead_letter(db: &Client, execution: Uuid) -> Uuid {
     // A dead letter of the running execution (counted by its quota key).
     let dead = enqueue(
         db,
         "q_dead",
         "{}",
-        &format!(r#"{{"max_attempts": 1, "execution_id": "{exec_running}"}}"#),
+        &format!(r#"{{"max_attempts": 1, "execution_id": "{execution}"}}"#),
     )
     .await;
     let dead_claim = claim(db, "q_dead", 1).await;
@@ -279,6 +316,11 @@ async fn build_live_state(db: &Client) -> Live {
         .get(0);
     assert!(dead_lettered, "a task with max_attempts 1 is dead-lettered");
 
+    dead
+}
+
+/// A held mutex with two waiters: (holder, token) and the waiters in order.
+async fn live_mutex(db: &Client) -> ((Uuid, i64), Vec<Uuid>) {
     // A held mutex with two waiters.
     let (holder, first, second) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
     let mut mutex_holder = None;
@@ -297,18 +339,7 @@ async fn build_live_state(db: &Client) -> Live {
         }
     }
 
-    Live {
-        ready_order,
-        running,
-        cap_running: cap_claimed[0],
-        cap_waiting: cap[1..].to_vec(),
-        dead,
-        exec_running,
-        exec_paused,
-        exec_suspended,
-        mutex_holder: mutex_holder.expect("the mutex holder"),
-        mutex_waiters: vec![first, second],
-    }
+    (mutex_holder.expect("the mutex holder"), vec![first, second])
 }
 
 /// Everything the live state shows through the API, as text, by name.
@@ -434,31 +465,54 @@ async fn run_statements(db: &Client, statements: &[&str]) -> Vec<String> {
     failures
 }
 
+/// A query inside a check: a server error becomes the check's `Err`, naming
+/// the statement.
+macro_rules! q {
+    ($db:expr, $sql:expr $(, $p:expr)* $(,)?) => {
+        $db.query($sql, &[$($p),*])
+            .await
+            .map_err(|e| format!("{}: {}", $sql, pg_error(&e)))?
+    };
+}
+
+/// A condition inside a check: `Err` with the message when it fails.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)*) => {
+        if !$cond {
+            return Err(format!($($msg)*));
+        }
+    };
+}
+
+/// A quota row as (active executions, history bytes, dead letters).
+fn usage_of(rows: &[tokio_postgres::Row]) -> (i64, i64, i64) {
+    (rows[0].get(0), rows[0].get(1), rows[0].get(2))
+}
+
 /// 2. The live state carries on under HEAD. `Err` says what did not.
 async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
-    macro_rules! q {
-        ($sql:expr, $($p:expr),*) => {
-            db.query($sql, &[$($p),*]).await.map_err(|e| format!("{}: {}", $sql, pg_error(&e)))?
-        };
-    }
-    macro_rules! ensure {
-        ($cond:expr, $($msg:tt)*) => {
-            if !$cond { return Err(format!($($msg)*)); }
-        };
-    }
+    tasks_carry_on(db, live).await?;
+    quota_and_dead_letters_carry_on(db, live).await?;
+    mutex_carries_on(db, live).await?;
+    executions_carry_on(db, live).await
+}
 
+/// Held tokens, the ready order, the scheduled task, the capped key.
+async fn tasks_carry_on(db: &Client, live: &Live) -> Result<(), String> {
     // The held tokens still fence their tasks: heartbeat, then complete.
     for (task, token) in &live.running {
-        q!("SELECT sheaf.heartbeat($1, $2, '30 minutes')", task, token);
-        q!("SELECT sheaf.complete($1, $2, NULL)", task, token);
+        q!(db, "SELECT sheaf.heartbeat($1, $2, '30 minutes')", task, token);
+        q!(db, "SELECT sheaf.complete($1, $2, NULL)", task, token);
     }
 
     // Queued tasks claim in their order.
-    let claimed: Vec<Uuid> =
-        q!("SELECT task_id FROM sheaf.claim('q_ready', 'upgrade-worker', 10, '1 hour')",)
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+    let claimed: Vec<Uuid> = q!(
+        db,
+        "SELECT task_id FROM sheaf.claim('q_ready', 'upgrade-worker', 10, '1 hour')",
+    )
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
     ensure!(
         claimed == live.ready_order,
         "q_ready claimed {claimed:?}, expected the release's order {:?}",
@@ -466,75 +520,96 @@ async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
     );
 
     // The scheduled task is still in the future.
-    let due = q!("SELECT task_id FROM sheaf.claim('q_sched', 'upgrade-worker', 10, '1 hour')",);
+    let due = q!(
+        db,
+        "SELECT task_id FROM sheaf.claim('q_sched', 'upgrade-worker', 10, '1 hour')",
+    );
     ensure!(
         due.is_empty(),
         "a task scheduled for 2999 was claimable after the upgrade"
     );
 
     // The capped key still holds its cap, and a freed slot goes to the next in line.
-    let over_cap = q!("SELECT task_id FROM sheaf.claim('q_cap', 'upgrade-worker', 10, '1 hour')",);
+    let over_cap = q!(
+        db,
+        "SELECT task_id FROM sheaf.claim('q_cap', 'upgrade-worker', 10, '1 hour')",
+    );
     ensure!(
         over_cap.is_empty(),
         "cap_k (cap 1, one running) let {} more task(s) run",
         over_cap.len()
     );
     let (task, token) = live.cap_running;
-    q!("SELECT sheaf.complete($1, $2, NULL)", &task, &token);
+    q!(db, "SELECT sheaf.complete($1, $2, NULL)", &task, &token);
     for expected in &live.cap_waiting {
-        let next: Vec<(Uuid, i64)> =
-            q!("SELECT task_id, token FROM sheaf.claim('q_cap', 'upgrade-worker', 10, '1 hour')",)
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+        let next: Vec<(Uuid, i64)> = q!(
+            db,
+            "SELECT task_id, token FROM sheaf.claim('q_cap', 'upgrade-worker', 10, '1 hour')",
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
         ensure!(
             next.len() == 1 && next[0].0 == *expected,
             "after a cap_k slot freed, the claim got {next:?}, expected exactly {expected}"
         );
-        q!("SELECT sheaf.complete($1, $2, NULL)", &next[0].0, &next[0].1);
+        q!(db, "SELECT sheaf.complete($1, $2, NULL)", &next[0].0, &next[0].1);
     }
 
+    Ok(())
+}
+
+/// The quota counters, and the dead letter they count.
+async fn quota_and_dead_letters_carry_on(db: &Client, live: &Live) -> Result<(), String> {
     // The quota counters equal a recount from the raw rows, with the values
     // the release left: running, paused and suspended count; one dead letter.
     let usage = q!(
+        db,
         "SELECT active_executions, history_bytes, dead_letters FROM sheaf.quota_usage($1)",
         &QUOTA_KEY
     );
     let recount = q!(
+        db,
         "SELECT active_executions, history_bytes, dead_letters FROM sheaf.quota_recompute($1)",
         &QUOTA_KEY
     );
-    let triple = |rows: &[tokio_postgres::Row]| -> (i64, i64, i64) {
-        (rows[0].get(0), rows[0].get(1), rows[0].get(2))
-    };
     ensure!(
-        triple(&usage) == triple(&recount),
+        usage_of(&usage) == usage_of(&recount),
         "quota_usage({QUOTA_KEY}) = {:?}, but quota_recompute counts {:?}",
-        triple(&usage),
-        triple(&recount)
+        usage_of(&usage),
+        usage_of(&recount)
     );
     ensure!(
-        triple(&usage).0 == 3 && triple(&usage).2 == 1,
+        usage_of(&usage).0 == 3 && usage_of(&usage).2 == 1,
         "quota_usage({QUOTA_KEY}) = {:?}, expected 3 active executions and 1 dead letter",
-        triple(&usage)
+        usage_of(&usage)
     );
 
     // The dead letter comes back.
-    let redriven = q!("SELECT sheaf.redrive(ARRAY[$1]::uuid[])", &live.dead);
+    let redriven = q!(db, "SELECT sheaf.redrive(ARRAY[$1]::uuid[])", &live.dead);
     ensure!(
         redriven[0].get::<_, i32>(0) == 1,
         "redrive of the release's dead letter put back {}",
         redriven[0].get::<_, i32>(0)
     );
-    let back = q!("SELECT task_id FROM sheaf.claim('q_dead', 'upgrade-worker', 10, '1 hour')",);
+    let back = q!(
+        db,
+        "SELECT task_id FROM sheaf.claim('q_dead', 'upgrade-worker', 10, '1 hour')",
+    );
     ensure!(
         back.len() == 1 && back[0].get::<_, Uuid>(0) == live.dead,
         "the redriven dead letter did not come back to q_dead"
     );
 
+    Ok(())
+}
+
+/// The mutex line.
+async fn mutex_carries_on(db: &Client, live: &Live) -> Result<(), String> {
     // The mutex holder releases to its first waiter; the line moves up.
     let (holder, token) = live.mutex_holder;
     let next: Option<Uuid> = q!(
+        db,
         "SELECT sheaf.mutex_release($1, $2, $3)",
         &MUTEX_KEY,
         &holder,
@@ -547,6 +622,7 @@ async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
         live.mutex_waiters[0]
     );
     let granted = q!(
+        db,
         "SELECT granted, queue_position FROM sheaf.mutex_acquire($1, $2, '1 hour')",
         &MUTEX_KEY,
         &live.mutex_waiters[0]
@@ -556,6 +632,7 @@ async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
         "the first waiter does not hold {MUTEX_KEY} after the release"
     );
     let second = q!(
+        db,
         "SELECT granted, queue_position FROM sheaf.mutex_acquire($1, $2, '1 hour')",
         &MUTEX_KEY,
         &live.mutex_waiters[1]
@@ -566,17 +643,25 @@ async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
         second[0].get::<_, i32>(1)
     );
 
+    Ok(())
+}
+
+/// Executions in each active state, and the quota after one ends.
+async fn executions_carry_on(db: &Client, live: &Live) -> Result<(), String> {
     // Executions go on from the states the release left them in.
     let history_before = q!(
+        db,
         "SELECT count(*) FROM sheaf.history($1, 0, 1000)",
         &live.exec_running
     )[0]
     .get::<_, i64>(0);
     q!(
+        db,
         "SELECT sheaf.append_event($1, 'AfterUpgrade', '{}')",
         &live.exec_running
     );
     let history_after = q!(
+        db,
         "SELECT count(*) FROM sheaf.history($1, 0, 1000)",
         &live.exec_running
     )[0]
@@ -602,10 +687,11 @@ async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
             live.exec_running,
         ),
     ] {
-        let done: bool = q!(sql, &id)[0].get(0);
+        let done: bool = q!(db, sql, &id)[0].get(0);
         ensure!(done, "could not {what} ({id}) after the upgrade");
     }
     let states: Vec<String> = q!(
+        db,
         "SELECT e.state FROM unnest(ARRAY[$1, $2, $3]::uuid[]) WITH ORDINALITY AS i(id, n), \
          LATERAL sheaf.get_execution(i.id) e ORDER BY i.n",
         &live.exec_paused,
@@ -620,20 +706,90 @@ async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
         "execution states after resume, wake and complete: {states:?}"
     );
     let usage = q!(
+        db,
         "SELECT active_executions, history_bytes, dead_letters FROM sheaf.quota_usage($1)",
         &QUOTA_KEY
     );
     let recount = q!(
+        db,
         "SELECT active_executions, history_bytes, dead_letters FROM sheaf.quota_recompute($1)",
         &QUOTA_KEY
     );
     ensure!(
-        triple(&usage) == triple(&recount) && triple(&usage).0 == 2,
+        usage_of(&usage) == usage_of(&recount) && usage_of(&usage).0 == 2,
         "after completing one execution: quota_usage = {:?}, recount = {:?}, expected 2 active",
-        triple(&usage),
-        triple(&recount)
+        usage_of(&usage),
+        usage_of(&recount)
     );
     Ok(())
+}
+
+/// The shard at the release: its library first in the search path, the
+/// extension created at the released version, live state. Returns the state
+/// and its snapshot.
+async fn at_the_release(env: &Env) -> (Live, BTreeMap<String, String>) {
+    let from = &env.from;
+    set_library_path(env, Some(&format!("{}:$libdir", env.old_libdir))).await;
+    recreate_db(env, LIVE_DB).await;
+    let db = env.connect(LIVE_DB).await;
+    db.batch_execute(&format!("CREATE EXTENSION sheaf VERSION '{from}'"))
+        .await
+        .unwrap_or_else(|e| panic!("CREATE EXTENSION sheaf VERSION '{from}': {}", pg_error(&e)));
+    assert_eq!(
+        one_text(&db, "SELECT sheaf.version()").await,
+        *from,
+        "the released library serves the released catalog"
+    );
+    let live = build_live_state(&db).await;
+    let before = snapshot(&db, &live).await;
+    (live, before)
+}
+
+/// The package upgrade: HEAD's library under the release's catalog. Returns
+/// the old catalog's failed calls and the snapshot.
+async fn after_the_swap(env: &Env, live: &Live) -> (Vec<String>, BTreeMap<String, String>) {
+    set_library_path(env, None).await;
+    let db = env.connect(LIVE_DB).await;
+    assert_eq!(
+        one_text(&db, "SELECT sheaf.version()").await,
+        HEAD,
+        "after the library swap a new connection runs HEAD's library"
+    );
+    assert_eq!(
+        one_text(&db, "SELECT extversion FROM pg_extension WHERE extname = 'sheaf'").await,
+        env.from,
+        "the catalog is still the release's before ALTER EXTENSION UPDATE"
+    );
+    let old_catalog = run_statements(&db, OLD_CATALOG_CALLS).await;
+    (old_catalog, snapshot(&db, live).await)
+}
+
+/// `ALTER EXTENSION sheaf UPDATE` on a new connection (as after a restart
+/// of the workers). Returns the connection, the snapshot, and the catalog
+/// diff against a fresh install with the number of lines compared.
+async fn after_the_update(env: &Env, live: &Live) -> (Client, BTreeMap<String, String>, Vec<String>, usize) {
+    let db = env.connect(LIVE_DB).await;
+    db.batch_execute("ALTER EXTENSION sheaf UPDATE")
+        .await
+        .unwrap_or_else(|e| panic!("ALTER EXTENSION sheaf UPDATE from {}: {}", env.from, pg_error(&e)));
+    assert_eq!(
+        one_text(&db, "SELECT extversion FROM pg_extension WHERE extname = 'sheaf'").await,
+        HEAD,
+        "ALTER EXTENSION sheaf UPDATE reaches HEAD's version"
+    );
+    let after = snapshot(&db, live).await;
+    // Roles are cluster-wide: dump the upgraded database before a fresh
+    // install could create a role the upgrade forgot.
+    let upgraded = catalog::dump(&db).await.expect("dumping the upgraded catalog");
+    recreate_db(env, FRESH_DB).await;
+    let fresh_db = env.connect(FRESH_DB).await;
+    fresh_db
+        .batch_execute("CREATE EXTENSION sheaf")
+        .await
+        .unwrap_or_else(|e| panic!("a fresh CREATE EXTENSION sheaf of HEAD: {}", pg_error(&e)));
+    let fresh = catalog::dump(&fresh_db).await.expect("dumping the fresh catalog");
+    let diff = catalog::diff(&upgraded, &fresh);
+    (db, after, diff, fresh.len())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,70 +804,12 @@ async fn an_upgraded_shard_equals_a_fresh_install_and_carries_on() {
         env.old_libdir
     );
 
-    // The released package: its library first in the search path.
-    set_library_path(&env, Some(&format!("{}:$libdir", env.old_libdir))).await;
-    recreate_db(&env, LIVE_DB).await;
-    let live = {
-        let db = env.connect(LIVE_DB).await;
-        db.batch_execute(&format!("CREATE EXTENSION sheaf VERSION '{from}'"))
-            .await
-            .unwrap_or_else(|e| panic!("CREATE EXTENSION sheaf VERSION '{from}': {}", pg_error(&e)));
-        assert_eq!(
-            one_text(&db, "SELECT sheaf.version()").await,
-            from,
-            "the released library serves the released catalog"
-        );
-        let live = build_live_state(&db).await;
-        let before = snapshot(&db, &live).await;
-        (live, before)
-    };
-    let (live, before) = live;
-
-    // The package upgrade: HEAD's library, same catalog.
-    set_library_path(&env, None).await;
-    let db = env.connect(LIVE_DB).await;
-    assert_eq!(
-        one_text(&db, "SELECT sheaf.version()").await,
-        HEAD,
-        "after the library swap a new connection runs HEAD's library"
-    );
-    assert_eq!(
-        one_text(&db, "SELECT extversion FROM pg_extension WHERE extname = 'sheaf'").await,
-        from,
-        "the catalog is still the release's before ALTER EXTENSION UPDATE"
-    );
-    let old_catalog = run_statements(&db, OLD_CATALOG_CALLS).await;
-    let between = snapshot(&db, &live).await;
-    drop(db);
-
-    // The UPDATE, on a new connection (as after a restart of the workers).
-    let db = env.connect(LIVE_DB).await;
-    db.batch_execute("ALTER EXTENSION sheaf UPDATE")
-        .await
-        .unwrap_or_else(|e| panic!("ALTER EXTENSION sheaf UPDATE from {from}: {}", pg_error(&e)));
-    assert_eq!(
-        one_text(&db, "SELECT extversion FROM pg_extension WHERE extname = 'sheaf'").await,
-        HEAD,
-        "ALTER EXTENSION sheaf UPDATE reaches HEAD's version"
-    );
-    let after = snapshot(&db, &live).await;
-    // Roles are cluster-wide: dump the upgraded database before a fresh
-    // install could create a role the upgrade forgot.
-    let upgraded = catalog::dump(&db).await.expect("dumping the upgraded catalog");
-    recreate_db(&env, FRESH_DB).await;
-    let fresh_db = env.connect(FRESH_DB).await;
-    fresh_db
-        .batch_execute("CREATE EXTENSION sheaf")
-        .await
-        .expect("a fresh CREATE EXTENSION sheaf of HEAD");
-    let fresh = catalog::dump(&fresh_db).await.expect("dumping the fresh catalog");
-    let catalog_diff = catalog::diff(&upgraded, &fresh);
-
+    let (live, before) = at_the_release(&env).await;
+    let (old_catalog, between) = after_the_swap(&env, &live).await;
+    let (db, after, catalog_diff, compared) = after_the_update(&env, &live).await;
     let data = data_carries_on(&db, &live).await;
-
-    // 3. Every function of HEAD, called on the upgraded database.
-    // (The live database is shard valid_calls::SHARD_ID, as they expect, and
-    // its state has no `vc_` names.)
+    // 3. Every function of HEAD, called on the upgraded database (shard
+    // valid_calls::SHARD_ID, as they expect; its state has no `vc_` names).
     let calls_db = env.connect(LIVE_DB).await;
     let coverage = valid_calls::check_coverage(&calls_db).await;
     let calls = valid_calls::run_all(&calls_db).await;
@@ -738,18 +836,14 @@ async fn an_upgraded_shard_equals_a_fresh_install_and_carries_on() {
             catalog_diff.join("\n")
         ));
     }
-    if let Err(e) = data {
-        failures.push(format!("the data did not carry on: {e}"));
-    }
-    if let Err(e) = coverage {
-        failures.push(e);
-    }
-    if let Err(e) = calls {
-        failures.push(format!("after the upgrade, {e}"));
-    }
+    let errs = [
+        data.err().map(|e| format!("the data did not carry on: {e}")),
+        coverage.err(),
+        calls.err().map(|e| format!("after the upgrade, {e}")),
+    ];
+    failures.extend(errs.into_iter().flatten());
     eprintln!(
-        "upgrade test: {} catalog lines compared, {} valid calls, {} old-catalog calls",
-        fresh.len(),
+        "upgrade test: {compared} catalog lines compared, {} valid calls, {} old-catalog calls",
         valid_calls::VALID_CALLS.len(),
         OLD_CATALOG_CALLS.len()
     );
