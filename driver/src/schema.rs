@@ -10,7 +10,7 @@
 /// Every `sheaf` schema version (`pg_extension.extversion`) this driver
 /// works with, oldest first. A release that adds a version appends it; one
 /// that stops calling what an old version lacks drops that version.
-pub const COMPATIBLE_SCHEMAS: &[&str] = &["0.1.0"];
+pub const COMPATIBLE_SCHEMAS: &[&str] = &["0.1.0", "0.2.0"];
 
 /// Whether the driver works with a shard whose schema is `version`.
 pub fn is_compatible(version: &str) -> bool {
