@@ -197,6 +197,10 @@ pub enum ClientError {
         code: Option<String>,
         message: String,
     },
+    /// No writable shard could take a task that may go anywhere; `last` is
+    /// why the last one tried could not (it names that shard only).
+    #[error("no writable shard can take the task now (the last one tried: {last})")]
+    NoShardAvailable { queue: String, last: String },
     /// The local clock cannot be encoded in an id.
     #[error("cannot mint an execution id: {0}")]
     Id(#[from] IdError),
@@ -555,13 +559,16 @@ impl Client {
                 }
                 ExecutionId::from_uuid(id).route(&self.topology)
             }
-            Some(Value::Null) | None => {
-                let key = match opts.get("idempotency_key") {
-                    Some(Value::String(k)) => k.clone(),
-                    _ => uuid::Uuid::new_v4().to_string(),
-                };
-                self.topology.place(queue, &key, &placement, None)?
-            }
+            Some(Value::Null) | None => match opts.get("idempotency_key") {
+                Some(Value::String(k)) => self.topology.place(queue, k, &placement, None)?,
+                _ if placement == Placement::Auto => {
+                    return self.enqueue_anywhere(queue, &payload, &opts).await;
+                }
+                _ => {
+                    let key = uuid::Uuid::new_v4().to_string();
+                    self.topology.place(queue, &key, &placement, None)?
+                }
+            },
             Some(_) => {
                 return Err(ClientError::BadRequest(
                     "opts.execution_id must be a uuid string".into(),
@@ -577,6 +584,51 @@ impl Client {
         Ok(Enqueued {
             task_id: TaskId::from_uuid(id),
             shard,
+        })
+    }
+
+    /// A task with no affinity (no execution, idempotency key or placement)
+    /// may go to any writable shard: the placeable shards are tried in a
+    /// random order, passing over one that cannot give a connection now
+    /// (unreachable, short-circuited, exhausted, on another schema), which
+    /// was sent nothing. A failure after the statement was sent is returned
+    /// as it is: the task may exist. Fails only when no shard can take it.
+    async fn enqueue_anywhere(
+        &self,
+        queue: &str,
+        payload: &Value,
+        opts: &Value,
+    ) -> Result<Enqueued, ClientError> {
+        let mut shards: Vec<ShardId> = self.topology.placeable().collect();
+        if shards.is_empty() {
+            // No writable shard: the router's refusal says so.
+            let key = uuid::Uuid::new_v4().to_string();
+            self.topology.place(queue, &key, &Placement::Auto, None)?;
+        }
+        let start = (uuid::Uuid::new_v4().as_u64_pair().0 % shards.len().max(1) as u64) as usize;
+        shards.rotate_left(start);
+        let mut last = None;
+        for shard in shards {
+            if let Err(e) = self.pools.get(shard).await {
+                self.metrics.request(shard, unavailable_outcome(&e));
+                tracing::debug!(%shard, error = %e, "enqueue passes over a shard that cannot take work now");
+                last = Some(e);
+                continue;
+            }
+            let call = Call {
+                shard,
+                owned: Owned::Queue(queue.to_owned()),
+            };
+            let rows = self.query(&call, ENQUEUE, &[&queue, payload, opts]).await?;
+            let id: uuid::Uuid = first_column(&call, &rows)?;
+            return Ok(Enqueued {
+                task_id: TaskId::from_uuid(id),
+                shard,
+            });
+        }
+        Err(ClientError::NoShardAvailable {
+            queue: queue.to_owned(),
+            last: last.map(|e| e.to_string()).unwrap_or_default(),
         })
     }
 
@@ -672,11 +724,7 @@ impl Client {
         let result = self.query_on_shard(call, sql, params).await;
         let outcome = match &result {
             Ok(_) => Outcome::Ok,
-            Err(ClientError::Shard {
-                error: ShardError::ShortCircuited { .. },
-                ..
-            }) => Outcome::ShortCircuited,
-            Err(ClientError::Shard { .. }) => Outcome::ConnectionError,
+            Err(ClientError::Shard { error, .. }) => unavailable_outcome(error),
             Err(_) => Outcome::Error,
         };
         self.metrics.request(call.shard, outcome);
@@ -747,6 +795,14 @@ impl Client {
                 }
             }
         }
+    }
+}
+
+/// How a call that a shard could not serve counts in the request metrics.
+fn unavailable_outcome(error: &ShardError) -> Outcome {
+    match error {
+        ShardError::ShortCircuited { .. } => Outcome::ShortCircuited,
+        _ => Outcome::ConnectionError,
     }
 }
 

@@ -160,6 +160,9 @@ pub enum WorkerError {
     UnknownShard(ShardId),
     #[error("this worker covers no shard")]
     NoShards,
+    /// `Worker::start` runs its loops on the current tokio runtime.
+    #[error("Worker::start must be called from within a tokio runtime (e.g. inside #[tokio::main])")]
+    NoRuntime,
 }
 
 /// Counts of what a worker did, so far.
@@ -223,6 +226,11 @@ impl Worker {
         H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
         F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
     {
+        // Before anything is counted or registered: without a runtime the
+        // loops below could not be spawned.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(WorkerError::NoRuntime);
+        }
         let shards = check(&client, &options)?;
         let topology = client.topology();
         let uncovered: Vec<ShardId> = topology

@@ -605,3 +605,49 @@ async fn payloads_keep_every_digit_through_the_client() {
     );
     assert!(got[0].payload.to_string().contains("1.50"));
 }
+
+/// A task with no affinity goes to a shard that can take it now: with one
+/// of four shards down, every enqueue lands on the other three (it used to
+/// fail whenever the random pick was the dead one). With every shard down
+/// it fails, typed, naming only the last shard it tried.
+#[tokio::test]
+async fn tasks_with_no_affinity_pass_over_a_dead_shard() {
+    let mut b = Topology::builder();
+    for s in fleet().shards() {
+        b = b.shard(s.id.get() as u32, s.url.clone());
+    }
+    let t = b
+        .shard(9, "postgres://postgres@127.0.0.1:1/sheaf")
+        .build()
+        .unwrap();
+    let options = PoolOptions {
+        connect_timeout: Duration::from_secs(1),
+        acquire_timeout: Duration::from_secs(1),
+        ..PoolOptions::default()
+    };
+    let client = Client::new(t, options.clone()).unwrap();
+    let queue = unique("anywhere");
+    let mut per_shard: BTreeMap<u16, usize> = BTreeMap::new();
+    for n in 0..40 {
+        let e = client
+            .enqueue(&queue, json!({"n": n}), json!({}), Placement::Auto)
+            .await
+            .unwrap_or_else(|e| panic!("enqueue {n}: {e}"));
+        *per_shard.entry(e.shard.get()).or_default() += 1;
+    }
+    assert!(!per_shard.contains_key(&9), "{per_shard:?}");
+    assert_eq!(per_shard.values().sum::<usize>(), 40);
+    assert!(per_shard.len() >= 2, "spread over the live shards: {per_shard:?}");
+
+    let dead = Topology::builder()
+        .shard(8, "postgres://postgres@127.0.0.1:1/sheaf")
+        .shard(9, "postgres://postgres@127.0.0.1:2/sheaf")
+        .build()
+        .unwrap();
+    let client = Client::new(dead, options).unwrap();
+    let e = client
+        .enqueue(&queue, json!({}), json!({}), Placement::Auto)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::NoShardAvailable { .. }), "{e:?}");
+}

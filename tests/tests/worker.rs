@@ -320,3 +320,23 @@ async fn an_undersized_pool_and_uncovered_shards_are_reported_at_start() {
     );
     worker.shutdown().await;
 }
+
+/// Outside a tokio runtime `Worker::start` returns an error (it used to
+/// panic after counting its claim loops against the pools).
+#[test]
+fn a_worker_needs_a_runtime() {
+    let client = std::sync::Arc::new(
+        sheaf_driver::Client::new(sheaf_tests::fleet().clone(), sheaf_driver::PoolOptions::default())
+            .expect("client"),
+    );
+    let started = sheaf_driver::Worker::start(
+        client,
+        sheaf_driver::WorkerOptions::new("no-runtime", ["q"]),
+        |_task| async { Ok(None) },
+    );
+    assert!(
+        matches!(started, Err(sheaf_driver::WorkerError::NoRuntime)),
+        "{:?}",
+        started.err()
+    );
+}
