@@ -43,6 +43,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.reap_expired(integer),
     @extschema@.maintain(),
     @extschema@.worker_heartbeat(text, text[]),
+    @extschema@.worker_deregister(text),
     @extschema@.live_workers(),
     @extschema@.stranded_work(),
     @extschema@.queue_stats(text),

@@ -9,4 +9,16 @@
 -- (CREATE OR REPLACE with a new argument list adds a second function), and
 -- a released C symbol keeps its argument and return types.
 --
--- No changes yet.
+-- worker_deregister: a worker shutting down leaves the live-worker registry
+-- at once, so its queues show as stranded now, not 60 seconds later.
+CREATE FUNCTION "worker_deregister"(
+	"worker" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'worker_deregister_wrapper';
+-- A new function is executable by PUBLIC until revoked (privileges.sql
+-- revoked it from every function of the install script).
+REVOKE EXECUTE ON FUNCTION @extschema@.worker_deregister(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.worker_deregister(text) TO sheaf_worker;

@@ -48,6 +48,7 @@ const CLAIM: &str = "SELECT task_id, token, payload, attempt, execution_id, conc
      FROM sheaf.claim($1, $2, $3, make_interval(secs => $4))";
 const RELEASE: &str = "SELECT sheaf.release($1, $2)";
 const WORKER_HEARTBEAT: &str = "SELECT sheaf.worker_heartbeat($1, $2)";
+const WORKER_DEREGISTER: &str = "SELECT sheaf.worker_deregister($1)";
 const MAINTAIN: &str = "SELECT sheaf.maintain()";
 
 /// A task enqueued on a shard.
@@ -691,6 +692,17 @@ impl Client {
         };
         self.query(&call, WORKER_HEARTBEAT, &[&worker, &queues]).await?;
         Ok(())
+    }
+
+    /// Takes `worker` out of one shard's live-worker registry
+    /// (`sheaf.worker_deregister`); whether it was registered there.
+    pub async fn worker_deregister(&self, shard: ShardId, worker: &str) -> Result<bool, ClientError> {
+        let call = Call {
+            shard,
+            owned: Owned::Shard,
+        };
+        let rows = self.query(&call, WORKER_DEREGISTER, &[&worker]).await?;
+        first_column(&call, &rows)
     }
 
     /// Runs `sheaf.maintain()` on one shard; returns its report.

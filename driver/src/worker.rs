@@ -211,8 +211,11 @@ struct Ctx {
 pub struct Worker {
     ctx: Arc<Ctx>,
     coordinator: Option<JoinHandle<JoinSet<()>>>,
-    /// The listeners and the housekeeping task.
+    /// The listeners.
     background: Vec<JoinHandle<()>>,
+    /// Registration and maintenance; awaited at shutdown so no heartbeat
+    /// lands after the worker deregistered.
+    housekeeping: Option<JoinHandle<()>>,
     uncovered: Vec<ShardId>,
     warnings: Vec<String>,
 }
@@ -280,13 +283,14 @@ impl Worker {
         } else {
             Vec::new()
         };
-        let mut background = listeners;
-        background.push(tokio::spawn(housekeep(ctx.clone())));
+        let background = listeners;
+        let housekeeping = Some(tokio::spawn(housekeep(ctx.clone())));
         let coordinator = tokio::spawn(coordinate(ctx.clone(), Arc::new(handler)));
         Ok(Worker {
             ctx,
             coordinator: Some(coordinator),
             background,
+            housekeeping,
             uncovered,
             warnings,
         })
@@ -343,6 +347,14 @@ impl Worker {
             self.ctx.abandon.cancel();
             join_all(&mut in_flight).await;
         }
+        // Leave the live-worker registry now: this worker's queues show as
+        // stranded at once, not when its last heartbeat turns 60 s old.
+        if let Some(housekeeping) = self.housekeeping.take()
+            && let Err(e) = housekeeping.await
+        {
+            tracing::error!(error = %e, "the worker's housekeeping panicked");
+        }
+        deregister(&self.ctx).await;
         DrainReport {
             in_hand,
             released: self.ctx.counters.released.load(Ordering::Relaxed) - released_before,
@@ -358,7 +370,7 @@ impl Drop for Worker {
             // Dropped without a shutdown: give the tasks in hand back now.
             self.ctx.abandon.cancel();
         }
-        for task in &self.background {
+        for task in self.background.iter().chain(&self.housekeeping) {
             task.abort();
         }
         for &shard in &self.ctx.shards {
@@ -529,6 +541,16 @@ async fn housekeep(ctx: Arc<Ctx>) {
             _ = tokio::time::sleep_until(next_register.min(next_maintain)) => {}
         }
     }
+}
+
+/// Takes this worker out of the registry of every shard it covers.
+async fn deregister(ctx: &Ctx) {
+    let calls = ctx.shards.iter().map(|&shard| async move {
+        if let Err(e) = ctx.client.worker_deregister(shard, &ctx.options.name).await {
+            log_failure(ctx, shard, "worker deregistration", &e);
+        }
+    });
+    futures::future::join_all(calls).await;
 }
 
 /// Renews this worker's registration on every shard it covers.

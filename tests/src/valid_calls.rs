@@ -184,6 +184,7 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &[],
         &["'vc_worker'", "ARRAY['vc_q', 'vc_fail']"],
     ),
+    call("sheaf.worker_deregister(text)", &[], &["'vc_worker'"]),
     call("sheaf.live_workers()", &[], &[]),
     call("sheaf.stranded_work()", &[], &[]),
     call("sheaf.queue_stats(text)", &[], &["'vc_q'"]),

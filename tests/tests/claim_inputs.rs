@@ -236,6 +236,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
             "22023",
             "worker",
         ),
+        ("SELECT sheaf.worker_deregister(NULL)".into(), "22004", "worker"),
+        ("SELECT sheaf.worker_deregister('')".into(), "22023", "worker"),
         ("SELECT * FROM sheaf.queue_stats('')".into(), "22023", "queue"),
     ];
     let before = db.query_one(TABLES, &[]).await.unwrap();

@@ -281,6 +281,20 @@ async fn live_workers_and_stranded_work_show_in_topology_status_and_metrics() {
     assert!(text.contains(&format!("sheaf_shard_stranded_ready{{shard=\"{}\"}}", ids[1])));
     worker.shutdown().await;
 
+    // A graceful shutdown deregisters at once (it used to stay "live" for
+    // the 60 s after its last heartbeat, hiding stranded work meanwhile).
+    let status = client.topology_status(Duration::from_secs(5)).await;
+    for s in &status.shards {
+        assert!(
+            s.probe.live_workers.iter().all(|w| w.name != name),
+            "still registered after shutdown: {s:?}"
+        );
+    }
+    assert!(
+        !client.worker_deregister(ids[0], &name).await.unwrap(),
+        "already gone"
+    );
+
     // Clean up the orphans so later status checks of this fleet stay quiet.
     let db = connect(fleet().get(ids[1]).unwrap()).await;
     for row in db

@@ -27,6 +27,15 @@ fn worker_heartbeat(worker: Option<&str>, queues: Option<List<String>>) {
     workers::heartbeat(worker, names);
 }
 
+/// Takes `worker` out of the live-worker registry at once (a worker shutting
+/// down), so its queues show as stranded now rather than 60 seconds later;
+/// whether it was registered.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn worker_deregister(worker: Option<&str>) -> bool {
+    workers::deregister(args::key(worker, "worker"))
+}
+
 /// The workers whose last heartbeat is younger than 60 seconds, and the
 /// queues each serves. At most one row per worker name.
 #[pg_extern(stable, parallel_safe, security_definer)]

@@ -13,6 +13,10 @@ const HEARTBEAT: Stmt = Stmt::write(
      ON CONFLICT (name) DO UPDATE SET queues = excluded.queues, last_seen_at = excluded.last_seen_at",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTARRAYOID],
 );
+const DEREGISTER: Stmt = Stmt::write(
+    "WITH d AS (DELETE FROM workers WHERE name = $1 RETURNING 1) SELECT count(*) > 0 FROM d",
+    &[PgBuiltInOids::TEXTOID],
+);
 const LIVE: Stmt = Stmt::read(
     "SELECT name, queues, last_seen_at FROM workers \
      WHERE last_seen_at > now() - make_interval(secs => $1) ORDER BY name",
@@ -29,6 +33,16 @@ const PRUNE: Stmt = Stmt::write(
 /// Records that `worker` (validated) is alive and serving `queues`.
 pub fn heartbeat(worker: &str, queues: Vec<String>) {
     exec(&HEARTBEAT, &[worker.into(), queues.into()]);
+}
+
+/// Takes `worker` (validated) out of the registry; whether it was in it.
+pub fn deregister(worker: &str) -> bool {
+    Spi::connect_mut(|client| {
+        rows::only_value(
+            run(client, &DEREGISTER, &[worker.into()]),
+            "deregistering a worker",
+        )
+    })
 }
 
 /// The workers whose last heartbeat is younger than `LIVE_SECS`, with the
