@@ -280,20 +280,7 @@ async fn live_workers_and_stranded_work_show_in_topology_status_and_metrics() {
     }
     assert!(text.contains(&format!("sheaf_shard_stranded_ready{{shard=\"{}\"}}", ids[1])));
     worker.shutdown().await;
-
-    // A graceful shutdown deregisters at once (it used to stay "live" for
-    // the 60 s after its last heartbeat, hiding stranded work meanwhile).
-    let status = client.topology_status(Duration::from_secs(5)).await;
-    for s in &status.shards {
-        assert!(
-            s.probe.live_workers.iter().all(|w| w.name != name),
-            "still registered after shutdown: {s:?}"
-        );
-    }
-    assert!(
-        !client.worker_deregister(ids[0], &name).await.unwrap(),
-        "already gone"
-    );
+    assert_deregistered(&client, &name).await;
 
     // Clean up the orphans so later status checks of this fleet stay quiet.
     let db = connect(fleet().get(ids[1]).unwrap()).await;
@@ -353,4 +340,20 @@ fn a_worker_needs_a_runtime() {
         "{:?}",
         started.err()
     );
+}
+/// A graceful shutdown deregisters at once (it used to stay "live" for the
+/// 60 s after its last heartbeat, hiding stranded work meanwhile).
+async fn assert_deregistered(client: &Client, name: &str) {
+    let status = client.topology_status(Duration::from_secs(5)).await;
+    for s in &status.shards {
+        assert!(
+            s.probe.live_workers.iter().all(|w| w.name != name),
+            "still registered after shutdown: {s:?}"
+        );
+        assert!(
+            !client.worker_deregister(s.probe.shard, name).await.unwrap(),
+            "already gone from shard {}",
+            s.probe.shard
+        );
+    }
 }
