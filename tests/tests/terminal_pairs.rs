@@ -318,7 +318,11 @@ async fn cap_lowered_vs_execution_ending() {
 async fn dead_lettered_workflow_task_vs_sibling_completing() {
     // The workflow task's lease ran out on its last attempt: the reap fails
     // the execution, which cancels its tasks, while a running activity
-    // completes (stale, 55P03, when the reap deleted it first).
+    // completes (stale, 55P03, when the reap deleted it first). This is the
+    // documented inversion of a reap that fails an execution (README,
+    // "Deadlocks"; base/locks.rs): the reap holds the workflow task and then
+    // locks its siblings, so a sibling completing at that moment can
+    // deadlock with it (1 round in 60 in one CI run): 40P01, retried.
     let setup = Setup {
         claimed: 2,
         workflow_claimed: true,
@@ -329,7 +333,7 @@ async fn dead_lettered_workflow_task_vs_sibling_completing() {
     pair(
         "dead-lettered workflow task vs sibling completing",
         setup,
-        &["55P03"],
+        &["55P03", "40P01"],
         |f| (("SELECT sheaf.reap_expired()", Vec::new()), complete_first(f)),
     )
     .await;
