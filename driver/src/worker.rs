@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::client::{ClaimedTask, Client, ClientError};
 use crate::pool::ShardError;
@@ -204,13 +205,24 @@ struct Ctx {
     wake: Notify,
     stop: CancellationToken,
     abandon: CancellationToken,
+    /// The task runners. Not a `JoinSet`: dropping the worker must not
+    /// abort a runner, which is what gives its task back.
+    runners: TaskTracker,
 }
 
-/// A running worker. Stop it with [`Worker::shutdown`]; dropping it stops
-/// claiming and releases the tasks in hand at once.
+/// A running worker. Stop it with [`Worker::shutdown`]. Dropping it
+/// instead stops claiming, stops every handler at once (aborted at its next
+/// `.await`) and releases their tasks without spending an attempt, on the
+/// runtime it was started on (`Drop` cannot wait for that). If that runtime
+/// has shut down, nothing more can be sent: the tasks stay running until
+/// their leases expire, and are then claimed again (the attempt spent).
 pub struct Worker {
     ctx: Arc<Ctx>,
-    coordinator: Option<JoinHandle<JoinSet<()>>>,
+    /// Where `Drop` sends the releases and the deregistration.
+    runtime: tokio::runtime::Handle,
+    /// Whether a shutdown ran to its end (then `Drop` has nothing left to do).
+    shut_down: bool,
+    coordinator: Option<JoinHandle<()>>,
     /// The listeners.
     background: Vec<JoinHandle<()>>,
     /// Registration and maintenance; awaited at shutdown so no heartbeat
@@ -231,9 +243,9 @@ impl Worker {
     {
         // Before anything is counted or registered: without a runtime the
         // loops below could not be spawned.
-        if tokio::runtime::Handle::try_current().is_err() {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(WorkerError::NoRuntime);
-        }
+        };
         let shards = check(&client, &options)?;
         let topology = client.topology();
         let uncovered: Vec<ShardId> = topology
@@ -271,6 +283,7 @@ impl Worker {
             wake: Notify::new(),
             stop: CancellationToken::new(),
             abandon: CancellationToken::new(),
+            runners: TaskTracker::new(),
         });
         let listeners = if ctx.options.listen {
             ctx.shards
@@ -288,6 +301,8 @@ impl Worker {
         let coordinator = tokio::spawn(coordinate(ctx.clone(), Arc::new(handler)));
         Ok(Worker {
             ctx,
+            runtime,
+            shut_down: false,
             coordinator: Some(coordinator),
             background,
             housekeeping,
@@ -323,38 +338,28 @@ impl Worker {
     }
 
     /// Stops claiming, waits up to the drain timeout for the tasks in hand,
-    /// then releases what is left (their attempts are not spent).
+    /// then releases what is left (their attempts are not spent), and
+    /// deregisters from every shard it covers.
     pub async fn shutdown(mut self) -> DrainReport {
         self.ctx.stop.cancel();
-        let mut in_flight = match self.coordinator.take() {
-            Some(coordinator) => coordinator.await.unwrap_or_else(|e| {
-                tracing::error!(error = %e, "the worker loop panicked");
-                JoinSet::new()
-            }),
-            None => JoinSet::new(),
-        };
-        while let Some(done) = in_flight.try_join_next() {
-            if let Err(e) = done {
-                tracing::error!(error = %e, "a task runner panicked");
-            }
+        if let Some(coordinator) = self.coordinator.take()
+            && let Err(e) = coordinator.await
+        {
+            tracing::error!(error = %e, "the worker loop panicked");
         }
-        let in_hand = in_flight.len();
+        // The loop has stopped: no runner starts after this count.
+        self.ctx.runners.close();
+        let in_hand = self.ctx.runners.len();
         let released_before = self.ctx.counters.released.load(Ordering::Relaxed);
-        let drained = tokio::time::timeout(self.ctx.options.drain_timeout, join_all(&mut in_flight))
+        let drained = tokio::time::timeout(self.ctx.options.drain_timeout, self.ctx.runners.wait())
             .await
             .is_ok();
         if !drained {
             self.ctx.abandon.cancel();
-            join_all(&mut in_flight).await;
+            self.ctx.runners.wait().await;
         }
-        // Leave the live-worker registry now: this worker's queues show as
-        // stranded at once, not when its last heartbeat turns 60 s old.
-        if let Some(housekeeping) = self.housekeeping.take()
-            && let Err(e) = housekeeping.await
-        {
-            tracing::error!(error = %e, "the worker's housekeeping panicked");
-        }
-        deregister(&self.ctx).await;
+        leave(&self.ctx, self.housekeeping.take()).await;
+        self.shut_down = true;
         DrainReport {
             in_hand,
             released: self.ctx.counters.released.load(Ordering::Relaxed) - released_before,
@@ -366,25 +371,44 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.ctx.stop.cancel();
-        if self.coordinator.is_some() {
-            // Dropped without a shutdown: give the tasks in hand back now.
-            self.ctx.abandon.cancel();
-        }
-        for task in self.background.iter().chain(&self.housekeeping) {
+        for task in &self.background {
             task.abort();
         }
         for &shard in &self.ctx.shards {
             self.ctx.client.remove_scanner(shard);
         }
+        if self.shut_down {
+            return;
+        }
+        // Dropped without a shutdown (or in the middle of one): every
+        // runner aborts its handler and releases its task now.
+        self.ctx.abandon.cancel();
+        self.ctx.runners.close();
+        let ctx = self.ctx.clone();
+        let (coordinator, housekeeping) = (self.coordinator.take(), self.housekeeping.take());
+        // On a runtime that has shut down this task never runs (and neither
+        // do the runners): the leases expire.
+        self.runtime.spawn(async move {
+            if let Some(coordinator) = coordinator {
+                let _ = coordinator.await;
+            }
+            ctx.runners.wait().await;
+            leave(&ctx, housekeeping).await;
+        });
     }
 }
 
-async fn join_all(set: &mut JoinSet<()>) {
-    while let Some(done) = set.join_next().await {
-        if let Err(e) = done {
-            tracing::error!(error = %e, "a task runner panicked");
-        }
+/// Waits for the housekeeping to stop (it does once the worker stops), so no
+/// registration lands after the deregistration, then leaves the live-worker
+/// registry: the worker's queues show as stranded at once, not when its last
+/// heartbeat turns 60 s old.
+async fn leave(ctx: &Ctx, housekeeping: Option<JoinHandle<()>>) {
+    if let Some(housekeeping) = housekeeping
+        && let Err(e) = housekeeping.await
+    {
+        tracing::error!(error = %e, "the worker's housekeeping panicked");
     }
+    deregister(ctx).await;
 }
 
 /// The options, checked; the shards to cover, in order, without repeats.
@@ -446,20 +470,14 @@ fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, Worke
     Ok(shards)
 }
 
-/// The claim loop. Returns the task runners still in hand when it stops.
-async fn coordinate<H, F>(ctx: Arc<Ctx>, handler: Arc<H>) -> JoinSet<()>
+/// The claim loop; its task runners go to `ctx.runners`.
+async fn coordinate<H, F>(ctx: Arc<Ctx>, handler: Arc<H>)
 where
     H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
 {
-    let mut in_flight = JoinSet::new();
     let mut first = 0;
     while !ctx.stop.is_cancelled() {
-        while let Some(done) = in_flight.try_join_next() {
-            if let Err(e) = done {
-                tracing::error!(error = %e, "a task runner panicked");
-            }
-        }
         let mut claimed = 0;
         // Each round starts one shard further on, and takes at most one
         // batch per (shard, queue): no shard waits behind another's backlog.
@@ -497,7 +515,8 @@ where
                         release(&ctx, &task).await;
                         continue;
                     };
-                    in_flight.spawn(run_task(ctx.clone(), handler.clone(), task, slot));
+                    ctx.runners
+                        .spawn(run_task(ctx.clone(), handler.clone(), task, slot));
                 }
             }
         }
@@ -518,7 +537,6 @@ where
             }
         }
     }
-    in_flight
 }
 
 /// Registration and maintenance, on their own task so a slow or
@@ -600,20 +618,20 @@ where
     H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
 {
-    let mut work = tokio::spawn(handler(task.clone()));
+    let mut work = AbortOnDrop(tokio::spawn(handler(task.clone())));
     let mut beat = tokio::time::interval_at(Instant::now() + ctx.options.lease / 3, ctx.options.lease / 3);
     let outcome = loop {
         tokio::select! {
-            done = &mut work => break Some(done),
+            done = &mut work.0 => break Some(done),
             _ = ctx.abandon.cancelled() => {
-                work.abort();
+                work.0.abort();
                 break None;
             }
             _ = beat.tick() => match ctx.client.heartbeat(task.task_id, task.token).await {
                 Ok(_) => {}
                 Err(ClientError::StaleToken { .. }) => {
                     // Someone else holds it now: finishing would be refused.
-                    work.abort();
+                    work.0.abort();
                     ctx.counters.lost.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(task = %task.task_id, "lease lost; the task was abandoned");
                     return;
@@ -658,6 +676,17 @@ where
         }
         // The lease expires and the task runs again: nothing is lost.
         Err(e) => tracing::warn!(task = %task.task_id, error = %e, "could not record the task's outcome"),
+    }
+}
+
+/// A spawned handler, aborted when its runner goes away (the runner was
+/// aborted, or the runtime is shutting down): no handler outlives the runner
+/// that owns its task.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -3,6 +3,7 @@
 //! panics, drains gracefully or releases what it cannot finish, registers
 //! itself, and shows in `topology_status()` and the metrics.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -171,6 +172,73 @@ async fn shutdown_waits_for_tasks_in_hand_or_releases_them_unspent() {
         .unwrap();
     let attempts: Vec<i32> = again.iter().map(|r| r.get(0)).collect();
     assert_eq!(attempts, vec![1, 1, 1], "released tasks keep their attempt");
+}
+
+/// Tasks of `queue` on `on` in each state: (ready, running), read by SQL.
+async fn ready_and_running(queue: &str, on: ShardId) -> (i64, i64) {
+    let db = connect(fleet().get(on).unwrap()).await;
+    let row = db
+        .query_one("SELECT ready, running FROM sheaf.queue_stats($1)", &[&queue])
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Dropping a worker stops its handlers and gives their tasks back at once
+/// (they used to run on, detached, while their tasks stayed `running` until
+/// the lease expired, and then ran again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_a_worker_stops_its_handlers_and_releases_their_tasks() {
+    let client = client(PoolOptions::default());
+    let on = shards()[0];
+    let queue = unique("worker-drop");
+    fill(&client, &queue, on, 4).await;
+    let (started, finished) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (s, f) = (started.clone(), finished.clone());
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [queue.clone()])
+            .coverage(Coverage::Shards(vec![on]))
+            .concurrency(4)
+            .lease(Duration::from_secs(60)),
+        move |_task: ClaimedTask| {
+            let (s, f) = (s.clone(), f.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                f.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            }
+        },
+    )
+    .unwrap();
+    until("4 handlers to start", Duration::from_secs(10), async || {
+        started.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    let dropped = tokio::time::Instant::now();
+    drop(worker);
+    until(
+        "the tasks to be ready again",
+        Duration::from_secs(2),
+        async || ready_and_running(&queue, on).await == (4, 0),
+    )
+    .await;
+    // Past the handlers' sleep: none of them ran on to its end.
+    tokio::time::sleep_until(dropped + Duration::from_secs(4)).await;
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        0,
+        "a handler ran on after the drop"
+    );
+    assert_eq!(ready_and_running(&queue, on).await, (4, 0));
+    let db = connect(fleet().get(on).unwrap()).await;
+    let again = db
+        .query("SELECT attempt FROM sheaf.claim($1, 'checker', 10)", &[&queue])
+        .await
+        .unwrap();
+    let attempts: Vec<i32> = again.iter().map(|r| r.get(0)).collect();
+    assert_eq!(attempts, vec![1; 4], "released tasks keep their attempt");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
