@@ -22,3 +22,52 @@ AS 'MODULE_PATHNAME', 'worker_deregister_wrapper';
 -- revoked it from every function of the install script).
 REVOKE EXECUTE ON FUNCTION @extschema@.worker_deregister(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.worker_deregister(text) TO sheaf_worker;
+--
+-- The worker's outcomes beyond complete/fail: a snooze (run again later, the
+-- attempt not spent), a failure no retry can fix (straight to the dead
+-- letters), and a task that ends its execution in the same transaction (so
+-- ending the execution does not cancel the task whose result it is).
+CREATE FUNCTION "snooze"(
+	"task_id" uuid,
+	"token" bigint,
+	"delay" interval
+) RETURNS timestamp with time zone
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snooze_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.snooze(uuid, bigint, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.snooze(uuid, bigint, interval) TO sheaf_worker;
+CREATE FUNCTION "dead_letter"(
+	"task_id" uuid,
+	"token" bigint,
+	"error" TEXT
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'dead_letter_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.dead_letter(uuid, bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.dead_letter(uuid, bigint, text) TO sheaf_worker;
+CREATE FUNCTION "complete_task_and_execution"(
+	"task_id" uuid,
+	"token" bigint,
+	"result" jsonb
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'complete_task_and_execution_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.complete_task_and_execution(uuid, bigint, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.complete_task_and_execution(uuid, bigint, jsonb) TO sheaf_worker;
+CREATE FUNCTION "complete_task_and_fail_execution"(
+	"task_id" uuid,
+	"token" bigint,
+	"error" TEXT
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'complete_task_and_fail_execution_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.complete_task_and_fail_execution(uuid, bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.complete_task_and_fail_execution(uuid, bigint, text) TO sheaf_worker;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::json;
 use sheaf_driver::{
-    ClaimedTask, Client, Placement, PoolOptions, Shard, ShardId, Topology, Worker, WorkerOptions,
+    Client, Placement, PoolOptions, Shard, ShardId, TaskContext, TaskDone, Topology, Worker, WorkerOptions,
 };
 use tokio_postgres::NoTls;
 
@@ -91,7 +91,7 @@ async fn main() -> Result<(), Error> {
                     .concurrency(32)
                     .batch(32)
                     .idle_poll(Duration::from_millis(200)),
-                |_task: ClaimedTask| async { Ok(None) },
+                |_task: TaskContext| async { Ok(TaskDone::Complete(None)) },
             )
         })
         .collect::<Result<Vec<_>, _>>()?;

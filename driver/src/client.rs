@@ -47,6 +47,10 @@ const ENQUEUE: &str = "SELECT sheaf.enqueue($1, $2, $3)";
 const CLAIM: &str = "SELECT task_id, token, payload, attempt, execution_id, concurrency_key, kind \
      FROM sheaf.claim($1, $2, $3, make_interval(secs => $4))";
 const RELEASE: &str = "SELECT sheaf.release($1, $2)";
+const SNOOZE: &str = "SELECT sheaf.snooze($1, $2, make_interval(secs => $3))";
+const DEAD_LETTER: &str = "SELECT sheaf.dead_letter($1, $2, $3)";
+const COMPLETE_TASK_AND_EXECUTION: &str = "SELECT sheaf.complete_task_and_execution($1, $2, $3)";
+const COMPLETE_TASK_AND_FAIL_EXECUTION: &str = "SELECT sheaf.complete_task_and_fail_execution($1, $2, $3)";
 const WORKER_HEARTBEAT: &str = "SELECT sheaf.worker_heartbeat($1, $2)";
 const WORKER_DEREGISTER: &str = "SELECT sheaf.worker_deregister($1)";
 const MAINTAIN: &str = "SELECT sheaf.maintain()";
@@ -676,6 +680,76 @@ impl Client {
     pub async fn release(&self, task_id: TaskId, token: i64) -> Result<(), ClientError> {
         let call = self.by_id(task_id, Owned::Task(task_id));
         self.query(&call, RELEASE, &[&task_id.as_uuid(), &token]).await?;
+        Ok(())
+    }
+
+    /// Gives a claimed task back to run again after `delay` (up to 365
+    /// days) without spending an attempt (`sheaf.snooze`); returns when it
+    /// runs again. It holds no concurrency slot meanwhile.
+    pub async fn snooze(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        delay: Duration,
+    ) -> Result<SystemTime, ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        let rows = self
+            .query(&call, SNOOZE, &[&task_id.as_uuid(), &token, &delay.as_secs_f64()])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Moves a claimed task to the dead letters now, whatever attempts it
+    /// has left (`sheaf.dead_letter`): a failure no retry can fix. A
+    /// workflow task's execution fails, as when its last attempt fails.
+    pub async fn dead_letter(&self, task_id: TaskId, token: i64, error: &str) -> Result<(), ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        self.query(&call, DEAD_LETTER, &[&task_id.as_uuid(), &token, &error])
+            .await?;
+        Ok(())
+    }
+
+    /// Completes a claimed task of an execution and completes the execution
+    /// with `result`, in one transaction on its shard
+    /// (`sheaf.complete_task_and_execution`): the history gets the task's
+    /// `TaskCompleted`, then `WorkflowCompleted`. (Completing the execution
+    /// first would cancel the task, and its `complete` would then be a
+    /// [`ClientError::StaleToken`].) A task of no execution is
+    /// [`ClientError::WrongState`].
+    pub async fn complete_task_and_execution(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        result: Value,
+    ) -> Result<(), ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        self.query(
+            &call,
+            COMPLETE_TASK_AND_EXECUTION,
+            &[&task_id.as_uuid(), &token, &result],
+        )
+        .await?;
+        self.metrics.completed(call.shard, 1);
+        Ok(())
+    }
+
+    /// Completes a claimed task of an execution and fails the execution with
+    /// `error`, in one transaction on its shard
+    /// (`sheaf.complete_task_and_fail_execution`).
+    pub async fn complete_task_and_fail_execution(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        error: &str,
+    ) -> Result<(), ClientError> {
+        let call = self.by_id(task_id, Owned::Task(task_id));
+        self.query(
+            &call,
+            COMPLETE_TASK_AND_FAIL_EXECUTION,
+            &[&task_id.as_uuid(), &token, &error],
+        )
+        .await?;
+        self.metrics.completed(call.shard, 1);
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 
 pub mod breaker;
 pub mod client;
+pub mod handler;
 pub mod id;
 pub mod metrics;
 pub mod pool;
@@ -17,6 +18,7 @@ pub use breaker::{Breaker, BreakerState};
 pub use client::{
     ClaimedTask, Client, ClientError, Enqueued, Execution, FailOutcome, Owned, Started, TaskId,
 };
+pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use id::{ExecutionId, IdError};
 pub use metrics::{Metrics, Outcome};
 pub use pool::{PoolOptions, ShardError, ShardPools};
@@ -24,4 +26,4 @@ pub use router::{Placement, RouteError};
 pub use schema::COMPATIBLE_SCHEMAS;
 pub use status::{LiveWorker, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard};
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
-pub use worker::{Coverage, DrainReport, TaskFailure, Worker, WorkerError, WorkerOptions};
+pub use worker::{Coverage, DrainReport, Worker, WorkerError, WorkerOptions, WorkerStats};

@@ -13,9 +13,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use serde_json::Value;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -24,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client::{ClaimedTask, Client, ClientError};
+use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 use crate::pool::ShardError;
 use crate::topology::ShardId;
 
@@ -120,28 +120,6 @@ impl WorkerOptions {
     }
 }
 
-/// A handler's refusal: the attempt failed and is retried (after `retry_in`,
-/// or the shard's backoff) until its attempts run out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskFailure {
-    pub message: String,
-    pub retry_in: Option<Duration>,
-}
-
-impl TaskFailure {
-    pub fn new(message: impl Into<String>) -> TaskFailure {
-        TaskFailure {
-            message: message.into(),
-            retry_in: None,
-        }
-    }
-
-    pub fn retry_in(mut self, after: Duration) -> TaskFailure {
-        self.retry_in = Some(after);
-        self
-    }
-}
-
 /// Why a worker would not start. Each is a configuration mistake, found
 /// before anything is claimed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -169,9 +147,19 @@ pub enum WorkerError {
 /// Counts of what a worker did, so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerStats {
+    /// Tasks claimed, per shard.
     pub claimed: BTreeMap<ShardId, u64>,
+    /// Tasks completed ([`TaskDone::Complete`], and those that ended their
+    /// execution too).
     pub completed: u64,
+    /// Failed attempts (a [`TaskFailure`] or a panic), retried or not.
     pub failed: u64,
+    /// Of the failed attempts, those that sent their task to the dead
+    /// letters (a permanent failure, or the last attempt).
+    pub dead_lettered: u64,
+    /// Tasks snoozed ([`TaskDone::Snooze`]).
+    pub snoozed: u64,
+    /// Tasks given back unfinished (a shutdown past its drain timeout).
     pub released: u64,
     /// Tasks whose lease was lost (a stale token) before they finished.
     pub lost: u64,
@@ -192,6 +180,8 @@ struct Counters {
     claimed: Mutex<BTreeMap<ShardId, u64>>,
     completed: AtomicU64,
     failed: AtomicU64,
+    dead_lettered: AtomicU64,
+    snoozed: AtomicU64,
     released: AtomicU64,
     lost: AtomicU64,
 }
@@ -234,12 +224,15 @@ pub struct Worker {
 
 impl Worker {
     /// Validates the options against the client's topology, then starts
-    /// claiming. `handler` runs once per claimed task: `Ok(result)`
-    /// completes it, `Err(failure)` fails the attempt, a panic fails it too.
+    /// claiming. `handler` runs once per claimed task, with its
+    /// [`TaskContext`]; its [`TaskDone`] says how the task ends (complete,
+    /// also ending its execution, or snoozed), a [`TaskFailure`] fails the
+    /// attempt (retried, or dead-lettered at once when permanent), and a
+    /// panic fails it too (retried).
     pub fn start<H, F>(client: Arc<Client>, options: WorkerOptions, handler: H) -> Result<Worker, WorkerError>
     where
-        H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
-        F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
+        H: Fn(TaskContext) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
     {
         // Before anything is counted or registered: without a runtime the
         // loops below could not be spawned.
@@ -332,6 +325,8 @@ impl Worker {
             claimed: c.claimed.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             completed: c.completed.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
+            dead_lettered: c.dead_lettered.load(Ordering::Relaxed),
+            snoozed: c.snoozed.load(Ordering::Relaxed),
             released: c.released.load(Ordering::Relaxed),
             lost: c.lost.load(Ordering::Relaxed),
         }
@@ -473,8 +468,8 @@ fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, Worke
 /// The claim loop; its task runners go to `ctx.runners`.
 async fn coordinate<H, F>(ctx: Arc<Ctx>, handler: Arc<H>)
 where
-    H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
+    H: Fn(TaskContext) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
 {
     let mut first = 0;
     while !ctx.stop.is_cancelled() {
@@ -492,6 +487,8 @@ where
                     break 'round;
                 }
                 let want = ctx.options.batch.min(i32::try_from(free).unwrap_or(i32::MAX));
+                // Taken before the claim is sent: the lease ends later than this.
+                let deadline = SystemTime::now() + ctx.options.lease;
                 let tasks = match ctx
                     .client
                     .claim(shard, queue, &ctx.options.name, want, ctx.options.lease)
@@ -515,8 +512,9 @@ where
                         release(&ctx, &task).await;
                         continue;
                     };
+                    let handler = handler.clone();
                     ctx.runners
-                        .spawn(run_task(ctx.clone(), handler.clone(), task, slot));
+                        .spawn(run_task(ctx.clone(), handler, task, deadline, slot));
                 }
             }
         }
@@ -612,66 +610,94 @@ fn log_failure(ctx: &Ctx, shard: ShardId, what: &str, e: &ClientError) {
 }
 
 /// Runs one task: the handler in its own task (a panic fails the attempt),
-/// a heartbeat every third of the lease, then complete, fail or release.
-async fn run_task<H, F>(ctx: Arc<Ctx>, handler: Arc<H>, task: ClaimedTask, _slot: OwnedSemaphorePermit)
-where
-    H: Fn(ClaimedTask) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<Option<Value>, TaskFailure>> + Send + 'static,
+/// a heartbeat every third of the lease, then the outcome the handler chose.
+/// A lost lease or a shutdown fires the task's cancellation signal and
+/// aborts the handler.
+async fn run_task<H, F>(
+    ctx: Arc<Ctx>,
+    handler: Arc<H>,
+    task: ClaimedTask,
+    deadline: SystemTime,
+    _slot: OwnedSemaphorePermit,
+) where
+    H: Fn(TaskContext) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
 {
-    let mut work = AbortOnDrop(tokio::spawn(handler(task.clone())));
+    let task_ctx = TaskContext::new(task.clone(), ctx.client.clone(), deadline);
+    let mut work = AbortOnDrop(tokio::spawn(handler(task_ctx.clone())));
     let mut beat = tokio::time::interval_at(Instant::now() + ctx.options.lease / 3, ctx.options.lease / 3);
     let outcome = loop {
         tokio::select! {
-            done = &mut work.0 => break Some(done),
+            done = &mut work.0 => break done,
             _ = ctx.abandon.cancelled() => {
+                task_ctx.cancel(CancelReason::Shutdown);
                 work.0.abort();
-                break None;
+                release(&ctx, &task).await;
+                return;
             }
-            _ = beat.tick() => match ctx.client.heartbeat(task.task_id, task.token).await {
-                Ok(_) => {}
-                Err(ClientError::StaleToken { .. }) => {
-                    // Someone else holds it now: finishing would be refused.
-                    work.0.abort();
-                    ctx.counters.lost.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(task = %task.task_id, "lease lost; the task was abandoned");
-                    return;
+            // A stale token seen by a heartbeat, the worker's or the handler's own.
+            _ = task_ctx.cancelled() => {
+                work.0.abort();
+                ctx.counters.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(task = %task.task_id, "lease lost; the task was abandoned");
+                return;
+            }
+            _ = beat.tick() => {
+                if let Err(e) = task_ctx.heartbeat().await
+                    && !matches!(e, ClientError::StaleToken { .. })
+                {
+                    tracing::warn!(task = %task.task_id, error = %e, "heartbeat failed");
                 }
-                Err(e) => tracing::warn!(task = %task.task_id, error = %e, "heartbeat failed"),
-            },
+            }
         }
     };
-    let result = match outcome {
-        None => {
-            release(&ctx, &task).await;
-            return;
+    finish(&ctx, &task, outcome).await;
+}
+
+/// Records what the handler chose (or its panic) on the task's shard.
+async fn finish(
+    ctx: &Ctx,
+    task: &ClaimedTask,
+    outcome: Result<Result<TaskDone, TaskFailure>, tokio::task::JoinError>,
+) {
+    let (client, c) = (&ctx.client, &ctx.counters);
+    let (id, token) = (task.task_id, task.token);
+    let failed = |dead: bool| {
+        if dead {
+            c.dead_lettered.fetch_add(1, Ordering::Relaxed);
         }
-        Some(Ok(Ok(result))) => ctx
-            .client
-            .complete(task.task_id, task.token, result)
+        &c.failed
+    };
+    let result = match outcome {
+        Ok(Ok(TaskDone::Complete(result))) => client.complete(id, token, result).await.map(|()| &c.completed),
+        Ok(Ok(TaskDone::CompleteExecution(result))) => client
+            .complete_task_and_execution(id, token, result)
             .await
-            .map(|()| &ctx.counters.completed),
-        Some(Ok(Err(failure))) => ctx
-            .client
-            .fail(task.task_id, task.token, &failure.message, failure.retry_in)
+            .map(|()| &c.completed),
+        Ok(Ok(TaskDone::FailExecution(error))) => client
+            .complete_task_and_fail_execution(id, token, &error)
             .await
-            .map(|_| &ctx.counters.failed),
-        Some(Err(panic)) => ctx
-            .client
-            .fail(
-                task.task_id,
-                task.token,
-                &format!("the handler panicked: {panic}"),
-                None,
-            )
+            .map(|()| &c.completed),
+        Ok(Ok(TaskDone::Snooze(delay))) => client.snooze(id, token, delay).await.map(|_| &c.snoozed),
+        Ok(Err(failure)) if failure.permanent => client
+            .dead_letter(id, token, &failure.message)
             .await
-            .map(|_| &ctx.counters.failed),
+            .map(|()| failed(true)),
+        Ok(Err(failure)) => client
+            .fail(id, token, &failure.message, failure.retry_in)
+            .await
+            .map(|o| failed(o.dead_lettered)),
+        Err(panic) => client
+            .fail(id, token, &format!("the handler panicked: {panic}"), None)
+            .await
+            .map(|o| failed(o.dead_lettered)),
     };
     match result {
         Ok(counter) => {
             counter.fetch_add(1, Ordering::Relaxed);
         }
         Err(ClientError::StaleToken { .. }) => {
-            ctx.counters.lost.fetch_add(1, Ordering::Relaxed);
+            c.lost.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task = %task.task_id, "lease lost before the task finished");
         }
         // The lease expires and the task runs again: nothing is lost.

@@ -169,6 +169,30 @@ pub const VALID_CALLS: &[ValidCall] = &[
         ],
     ),
     call(
+        "sheaf.snooze(uuid, bigint, interval)",
+        &[
+            "SELECT sheaf.enqueue('vc_snooze', '{}', '{}')",
+            "CREATE TEMP TABLE vc_snooze AS SELECT task_id, token FROM sheaf.claim('vc_snooze', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_snooze)",
+            "(SELECT token FROM vc_snooze)",
+            "'1 minute'",
+        ],
+    ),
+    call(
+        "sheaf.dead_letter(uuid, bigint, text)",
+        &[
+            "SELECT sheaf.enqueue('vc_dead_letter', '{}', '{}')",
+            "CREATE TEMP TABLE vc_dead_letter AS SELECT task_id, token FROM sheaf.claim('vc_dead_letter', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_dead_letter)",
+            "(SELECT token FROM vc_dead_letter)",
+            "'vc: hopeless on purpose'",
+        ],
+    ),
+    call(
         "sheaf.redrive(uuid[])",
         &[
             r#"SELECT sheaf.enqueue('vc_redrive', '{}', '{"max_attempts": 1}')"#,
@@ -258,6 +282,30 @@ pub const VALID_CALLS: &[ValidCall] = &[
         "sheaf.wake_execution(uuid)",
         &[],
         &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-suspend'))"],
+    ),
+    call(
+        "sheaf.complete_task_and_execution(uuid, bigint, jsonb)",
+        &[
+            "SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-task-done', '{\"tenant\": \"vc_t\"}', '{\"queue\": \"vc_wf_done\"}')",
+            "CREATE TEMP TABLE vc_task_done AS SELECT task_id, token FROM sheaf.claim('vc_wf_done', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_task_done)",
+            "(SELECT token FROM vc_task_done)",
+            r#"'{"total": 1}'"#,
+        ],
+    ),
+    call(
+        "sheaf.complete_task_and_fail_execution(uuid, bigint, text)",
+        &[
+            "SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-task-failed', '{\"tenant\": \"vc_t\"}', '{\"queue\": \"vc_wf_failed\"}')",
+            "CREATE TEMP TABLE vc_task_failed AS SELECT task_id, token FROM sheaf.claim('vc_wf_failed', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_task_failed)",
+            "(SELECT token FROM vc_task_failed)",
+            "'vc: failed on purpose'",
+        ],
     ),
     call(
         "sheaf.complete_execution(uuid, jsonb)",

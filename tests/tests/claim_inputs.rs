@@ -15,7 +15,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
     let shard = fleet().shards().next().unwrap();
     let db = connect(shard).await;
     let stranger = "'00000000-0000-8000-8000-00000000abcd'";
-    let cases: Vec<(String, &str, &str)> = vec![
+    let cases: Vec<(String, &str, &str)> =
+        vec![
         ("SELECT sheaf.enqueue(NULL, '{}')".into(), "22004", "queue"),
         ("SELECT sheaf.enqueue('', '{}')".into(), "22023", "queue"),
         (
@@ -186,6 +187,82 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
             format!("SELECT sheaf.release({stranger}, 1)"),
             "55P03",
             "not running",
+        ),
+        (
+            "SELECT sheaf.snooze(NULL, 1, '1 second')".into(),
+            "22004",
+            "task_id",
+        ),
+        (
+            format!("SELECT sheaf.snooze({stranger}, NULL, '1 second')"),
+            "22004",
+            "token",
+        ),
+        (
+            format!("SELECT sheaf.snooze({stranger}, 1, NULL)"),
+            "22004",
+            "delay",
+        ),
+        (
+            format!("SELECT sheaf.snooze({stranger}, 1, '-1 second')"),
+            "22023",
+            "delay",
+        ),
+        (
+            format!("SELECT sheaf.snooze({stranger}, 1, '366 days')"),
+            "22023",
+            "delay",
+        ),
+        (
+            format!("SELECT sheaf.snooze({stranger}, 1, '1 second')"),
+            "55P03",
+            "not running under token 1",
+        ),
+        ("SELECT sheaf.dead_letter(NULL, 1, 'x')".into(), "22004", "task_id"),
+        (
+            format!("SELECT sheaf.dead_letter({stranger}, NULL, 'x')"),
+            "22004",
+            "token",
+        ),
+        (
+            format!("SELECT sheaf.dead_letter({stranger}, 1, NULL)"),
+            "22004",
+            "error",
+        ),
+        (
+            format!("SELECT sheaf.dead_letter({stranger}, 1, 'x')"),
+            "55P03",
+            "not running under token 1",
+        ),
+        (
+            "SELECT sheaf.complete_task_and_execution(NULL, 1, '{}')".into(),
+            "22004",
+            "task_id",
+        ),
+        (
+            format!("SELECT sheaf.complete_task_and_execution({stranger}, NULL, '{{}}')"),
+            "22004",
+            "token",
+        ),
+        (
+            format!("SELECT sheaf.complete_task_and_execution({stranger}, 1, '{{}}')"),
+            "55P03",
+            "not running under token 1",
+        ),
+        (
+            "SELECT sheaf.complete_task_and_fail_execution(NULL, 1, 'x')".into(),
+            "22004",
+            "task_id",
+        ),
+        (
+            format!("SELECT sheaf.complete_task_and_fail_execution({stranger}, 1, NULL)"),
+            "22004",
+            "error",
+        ),
+        (
+            format!("SELECT sheaf.complete_task_and_fail_execution({stranger}, 1, 'x')"),
+            "55P03",
+            "not running under token 1",
         ),
         ("SELECT sheaf.reap_expired(0)".into(), "22023", "max_rows"),
         (

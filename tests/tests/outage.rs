@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    BreakerState, ClaimedTask, Client, ClientError, Outcome, Placement, PoolOptions, ShardError, ShardId,
-    ShardPools, Topology, Worker, WorkerOptions,
+    BreakerState, Client, ClientError, Outcome, Placement, PoolOptions, ShardError, ShardId, ShardPools,
+    TaskContext, TaskDone, Topology, Worker, WorkerOptions,
 };
 
 fn shards(args: &[&str]) -> String {
@@ -82,7 +82,7 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
     let worker = Worker::start(
         client.clone(),
         WorkerOptions::new("outage-worker", [queue]).idle_poll(Duration::from_millis(100)),
-        |_task: ClaimedTask| async { Ok(None) },
+        |_task: TaskContext| async { Ok(TaskDone::Complete(None)) },
     )
     .unwrap();
     let completed_on = |worker: &Worker| worker.stats().completed;

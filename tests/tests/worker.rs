@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    ClaimedTask, Client, Coverage, Placement, PoolOptions, ShardId, TaskFailure, Worker, WorkerOptions,
+    CancelReason, Client, Coverage, ExecutionId, Placement, PoolOptions, ShardId, TaskContext, TaskDone,
+    TaskFailure, Worker, WorkerOptions,
 };
 use sheaf_tests::{connect, fleet, unique};
+use tokio::time::Instant;
 
 fn client(options: PoolOptions) -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), options).expect("pools for the fleet"))
@@ -82,12 +84,13 @@ async fn a_deep_backlog_on_one_shard_does_not_starve_the_others() {
         WorkerOptions::new(unique("w"), [queue.clone()])
             .concurrency(8)
             .batch(8),
-        move |task: ClaimedTask| {
+        move |ctx: TaskContext| {
             let seen = seen.clone();
             async move {
                 tokio::time::sleep(Duration::from_millis(2)).await;
+                let task = ctx.task();
                 seen.lock().unwrap().push(task.shard);
-                Ok(Some(json!({ "done": task.payload["i"] })))
+                Ok(TaskDone::Complete(Some(json!({ "done": task.payload["i"] }))))
             }
         },
     )
@@ -122,9 +125,9 @@ async fn shutdown_waits_for_tasks_in_hand_or_releases_them_unspent() {
     let client = client(PoolOptions::default());
     let on = shards()[1];
     let handler = |pause: Duration| {
-        move |_task: ClaimedTask| async move {
+        move |_ctx: TaskContext| async move {
             tokio::time::sleep(pause).await;
-            Ok(None)
+            Ok(TaskDone::Complete(None))
         }
     };
 
@@ -194,20 +197,26 @@ async fn dropping_a_worker_stops_its_handlers_and_releases_their_tasks() {
     let queue = unique("worker-drop");
     fill(&client, &queue, on, 4).await;
     let (started, finished) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let (s, f) = (started.clone(), finished.clone());
+    let reasons = Arc::new(Mutex::new(Vec::new()));
+    let (s, f, r) = (started.clone(), finished.clone(), reasons.clone());
     let worker = Worker::start(
         client.clone(),
         WorkerOptions::new(unique("w"), [queue.clone()])
             .coverage(Coverage::Shards(vec![on]))
             .concurrency(4)
             .lease(Duration::from_secs(60)),
-        move |_task: ClaimedTask| {
-            let (s, f) = (s.clone(), f.clone());
+        move |ctx: TaskContext| {
+            let (s, f, r) = (s.clone(), f.clone(), r.clone());
             async move {
+                // Spawned apart, so it outlives the handler's abort.
+                tokio::spawn(async move {
+                    ctx.cancelled().await;
+                    r.lock().unwrap().push(ctx.cancel_reason());
+                });
                 s.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 f.fetch_add(1, Ordering::SeqCst);
-                Ok(None)
+                Ok(TaskDone::Complete(None))
             }
         },
     )
@@ -231,6 +240,7 @@ async fn dropping_a_worker_stops_its_handlers_and_releases_their_tasks() {
         0,
         "a handler ran on after the drop"
     );
+    assert_eq!(*reasons.lock().unwrap(), vec![Some(CancelReason::Shutdown); 4]);
     assert_eq!(ready_and_running(&queue, on).await, (4, 0));
     let db = connect(fleet().get(on).unwrap()).await;
     let again = db
@@ -258,19 +268,20 @@ async fn long_tasks_keep_their_lease_and_failures_and_panics_are_retried() {
         WorkerOptions::new(unique("w"), [queue.clone()])
             .coverage(Coverage::Shards(vec![on]))
             .lease(Duration::from_secs(1)),
-        move |task: ClaimedTask| {
+        move |ctx: TaskContext| {
             let seen = seen.clone();
             async move {
+                let task = ctx.task();
                 if task.payload == json!("long") {
                     // Three leases long: only heartbeats keep it ours.
                     tokio::time::sleep(Duration::from_millis(3_000)).await;
-                    return Ok(Some(json!("finished")));
+                    return Ok(TaskDone::Complete(Some(json!("finished"))));
                 }
                 seen.lock().unwrap().push(task.attempt);
                 match task.attempt {
-                    1 => Err(TaskFailure::new("first try fails").retry_in(Duration::from_millis(50))),
+                    1 => Err(TaskFailure::retryable("first try fails").retry_in(Duration::from_millis(50))),
                     2 => panic!("second try panics"),
-                    _ => Ok(None),
+                    _ => Ok(TaskDone::Complete(None)),
                 }
             }
         },
@@ -298,7 +309,7 @@ async fn live_workers_and_stranded_work_show_in_topology_status_and_metrics() {
     let worker = Worker::start(
         client.clone(),
         WorkerOptions::new(name.clone(), [served.clone()]),
-        |_task: ClaimedTask| async { Ok(None) },
+        |_ctx: TaskContext| async { Ok(TaskDone::Complete(None)) },
     )
     .unwrap();
     until("the worker to register", Duration::from_secs(10), async || {
@@ -376,7 +387,7 @@ async fn an_undersized_pool_and_uncovered_shards_are_reported_at_start() {
     let worker = Worker::start(
         client.clone(),
         WorkerOptions::new(unique("w"), [unique("q")]).coverage(Coverage::Shards(vec![shard(1)])),
-        |_task: ClaimedTask| async { Ok(None) },
+        |_ctx: TaskContext| async { Ok(TaskDone::Complete(None)) },
     )
     .unwrap();
     let uncovered: Vec<ShardId> = shards().into_iter().filter(|s| *s != shard(1)).collect();
@@ -401,7 +412,7 @@ fn a_worker_needs_a_runtime() {
     let started = sheaf_driver::Worker::start(
         client,
         sheaf_driver::WorkerOptions::new("no-runtime", ["q"]),
-        |_task| async { Ok(None) },
+        |_ctx| async { Ok(sheaf_driver::TaskDone::Complete(None)) },
     );
     assert!(
         matches!(started, Err(sheaf_driver::WorkerError::NoRuntime)),
@@ -424,4 +435,317 @@ async fn assert_deregistered(client: &Client, name: &str) {
             s.probe.shard
         );
     }
+}
+
+/// Sends workflow `name`'s tasks to a queue of its own on every shard.
+async fn declare(name: &str) -> String {
+    let queue = unique("worker-wf-q");
+    for s in fleet().shards() {
+        connect(s)
+            .await
+            .execute(
+                "SELECT sheaf.declare_workflow($1, $2)",
+                &[&name, &json!({ "queue": queue })],
+            )
+            .await
+            .unwrap();
+    }
+    queue
+}
+
+/// An execution's event types and payloads, in order, read on its shard.
+async fn history(id: ExecutionId) -> Vec<(String, serde_json::Value)> {
+    let db = connect(fleet().get(id.shard().unwrap()).unwrap()).await;
+    db.query(
+        "SELECT event_type, payload FROM sheaf.history($1, 0, 1000)",
+        &[&id.as_uuid()],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+/// A workflow task's handler can end its execution with its own result in
+/// one transaction. (Calling `complete_execution` from the handler cancels
+/// the handler's own task, so its completion was refused and counted as a
+/// lost lease: 50 of 50.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workflow_task_ends_its_execution_without_losing_its_own_result() {
+    const N: usize = 50;
+    let client = client(PoolOptions::default());
+    let name = unique("wf-done");
+    let queue = declare(&name).await;
+    let mut ids = Vec::new();
+    for i in 0..N {
+        let started = client
+            .start_workflow(&name, &format!("w-{i}"), json!({ "i": i }), Placement::Auto)
+            .await
+            .unwrap();
+        ids.push(started.execution_id);
+    }
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [queue.clone()]).concurrency(8),
+        |ctx: TaskContext| async move {
+            let task = ctx.task();
+            assert_eq!(
+                (task.kind.as_str(), task.execution_id.is_some()),
+                ("workflow", true)
+            );
+            let id = task.execution_id.map(|e| e.to_string());
+            Ok(TaskDone::CompleteExecution(json!({ "total": 42, "of": id })))
+        },
+    )
+    .unwrap();
+    // Waits for the completions, then reports what happened instead.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while worker.stats().completed < N as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = worker.stats();
+    assert_eq!(
+        (stats.completed, stats.lost, stats.failed),
+        (N as u64, 0, 0),
+        "{stats:?}"
+    );
+    for id in &ids {
+        let execution = client.get_execution(*id).await.unwrap().unwrap();
+        let result = json!({ "total": 42, "of": id.to_string() });
+        assert_eq!(execution.state, "COMPLETED", "{execution:?}");
+        assert_eq!(execution.result, Some(result.clone()));
+        let events = history(*id).await;
+        let tail: Vec<&str> = events[events.len() - 2..].iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(tail, ["TaskCompleted", "WorkflowCompleted"], "{events:?}");
+        assert_eq!(
+            events[events.len() - 2].1["result"],
+            result,
+            "the task's result is in the history"
+        );
+    }
+    assert_eq!(unfinished(&queue).await, 0);
+    worker.shutdown().await;
+}
+
+/// The other ends of a workflow task: fail the execution with it, or
+/// complete the task alone and leave the execution running (continue later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workflow_task_fails_its_execution_or_leaves_it_running() {
+    let client = client(PoolOptions::default());
+    let name = unique("wf-ends");
+    let queue = declare(&name).await;
+    let fail = client
+        .start_workflow(&name, "fail", json!({ "end": "fail" }), Placement::Auto)
+        .await
+        .unwrap();
+    let later = client
+        .start_workflow(&name, "later", json!({ "end": "later" }), Placement::Auto)
+        .await
+        .unwrap();
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [queue.clone()]),
+        |ctx: TaskContext| async move {
+            let execution = ctx.task().execution_id.expect("a workflow task");
+            let e = ctx.client().get_execution(execution).await.unwrap().unwrap();
+            if e.input["end"] == "fail" {
+                Ok(TaskDone::FailExecution("the order was refused".into()))
+            } else {
+                Ok(TaskDone::Complete(Some(json!("step 1 done"))))
+            }
+        },
+    )
+    .unwrap();
+    until("both tasks to finish", Duration::from_secs(20), async || {
+        worker.stats().completed == 2
+    })
+    .await;
+    assert_eq!(worker.stats().lost, 0);
+    let failed = client.get_execution(fail.execution_id).await.unwrap().unwrap();
+    assert_eq!(
+        (failed.state.as_str(), failed.error.as_deref()),
+        ("FAILED", Some("the order was refused"))
+    );
+    let running = client.get_execution(later.execution_id).await.unwrap().unwrap();
+    assert_eq!(running.state, "RUNNING");
+    let events = history(later.execution_id).await;
+    assert_eq!(events.last().map(|e| e.0.as_str()), Some("TaskCompleted"));
+    assert_eq!(events.last().unwrap().1["result"], json!("step 1 done"));
+    worker.shutdown().await;
+    client.cancel_execution(later.execution_id, None).await.unwrap();
+}
+
+/// A snooze runs the task again later with the same attempt; a permanent
+/// failure skips the attempts left and dead-letters it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snooze_keeps_the_attempt_and_a_permanent_failure_dead_letters_at_once() {
+    let client = client(PoolOptions::default());
+    let on = shards()[1];
+    let queue = unique("worker-outcomes");
+    for what in ["snooze", "hopeless"] {
+        client
+            .enqueue(
+                &queue,
+                json!(what),
+                json!({ "max_attempts": 5 }),
+                Placement::Shard(on.get()),
+            )
+            .await
+            .unwrap();
+    }
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let seen = runs.clone();
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [queue.clone()])
+            .coverage(Coverage::Shards(vec![on]))
+            .idle_poll(Duration::from_millis(50)),
+        move |ctx: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                let task = ctx.task();
+                let mut runs = seen.lock().unwrap();
+                let before = runs
+                    .iter()
+                    .filter(|r: &&(serde_json::Value, i32, Instant)| r.0 == task.payload)
+                    .count();
+                runs.push((task.payload.clone(), task.attempt, Instant::now()));
+                match (task.payload.as_str(), before) {
+                    (Some("snooze"), 0) => Ok(TaskDone::Snooze(Duration::from_millis(500))),
+                    (Some("snooze"), _) => Ok(TaskDone::Complete(None)),
+                    _ => Err(TaskFailure::permanent("no retry can fix this").retry_in(Duration::ZERO)),
+                }
+            }
+        },
+    )
+    .unwrap();
+    until("both tasks to end", Duration::from_secs(20), async || {
+        let s = worker.stats();
+        s.completed == 1 && s.dead_lettered == 1
+    })
+    .await;
+    let stats = worker.stats();
+    assert_eq!((stats.snoozed, stats.failed, stats.lost), (1, 1, 0), "{stats:?}");
+    let runs = runs.lock().unwrap().clone();
+    let snoozed: Vec<_> = runs.iter().filter(|r| r.0 == json!("snooze")).collect();
+    assert_eq!(
+        snoozed.iter().map(|r| r.1).collect::<Vec<_>>(),
+        vec![1, 1],
+        "the snooze spent no attempt"
+    );
+    assert!(
+        snoozed[1].2 - snoozed[0].2 >= Duration::from_millis(500),
+        "{runs:?}"
+    );
+    assert_eq!(
+        runs.iter().filter(|r| r.0 == json!("hopeless")).count(),
+        1,
+        "it ran once"
+    );
+    let db = connect(fleet().get(on).unwrap()).await;
+    let dead: i64 = db
+        .query_one("SELECT dead FROM sheaf.queue_stats($1)", &[&queue])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dead, 1);
+    assert_eq!(unfinished(&queue).await, 0);
+    worker.shutdown().await;
+}
+
+/// A workflow task's permanent failure fails its execution now, as its
+/// last failed attempt would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_permanent_failure_of_a_workflow_task_fails_its_execution() {
+    let client = client(PoolOptions::default());
+    let name = unique("wf-hopeless");
+    let wf_queue = declare(&name).await;
+    let started = client
+        .start_workflow(&name, "hopeless", json!({}), Placement::Auto)
+        .await
+        .unwrap();
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [wf_queue]),
+        |_ctx: TaskContext| async { Err(TaskFailure::permanent("hopeless")) },
+    )
+    .unwrap();
+    until("the execution to fail", Duration::from_secs(20), async || {
+        let e = client.get_execution(started.execution_id).await.unwrap().unwrap();
+        e.state == "FAILED"
+    })
+    .await;
+    assert_eq!((worker.stats().failed, worker.stats().dead_lettered), (1, 1));
+    worker.shutdown().await;
+}
+
+/// The handler's context: a heartbeat now moves the lease deadline, and the
+/// cancellation signal fires with `LeaseLost` when the task goes away under
+/// it (here: its execution is cancelled), after which the handler is
+/// stopped and the task counts as lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_context_heartbeats_and_signals_a_lost_lease() {
+    let client = client(PoolOptions::default());
+    let name = unique("wf-cancelled");
+    let queue = declare(&name).await;
+    let started = client
+        .start_workflow(&name, "cancel-me", json!({}), Placement::Auto)
+        .await
+        .unwrap();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let (record, finished) = (seen.clone(), Arc::new(AtomicU64::new(0)));
+    let done = finished.clone();
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [queue]).lease(Duration::from_secs(1)),
+        move |ctx: TaskContext| {
+            let (record, done) = (record.clone(), done.clone());
+            async move {
+                let before = ctx.lease_deadline();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let after = ctx
+                    .heartbeat()
+                    .await
+                    .expect("a heartbeat while the lease is held");
+                assert!(after > before && ctx.lease_deadline() == after);
+                record.lock().unwrap().push("heartbeat".into());
+                let watcher = ctx.clone();
+                // Spawned apart, so it outlives the handler's abort.
+                tokio::spawn(async move {
+                    watcher.cancelled().await;
+                    record
+                        .lock()
+                        .unwrap()
+                        .push(format!("{:?}", watcher.cancel_reason()));
+                });
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                done.fetch_add(1, Ordering::SeqCst);
+                Ok(TaskDone::Complete(None))
+            }
+        },
+    )
+    .unwrap();
+    until("the handler's heartbeat", Duration::from_secs(10), async || {
+        seen.lock().unwrap().len() == 1
+    })
+    .await;
+    assert!(
+        client
+            .cancel_execution(started.execution_id, Some("not needed"))
+            .await
+            .unwrap()
+    );
+    until("the signal", Duration::from_secs(3), async || {
+        seen.lock().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(*seen.lock().unwrap(), ["heartbeat", "Some(LeaseLost)"]);
+    until("the loss to be counted", Duration::from_secs(3), async || {
+        worker.stats().lost == 1
+    })
+    .await;
+    let report = worker.shutdown().await;
+    assert_eq!((report.in_hand, report.released), (0, 0));
+    assert_eq!(finished.load(Ordering::SeqCst), 0, "the handler was stopped");
 }

@@ -8,6 +8,7 @@ use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
 use crate::queue::complete;
 use crate::workflow::hooks::EXECUTIONS;
+use crate::workflow::lifecycle::{self, Close};
 
 /// Completes a task claimed under `token`. A stale token (the lease was lost)
 /// raises 55P03 and changes nothing.
@@ -18,6 +19,34 @@ fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Op
     let token = required(token, "token");
     let result = result.map(|r| r.parse("result"));
     complete::complete(task_id, token, result, &EXECUTIONS);
+}
+
+/// Completes a task of an execution claimed under `token` and completes its
+/// execution with `result`, in one transaction: the history gets the task's
+/// `TaskCompleted` (with `result`), then `WorkflowCompleted`. For the
+/// workflow task that decides its execution is done (ending the execution
+/// first would cancel the task, and its completion would be refused). A
+/// stale token raises 55P03, a task of no execution 55000.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete_task_and_execution(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: Option<Jsonb>) {
+    let task_id = required(task_id, "task_id");
+    let token = required(token, "token");
+    let result = result.map(|r| r.parse("result"));
+    lifecycle::close_with_task(task_id, token, result.clone(), Close::Completed { result });
+}
+
+/// Completes a task of an execution claimed under `token` and fails its
+/// execution with `error`, in one transaction: the history gets the task's
+/// `TaskCompleted`, then `WorkflowFailed`. A stale token raises 55P03, a
+/// task of no execution 55000.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete_task_and_fail_execution(task_id: Option<pgrx::Uuid>, token: Option<i64>, error: Option<&str>) {
+    let task_id = required(task_id, "task_id");
+    let token = required(token, "token");
+    let error = required(error, "error").to_owned();
+    lifecycle::close_with_task(task_id, token, None, Close::Failed { error });
 }
 
 /// Completes many tasks at once; reports each entry, in input order:

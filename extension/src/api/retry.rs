@@ -3,8 +3,7 @@
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 
-use crate::base::args::required;
-use crate::base::errors::bad_argument;
+use crate::base::args::{self, required};
 use crate::queue::retry;
 use crate::workflow::hooks::EXECUTIONS;
 
@@ -30,15 +29,34 @@ fn fail(
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
     let error = retry::cut_error(required(error, "error"));
-    let retry_secs = retry_in.map(|r| {
-        let secs = r.as_micros() as f64 / 1e6;
-        if !(0.0..=retry::MAX_RETRY_SECS).contains(&secs) {
-            bad_argument(
-                "retry_in",
-                format!("must be from 0 to 365 days, got {secs} seconds"),
-            );
-        }
-        secs
-    });
+    let retry_secs = retry_in.map(|r| args::delay_secs("retry_in", r, retry::MAX_RETRY_SECS));
     TableIterator::new(vec![retry::fail(task_id, token, &error, retry_secs, &EXECUTIONS)])
+}
+
+/// Gives a task claimed under `token` back to run again after `delay` (0
+/// to 365 days) without spending an attempt: the handler chose to wait (a
+/// rate limit, a resource not ready yet), it did not fail. It holds no
+/// concurrency slot while it waits; its execution's history is not written.
+/// Returns when it runs again. A stale token raises 55P03 and changes nothing.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn snooze(task_id: Option<pgrx::Uuid>, token: Option<i64>, delay: Option<Interval>) -> TimestampWithTimeZone {
+    let task_id = required(task_id, "task_id");
+    let token = required(token, "token");
+    let delay = args::delay_secs("delay", required(delay, "delay"), retry::MAX_RETRY_SECS);
+    retry::snooze(task_id, token, delay)
+}
+
+/// Moves a task claimed under `token` to the dead letters now, whatever
+/// attempts it has left: a failure no retry can fix. As when its last
+/// attempt fails, its slot is freed, its execution's history gets
+/// `TaskDeadLettered`, and a workflow task's execution fails. A stale token
+/// raises 55P03 and changes nothing.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn dead_letter(task_id: Option<pgrx::Uuid>, token: Option<i64>, error: Option<&str>) {
+    let task_id = required(task_id, "task_id");
+    let token = required(token, "token");
+    let error = retry::cut_error(required(error, "error"));
+    retry::dead_letter(task_id, token, &error, &EXECUTIONS);
 }

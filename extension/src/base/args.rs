@@ -53,6 +53,22 @@ pub fn lease_secs(arg: &str, lease: Interval) -> f64 {
     secs
 }
 
+/// Validates a delay-like interval argument (a retry, a snooze): 0 to
+/// `max_secs`; returns it in seconds.
+pub fn delay_secs(arg: &str, delay: Interval, max_secs: f64) -> f64 {
+    let secs = delay.as_micros() as f64 / 1e6;
+    if !(0.0..=max_secs).contains(&secs) {
+        bad_argument(
+            arg,
+            format!(
+                "must be from 0 to {} days, got {secs} seconds",
+                max_secs / 86_400.0
+            ),
+        );
+    }
+    secs
+}
+
 /// A `max_rows` argument of a bounded sweep: 1 to 100,000.
 pub fn max_rows(value: Option<i32>) -> i64 {
     let max_rows = required(value, "max_rows");

@@ -39,6 +39,34 @@ pub fn complete(
     result: Option<serde_json::Value>,
     hooks: &dyn ExecutionHooks,
 ) {
+    let Taken {
+        key,
+        execution_id,
+        kind,
+    } = take(task_id, token);
+    // The execution row before the concurrency key (`base::locks`).
+    if let Some(execution_id) = execution_id {
+        record(hooks, execution_id, task_id, &kind, result);
+    }
+    if let Some(key) = key {
+        caps::release(&key, 1);
+    }
+}
+
+/// A completed task's row, as `take` removed it.
+pub struct Taken {
+    /// Its concurrency key: the caller releases its slot (`caps::release`),
+    /// after anything it does to the task's execution (`base::locks`).
+    pub key: Option<String>,
+    pub execution_id: Option<pgrx::Uuid>,
+    /// `workflow` or `activity`.
+    pub kind: String,
+}
+
+/// Removes a task claimed under `token` from the table, and nothing else:
+/// its execution is not told and its slot is still held. A stale token
+/// raises 55P03 and changes nothing.
+pub fn take(task_id: pgrx::Uuid, token: i64) -> Taken {
     let done = Spi::connect_mut(|client| {
         rows::first::<(Option<String>, Option<pgrx::Uuid>, String)>(
             run(client, &COMPLETE, &[task_id.into(), token.into()]),
@@ -48,12 +76,10 @@ pub fn complete(
     let Some((key, execution_id, kind)) = done else {
         stale_token(task_id, token);
     };
-    // The execution row before the concurrency key (`base::locks`).
-    if let Some(execution_id) = execution_id {
-        record(hooks, execution_id, task_id, &kind, result);
-    }
-    if let Some(key) = key {
-        caps::release(&key, 1);
+    Taken {
+        key,
+        execution_id,
+        kind,
     }
 }
 

@@ -32,6 +32,14 @@ const BACK_OFF: Stmt = Stmt::write(
     ],
 );
 
+// A snooze: scheduled again, the attempt its claim spent refunded.
+const SNOOZE: Stmt = Stmt::write(
+    "UPDATE tasks SET state = 'scheduled', run_at = now() + make_interval(secs => $2), \
+            attempts = attempts - 1, lease_owner = NULL, lease_secs = NULL, lease_expires_at = NULL \
+     WHERE id = $1 RETURNING run_at",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::FLOAT8OID],
+);
+
 /// A running task's row, locked.
 struct Running {
     key: Option<String>,
@@ -144,6 +152,40 @@ pub fn fail(
     }
 }
 
+/// Gives a task claimed under `token` back to run again in `delay_secs`
+/// without spending an attempt (the one its claim spent is refunded): the
+/// handler asked to wait, it did not fail. It holds no slot while it waits
+/// (a zero delay puts it straight back in line, as `release` does). Its
+/// execution hears nothing: no attempt ended. Returns when it runs again.
+/// A stale token raises 55P03 and changes nothing.
+pub fn snooze(task_id: pgrx::Uuid, token: i64, delay_secs: f64) -> TimestampWithTimeZone {
+    let key = lease::lock_running(task_id, token);
+    if delay_secs == 0.0 {
+        lease::put_back(task_id, key.as_deref(), true, None);
+        return transaction_start();
+    }
+    let at = Spi::connect_mut(|client| {
+        rows::only_value::<TimestampWithTimeZone>(
+            run(client, &SNOOZE, &[task_id.into(), delay_secs.into()]),
+            "snoozing a task",
+        )
+    });
+    if let Some(key) = &key {
+        caps::release(key, 1);
+    }
+    at
+}
+
+/// Moves a task claimed under `token` to the dead letters now, whatever
+/// attempts it has left (a failure that no retry can fix), exactly as when
+/// its last attempt fails: its slot is freed and its execution hears of it
+/// through `hooks` (a workflow task's execution fails). A stale token raises
+/// 55P03 and changes nothing.
+pub fn dead_letter(task_id: pgrx::Uuid, token: i64, error: &str, hooks: &dyn ExecutionHooks) {
+    lease::lock_running(task_id, token);
+    dead_letters::bury(task_id, error, hooks);
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
@@ -232,6 +274,97 @@ mod tests {
             1,
             "redrive resets attempts"
         );
+    }
+
+    #[pg_test]
+    fn a_snooze_schedules_it_later_refunds_the_attempt_and_frees_the_slot() {
+        init();
+        Spi::run("SELECT sheaf.set_concurrency_limit('k', 1)").unwrap();
+        enqueue("q", json!({"n": 1}), json!({"concurrency_key": "k"}));
+        enqueue("q", json!({"n": 2}), json!({"concurrency_key": "k"}));
+        let t = claim("q", 1);
+        let secs = Spi::get_one_with_args::<f64>(
+            "SELECT extract(epoch FROM sheaf.snooze($1, $2, '1 hour') - now())::float8",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert!((secs - 3600.0).abs() < 1.0, "runs again in an hour, got {secs}");
+        assert_eq!(
+            count("SELECT attempts::bigint FROM sheaf.tasks WHERE state = 'scheduled'"),
+            0,
+            "the attempt its claim spent is refunded"
+        );
+        assert_eq!(
+            ns(&claim("q", 1)),
+            vec![2],
+            "its slot went to the next task of its key"
+        );
+        assert_eq!(count("SELECT count(*) FROM sheaf.events"), 0);
+    }
+
+    #[pg_test]
+    fn a_zero_snooze_puts_it_straight_back_unspent() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({}));
+        let t = claim("q", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.snooze($1, $2, '0 seconds')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(ns(&claim("q", 1)), vec![1]);
+        assert_eq!(count("SELECT attempts::bigint FROM sheaf.tasks"), 1);
+    }
+
+    #[pg_test(error = "invalid delay: must be from 0 to 365 days, got -1 seconds")]
+    fn a_negative_snooze_is_refused() {
+        init();
+        enqueue("q", json!({"n": 1}), json!({}));
+        let t = claim("q", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.snooze($1, $2, '-1 second')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn dead_letter_skips_the_attempts_left_and_frees_the_slot() {
+        init();
+        Spi::run("SELECT sheaf.set_concurrency_limit('k', 1)").unwrap();
+        enqueue(
+            "q",
+            json!({"n": 1}),
+            json!({"concurrency_key": "k", "max_attempts": 5}),
+        );
+        enqueue("q", json!({"n": 2}), json!({"concurrency_key": "k"}));
+        let t = claim("q", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.dead_letter($1, $2, 'bad input')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(count("SELECT dead FROM sheaf.queue_stats('q')"), 1);
+        assert_eq!(
+            Spi::get_one::<String>("SELECT last_error FROM sheaf.dead_letters")
+                .unwrap()
+                .as_deref(),
+            Some("bad input")
+        );
+        assert_eq!(
+            ns(&claim("q", 1)),
+            vec![2],
+            "its slot went to the next task of its key"
+        );
+    }
+
+    #[pg_test(
+        error = "task 00010000-0000-8000-8000-000000000009 is not running under token 1: its lease was lost (expired and claimed again) or it already finished"
+    )]
+    fn dead_lettering_an_unknown_task_is_stale() {
+        init();
+        Spi::run("SELECT sheaf.dead_letter('00010000-0000-8000-8000-000000000009', 1, 'x')").unwrap();
     }
 
     #[pg_test(

@@ -16,8 +16,11 @@ use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::mutex;
+use crate::queue::complete::{self, Taken};
+use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::{caps, promote, tasks};
 use crate::workflow::executions::{self, Locked};
+use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::{history, quota};
 
 /// How an execution ends.
@@ -129,6 +132,41 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
     caps::release_held(cancelled);
     mutex::release_all(id);
     true
+}
+
+/// Completes a task of an execution claimed under `token` and ends its
+/// execution `how`, in one transaction: the task's `TaskCompleted` (with
+/// `result`) comes first in the history, then the execution's end. (Ending
+/// the execution on its own would cancel the task, and its completion would
+/// then be refused.) A stale token raises 55P03, a task of no execution
+/// 55000, and either changes nothing.
+pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_json::Value>, how: Close) {
+    let Taken {
+        key,
+        execution_id,
+        kind,
+    } = complete::take(task_id, token);
+    let Some(execution_id) = execution_id else {
+        not_ready(format!(
+            "task {task_id} belongs to no execution: complete it with sheaf.complete"
+        ));
+    };
+    // The task row is held: the execution's other tasks, then its row, as in
+    // `close` (`base::locks`). The record runs in between, as a dead-lettered
+    // workflow task's does.
+    let record = || {
+        EXECUTIONS.task_outcome(TaskEvent {
+            execution_id,
+            task_id,
+            kind: &kind,
+            outcome: Outcome::Completed { result },
+        });
+    };
+    close_after(execution_id, how, record);
+    // Concurrency keys after the execution row.
+    if let Some(key) = key {
+        caps::release(&key, 1);
+    }
 }
 
 fn refuse_migrating(id: pgrx::Uuid, state: ExecutionState) -> bool {
@@ -315,6 +353,90 @@ mod tests {
         )
         .unwrap();
         assert_eq!(state(a), "FAILED");
+    }
+
+    #[pg_test]
+    fn a_dead_lettered_workflow_task_fails_its_execution_at_once() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        let t = claim("default", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.dead_letter($1, $2, 'hopeless')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(state(a), "FAILED");
+        assert_eq!(count("SELECT count(*) FROM sheaf.dead_letters"), 1);
+    }
+
+    /// The events of an execution, in order.
+    fn events(id: pgrx::Uuid) -> Vec<String> {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
+                    None,
+                    &[id.into()],
+                )
+                .unwrap()
+                .map(|row| row.get::<String>(1).unwrap().unwrap())
+                .collect()
+        })
+    }
+
+    #[pg_test]
+    fn a_workflow_task_completes_with_its_execution_in_one_call() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        let t = claim("default", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.complete_task_and_execution($1, $2, '{\"total\": 3}')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(state(a), "COMPLETED");
+        let e = events(a);
+        assert_eq!(&e[e.len() - 2..], ["TaskCompleted", "WorkflowCompleted"], "{e:?}");
+        assert_eq!(
+            Spi::get_one_with_args::<i64>(
+                "SELECT (result->>'total')::bigint FROM sheaf.executions WHERE id = $1",
+                &[a.into()]
+            )
+            .unwrap(),
+            Some(3)
+        );
+        assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 0);
+    }
+
+    #[pg_test]
+    fn a_workflow_task_completes_and_fails_its_execution_in_one_call() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        let t = claim("default", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.complete_task_and_fail_execution($1, $2, 'gave up')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(state(a), "FAILED");
+        let e = events(a);
+        assert_eq!(&e[e.len() - 2..], ["TaskCompleted", "WorkflowFailed"], "{e:?}");
+    }
+
+    #[pg_test(
+        error = "task 00010000-0000-8000-8000-000000000001 belongs to no execution: complete it with sheaf.complete"
+    )]
+    fn a_task_of_no_execution_cannot_end_one() {
+        init();
+        crate::testing::enqueue("q", json!({}), json!({}));
+        let t = claim("q", 1);
+        // A known id, for the message (a running task is in no other table).
+        Spi::run("UPDATE sheaf.tasks SET id = '00010000-0000-8000-8000-000000000001'").unwrap();
+        Spi::run_with_args(
+            "SELECT sheaf.complete_task_and_execution('00010000-0000-8000-8000-000000000001', $1, NULL)",
+            &[t[0].1.into()],
+        )
+        .unwrap();
     }
 
     #[pg_test]
