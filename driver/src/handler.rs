@@ -103,6 +103,14 @@ impl TaskFailure {
     }
 }
 
+/// Whether `e`, from a call fenced by a claim's token, means the shard no
+/// longer holds the task under that token: the one test of a lost lease,
+/// for the signal and for `WorkerStats::lost`. (A refusal that tells "the
+/// task is gone" apart from "someone else holds it" belongs here too.)
+pub(crate) fn lease_lost(e: &ClientError) -> bool {
+    matches!(e, ClientError::StaleToken { .. })
+}
+
 /// Why a task's cancellation signal fired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -213,7 +221,7 @@ impl TaskContext {
                 Ok(until)
             }
             Err(e) => {
-                if matches!(e, ClientError::StaleToken { .. }) {
+                if lease_lost(&e) {
                     self.cancel(CancelReason::LeaseLost);
                 }
                 Err(e)

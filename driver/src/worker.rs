@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client::{ClaimedTask, Client, ClientError};
-use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
+use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure, lease_lost};
 use crate::pool::ShardError;
 use crate::topology::ShardId;
 
@@ -45,12 +45,15 @@ pub enum Coverage {
 pub struct WorkerOptions {
     /// Its name in the live-worker registry and in each claim.
     pub name: String,
+    /// The queues it claims from, on every shard it covers.
     pub queues: Vec<String>,
+    /// The shards it claims from.
     pub coverage: Coverage,
     /// Tasks in hand at once.
     pub concurrency: usize,
     /// The most tasks one claim asks for (fewer when slots are short).
     pub batch: i32,
+    /// Each claim's lease (1 s..1 day); heartbeated every third of it.
     pub lease: Duration,
     /// The longest sleep while idle; a notification wakes it sooner.
     pub idle_poll: Duration,
@@ -65,6 +68,8 @@ pub struct WorkerOptions {
 }
 
 impl WorkerOptions {
+    /// A worker named `name` on `queues`, covering every readable shard,
+    /// 16 tasks at once, 30 s leases, a 10 s drain timeout.
     pub fn new(
         name: impl Into<String>,
         queues: impl IntoIterator<Item = impl Into<String>>,
@@ -84,36 +89,43 @@ impl WorkerOptions {
         }
     }
 
+    /// Sets [`WorkerOptions::coverage`].
     pub fn coverage(mut self, coverage: Coverage) -> Self {
         self.coverage = coverage;
         self
     }
 
+    /// Sets [`WorkerOptions::concurrency`].
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
         self
     }
 
+    /// Sets [`WorkerOptions::batch`].
     pub fn batch(mut self, n: i32) -> Self {
         self.batch = n;
         self
     }
 
+    /// Sets [`WorkerOptions::lease`].
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
+    /// Sets [`WorkerOptions::idle_poll`].
     pub fn idle_poll(mut self, every: Duration) -> Self {
         self.idle_poll = every;
         self
     }
 
+    /// Sets [`WorkerOptions::maintain_every`].
     pub fn maintain_every(mut self, every: Duration) -> Self {
         self.maintain_every = every;
         self
     }
 
+    /// Sets [`WorkerOptions::drain_timeout`].
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
@@ -124,19 +136,25 @@ impl WorkerOptions {
 /// before anything is claimed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WorkerError {
+    /// The name is empty or longer than the registry takes.
     #[error("the worker name must be 1..={MAX_NAME_BYTES} bytes")]
     BadName,
+    /// No queue, or a blank queue name.
     #[error("a worker needs at least one queue, and no blank queue name")]
     NoQueues,
+    /// An option out of range; the text says which and why.
     #[error("{0}")]
     BadOption(&'static str),
+    /// `Coverage::Auto` in a topology that reserves shards.
     #[error(
         "the topology reserves shards, so this worker must name its shards (Coverage::Shards): \
          an automatic worker would also drain every reserved cell"
     )]
     ExplicitCoverageRequired,
+    /// A shard of `Coverage::Shards` the topology does not have as readable.
     #[error("shard {0} is assigned to this worker but is not a readable shard of this client's topology")]
     UnknownShard(ShardId),
+    /// The coverage comes to no shard at all.
     #[error("this worker covers no shard")]
     NoShards,
     /// `Worker::start` runs its loops on the current tokio runtime.
@@ -172,6 +190,7 @@ pub struct DrainReport {
     pub in_hand: usize,
     /// Of those, how many were released because the drain timed out.
     pub released: u64,
+    /// Whether the drain timeout passed with tasks still in hand.
     pub timed_out: bool,
 }
 
@@ -319,6 +338,7 @@ impl Worker {
         &self.warnings
     }
 
+    /// What it did so far.
     pub fn stats(&self) -> WorkerStats {
         let c = &self.ctx.counters;
         WorkerStats {
@@ -644,7 +664,7 @@ async fn run_task<H, F>(
             }
             _ = beat.tick() => {
                 if let Err(e) = task_ctx.heartbeat().await
-                    && !matches!(e, ClientError::StaleToken { .. })
+                    && !lease_lost(&e)
                 {
                     tracing::warn!(task = %task.task_id, error = %e, "heartbeat failed");
                 }
@@ -696,7 +716,7 @@ async fn finish(
         Ok(counter) => {
             counter.fetch_add(1, Ordering::Relaxed);
         }
-        Err(ClientError::StaleToken { .. }) => {
+        Err(e) if lease_lost(&e) => {
             c.lost.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(task = %task.task_id, "lease lost before the task finished");
         }
