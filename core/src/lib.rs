@@ -5,8 +5,10 @@ pub mod excerpt;
 pub mod hrw;
 pub mod id;
 pub mod nesting;
+#[cfg(feature = "exact-json")]
 pub mod options;
 pub mod ordering;
+#[cfg(feature = "exact-json")]
 pub mod policy;
 pub mod sqlstate;
 pub mod state;

@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use crate::state::TaskKind;
+
 use crate::excerpt::{excerpt, quoted};
 
 /// The longest key (concurrency, fairness, idempotency) or queue name, in bytes.
@@ -42,21 +44,6 @@ fn err(option: &str, why: impl Into<String>) -> OptionError {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Activity,
-    Workflow,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Activity => "activity",
-            Kind::Workflow => "workflow",
-        }
-    }
-}
-
 /// `sheaf.enqueue` options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnqueueOptions {
@@ -68,7 +55,7 @@ pub struct EnqueueOptions {
     pub fairness_weight: f64,
     pub max_attempts: i32,
     pub execution_id: Option<[u8; 16]>,
-    pub kind: Kind,
+    pub kind: TaskKind,
     pub idempotency_key: Option<String>,
 }
 
@@ -82,7 +69,7 @@ impl Default for EnqueueOptions {
             fairness_weight: 1.0,
             max_attempts: 25,
             execution_id: None,
-            kind: Kind::Activity,
+            kind: TaskKind::Activity,
             idempotency_key: None,
         }
     }
@@ -141,8 +128,8 @@ impl EnqueueOptions {
                 }
                 "kind" => {
                     o.kind = match value.as_str() {
-                        Some("activity") => Kind::Activity,
-                        Some("workflow") => Kind::Workflow,
+                        Some("activity") => TaskKind::Activity,
+                        Some("workflow") => TaskKind::Workflow,
                         _ => {
                             return Err(err(
                                 &opt,
@@ -311,7 +298,7 @@ mod tests {
         assert_eq!(o.concurrency_key.as_deref(), Some("tenant:a"));
         assert_eq!(o.fairness_weight, 2.5);
         assert_eq!(o.max_attempts, 3);
-        assert_eq!(o.kind, Kind::Workflow);
+        assert_eq!(o.kind, TaskKind::Workflow);
         assert_eq!(o.execution_id.unwrap()[0..2], [0, 1]);
         assert_eq!(o.idempotency_key.as_deref(), Some("once"));
     }

@@ -47,19 +47,32 @@ impl TaskState {
     }
 }
 
-/// An execution's state (`executions.state`).
+/// An execution's state (`executions.state`). New states may come in a
+/// later release, so a match outside this crate needs a catch-all arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ExecutionState {
+    /// Active: its tasks run.
     Running,
+    /// Active, asleep until woken (or its `wake_at`).
     Suspended,
+    /// Active, held: its tasks wait, holding no slot, until it resumes.
     Paused,
+    /// Ended with a result.
     Completed,
+    /// Ended with an error.
     Failed,
+    /// Ended by a cancel (or superseded by a newer start, latest wins).
     Cancelled,
+    /// Ended by an operator (`terminate_execution`).
     Terminated,
+    /// Ended because it ran out of time.
     TimedOut,
+    /// Ended, continued by a new execution.
     ContinuedAsNew,
+    /// Being moved to another shard (rebalancing).
     Migrating,
+    /// Moved to another shard; this one still holds its workflow id.
     Migrated,
 }
 
@@ -113,6 +126,27 @@ impl ExecutionState {
     }
 }
 
+/// What a task runs for (`tasks.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TaskKind {
+    /// A unit of work; its result is recorded in its execution's history.
+    Activity,
+    /// A workflow's own step: it decides what its execution does next.
+    Workflow,
+}
+
+impl TaskKind {
+    pub const ALL: [TaskKind; 2] = [TaskKind::Activity, TaskKind::Workflow];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::Activity => "activity",
+            TaskKind::Workflow => "workflow",
+        }
+    }
+}
+
 /// A state name that is not one of the enum's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownState(pub String);
@@ -146,6 +180,7 @@ macro_rules! text_enum {
 }
 text_enum!(TaskState);
 text_enum!(ExecutionState);
+text_enum!(TaskKind);
 
 #[cfg(test)]
 mod tests {

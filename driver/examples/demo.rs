@@ -5,7 +5,7 @@
 //! `scripts/demo` runs it against the shards it brings up. By hand:
 //! `SHEAF_SHARDS=... cargo run -p sheaf-driver --example demo`.
 //!
-//! Tasks are placed by rendezvous hashing (`Placement::Auto`): priorities
+//! Tasks go to the shards that can take them (no affinity): priorities
 //! 0..3, some scheduled a second ahead, a quarter spread over capped tenant
 //! keys. Two workers (as two processes would) cover every shard round-robin;
 //! a sampler watches each capped key's running count on each shard. Every
@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::json;
 use sheaf_driver::{
-    Client, Placement, PoolOptions, Shard, ShardId, TaskContext, TaskDone, Topology, Worker, WorkerOptions,
+    Client, EnqueueOptions, PoolOptions, Shard, ShardId, TaskContext, TaskDone, Topology, Worker,
+    WorkerOptions,
 };
 use tokio_postgres::NoTls;
 
@@ -178,16 +179,15 @@ async fn enqueue_workload(client: &Arc<Client>, queue: &str) -> Result<BTreeMap<
             let client = client.clone();
             let queue = queue.to_owned();
             async move {
-                let mut opts = json!({ "priority": i % 4 });
+                let mut opts = EnqueueOptions::new().priority((i % 4) as i32);
                 if i % 4 == 1 {
-                    opts["concurrency_key"] = TENANTS[(i / 4) % TENANTS.len()].0.into();
+                    opts = opts.concurrency_key(TENANTS[(i / 4) % TENANTS.len()].0);
                 }
                 if i % 20 == 7 {
-                    let later = std::time::SystemTime::now() + Duration::from_secs(1);
-                    opts["run_at"] = humantime::format_rfc3339_millis(later).to_string().into();
+                    opts = opts.run_at(std::time::SystemTime::now() + Duration::from_secs(1));
                 }
                 client
-                    .enqueue(&queue, json!({ "n": i }), opts, Placement::Auto)
+                    .enqueue(&queue, json!({ "n": i }), opts)
                     .await
                     .map(|e| e.shard)
             }

@@ -5,7 +5,8 @@
 //! # use std::time::Duration;
 //! # use sheaf_driver::{TaskContext, TaskDone, TaskFailure};
 //! async fn handle(ctx: TaskContext) -> Result<TaskDone, TaskFailure> {
-//!     let Some(n) = ctx.task().payload["n"].as_i64() else {
+//!     let payload: serde_json::Value = ctx.task().payload.to_value().unwrap_or_default();
+//!     let Some(n) = payload["n"].as_i64() else {
 //!         // No retry can fix a malformed payload: straight to the dead letters.
 //!         return Err(TaskFailure::permanent("the payload has no n"));
 //!     };
@@ -16,7 +17,7 @@
 //!     tokio::select! {
 //!         _ = ctx.cancelled() => Err(TaskFailure::retryable("cancelled")),
 //!         _ = tokio::time::sleep(Duration::from_millis(10)) => {
-//!             Ok(TaskDone::Complete(Some(serde_json::json!({ "doubled": n * 2 }))))
+//!             Ok(TaskDone::Complete(Some(serde_json::json!({ "doubled": n * 2 }).into())))
 //!         }
 //!     }
 //! }
@@ -25,10 +26,10 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{ClaimedTask, Client, ClientError};
+use crate::json::Json;
 
 /// How a handler finished a task (its `Ok`). Every variant ends the attempt
 /// in one statement on the task's shard.
@@ -38,11 +39,11 @@ pub enum TaskDone {
     /// Completes the task (`sheaf.complete`) with an optional result, which
     /// goes to its execution's history. For a workflow task this is
     /// "continue later": the execution stays running.
-    Complete(Option<Value>),
+    Complete(Option<Json>),
     /// Completes the task and its execution with this result, in one
     /// transaction (`sheaf.complete_task_and_execution`); the task's result
     /// in the history is the same value. Only for a task of an execution.
-    CompleteExecution(Value),
+    CompleteExecution(Json),
     /// Completes the task and fails its execution with this error, in one
     /// transaction (`sheaf.complete_task_and_fail_execution`). Only for a
     /// task of an execution.
@@ -105,10 +106,11 @@ impl TaskFailure {
 
 /// Whether `e`, from a call fenced by a claim's token, means the shard no
 /// longer holds the task under that token: the one test of a lost lease,
-/// for the signal and for `WorkerStats::lost`. (A refusal that tells "the
-/// task is gone" apart from "someone else holds it" belongs here too.)
+/// for the signal and for `WorkerStats::lost`. Someone else holds it
+/// (`StaleToken`), or it is gone (`UnknownTask`: reaped to the dead
+/// letters, or cancelled with its execution).
 pub(crate) fn lease_lost(e: &ClientError) -> bool {
-    matches!(e, ClientError::StaleToken { .. })
+    matches!(e, ClientError::StaleToken { .. } | ClientError::UnknownTask { .. })
 }
 
 /// Why a task's cancellation signal fired.

@@ -1,4 +1,4 @@
-//! `ExecutionId`: an execution's (or task's) id, which names its shard.
+//! `ExecutionId` and `TaskId`: ids that name their shard.
 //!
 //! The layout is `sheaf_core::id` — the same code the extension mints with —
 //! so an id minted here for shard 7 is byte-for-byte what shard 7 would mint.
@@ -12,66 +12,98 @@ use sheaf_core::id;
 
 use crate::topology::{ShardId, Topology};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ExecutionId(uuid::Uuid);
-
+/// Why a string or the clock could not give an id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdError {
+    /// The text is not a UUID; an excerpt of it.
     #[error("not a UUID: {0:?}")]
     NotAUuid(String),
+    /// The system clock is before 1970 or beyond what an id can carry.
     #[error("the system clock is outside what an id can carry")]
     Clock,
 }
 
-impl ExecutionId {
-    /// Mints an id for `shard` now.
-    pub fn mint(shard: ShardId) -> Result<ExecutionId, IdError> {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_err(|_| IdError::Clock)?
-            .as_millis() as u64;
-        let random = uuid::Uuid::new_v4().as_u64_pair().1;
-        let bytes = id::compose(shard.get(), ms, random).map_err(|_| IdError::Clock)?;
-        Ok(ExecutionId(uuid::Uuid::from_bytes(bytes)))
-    }
+/// An id type that routes by its shard prefix. Execution and task ids share
+/// the layout but are distinct types, so one never type-checks as the other.
+macro_rules! shard_id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(uuid::Uuid);
 
-    pub fn from_uuid(u: uuid::Uuid) -> ExecutionId {
-        ExecutionId(u)
-    }
+        impl $name {
+            /// Mints an id for `shard` now (what that shard would mint).
+            pub fn mint(shard: ShardId) -> Result<$name, IdError> {
+                mint(shard).map($name)
+            }
 
-    pub fn as_uuid(&self) -> uuid::Uuid {
-        self.0
-    }
+            /// The id this UUID is (any UUID is an id; one with no shard
+            /// prefix routes to the default shard).
+            pub fn from_uuid(u: uuid::Uuid) -> $name {
+                $name(u)
+            }
 
-    /// The shard encoded in the id; `None` for ids that carry none
-    /// (`0xFFFF` or a foreign UUID), which route to the default shard.
-    pub fn shard(&self) -> Option<ShardId> {
-        match id::shard_of(self.0.as_bytes()) {
-            id::UNENCODED_SHARD => None,
-            s => ShardId::new(s as u32).ok(),
+            /// The id as a UUID, for SQL parameters.
+            pub fn as_uuid(&self) -> uuid::Uuid {
+                self.0
+            }
+
+            /// The shard encoded in the id; `None` for ids that carry none
+            /// (`0xFFFF` or a foreign UUID), which route to the default shard.
+            pub fn shard(&self) -> Option<ShardId> {
+                shard_of(&self.0)
+            }
+
+            /// The shard that serves calls for this id: its own, or the
+            /// default for unencoded ids, following forwards.
+            pub fn route(&self, topology: &Topology) -> ShardId {
+                topology.serving(self.shard().unwrap_or_else(|| topology.default_shard()))
+            }
         }
-    }
 
-    /// The shard that serves calls for this id: its own, or the default for
-    /// unencoded ids, following forwards.
-    pub fn route(&self, topology: &Topology) -> ShardId {
-        topology.serving(self.shard().unwrap_or_else(|| topology.default_shard()))
-    }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.hyphenated().fmt(f)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = IdError;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                uuid::Uuid::parse_str(s)
+                    .map($name)
+                    .map_err(|_| IdError::NotAUuid(sheaf_core::excerpt::excerpt(s)))
+            }
+        }
+    };
 }
 
-impl fmt::Display for ExecutionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.hyphenated().fmt(f)
-    }
+shard_id_type!(
+    /// An execution's id; its prefix names the shard that holds it.
+    ExecutionId
+);
+
+shard_id_type!(
+    /// A task's id, minted by the shard that holds the task.
+    TaskId
+);
+
+fn mint(shard: ShardId) -> Result<uuid::Uuid, IdError> {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| IdError::Clock)?
+        .as_millis() as u64;
+    let random = uuid::Uuid::new_v4().as_u64_pair().1;
+    let bytes = id::compose(shard.get(), ms, random).map_err(|_| IdError::Clock)?;
+    Ok(uuid::Uuid::from_bytes(bytes))
 }
 
-impl FromStr for ExecutionId {
-    type Err = IdError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        uuid::Uuid::parse_str(s)
-            .map(ExecutionId)
-            .map_err(|_| IdError::NotAUuid(s.to_owned()))
+fn shard_of(u: &uuid::Uuid) -> Option<ShardId> {
+    match id::shard_of(u.as_bytes()) {
+        id::UNENCODED_SHARD => None,
+        s => ShardId::new(s as u32).ok(),
     }
 }
 

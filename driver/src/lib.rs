@@ -6,6 +6,7 @@ pub mod breaker;
 pub mod client;
 pub mod handler;
 pub mod id;
+pub mod json;
 pub mod metrics;
 pub mod pool;
 pub mod router;
@@ -16,14 +17,17 @@ pub mod worker;
 
 pub use breaker::{Breaker, BreakerState};
 pub use client::{
-    ClaimedTask, Client, ClientError, Enqueued, Execution, FailOutcome, Owned, Started, TaskId,
+    ClaimedTask, Client, ClientError, EnqueueOptions, Enqueued, Execution, FailOutcome, Owned, QuotaDetail,
+    StartOptions, Started,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
-pub use id::{ExecutionId, IdError};
+pub use id::{ExecutionId, IdError, TaskId};
+pub use json::Json;
 pub use metrics::{Metrics, Outcome};
 pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use router::{Placement, RouteError};
 pub use schema::COMPATIBLE_SCHEMAS;
+pub use sheaf_core::state::{ExecutionState, TaskKind};
 pub use status::{LiveWorker, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard};
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
 pub use worker::{Coverage, DrainReport, Worker, WorkerError, WorkerOptions, WorkerStats};

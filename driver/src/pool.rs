@@ -46,6 +46,7 @@ impl Default for PoolOptions {
 /// Why a shard could not serve a call. Each names the one shard involved
 /// (never the whole set) and says what to do.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ShardError {
     #[error(
         "shard {shard} is unreachable ({cause}); the work it owns is unavailable until it is back: \
@@ -69,6 +70,20 @@ pub enum ShardError {
     /// ([`crate::COMPATIBLE_SCHEMAS`]); nothing was sent to it.
     #[error("shard {shard} cannot serve this driver: {}", crate::schema::incompatibility(schema.as_deref()))]
     IncompatibleSchema { shard: ShardId, schema: Option<String> },
+}
+
+impl ShardError {
+    /// The one shard it is about.
+    pub fn shard(&self) -> ShardId {
+        match self {
+            ShardError::Unreachable { shard, .. }
+            | ShardError::ShortCircuited { shard }
+            | ShardError::NoPool { shard }
+            | ShardError::Exhausted { shard, .. }
+            | ShardError::Timeout { shard, .. }
+            | ShardError::IncompatibleSchema { shard, .. } => *shard,
+        }
+    }
 }
 
 struct ShardPool {

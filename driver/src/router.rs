@@ -12,15 +12,16 @@ use sheaf_core::hrw;
 
 use crate::topology::{ShardId, Topology};
 
-/// How a start asks to be placed.
+/// How a start (or a task with no execution) asks to be placed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Placement {
     /// By (workflow name, workflow id), or the ambient tenant if there is one.
     Auto,
     /// Every start with this key lands on one shard (a global per-key cap).
     RoutingKey(String),
     /// Exactly this shard.
-    Shard(u16),
+    Shard(ShardId),
     /// The shard the topology's residency map names for this key.
     ResidencyKey(String),
 }
@@ -28,7 +29,7 @@ pub enum Placement {
 impl Placement {
     /// Builds a placement from optional request fields, refusing two pins.
     pub fn from_parts(
-        shard: Option<u16>,
+        shard: Option<ShardId>,
         residency_key: Option<String>,
         routing_key: Option<String>,
     ) -> Result<Placement, RouteError> {
@@ -46,13 +47,14 @@ impl Placement {
 /// lists shards or residency keys. [`RouteError::operator_detail`] has the
 /// full story for logs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RouteError {
     #[error("a start may pin a shard or a residency key, not both")]
     TwoPins,
     #[error("the requested shard is not part of this deployment")]
-    UnknownShard(u16),
+    UnknownShard(ShardId),
     #[error("the requested shard does not accept new work")]
-    ShardNotWritable(u16),
+    ShardNotWritable(ShardId),
     #[error("the residency key is blank")]
     BlankResidencyKey,
     #[error("the residency key is not declared in this deployment")]
@@ -112,12 +114,11 @@ impl Topology {
         tenant: Option<&str>,
     ) -> Result<ShardId, RouteError> {
         match placement {
-            Placement::Shard(s) => {
-                let id = ShardId::new(*s as u32).map_err(|_| RouteError::UnknownShard(*s))?;
-                if self.get(id).is_none() {
-                    return Err(RouteError::UnknownShard(*s));
+            Placement::Shard(id) => {
+                if self.get(*id).is_none() {
+                    return Err(RouteError::UnknownShard(*id));
                 }
-                self.writable_or_refuse(id)
+                self.writable_or_refuse(*id)
             }
             Placement::ResidencyKey(key) => {
                 if key.trim().is_empty() {
@@ -145,7 +146,7 @@ impl Topology {
         if self.is_writable(id) {
             Ok(id)
         } else {
-            Err(RouteError::ShardNotWritable(id.get()))
+            Err(RouteError::ShardNotWritable(id))
         }
     }
 
@@ -166,6 +167,10 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sid(n: u32) -> ShardId {
+        ShardId::new(n).unwrap()
+    }
     use crate::topology::TopologyBuilder;
 
     fn fleet(n: u32) -> TopologyBuilder {
@@ -202,7 +207,7 @@ mod tests {
             assert_ne!(s.get(), 1);
         }
         assert_eq!(
-            t.place("wf", "x", &Placement::Shard(1), None).unwrap().get(),
+            t.place("wf", "x", &Placement::Shard(sid(1)), None).unwrap().get(),
             1,
             "a pin may"
         );
@@ -268,7 +273,7 @@ mod tests {
         );
         // ...and a pin wins over both.
         assert_eq!(
-            t.place("wf", "1", &Placement::Shard(5), Some("acme"))
+            t.place("wf", "1", &Placement::Shard(sid(5)), Some("acme"))
                 .unwrap()
                 .get(),
             5
@@ -283,8 +288,8 @@ mod tests {
             .build()
             .unwrap();
         let cases = [
-            (Placement::Shard(9), RouteError::UnknownShard(9)),
-            (Placement::Shard(2), RouteError::ShardNotWritable(2)),
+            (Placement::Shard(sid(9)), RouteError::UnknownShard(sid(9))),
+            (Placement::Shard(sid(2)), RouteError::ShardNotWritable(sid(2))),
             (Placement::ResidencyKey(" ".into()), RouteError::BlankResidencyKey),
             (
                 Placement::ResidencyKey("mars".into()),
@@ -292,7 +297,7 @@ mod tests {
             ),
             (
                 Placement::ResidencyKey("eu-secret-region".into()),
-                RouteError::ShardNotWritable(2),
+                RouteError::ShardNotWritable(sid(2)),
             ),
             (Placement::RoutingKey("".into()), RouteError::BlankRoutingKey),
         ];
@@ -306,7 +311,7 @@ mod tests {
             assert!(!got.operator_detail().is_empty());
         }
         assert_eq!(
-            Placement::from_parts(Some(1), Some("eu".into()), None),
+            Placement::from_parts(Some(sid(1)), Some("eu".into()), None),
             Err(RouteError::TwoPins)
         );
         assert_eq!(

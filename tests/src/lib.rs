@@ -170,3 +170,8 @@ pub async fn connect_listening(
     });
     (client, rx)
 }
+
+/// A shard id from a small number, for pins in tests.
+pub fn sid(n: u16) -> sheaf_driver::ShardId {
+    sheaf_driver::ShardId::new(u32::from(n)).expect("a test shard id is in range")
+}

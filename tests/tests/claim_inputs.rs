@@ -15,8 +15,7 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
     let shard = fleet().shards().next().unwrap();
     let db = connect(shard).await;
     let stranger = "'00000000-0000-8000-8000-00000000abcd'";
-    let cases: Vec<(String, &str, &str)> =
-        vec![
+    let cases: Vec<(String, &str, &str)> = vec![
         ("SELECT sheaf.enqueue(NULL, '{}')".into(), "22004", "queue"),
         ("SELECT sheaf.enqueue('', '{}')".into(), "22023", "queue"),
         (
@@ -140,8 +139,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         ("SELECT sheaf.complete(NULL, 1)".into(), "22004", "task_id"),
         (
             format!("SELECT sheaf.complete({stranger}, 1)"),
-            "55P03",
-            "not running under token 1",
+            "P0002",
+            "never existed",
         ),
         (
             format!("SELECT * FROM sheaf.complete_batch(ARRAY[{stranger}]::uuid[], ARRAY[1, 2])"),
@@ -170,8 +169,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         ),
         (
             format!("SELECT * FROM sheaf.fail({stranger}, 1, 'x')"),
-            "55P03",
-            "not running",
+            "P0002",
+            "no task",
         ),
         (
             format!("SELECT sheaf.heartbeat({stranger}, 1, '0 seconds')"),
@@ -180,14 +179,10 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         ),
         (
             format!("SELECT sheaf.heartbeat({stranger}, 1)"),
-            "55P03",
-            "not running",
+            "P0002",
+            "no task",
         ),
-        (
-            format!("SELECT sheaf.release({stranger}, 1)"),
-            "55P03",
-            "not running",
-        ),
+        (format!("SELECT sheaf.release({stranger}, 1)"), "P0002", "no task"),
         (
             "SELECT sheaf.snooze(NULL, 1, '1 second')".into(),
             "22004",
@@ -215,10 +210,14 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         ),
         (
             format!("SELECT sheaf.snooze({stranger}, 1, '1 second')"),
-            "55P03",
-            "not running under token 1",
+            "P0002",
+            "never existed",
         ),
-        ("SELECT sheaf.dead_letter(NULL, 1, 'x')".into(), "22004", "task_id"),
+        (
+            "SELECT sheaf.dead_letter(NULL, 1, 'x')".into(),
+            "22004",
+            "task_id",
+        ),
         (
             format!("SELECT sheaf.dead_letter({stranger}, NULL, 'x')"),
             "22004",
@@ -231,8 +230,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         ),
         (
             format!("SELECT sheaf.dead_letter({stranger}, 1, 'x')"),
-            "55P03",
-            "not running under token 1",
+            "P0002",
+            "never existed",
         ),
         (
             "SELECT sheaf.complete_task_and_execution(NULL, 1, '{}')".into(),
@@ -246,8 +245,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         ),
         (
             format!("SELECT sheaf.complete_task_and_execution({stranger}, 1, '{{}}')"),
-            "55P03",
-            "not running under token 1",
+            "P0002",
+            "never existed",
         ),
         (
             "SELECT sheaf.complete_task_and_fail_execution(NULL, 1, 'x')".into(),
@@ -261,8 +260,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
         ),
         (
             format!("SELECT sheaf.complete_task_and_fail_execution({stranger}, 1, 'x')"),
-            "55P03",
-            "not running under token 1",
+            "P0002",
+            "never existed",
         ),
         ("SELECT sheaf.reap_expired(0)".into(), "22023", "max_rows"),
         (

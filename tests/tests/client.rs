@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime};
 use futures::{StreamExt, TryStreamExt};
 use serde_json::{Value, json};
 use sheaf_driver::{
-    Client, ClientError, ExecutionId, Owned, Placement, PoolOptions, RouteError, ShardError, ShardId,
-    Topology,
+    Client, ClientError, EnqueueOptions, ExecutionId, ExecutionState, Owned, Placement, PoolOptions,
+    RouteError, ShardError, ShardId, StartOptions, TaskId, Topology,
 };
-use sheaf_tests::{connect, fleet, unique};
+use sheaf_tests::{connect, fleet, sid, unique};
 use tokio_postgres::Client as Db;
 
 fn client() -> Client {
@@ -82,7 +82,7 @@ async fn state_on(db: &Db, id: ExecutionId) -> Option<String> {
 }
 
 /// Claims one task of `queue` on a shard directly: (task id, token, execution id).
-async fn claim(db: &Db, queue: &str) -> (ExecutionId, i64, Option<uuid::Uuid>) {
+async fn claim(db: &Db, queue: &str) -> (TaskId, i64, Option<uuid::Uuid>) {
     let row = db
         .query_one(
             "SELECT task_id, token, execution_id FROM sheaf.claim($1, 'client-test', 1)",
@@ -90,7 +90,7 @@ async fn claim(db: &Db, queue: &str) -> (ExecutionId, i64, Option<uuid::Uuid>) {
         )
         .await
         .unwrap();
-    (ExecutionId::from_uuid(row.get(0)), row.get(1), row.get(2))
+    (TaskId::from_uuid(row.get(0)), row.get(1), row.get(2))
 }
 
 #[tokio::test]
@@ -106,7 +106,7 @@ async fn auto_starts_spread_and_every_id_names_the_shard_that_holds_it() {
             let (client, name) = (&client, &name);
             async move {
                 client
-                    .start_workflow(name, &format!("w-{i}"), json!({ "i": i }), Placement::Auto)
+                    .start_workflow(name, &format!("w-{i}"), json!({ "i": i }), StartOptions::new())
                     .await
             }
         })
@@ -144,7 +144,7 @@ async fn auto_starts_spread_and_every_id_names_the_shard_that_holds_it() {
         let e = e.expect("every started execution is found by id");
         assert_eq!(e.execution_id.shard(), Some(e.shard));
         assert_eq!(e.workflow_name, name);
-        assert_eq!(e.state, "RUNNING");
+        assert_eq!(e.state, ExecutionState::Running);
     }
 
     // Directly: each shard holds exactly the ids the client put there.
@@ -169,7 +169,12 @@ async fn pins_routing_keys_and_tenants_land_where_the_router_says() {
         for i in 0..5 {
             let wid = format!("pin-{s}-{i}");
             let started = client
-                .start_workflow(&name, &wid, json!({}), Placement::Shard(s))
+                .start_workflow(
+                    &name,
+                    &wid,
+                    json!({}),
+                    StartOptions::new().placement(Placement::Shard(sid(s))),
+                )
                 .await
                 .unwrap();
             assert_eq!(started.shard.get(), s);
@@ -189,7 +194,12 @@ async fn pins_routing_keys_and_tenants_land_where_the_router_says() {
     for i in 0..30 {
         let wf = format!("{name}-{}", i % 3);
         let s = client
-            .start_workflow(&wf, &format!("rk-{i}"), json!({}), placement.clone())
+            .start_workflow(
+                &wf,
+                &format!("rk-{i}"),
+                json!({}),
+                StartOptions::new().placement(placement.clone()),
+            )
             .await
             .unwrap();
         assert_eq!(s.shard, want, "start {i}");
@@ -209,7 +219,12 @@ async fn pins_routing_keys_and_tenants_land_where_the_router_says() {
         .unwrap();
     for i in 0..20 {
         let s = client
-            .start_workflow_for_tenant(&tenant, &name, &format!("t-{i}"), json!({}), Placement::Auto)
+            .start_workflow(
+                &name,
+                &format!("t-{i}"),
+                json!({}),
+                StartOptions::new().tenant(&tenant),
+            )
             .await
             .unwrap();
         assert_eq!(s.shard, want);
@@ -228,12 +243,12 @@ async fn a_repeated_start_attaches_to_the_active_execution() {
     declare(&dbs, &name).await;
 
     let first = client
-        .start_workflow(&name, "order-1", json!({ "n": 1 }), Placement::Auto)
+        .start_workflow(&name, "order-1", json!({ "n": 1 }), StartOptions::new())
         .await
         .unwrap();
     assert!(first.created);
     let again = client
-        .start_workflow(&name, "order-1", json!({ "n": 2 }), Placement::Auto)
+        .start_workflow(&name, "order-1", json!({ "n": 2 }), StartOptions::new())
         .await
         .unwrap();
     assert!(!again.created, "attached");
@@ -243,7 +258,7 @@ async fn a_repeated_start_attaches_to_the_active_execution() {
     // Once it ended, the workflow id starts afresh.
     assert!(client.cancel_execution(first.execution_id, None).await.unwrap());
     let next = client
-        .start_workflow(&name, "order-1", json!({}), Placement::Auto)
+        .start_workflow(&name, "order-1", json!({}), StartOptions::new())
         .await
         .unwrap();
     assert!(next.created);
@@ -308,7 +323,12 @@ async fn a_start_that_deadlocks_is_retried_with_the_same_id_then_reported() {
     declare(&dbs, &name).await;
     let tag = inject_deadlocks(db, &name, 2).await;
     let started = client
-        .start_workflow(&name, "d-1", json!({}), Placement::Shard(s))
+        .start_workflow(
+            &name,
+            "d-1",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(sid(s))),
+        )
         .await
         .unwrap();
     assert_eq!(attempts_and_remove(db, &tag).await, 3);
@@ -325,7 +345,12 @@ async fn a_start_that_deadlocks_is_retried_with_the_same_id_then_reported() {
     let tag = inject_deadlocks(db, &name, i64::MAX).await;
     let began = std::time::Instant::now();
     let e = client
-        .start_workflow(&name, "d-2", json!({}), Placement::Shard(s))
+        .start_workflow(
+            &name,
+            "d-2",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(sid(s))),
+        )
         .await
         .unwrap_err();
     let attempts = attempts_and_remove(db, &tag).await;
@@ -366,13 +391,18 @@ async fn id_routed_calls_reach_the_shard_in_the_id() {
 
         // get, then complete an execution through its id.
         let e1 = client
-            .start_workflow(&name, &format!("e1-{s}"), json!({ "s": s }), Placement::Shard(s))
+            .start_workflow(
+                &name,
+                &format!("e1-{s}"),
+                json!({ "s": s }),
+                StartOptions::new().placement(Placement::Shard(sid(s))),
+            )
             .await
             .unwrap()
             .execution_id;
         let got = client.get_execution(e1).await.unwrap().expect("found by id");
-        assert_eq!((got.shard.get(), got.state.as_str()), (s, "RUNNING"));
-        assert_eq!(got.input, json!({ "s": s }));
+        assert_eq!((got.shard.get(), got.state), (s, ExecutionState::Running));
+        assert_eq!(got.input.to_value().unwrap(), json!({ "s": s }));
 
         // Its workflow task: heartbeat, a stale complete, the real one.
         let (task, token, owner) = claim(db, &queue).await;
@@ -386,16 +416,17 @@ async fn id_routed_calls_reach_the_shard_in_the_id() {
             "{stale:?}"
         );
         client
-            .complete(task, token, Some(json!({ "step": 1 })))
+            .complete(task, token, Some(json!({ "step": 1 }).into()))
             .await
             .unwrap();
+        // Finished, it is gone: an unknown task, not a lost lease.
         assert!(matches!(
             client.complete(task, token, None).await,
-            Err(ClientError::StaleToken { .. })
+            Err(ClientError::UnknownTask { .. })
         ));
         assert!(matches!(
             client.heartbeat(task, token).await,
-            Err(ClientError::StaleToken { .. })
+            Err(ClientError::UnknownTask { .. })
         ));
 
         assert!(client.complete_execution(e1, json!({ "done": s })).await.unwrap());
@@ -404,14 +435,22 @@ async fn id_routed_calls_reach_the_shard_in_the_id() {
             "already ended"
         );
         let got = client.get_execution(e1).await.unwrap().unwrap();
-        assert_eq!(got.state, "COMPLETED");
-        assert_eq!(got.result, Some(json!({ "done": s })));
+        assert_eq!(got.state, ExecutionState::Completed);
+        assert_eq!(
+            got.result.map(|r| r.to_value().unwrap()),
+            Some(json!({ "done": s }))
+        );
         assert!(got.closed_at.is_some());
         assert_eq!(state_on(db, e1).await.as_deref(), Some("COMPLETED"));
 
         // cancel through the id; only that shard has it.
         let e2 = client
-            .start_workflow(&name, &format!("e2-{s}"), json!({}), Placement::Shard(s))
+            .start_workflow(
+                &name,
+                &format!("e2-{s}"),
+                json!({}),
+                StartOptions::new().placement(Placement::Shard(sid(s))),
+            )
             .await
             .unwrap()
             .execution_id;
@@ -476,11 +515,16 @@ async fn a_shard_outside_the_clients_topology_fails_closed() {
 
     // A pin to it: refused, typed, nothing written anywhere.
     let e = partial
-        .start_workflow(&name, "p-1", json!({}), Placement::Shard(2))
+        .start_workflow(
+            &name,
+            "p-1",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(sid(2))),
+        )
         .await
         .unwrap_err();
     assert!(
-        matches!(e, ClientError::Route(RouteError::UnknownShard(2))),
+        matches!(&e, ClientError::Route(RouteError::UnknownShard(s)) if *s == sid(2)),
         "{e:?}"
     );
     let shown = e.to_string();
@@ -497,7 +541,12 @@ async fn a_shard_outside_the_clients_topology_fails_closed() {
 
     // An id of it: no pool, so no call, and never another shard.
     let on_two = full
-        .start_workflow(&name, "p-2", json!({}), Placement::Shard(2))
+        .start_workflow(
+            &name,
+            "p-2",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(sid(2))),
+        )
         .await
         .unwrap()
         .execution_id;
@@ -543,7 +592,12 @@ async fn an_unreachable_shard_names_itself_and_the_work_it_owns() {
     declare(&databases().await, &name).await;
 
     let e = client
-        .start_workflow(&name, "u-1", json!({}), Placement::Shard(5))
+        .start_workflow(
+            &name,
+            "u-1",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(sid(5))),
+        )
         .await
         .unwrap_err();
     match &e {
@@ -569,7 +623,12 @@ async fn an_unreachable_shard_names_itself_and_the_work_it_owns() {
 
     // The reachable shard keeps serving.
     let s = client
-        .start_workflow(&name, "u-2", json!({}), Placement::Shard(zero.id.get()))
+        .start_workflow(
+            &name,
+            "u-2",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(zero.id)),
+        )
         .await
         .unwrap();
     assert!(s.created);
@@ -588,7 +647,7 @@ async fn payloads_keep_every_digit_through_the_client() {
     let text = r#"{"amount": 12345678901234567890123.000000000001, "rate": 1.50}"#;
     let payload: Value = serde_json::from_str(text).unwrap();
     let sent = client
-        .enqueue(&queue, payload.clone(), json!({}), Placement::Auto)
+        .enqueue(&queue, payload.clone(), EnqueueOptions::new())
         .await
         .unwrap();
     let got = client
@@ -630,7 +689,7 @@ async fn tasks_with_no_affinity_pass_over_a_dead_shard() {
     let mut per_shard: BTreeMap<u16, usize> = BTreeMap::new();
     for n in 0..40 {
         let e = client
-            .enqueue(&queue, json!({"n": n}), json!({}), Placement::Auto)
+            .enqueue(&queue, json!({"n": n}), EnqueueOptions::new())
             .await
             .unwrap_or_else(|e| panic!("enqueue {n}: {e}"));
         *per_shard.entry(e.shard.get()).or_default() += 1;
@@ -646,7 +705,7 @@ async fn tasks_with_no_affinity_pass_over_a_dead_shard() {
         .unwrap();
     let client = Client::new(dead, options).unwrap();
     let e = client
-        .enqueue(&queue, json!({}), json!({}), Placement::Auto)
+        .enqueue(&queue, json!({}), EnqueueOptions::new())
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::NoShardAvailable { .. }), "{e:?}");

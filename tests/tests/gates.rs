@@ -605,8 +605,8 @@ async fn drift_dead_letter(db: &Client, plan: &DriftPlan, run: Run, worker: &str
         {
             Ok(rows) => rows,
             // Another connection ended the task's execution, which cancelled
-            // the task: its token is stale, and there is no dead letter.
-            Err(e) if code(&e) == Some("55P03") => continue,
+            // (deleted) the task: it is gone, and there is no dead letter.
+            Err(e) if code(&e) == Some("P0002") => continue,
             Err(e) => panic!("fail {task}: {e}"),
         };
         assert!(

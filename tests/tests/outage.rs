@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    BreakerState, Client, ClientError, Outcome, Placement, PoolOptions, ShardError, ShardId, ShardPools,
-    TaskContext, TaskDone, Topology, Worker, WorkerOptions,
+    BreakerState, Client, ClientError, EnqueueOptions, Outcome, Placement, PoolOptions, ShardError, ShardId,
+    ShardPools, TaskContext, TaskDone, Topology, Worker, WorkerOptions,
 };
 
 fn shards(args: &[&str]) -> String {
@@ -113,7 +113,11 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
 
     // The client: a call for work on shard 1 fails loudly, naming only it.
     let refused = client
-        .enqueue(queue, json!(1), json!({}), Placement::Shard(1))
+        .enqueue(
+            queue,
+            json!(1),
+            EnqueueOptions::new().placement(Placement::Shard(id(1))),
+        )
         .await
         .unwrap_err();
     let text = refused.to_string();
@@ -127,7 +131,11 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
     for n in [0u16, 2] {
         for _ in 0..5 {
             client
-                .enqueue(queue, json!(n), json!({}), Placement::Shard(n))
+                .enqueue(
+                    queue,
+                    json!(n),
+                    EnqueueOptions::new().placement(Placement::Shard(id(n.into()))),
+                )
                 .await
                 .unwrap();
         }
@@ -163,7 +171,11 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
     // Back up: the worker drains shard 1 too.
     for _ in 0..5 {
         client
-            .enqueue(queue, json!(1), json!({}), Placement::Shard(1))
+            .enqueue(
+                queue,
+                json!(1),
+                EnqueueOptions::new().placement(Placement::Shard(id(1))),
+            )
             .await
             .unwrap();
     }

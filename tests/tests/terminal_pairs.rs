@@ -6,8 +6,9 @@
 //! (reap) vs its sibling completing. Passes when no side ever returns 40P01,
 //! except where the README documents the inversion ("Deadlocks": a reap that
 //! fails the execution against its cancel).
-//! Every other refusal a side may meet is named per pair (a stale token when
-//! the other side took the task first, 55000 when the execution ended first).
+//! Every other refusal a side may meet is named per pair (an unknown task,
+//! P0002, when the other side deleted it first; 55000 when the execution
+//! ended first).
 
 use std::time::Duration;
 
@@ -318,7 +319,7 @@ async fn cap_lowered_vs_execution_ending() {
 async fn dead_lettered_workflow_task_vs_sibling_completing() {
     // The workflow task's lease ran out on its last attempt: the reap fails
     // the execution, which cancels its tasks, while a running activity
-    // completes (stale, 55P03, when the reap deleted it first). This is the
+    // completes (P0002, no such task, when the reap deleted it first). This is the
     // documented inversion of a reap that fails an execution (README,
     // "Deadlocks"; base/locks.rs): the reap holds the workflow task and then
     // locks its siblings, so a sibling completing at that moment can
@@ -333,7 +334,7 @@ async fn dead_lettered_workflow_task_vs_sibling_completing() {
     pair(
         "dead-lettered workflow task vs sibling completing",
         setup,
-        &["55P03", "40P01"],
+        &["P0002", "40P01"],
         |f| (("SELECT sheaf.reap_expired()", Vec::new()), complete_first(f)),
     )
     .await;

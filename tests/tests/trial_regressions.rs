@@ -147,7 +147,10 @@ async fn the_driver_reads_the_deepest_payload_the_extension_accepts() {
         .await
         .expect("the claim decodes");
     assert_eq!(tasks.len(), 1);
-    assert_eq!(sheaf_core::nesting::depth(&tasks[0].payload), MAX_DEPTH);
+    assert_eq!(
+        sheaf_core::nesting::depth(&tasks[0].payload.to_value().unwrap()),
+        MAX_DEPTH
+    );
 }
 
 /// Two dead letters sharing an idempotency key, or one whose key an

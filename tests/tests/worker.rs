@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    CancelReason, Client, Coverage, ExecutionId, Placement, PoolOptions, ShardId, TaskContext, TaskDone,
-    TaskFailure, Worker, WorkerOptions,
+    CancelReason, Client, Coverage, EnqueueOptions, ExecutionId, ExecutionState, Placement, PoolOptions,
+    ShardId, StartOptions, TaskContext, TaskDone, TaskFailure, Worker, WorkerOptions,
 };
 use sheaf_tests::{connect, fleet, unique};
 use tokio::time::Instant;
@@ -31,7 +31,11 @@ fn shards() -> Vec<ShardId> {
 async fn fill(client: &Client, queue: &str, on: ShardId, n: usize) {
     for i in 0..n {
         let placed = client
-            .enqueue(queue, json!({ "i": i }), json!({}), Placement::Shard(on.get()))
+            .enqueue(
+                queue,
+                json!({ "i": i }),
+                EnqueueOptions::new().placement(Placement::Shard(on)),
+            )
             .await
             .unwrap();
         assert_eq!(placed.shard, on);
@@ -90,7 +94,9 @@ async fn a_deep_backlog_on_one_shard_does_not_starve_the_others() {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 let task = ctx.task();
                 seen.lock().unwrap().push(task.shard);
-                Ok(TaskDone::Complete(Some(json!({ "done": task.payload["i"] }))))
+                Ok(TaskDone::Complete(Some(
+                    json!({ "done": task.payload.to_value().unwrap()["i"] }).into(),
+                )))
             }
         },
     )
@@ -258,7 +264,11 @@ async fn long_tasks_keep_their_lease_and_failures_and_panics_are_retried() {
     let queue = unique("worker-retry");
     fill(&client, &queue, on, 1).await;
     client
-        .enqueue(&queue, json!("long"), json!({}), Placement::Shard(on.get()))
+        .enqueue(
+            &queue,
+            json!("long"),
+            EnqueueOptions::new().placement(Placement::Shard(on)),
+        )
         .await
         .unwrap();
     let attempts = Arc::new(Mutex::new(Vec::new()));
@@ -272,10 +282,10 @@ async fn long_tasks_keep_their_lease_and_failures_and_panics_are_retried() {
             let seen = seen.clone();
             async move {
                 let task = ctx.task();
-                if task.payload == json!("long") {
+                if task.payload.as_str() == r#""long""# {
                     // Three leases long: only heartbeats keep it ours.
                     tokio::time::sleep(Duration::from_millis(3_000)).await;
-                    return Ok(TaskDone::Complete(Some(json!("finished"))));
+                    return Ok(TaskDone::Complete(Some(json!("finished").into())));
                 }
                 seen.lock().unwrap().push(task.attempt);
                 match task.attempt {
@@ -480,7 +490,7 @@ async fn a_workflow_task_ends_its_execution_without_losing_its_own_result() {
     let mut ids = Vec::new();
     for i in 0..N {
         let started = client
-            .start_workflow(&name, &format!("w-{i}"), json!({ "i": i }), Placement::Auto)
+            .start_workflow(&name, &format!("w-{i}"), json!({ "i": i }), StartOptions::new())
             .await
             .unwrap();
         ids.push(started.execution_id);
@@ -495,7 +505,9 @@ async fn a_workflow_task_ends_its_execution_without_losing_its_own_result() {
                 ("workflow", true)
             );
             let id = task.execution_id.map(|e| e.to_string());
-            Ok(TaskDone::CompleteExecution(json!({ "total": 42, "of": id })))
+            Ok(TaskDone::CompleteExecution(
+                json!({ "total": 42, "of": id }).into(),
+            ))
         },
     )
     .unwrap();
@@ -513,8 +525,11 @@ async fn a_workflow_task_ends_its_execution_without_losing_its_own_result() {
     for id in &ids {
         let execution = client.get_execution(*id).await.unwrap().unwrap();
         let result = json!({ "total": 42, "of": id.to_string() });
-        assert_eq!(execution.state, "COMPLETED", "{execution:?}");
-        assert_eq!(execution.result, Some(result.clone()));
+        assert_eq!(execution.state, ExecutionState::Completed, "{execution:?}");
+        assert_eq!(
+            execution.result.as_ref().map(|r| r.to_value().unwrap()),
+            Some(result.clone())
+        );
         let events = history(*id).await;
         let tail: Vec<&str> = events[events.len() - 2..].iter().map(|e| e.0.as_str()).collect();
         assert_eq!(tail, ["TaskCompleted", "WorkflowCompleted"], "{events:?}");
@@ -536,11 +551,11 @@ async fn a_workflow_task_fails_its_execution_or_leaves_it_running() {
     let name = unique("wf-ends");
     let queue = declare(&name).await;
     let fail = client
-        .start_workflow(&name, "fail", json!({ "end": "fail" }), Placement::Auto)
+        .start_workflow(&name, "fail", json!({ "end": "fail" }), StartOptions::new())
         .await
         .unwrap();
     let later = client
-        .start_workflow(&name, "later", json!({ "end": "later" }), Placement::Auto)
+        .start_workflow(&name, "later", json!({ "end": "later" }), StartOptions::new())
         .await
         .unwrap();
     let worker = Worker::start(
@@ -549,10 +564,10 @@ async fn a_workflow_task_fails_its_execution_or_leaves_it_running() {
         |ctx: TaskContext| async move {
             let execution = ctx.task().execution_id.expect("a workflow task");
             let e = ctx.client().get_execution(execution).await.unwrap().unwrap();
-            if e.input["end"] == "fail" {
+            if e.input.to_value().unwrap()["end"] == "fail" {
                 Ok(TaskDone::FailExecution("the order was refused".into()))
             } else {
-                Ok(TaskDone::Complete(Some(json!("step 1 done"))))
+                Ok(TaskDone::Complete(Some(json!("step 1 done").into())))
             }
         },
     )
@@ -568,7 +583,7 @@ async fn a_workflow_task_fails_its_execution_or_leaves_it_running() {
         ("FAILED", Some("the order was refused"))
     );
     let running = client.get_execution(later.execution_id).await.unwrap().unwrap();
-    assert_eq!(running.state, "RUNNING");
+    assert_eq!(running.state, ExecutionState::Running);
     let events = history(later.execution_id).await;
     assert_eq!(events.last().map(|e| e.0.as_str()), Some("TaskCompleted"));
     assert_eq!(events.last().unwrap().1["result"], json!("step 1 done"));
@@ -588,8 +603,9 @@ async fn a_snooze_keeps_the_attempt_and_a_permanent_failure_dead_letters_at_once
             .enqueue(
                 &queue,
                 json!(what),
-                json!({ "max_attempts": 5 }),
-                Placement::Shard(on.get()),
+                EnqueueOptions::new()
+                    .max_attempts(5)
+                    .placement(Placement::Shard(on)),
             )
             .await
             .unwrap();
@@ -608,10 +624,13 @@ async fn a_snooze_keeps_the_attempt_and_a_permanent_failure_dead_letters_at_once
                 let mut runs = seen.lock().unwrap();
                 let before = runs
                     .iter()
-                    .filter(|r: &&(serde_json::Value, i32, Instant)| r.0 == task.payload)
+                    .filter(|r: &&(serde_json::Value, i32, Instant)| {
+                        Some(&r.0) == task.payload.to_value().ok().as_ref()
+                    })
                     .count();
-                runs.push((task.payload.clone(), task.attempt, Instant::now()));
-                match (task.payload.as_str(), before) {
+                let payload = task.payload.to_value().unwrap_or_default();
+                runs.push((payload.clone(), task.attempt, Instant::now()));
+                match (payload.as_str(), before) {
                     (Some("snooze"), 0) => Ok(TaskDone::Snooze(Duration::from_millis(500))),
                     (Some("snooze"), _) => Ok(TaskDone::Complete(None)),
                     _ => Err(TaskFailure::permanent("no retry can fix this").retry_in(Duration::ZERO)),
@@ -662,7 +681,7 @@ async fn a_permanent_failure_of_a_workflow_task_fails_its_execution() {
     let name = unique("wf-hopeless");
     let wf_queue = declare(&name).await;
     let started = client
-        .start_workflow(&name, "hopeless", json!({}), Placement::Auto)
+        .start_workflow(&name, "hopeless", json!({}), StartOptions::new())
         .await
         .unwrap();
     let worker = Worker::start(
@@ -673,7 +692,7 @@ async fn a_permanent_failure_of_a_workflow_task_fails_its_execution() {
     .unwrap();
     until("the execution to fail", Duration::from_secs(20), async || {
         let e = client.get_execution(started.execution_id).await.unwrap().unwrap();
-        e.state == "FAILED"
+        e.state == ExecutionState::Failed
     })
     .await;
     assert_eq!((worker.stats().failed, worker.stats().dead_lettered), (1, 1));
@@ -690,7 +709,7 @@ async fn the_context_heartbeats_and_signals_a_lost_lease() {
     let name = unique("wf-cancelled");
     let queue = declare(&name).await;
     let started = client
-        .start_workflow(&name, "cancel-me", json!({}), Placement::Auto)
+        .start_workflow(&name, "cancel-me", json!({}), StartOptions::new())
         .await
         .unwrap();
     let seen: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));

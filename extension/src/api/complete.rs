@@ -11,7 +11,8 @@ use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::lifecycle::{self, Close};
 
 /// Completes a task claimed under `token`. A stale token (the lease was lost)
-/// raises 55P03 and changes nothing.
+/// raises 55P03, a task that is gone (finished, or never there) P0002; either
+/// changes nothing.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Option<Jsonb>, "NULL")) {
@@ -26,7 +27,8 @@ fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Op
 /// `TaskCompleted` (with `result`), then `WorkflowCompleted`. For the
 /// workflow task that decides its execution is done (ending the execution
 /// first would cancel the task, and its completion would be refused). A
-/// stale token raises 55P03, a task of no execution 55000.
+/// stale token raises 55P03, a task that is gone P0002, a task of no
+/// execution 55000.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn complete_task_and_execution(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: Option<Jsonb>) {

@@ -11,7 +11,8 @@ use crate::workflow::hooks::EXECUTIONS;
 /// attempts run out it is retried after `retry_in`, or by default after an
 /// exponential backoff with jitter (1 s, 2 s, 4 s … capped at 1 h, ±25%);
 /// then it moves to the dead letters. Returns when it will run again (NULL
-/// once dead-lettered). A stale token raises 55P03 and changes nothing.
+/// once dead-lettered). A stale token raises 55P03, a task that is gone
+/// P0002; either changes nothing.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn fail(
@@ -37,7 +38,8 @@ fn fail(
 /// to 365 days) without spending an attempt: the handler chose to wait (a
 /// rate limit, a resource not ready yet), it did not fail. It holds no
 /// concurrency slot while it waits; its execution's history is not written.
-/// Returns when it runs again. A stale token raises 55P03 and changes nothing.
+/// Returns when it runs again. A stale token raises 55P03, a task that is
+/// gone P0002; either changes nothing.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn snooze(task_id: Option<pgrx::Uuid>, token: Option<i64>, delay: Option<Interval>) -> TimestampWithTimeZone {

@@ -74,15 +74,25 @@ pub fn internal(what: impl std::fmt::Display) -> ! {
     );
 }
 
-/// 55P03: the task is not running under this token (its lease expired and it
-/// was claimed again, or it already finished). Nothing was changed.
+/// 55P03: the task is here but not running under this token (its lease
+/// expired and it was put back or claimed again). Nothing was changed.
 pub fn stale_token(task_id: pgrx::Uuid, token: i64) -> ! {
     ereport!(
         ERROR,
         PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
         format!(
-            "task {task_id} is not running under token {token}: its lease was lost (expired and claimed again) or it already finished"
+            "task {task_id} is not running under token {token}: its lease was lost (it expired, and the task was put back or claimed again)"
         )
+    );
+}
+
+/// P0002: no task with this id is on this shard: it finished (completed,
+/// dead-lettered, or cancelled with its execution), or never existed.
+pub fn unknown_task(task_id: pgrx::Uuid) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
+        format!("no task {task_id} on this shard: it already finished, or never existed")
     );
 }
 
@@ -95,8 +105,14 @@ pub fn unknown_execution(id: pgrx::Uuid) -> ! {
     );
 }
 
-/// 53400: a start would exceed a declared quota. Nothing was written.
+/// 53400: a start would exceed a declared quota. Nothing was written. The
+/// DETAIL is the same as JSON (`workflow`, `key`, `resource`, `limit`,
+/// `usage`), for clients that act on it; names and keys are bounded (256
+/// bytes), so the detail stays small.
 pub fn quota_exceeded(workflow: &str, key: &str, resource: &str, limit: i64, usage: i64) -> ! {
+    let detail = serde_json::json!({
+        "workflow": workflow, "key": key, "resource": resource, "limit": limit, "usage": usage,
+    });
     ereport!(
         ERROR,
         PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
@@ -107,7 +123,8 @@ pub fn quota_exceeded(workflow: &str, key: &str, resource: &str, limit: i64, usa
             resource,
             limit,
             usage
-        )
+        ),
+        detail.to_string()
     );
 }
 

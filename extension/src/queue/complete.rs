@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use pgrx::prelude::*;
 
-use crate::base::errors::stale_token;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
+use crate::queue::lease::not_running;
 
 pub const MAX_BATCH: usize = 10_000;
 
@@ -31,8 +31,8 @@ const DELETE_BATCH: Stmt = Stmt::write(
 );
 
 /// Completes a task claimed under `token`; its execution (if any) hears of
-/// it with `result`. A stale token (the lease was lost) raises 55P03 and
-/// changes nothing.
+/// it with `result`. A stale token (the lease was lost) raises 55P03, a
+/// task that is gone P0002; either changes nothing.
 pub fn complete(
     task_id: pgrx::Uuid,
     token: i64,
@@ -74,7 +74,7 @@ pub fn take(task_id: pgrx::Uuid, token: i64) -> Taken {
         )
     });
     let Some((key, execution_id, kind)) = done else {
-        stale_token(task_id, token);
+        not_running(task_id, token);
     };
     Taken {
         key,
@@ -211,9 +211,9 @@ mod tests {
     }
 
     #[pg_test(
-        error = "task 00010000-0000-8000-8000-000000000009 is not running under token 7: its lease was lost (expired and claimed again) or it already finished"
+        error = "no task 00010000-0000-8000-8000-000000000009 on this shard: it already finished, or never existed"
     )]
-    fn completing_twice_is_stale() {
+    fn completing_a_task_that_is_gone_is_unknown() {
         init();
         Spi::run("SELECT sheaf.complete('00010000-0000-8000-8000-000000000009', 7)").unwrap();
     }

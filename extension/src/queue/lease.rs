@@ -5,7 +5,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::state::TaskState;
 
-use crate::base::errors::stale_token;
+use crate::base::errors::{stale_token, unknown_task};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, Column};
 use crate::queue::hooks::ExecutionHooks;
@@ -14,6 +14,10 @@ use crate::queue::{caps, dead_letters, queues, ready};
 const RUNNING_FOR_UPDATE: Stmt = Stmt::write(
     "SELECT concurrency_key FROM tasks WHERE id = $1 AND token = $2 AND state = 'running' FOR UPDATE",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+const EXISTS: Stmt = Stmt::read(
+    "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1)",
+    &[PgBuiltInOids::UUIDOID],
 );
 const PUT_BACK: Stmt = Stmt::write(
     "UPDATE tasks SET state = $2, attempts = attempts - $3, last_error = coalesce($4, last_error), \
@@ -44,15 +48,29 @@ const EXPIRED: Stmt = Stmt::write(
 
 /// Locks a task that must be running under `token`; its concurrency key.
 pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
-    Spi::connect_mut(|client| {
-        match rows::first::<(Option<String>,)>(
+    let row = Spi::connect_mut(|client| {
+        rows::first::<(Option<String>,)>(
             run(client, &RUNNING_FOR_UPDATE, &[task_id.into(), token.into()]),
             "reading a running task",
-        ) {
-            Some((key,)) => key,
-            None => stale_token(task_id, token),
-        }
-    })
+        )
+    });
+    match row {
+        Some((key,)) => key,
+        None => not_running(task_id, token),
+    }
+}
+
+/// Refuses a call on a task that is not running under `token`: a lost
+/// lease (55P03) if the task is still here, else an unknown task (P0002),
+/// so a caller can tell "someone else has it" from "it is gone".
+pub fn not_running(task_id: pgrx::Uuid, token: i64) -> ! {
+    let exists = Spi::connect_mut(|client| {
+        rows::value::<bool>(run(client, &EXISTS, &[task_id.into()]), "looking a task up")
+    });
+    if exists == Some(true) {
+        stale_token(task_id, token)
+    }
+    unknown_task(task_id)
 }
 
 /// Puts a running task back in line: ready with its original keys (so it is
@@ -88,18 +106,16 @@ pub fn release(task_id: pgrx::Uuid, token: i64) {
 /// Extends a task's lease from now by `extend_secs` (default: the lease it
 /// was claimed with); returns the new lease end.
 pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> TimestampWithTimeZone {
-    Spi::connect_mut(|client| {
-        match run(
+    let end = Spi::connect_mut(|client| {
+        run(
             client,
             &HEARTBEAT,
             &[task_id.into(), token.into(), extend_secs.into()],
         )
         .next()
-        {
-            Some(row) => TimestampWithTimeZone::read(&row, 1, "reading a lease end"),
-            None => stale_token(task_id, token),
-        }
-    })
+        .map(|row| TimestampWithTimeZone::read(&row, 1, "reading a lease end"))
+    });
+    end.unwrap_or_else(|| not_running(task_id, token))
 }
 
 /// Reaps up to `max` expired leases of `queue`: each task goes back in line

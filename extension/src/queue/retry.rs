@@ -5,7 +5,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::backoff::retry_delay_ms;
 
-use crate::base::errors::{internal, stale_token};
+use crate::base::errors::internal;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
@@ -57,7 +57,7 @@ fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
         )
     });
     let Some((key, attempts, max_attempts, execution_id, kind)) = row else {
-        stale_token(task_id, token)
+        lease::not_running(task_id, token)
     };
     Running {
         key,
@@ -360,17 +360,17 @@ mod tests {
     }
 
     #[pg_test(
-        error = "task 00010000-0000-8000-8000-000000000009 is not running under token 1: its lease was lost (expired and claimed again) or it already finished"
+        error = "no task 00010000-0000-8000-8000-000000000009 on this shard: it already finished, or never existed"
     )]
-    fn dead_lettering_an_unknown_task_is_stale() {
+    fn dead_lettering_an_unknown_task_is_no_data_found() {
         init();
         Spi::run("SELECT sheaf.dead_letter('00010000-0000-8000-8000-000000000009', 1, 'x')").unwrap();
     }
 
     #[pg_test(
-        error = "task 00010000-0000-8000-8000-000000000009 is not running under token 1: its lease was lost (expired and claimed again) or it already finished"
+        error = "no task 00010000-0000-8000-8000-000000000009 on this shard: it already finished, or never existed"
     )]
-    fn failing_an_unknown_task_is_stale() {
+    fn failing_an_unknown_task_is_no_data_found() {
         init();
         Spi::run("SELECT sheaf.fail('00010000-0000-8000-8000-000000000009', 1, 'x')").unwrap();
     }

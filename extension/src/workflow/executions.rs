@@ -2,8 +2,9 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::options::{EnqueueOptions, Kind};
+use sheaf_core::options::EnqueueOptions;
 use sheaf_core::state::ExecutionState;
+use sheaf_core::state::TaskKind;
 
 use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
@@ -121,7 +122,7 @@ pub fn enqueue_workflow_task(e: &Locked, payload: serde_json::Value, priority: i
         run_at,
         concurrency_key: e.task_key(),
         execution_id: Some(*e.id.as_bytes()),
-        kind: Kind::Workflow,
+        kind: TaskKind::Workflow,
         ..EnqueueOptions::default()
     };
     tasks::insert(&e.queue, vec![Jsonb::from_value(payload)], &o, &EXECUTIONS);

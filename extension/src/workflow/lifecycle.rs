@@ -138,7 +138,7 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
 /// execution `how`, in one transaction: the task's `TaskCompleted` (with
 /// `result`) comes first in the history, then the execution's end. (Ending
 /// the execution on its own would cancel the task, and its completion would
-/// then be refused.) A stale token raises 55P03, a task of no execution
+/// then be refused.) A stale token raises 55P03, a task that is gone P0002, a task of no execution
 /// 55000, and either changes nothing.
 pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_json::Value>, how: Close) {
     let Taken {

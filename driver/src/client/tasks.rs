@@ -1,0 +1,357 @@
+//! Tasks: enqueue, claim, and finish a claimed task under its token.
+
+use std::time::{Duration, SystemTime};
+
+use sheaf_core::state::TaskKind;
+
+use super::{Call, Client, ClientError, EnqueueOptions, Owned, first_column, single, unavailable_outcome};
+use crate::id::{ExecutionId, TaskId};
+use crate::json::Json;
+use crate::router::Placement;
+use crate::topology::ShardId;
+
+// `run_at` goes as a timestamptz parameter; a NULL one is `"run_at": null`,
+// which the shard reads as "not given".
+const ENQUEUE: &str = "SELECT sheaf.enqueue($1, $2, $3 || jsonb_build_object('run_at', $4::timestamptz))";
+const CLAIM: &str = "SELECT task_id, token, payload, attempt, execution_id, concurrency_key, kind \
+     FROM sheaf.claim($1, $2, $3, make_interval(secs => $4))";
+const COMPLETE: &str = "SELECT sheaf.complete($1, $2, $3)";
+const FAIL: &str = "SELECT retry_at, dead_lettered FROM sheaf.fail($1, $2, $3, make_interval(secs => $4))";
+const HEARTBEAT: &str = "SELECT sheaf.heartbeat($1, $2)";
+const RELEASE: &str = "SELECT sheaf.release($1, $2)";
+const SNOOZE: &str = "SELECT sheaf.snooze($1, $2, make_interval(secs => $3))";
+const DEAD_LETTER: &str = "SELECT sheaf.dead_letter($1, $2, $3)";
+const COMPLETE_TASK_AND_EXECUTION: &str = "SELECT sheaf.complete_task_and_execution($1, $2, $3)";
+const COMPLETE_TASK_AND_FAIL_EXECUTION: &str = "SELECT sheaf.complete_task_and_fail_execution($1, $2, $3)";
+
+/// A task enqueued on a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// Its id (it names the shard).
+    pub task_id: TaskId,
+    /// The shard that holds it.
+    pub shard: ShardId,
+}
+
+/// A task handed out by `claim`, under a lease fenced by `token`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ClaimedTask {
+    /// Its id.
+    pub task_id: TaskId,
+    /// The fencing token of this claim: finishing calls must carry it.
+    pub token: i64,
+    /// The payload, exactly as enqueued.
+    pub payload: Json,
+    /// 1 on the first run.
+    pub attempt: i32,
+    /// The execution it belongs to, if any.
+    pub execution_id: Option<ExecutionId>,
+    /// The concurrency key whose slot it holds, if any.
+    pub concurrency_key: Option<String>,
+    /// An activity or a workflow task.
+    pub kind: TaskKind,
+    /// The queue it was claimed from.
+    pub queue: String,
+    /// The shard it was claimed from (its id routes there too).
+    pub shard: ShardId,
+}
+
+/// What `fail` did with a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailOutcome {
+    /// When the task runs again; `None` once it is dead-lettered.
+    pub retry_at: Option<SystemTime>,
+    /// Whether its attempts ran out and it moved to the dead letters.
+    pub dead_lettered: bool,
+}
+
+impl Client {
+    /// Enqueues a task on `queue`. A task of an execution
+    /// ([`EnqueueOptions::execution`]) goes to that execution's shard. Else
+    /// an automatic placement hashes (queue, idempotency key) when there is
+    /// one, so a duplicate meets its first copy on the same shard, and
+    /// spreads the rest over the shards that can take work now; a routing
+    /// key or pin places it like a start.
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        payload: impl Into<Json>,
+        options: EnqueueOptions,
+    ) -> Result<Enqueued, ClientError> {
+        let payload = payload.into();
+        let placement = options.placement.clone().unwrap_or(Placement::Auto);
+        let shard = match (&options.execution, &options.idempotency_key) {
+            (Some(id), _) => {
+                if placement != Placement::Auto {
+                    return Err(ClientError::BadRequest(
+                        "a task of an execution goes to its execution's shard; it takes no placement".into(),
+                    ));
+                }
+                id.route(&self.topology)
+            }
+            (None, Some(key)) => self.topology.place(queue, key, &placement, None)?,
+            (None, None) if placement == Placement::Auto => {
+                return self.enqueue_anywhere(queue, &payload, &options).await;
+            }
+            (None, None) => {
+                let key = uuid::Uuid::new_v4().to_string();
+                self.topology.place(queue, &key, &placement, None)?
+            }
+        };
+        self.enqueue_on(shard, queue, &payload, &options).await
+    }
+
+    async fn enqueue_on(
+        &self,
+        shard: ShardId,
+        queue: &str,
+        payload: &Json,
+        options: &EnqueueOptions,
+    ) -> Result<Enqueued, ClientError> {
+        let call = Call {
+            shard,
+            owned: match options.execution {
+                Some(id) => Owned::Execution(id),
+                None => Owned::Queue(queue.to_owned()),
+            },
+        };
+        let opts = options.to_sql_opts();
+        let rows = self
+            .query(&call, ENQUEUE, &[&queue, payload, &opts, &options.run_at])
+            .await?;
+        let id: uuid::Uuid = first_column(&call, &rows)?;
+        Ok(Enqueued {
+            task_id: TaskId::from_uuid(id),
+            shard,
+        })
+    }
+
+    /// A task with no affinity (no execution, idempotency key or placement)
+    /// may go to any writable shard: the placeable shards are tried in a
+    /// random order, passing over one that cannot give a connection now
+    /// (unreachable, short-circuited, exhausted, on another schema), which
+    /// was sent nothing. A failure after the statement was sent is returned
+    /// as it is: the task may exist. Fails only when no shard can take it.
+    async fn enqueue_anywhere(
+        &self,
+        queue: &str,
+        payload: &Json,
+        options: &EnqueueOptions,
+    ) -> Result<Enqueued, ClientError> {
+        let mut shards: Vec<ShardId> = self.topology.placeable().collect();
+        if shards.is_empty() {
+            // No writable shard: the router's refusal says so.
+            let key = uuid::Uuid::new_v4().to_string();
+            self.topology.place(queue, &key, &Placement::Auto, None)?;
+        }
+        let start = (uuid::Uuid::new_v4().as_u64_pair().0 % shards.len().max(1) as u64) as usize;
+        shards.rotate_left(start);
+        let mut last = None;
+        for shard in shards {
+            if let Err(e) = self.pools.get(shard).await {
+                self.metrics.request(shard, unavailable_outcome(&e));
+                tracing::debug!(%shard, error = %e, "enqueue passes over a shard that cannot take work now");
+                last = Some(e);
+                continue;
+            }
+            return self.enqueue_on(shard, queue, payload, options).await;
+        }
+        Err(ClientError::NoShardAvailable {
+            queue: queue.to_owned(),
+            last: last.map(|e| e.to_string()).unwrap_or_default(),
+        })
+    }
+
+    /// Claims up to `batch` tasks of `queue` on one shard under `lease`.
+    pub async fn claim(
+        &self,
+        shard: ShardId,
+        queue: &str,
+        worker: &str,
+        batch: i32,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedTask>, ClientError> {
+        let call = Call {
+            shard,
+            owned: Owned::Queue(queue.to_owned()),
+        };
+        let rows = self
+            .query(&call, CLAIM, &[&queue, &worker, &batch, &lease.as_secs_f64()])
+            .await?;
+        let tasks = rows
+            .iter()
+            .map(|row| claimed_from_row(row, queue, shard))
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        self.metrics.claimed(shard, tasks.len());
+        Ok(tasks)
+    }
+
+    /// Completes a task claimed under `token`; its result (if any) goes to
+    /// its execution's history. [`ClientError::StaleToken`] if the lease was
+    /// lost, [`ClientError::UnknownTask`] if the task is gone.
+    pub async fn complete(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        result: Option<Json>,
+    ) -> Result<(), ClientError> {
+        let call = self.by_task(task_id);
+        self.query(&call, COMPLETE, &[&task_id.as_uuid(), &token, &result])
+            .await?;
+        self.metrics.completed(call.shard, 1);
+        Ok(())
+    }
+
+    /// Records a failed attempt: retried after `retry_in` (default: the
+    /// shard's exponential backoff) until its attempts run out, then
+    /// dead-lettered.
+    pub async fn fail(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        error: &str,
+        retry_in: Option<Duration>,
+    ) -> Result<FailOutcome, ClientError> {
+        let call = self.by_task(task_id);
+        let retry_secs = retry_in.map(|d| d.as_secs_f64());
+        let rows = self
+            .query(&call, FAIL, &[&task_id.as_uuid(), &token, &error, &retry_secs])
+            .await?;
+        let row = single(&call, &rows)?;
+        let read = || -> Result<FailOutcome, tokio_postgres::Error> {
+            Ok(FailOutcome {
+                retry_at: row.try_get("retry_at")?,
+                dead_lettered: row.try_get("dead_lettered")?,
+            })
+        };
+        read().map_err(|e| call.error(e, 1))
+    }
+
+    /// Extends a task's lease by the lease it was claimed with, from now;
+    /// returns the new end.
+    pub async fn heartbeat(&self, task_id: TaskId, token: i64) -> Result<SystemTime, ClientError> {
+        let call = self.by_task(task_id);
+        let rows = self
+            .query(&call, HEARTBEAT, &[&task_id.as_uuid(), &token])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Gives a claimed task back without spending an attempt.
+    pub async fn release(&self, task_id: TaskId, token: i64) -> Result<(), ClientError> {
+        let call = self.by_task(task_id);
+        self.query(&call, RELEASE, &[&task_id.as_uuid(), &token]).await?;
+        Ok(())
+    }
+
+    /// Gives a claimed task back to run again after `delay` (up to 365
+    /// days) without spending an attempt (`sheaf.snooze`); returns when it
+    /// runs again. It holds no concurrency slot meanwhile.
+    pub async fn snooze(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        delay: Duration,
+    ) -> Result<SystemTime, ClientError> {
+        let call = self.by_task(task_id);
+        let rows = self
+            .query(&call, SNOOZE, &[&task_id.as_uuid(), &token, &delay.as_secs_f64()])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Moves a claimed task to the dead letters now, whatever attempts it
+    /// has left (`sheaf.dead_letter`): a failure no retry can fix. A
+    /// workflow task's execution fails, as when its last attempt fails.
+    pub async fn dead_letter(&self, task_id: TaskId, token: i64, error: &str) -> Result<(), ClientError> {
+        let call = self.by_task(task_id);
+        self.query(&call, DEAD_LETTER, &[&task_id.as_uuid(), &token, &error])
+            .await?;
+        Ok(())
+    }
+
+    /// Completes a claimed task of an execution and completes the execution
+    /// with `result`, in one transaction on its shard
+    /// (`sheaf.complete_task_and_execution`): the history gets the task's
+    /// `TaskCompleted`, then `WorkflowCompleted`. (Completing the execution
+    /// first would cancel the task, and its `complete` would then find it
+    /// gone.) A task of no execution is [`ClientError::WrongState`].
+    pub async fn complete_task_and_execution(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        result: impl Into<Json>,
+    ) -> Result<(), ClientError> {
+        let call = self.by_task(task_id);
+        let result = result.into();
+        self.query(
+            &call,
+            COMPLETE_TASK_AND_EXECUTION,
+            &[&task_id.as_uuid(), &token, &result],
+        )
+        .await?;
+        self.metrics.completed(call.shard, 1);
+        Ok(())
+    }
+
+    /// Completes a claimed task of an execution and fails the execution with
+    /// `error`, in one transaction on its shard
+    /// (`sheaf.complete_task_and_fail_execution`).
+    pub async fn complete_task_and_fail_execution(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        error: &str,
+    ) -> Result<(), ClientError> {
+        let call = self.by_task(task_id);
+        self.query(
+            &call,
+            COMPLETE_TASK_AND_FAIL_EXECUTION,
+            &[&task_id.as_uuid(), &token, &error],
+        )
+        .await?;
+        self.metrics.completed(call.shard, 1);
+        Ok(())
+    }
+}
+
+fn claimed_from_row(
+    row: &tokio_postgres::Row,
+    queue: &str,
+    shard: ShardId,
+) -> Result<ClaimedTask, ClientError> {
+    let call = Call {
+        shard,
+        owned: Owned::Queue(queue.to_owned()),
+    };
+    let kind: String = row.try_get("kind").map_err(|e| call.error(e, 1))?;
+    let Ok(kind) = kind.parse::<TaskKind>() else {
+        return Err(ClientError::Database {
+            shard,
+            code: None,
+            message: format!(
+                "the shard returned task kind {}, which this driver does not know: upgrade the driver",
+                sheaf_core::excerpt::quoted(&kind)
+            ),
+        });
+    };
+    let read = || -> Result<ClaimedTask, tokio_postgres::Error> {
+        Ok(ClaimedTask {
+            task_id: TaskId::from_uuid(row.try_get("task_id")?),
+            token: row.try_get("token")?,
+            payload: row.try_get("payload")?,
+            attempt: row.try_get("attempt")?,
+            execution_id: row
+                .try_get::<_, Option<uuid::Uuid>>("execution_id")?
+                .map(ExecutionId::from_uuid),
+            concurrency_key: row.try_get("concurrency_key")?,
+            kind,
+            queue: queue.to_owned(),
+            shard,
+        })
+    };
+    read().map_err(|e| call.error(e, 1))
+}
