@@ -6,11 +6,15 @@
 
 use std::time::{Duration, Instant};
 
+/// Where a shard's breaker is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BreakerState {
+    /// Calls go through.
     Closed,
+    /// Short-circuited: calls fail at once, nothing is sent.
     Open,
+    /// The cooldown is over: one probe call goes through.
     HalfOpen,
 }
 
@@ -25,6 +29,7 @@ impl BreakerState {
     }
 }
 
+/// One shard's breaker state machine.
 #[derive(Debug, Clone)]
 pub struct Breaker {
     threshold: u32,
@@ -35,6 +40,8 @@ pub struct Breaker {
 }
 
 impl Breaker {
+    /// Opens after `threshold` consecutive failures (at least 1), for
+    /// `cooldown`.
     pub fn new(threshold: u32, cooldown: Duration) -> Breaker {
         Breaker {
             threshold: threshold.max(1),
@@ -45,6 +52,7 @@ impl Breaker {
         }
     }
 
+    /// Its state at `now`.
     pub fn state(&self, now: Instant) -> BreakerState {
         match self.opened_at {
             None => BreakerState::Closed,
@@ -68,6 +76,7 @@ impl Breaker {
         }
     }
 
+    /// Records a call the shard served: closes the breaker.
     pub fn record_success(&mut self) {
         self.failures = 0;
         self.opened_at = None;

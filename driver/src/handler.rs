@@ -110,7 +110,10 @@ impl TaskFailure {
 /// (`StaleToken`), or it is gone (`UnknownTask`: reaped to the dead
 /// letters, or cancelled with its execution).
 pub(crate) fn lease_lost(e: &ClientError) -> bool {
-    matches!(e, ClientError::StaleToken { .. } | ClientError::UnknownTask { .. })
+    matches!(
+        e,
+        ClientError::StaleToken { .. } | ClientError::UnknownTask { .. }
+    )
 }
 
 /// Why a task's cancellation signal fired.

@@ -18,6 +18,7 @@ use crate::topology::ShardId;
 /// How one call to a shard ended, for `sheaf_shard_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// The shard answered.
     Ok,
     /// No connection, a lost connection, an exhausted pool or a timeout.
     ConnectionError,

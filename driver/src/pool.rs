@@ -16,6 +16,7 @@ use crate::topology::{ShardId, Topology};
 /// Pool sizing and the timeouts that keep every call bounded.
 #[derive(Debug, Clone)]
 pub struct PoolOptions {
+    /// Connections per shard (a worker's claim loop holds one per shard).
     pub max_size: usize,
     /// How long a caller waits for a free connection.
     pub acquire_timeout: Duration,
@@ -48,28 +49,59 @@ impl Default for PoolOptions {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShardError {
+    /// No connection could be opened, or it was lost mid-call.
     #[error(
         "shard {shard} is unreachable ({cause}); the work it owns is unavailable until it is back: \
          check that database, or drain the shard from the topology"
     )]
-    Unreachable { shard: ShardId, cause: String },
+    Unreachable {
+        /// The shard.
+        shard: ShardId,
+        /// What the connection attempt said.
+        cause: String,
+    },
+    /// The shard's breaker is open; nothing was sent.
     #[error("shard {shard} is short-circuited after repeated connection failures; retry after the cooldown")]
-    ShortCircuited { shard: ShardId },
+    ShortCircuited {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The topology has the shard but this client has no pool for it.
     #[error(
         "this client has no pool for shard {shard}; it does not route there (fails closed, never elsewhere)"
     )]
-    NoPool { shard: ShardId },
+    NoPool {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// Every connection of the shard's pool stayed busy.
     #[error("no connection to shard {shard} was free within {waited:?}; the pool is exhausted")]
-    Exhausted { shard: ShardId, waited: Duration },
+    Exhausted {
+        /// The shard.
+        shard: ShardId,
+        /// How long the call waited.
+        waited: Duration,
+    },
+    /// A statement outlived `PoolOptions::query_timeout`.
     #[error(
         "shard {shard} did not answer within {waited:?}; the statement was cancelled, so it took effect \
          only if it had already committed"
     )]
-    Timeout { shard: ShardId, waited: Duration },
+    Timeout {
+        /// The shard.
+        shard: ShardId,
+        /// How long the call waited.
+        waited: Duration,
+    },
     /// The shard's schema is not one this driver works with
     /// ([`crate::COMPATIBLE_SCHEMAS`]); nothing was sent to it.
     #[error("shard {shard} cannot serve this driver: {}", crate::schema::incompatibility(schema.as_deref()))]
-    IncompatibleSchema { shard: ShardId, schema: Option<String> },
+    IncompatibleSchema {
+        /// The shard.
+        shard: ShardId,
+        /// Its schema version (`None`: no sheaf extension there).
+        schema: Option<String>,
+    },
 }
 
 impl ShardError {
@@ -225,10 +257,12 @@ impl ShardPools {
         }
     }
 
+    /// The options the pools were built with.
     pub fn options(&self) -> &PoolOptions {
         &self.options
     }
 
+    /// The shard's breaker state now; `None` for a shard with no pool.
     pub fn breaker_state(&self, shard: ShardId) -> Option<BreakerState> {
         self.pools
             .get(&shard)

@@ -49,18 +49,25 @@ impl Placement {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RouteError {
+    /// Both a shard pin and a residency key were given.
     #[error("a start may pin a shard or a residency key, not both")]
     TwoPins,
+    /// The pinned shard is not in the topology.
     #[error("the requested shard is not part of this deployment")]
     UnknownShard(ShardId),
+    /// The pinned (or resident) shard is drained or read-only.
     #[error("the requested shard does not accept new work")]
     ShardNotWritable(ShardId),
+    /// An empty or blank residency key.
     #[error("the residency key is blank")]
     BlankResidencyKey,
+    /// A residency key the residency map does not have.
     #[error("the residency key is not declared in this deployment")]
     UndeclaredResidencyKey(String),
+    /// An empty or blank routing key.
     #[error("the routing key is blank")]
     BlankRoutingKey,
+    /// No shard is writable and unreserved.
     #[error("no shard accepts new work right now; retry later")]
     NoWritableShard,
 }

@@ -32,12 +32,18 @@ impl TopologyStatus {
 /// One shard: the probe, this client's breaker, and its roles.
 #[derive(Debug, Clone, Serialize)]
 pub struct ShardHealth {
+    /// What the probe found.
     #[serde(flatten)]
     pub probe: ShardStatus,
+    /// This client's breaker for the shard.
     pub breaker: BreakerState,
+    /// In the topology's readable set (workers may claim there).
     pub readable: bool,
+    /// In the writable set (new work may go there).
     pub writable: bool,
+    /// Reserved: only pinned work goes there.
     pub reserved: bool,
+    /// The shard unencoded ids route to.
     pub default: bool,
     /// Its installed schema is the fleet's and matches its loaded library
     /// (`ALTER EXTENSION sheaf UPDATE` has run after an upgrade).
@@ -110,7 +116,9 @@ fn majority(values: impl Iterator<Item = String>) -> Option<String> {
 /// What one probe of one shard found.
 #[derive(Debug, Clone, Serialize)]
 pub struct ShardStatus {
+    /// The shard probed.
     pub shard: ShardId,
+    /// Whether a connection was made and the probe's queries answered.
     pub reachable: bool,
     /// The id the database reports through `sheaf.shard_id()`.
     pub reported_shard_id: Option<i32>,
@@ -120,6 +128,7 @@ pub struct ShardStatus {
     pub schema_version: Option<String>,
     /// The schema is one this driver works with ([`crate::COMPATIBLE_SCHEMAS`]).
     pub schema_compatible: bool,
+    /// PostgreSQL's `server_version`.
     pub server_version: Option<String>,
     /// The workers with a heartbeat in the last 60 s (`sheaf.live_workers()`).
     pub live_workers: Vec<LiveWorker>,
@@ -132,14 +141,18 @@ pub struct ShardStatus {
 /// A live worker and the queues it serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LiveWorker {
+    /// Its registered name.
     pub name: String,
+    /// The queues it serves.
     pub queues: Vec<String>,
 }
 
 /// Claimable work no live worker serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StrandedQueue {
+    /// The queue.
     pub queue: String,
+    /// Its claimable tasks.
     pub ready: i64,
 }
 

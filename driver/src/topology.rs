@@ -16,6 +16,7 @@ use sheaf_core::id::MAX_SHARD_ID;
 pub struct ShardId(u16);
 
 impl ShardId {
+    /// The id, if it is in range (0..=65534; 0xFFFF means "unencoded").
     pub fn new(id: u32) -> Result<Self, TopologyError> {
         if id > MAX_SHARD_ID as u32 {
             return Err(TopologyError::IdOutOfRange(id));
@@ -23,6 +24,7 @@ impl ShardId {
         Ok(ShardId(id as u16))
     }
 
+    /// The id as a number.
     pub fn get(self) -> u16 {
         self.0
     }
@@ -37,7 +39,9 @@ impl fmt::Display for ShardId {
 /// One shard database.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Shard {
+    /// Its id.
     pub id: ShardId,
+    /// Its connection string (credentials included: never logged).
     pub url: String,
 }
 
@@ -54,37 +58,72 @@ impl fmt::Debug for Shard {
 /// residency keys appear here (a boot failure is read by the operator), but
 /// connection strings never do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TopologyError {
+    /// No shard at all.
     #[error("the topology has no shards")]
     Empty,
+    /// A `SHEAF_SHARDS` entry that is not `<id>=<url>` (`index` from 0).
     #[error("shard entry {index} is not of the form <id>=<connection string>")]
-    MalformedEntry { index: usize },
+    MalformedEntry {
+        /// Which entry, from 0.
+        index: usize,
+    },
+    /// A shard id above 65534.
     #[error("shard id {0} is out of range (0..={max})", max = MAX_SHARD_ID)]
     IdOutOfRange(u32),
+    /// Two shards with one id.
     #[error("shard id {0} appears more than once")]
     DuplicateId(u16),
+    /// `SHEAF_SHARDS` looked like JSON but did not parse.
     #[error("SHEAF_SHARDS is not valid JSON: {0}")]
     Json(String),
+    /// A required environment variable is missing.
     #[error("{0} is not set")]
     Missing(&'static str),
+    /// An environment variable that does not parse.
     #[error("{0} is malformed: expected comma-separated ids, or key=id pairs for residency and forwards")]
     BadVariable(&'static str),
+    /// A role set names a shard the topology does not have.
     #[error("the {set} set names shard {shard}, which is not in the topology")]
-    UnknownShard { set: &'static str, shard: u16 },
+    UnknownShard {
+        /// Which set (readable, writable, reserved, …).
+        set: &'static str,
+        /// The shard it names.
+        shard: u16,
+    },
+    /// New work could go where no worker may claim it.
     #[error("writable shard {0} is not readable")]
     WritableNotReadable(u16),
+    /// Unencoded ids would route to a shard no one reads.
     #[error("the default shard {0} is not readable")]
     DefaultNotReadable(u16),
+    /// Unencoded ids would route to a reserved shard.
     #[error("the default shard {0} is reserved; unpinned work must never land on a reserved shard")]
     ReservedDefault(u16),
+    /// No shard would be left for unpinned work.
     #[error("reserved shards cover every writable shard: unpinned starts would have nowhere to go")]
     ReservedCoverWritable,
+    /// An empty residency key.
     #[error("a residency key is blank")]
     BlankResidencyKey,
+    /// A residency key pointing at a shard no one reads.
     #[error("residency key {key:?} points at shard {shard}, which is not readable")]
-    ResidencyNotReadable { key: String, shard: u16 },
+    ResidencyNotReadable {
+        /// The key.
+        key: String,
+        /// The shard it points at.
+        shard: u16,
+    },
+    /// A forward to a shard no one reads.
     #[error("shard {from} forwards to shard {to}, which is not readable")]
-    ForwardNotReadable { from: u16, to: u16 },
+    ForwardNotReadable {
+        /// The forwarded shard.
+        from: u16,
+        /// Where it forwards.
+        to: u16,
+    },
+    /// Forwards that loop.
     #[error("shard {0} forwards to itself, directly or through other forwards")]
     ForwardCycle(u16),
 }
@@ -146,26 +185,31 @@ impl TopologyBuilder {
         Ok(builder)
     }
 
+    /// Adds shard `id` at `url` (readable and writable unless the sets say otherwise).
     pub fn shard(mut self, id: u32, url: impl Into<String>) -> Self {
         self.shards.push((id, url.into()));
         self
     }
 
+    /// The shards workers may claim from (default: all).
     pub fn readable(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
         self.readable = Some(ids.into_iter().collect());
         self
     }
 
+    /// The shards new work may go to (default: all; empty: a drained fleet).
     pub fn writable(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
         self.writable = Some(ids.into_iter().collect());
         self
     }
 
+    /// Shards only pinned work goes to (residency cells).
     pub fn reserved(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
         self.reserved = ids.into_iter().collect();
         self
     }
 
+    /// Where ids with no shard prefix route (default: the lowest readable unreserved id).
     pub fn default_shard(mut self, id: u32) -> Self {
         self.default = Some(id);
         self
@@ -360,6 +404,7 @@ fn pairs(var: &'static str, value: &str) -> Result<Vec<(String, String)>, Topolo
 }
 
 impl Topology {
+    /// A topology built shard by shard.
     pub fn builder() -> TopologyBuilder {
         TopologyBuilder::default()
     }
@@ -421,38 +466,47 @@ impl Topology {
         builder.build()
     }
 
+    /// Every shard, by id.
     pub fn shards(&self) -> impl Iterator<Item = &Shard> {
         self.shards.values()
     }
 
+    /// One shard, if the topology has it.
     pub fn get(&self, id: ShardId) -> Option<&Shard> {
         self.shards.get(&id)
     }
 
+    /// How many shards.
     pub fn len(&self) -> usize {
         self.shards.len()
     }
 
+    /// Whether there are none (a built topology always has one).
     pub fn is_empty(&self) -> bool {
         self.shards.is_empty()
     }
 
+    /// Whether workers may claim from `id`.
     pub fn is_readable(&self, id: ShardId) -> bool {
         self.readable.contains(&id)
     }
 
+    /// Whether new work may go to `id`.
     pub fn is_writable(&self, id: ShardId) -> bool {
         self.writable.contains(&id)
     }
 
+    /// Whether `id` takes pinned work only.
     pub fn is_reserved(&self, id: ShardId) -> bool {
         self.reserved.contains(&id)
     }
 
+    /// Where unencoded ids route.
     pub fn default_shard(&self) -> ShardId {
         self.default
     }
 
+    /// The shard a residency key names.
     pub fn residency(&self, key: &str) -> Option<ShardId> {
         self.residency.get(key).copied()
     }
