@@ -710,3 +710,78 @@ async fn tasks_with_no_affinity_pass_over_a_dead_shard() {
         .unwrap_err();
     assert!(matches!(e, ClientError::NoShardAvailable { .. }), "{e:?}");
 }
+
+/// One error kind per kind of mistake: an execution id that names no
+/// execution is `UnknownExecution` for an enqueue too, and a task id that
+/// never existed is `UnknownTask`, not a lost lease.
+#[tokio::test]
+async fn unknown_ids_are_unknown_everywhere() {
+    let client = client();
+    let on = fleet().shards().next().expect("a shard").id;
+    let nobody = ExecutionId::mint(on).unwrap();
+    let e = client
+        .enqueue(
+            &unique("unknown"),
+            json!({}),
+            EnqueueOptions::new().execution(nobody),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, ClientError::UnknownExecution { shard, .. } if shard == on),
+        "{e:?}"
+    );
+    assert!(!e.is_retryable());
+    let e = client.cancel_execution(nobody, None).await.unwrap_err();
+    assert!(matches!(e, ClientError::UnknownExecution { .. }), "{e:?}");
+    let never = TaskId::mint(on).unwrap();
+    for e in [
+        client.complete(never, 1, None).await.unwrap_err(),
+        client.fail(never, 1, "x", None).await.map(|_| ()).unwrap_err(),
+        client.heartbeat(never, 1).await.map(|_| ()).unwrap_err(),
+        client.release(never, 1).await.unwrap_err(),
+    ] {
+        assert!(matches!(e, ClientError::UnknownTask { .. }), "{e:?}");
+        assert!(!e.to_string().contains("lease"), "{e}");
+    }
+}
+
+/// A quota refusal carries what was exceeded, as fields.
+#[tokio::test]
+async fn a_quota_refusal_says_what_was_exceeded() {
+    let client = client();
+    let on = fleet().shards().next().expect("a shard").id;
+    let db = connect(fleet().get(on).unwrap()).await;
+    let name = unique("quota-detail");
+    let policy = json!({ "quota": { "key": "input.tenant", "max_active_executions": 1 } });
+    db.execute("SELECT sheaf.declare_workflow($1, $2)", &[&name, &policy])
+        .await
+        .unwrap();
+    let pinned = || StartOptions::new().placement(Placement::Shard(on));
+    // Quota keys are shared across workflows: one of this test's own.
+    let tenant = unique("tenant");
+    client
+        .start_workflow(&name, "a", json!({ "tenant": &tenant }), pinned())
+        .await
+        .unwrap();
+    let e = client
+        .start_workflow(&name, "b", json!({ "tenant": &tenant }), pinned())
+        .await
+        .unwrap_err();
+    match &e {
+        ClientError::QuotaExceeded { detail: Some(d), .. } => {
+            assert_eq!(
+                (
+                    d.workflow.as_str(),
+                    d.key.as_str(),
+                    d.resource.as_str(),
+                    d.limit,
+                    d.usage
+                ),
+                (name.as_str(), tenant.as_str(), "max_active_executions", 1, 1)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.is_retryable(), "a quota frees up as executions end");
+}

@@ -63,7 +63,8 @@ pub struct QuotaDetail {
     pub workflow: String,
     /// The quota key the start counts toward.
     pub key: String,
-    /// `active_executions`, `history_bytes` or `dead_letters`.
+    /// The policy field that was reached: `max_active_executions`,
+    /// `max_history_bytes` or `max_dead_letters`.
     pub resource: String,
     /// The declared limit.
     pub limit: i64,
@@ -325,12 +326,13 @@ mod tests {
 
     #[test]
     fn a_quota_refusal_reads_its_detail() {
-        let detail = r#"{"workflow":"wf","key":"acme","resource":"active_executions","limit":2,"usage":2}"#;
+        let detail =
+            r#"{"workflow":"wf","key":"acme","resource":"max_active_executions","limit":2,"usage":2}"#;
         let e = ClientError::refusal(shard(1), &Owned::Shard, "53400", "m".into(), Some(detail), 1);
         match e {
             ClientError::QuotaExceeded { detail: Some(d), .. } => {
                 assert_eq!((d.key.as_str(), d.limit, d.usage), ("acme", 2, 2));
-                assert_eq!(d.resource, "active_executions");
+                assert_eq!(d.resource, "max_active_executions");
             }
             other => panic!("{other:?}"),
         }
