@@ -55,6 +55,13 @@ macro_rules! shard_id_type {
                 shard_of(&self.0)
             }
 
+            /// When the id was minted (millisecond precision); `None` for
+            /// ids that carry no time (a foreign UUID). The local
+            /// equivalent of `sheaf.id_timestamp`.
+            pub fn timestamp(&self) -> Option<SystemTime> {
+                timestamp_of(&self.0)
+            }
+
             /// The shard that serves calls for this id: its own, or the
             /// default for unencoded ids, following forwards.
             pub fn route(&self, topology: &Topology) -> ShardId {
@@ -100,6 +107,10 @@ fn mint(shard: ShardId) -> Result<uuid::Uuid, IdError> {
     Ok(uuid::Uuid::from_bytes(bytes))
 }
 
+fn timestamp_of(u: &uuid::Uuid) -> Option<SystemTime> {
+    id::unix_ms_of(u.as_bytes()).and_then(|ms| UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms)))
+}
+
 fn shard_of(u: &uuid::Uuid) -> Option<ShardId> {
     match id::shard_of(u.as_bytes()) {
         id::UNENCODED_SHARD => None,
@@ -140,5 +151,26 @@ mod tests {
         assert_eq!(unencoded.route(&t).get(), 1);
         assert_eq!(foreign.route(&t).get(), 1);
         assert!("nope".parse::<ExecutionId>().is_err());
+    }
+
+    #[test]
+    fn the_timestamp_is_the_mint_time() {
+        // From the shared vectors: shard 2, unix ms 0x19ad16a5cfb.
+        let on_two: ExecutionId = "000219ad-16a5-8cfb-bfff-ffffffffffff".parse().unwrap();
+        let ms = on_two
+            .timestamp()
+            .unwrap()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        assert_eq!(ms, 0x19ad16a5cfb);
+        let foreign: TaskId = "0001a2b3-c4d5-4e6f-8a0b-1c2d3e4f5a6b".parse().unwrap();
+        assert_eq!(foreign.timestamp(), None);
+        let now = SystemTime::now();
+        let minted = TaskId::mint(ShardId::new(1).unwrap())
+            .unwrap()
+            .timestamp()
+            .unwrap();
+        assert!(now.duration_since(minted).unwrap_or_default().as_millis() < 1000);
     }
 }

@@ -17,8 +17,10 @@ pub mod worker;
 
 pub use breaker::{Breaker, BreakerState};
 pub use client::{
-    ClaimedTask, Client, ClientError, EnqueueOptions, Enqueued, Execution, FailOutcome, Owned, QuotaDetail,
-    StartOptions, Started,
+    Acquired, ClaimedTask, Client, ClientError, ConcurrencyStat, EnqueueOptions, Enqueued, EnqueuedBatch,
+    Event, Execution, FailOutcome, FleetError, FleetReport, HistoryPage, LockOptions, MutexGuard, MutexKey,
+    MutexStatus, OnShard, Owned, QueueConfig, QueueOptions, QueueStats, QuotaDetail, QuotaUsage,
+    RegisteredWorker, ShardConnection, ShardInfo, StartOptions, Started, StrandedWork,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use id::{ExecutionId, IdError, TaskId};

@@ -6,11 +6,19 @@
 //! another shard: a shard that cannot serve fails the call loudly, naming
 //! that one shard and the execution, task or workflow it owns.
 
+mod admin;
+mod batch;
 mod error;
 mod executions;
+mod fleet;
+mod history;
+mod lifecycle;
+mod mutex;
 mod options;
+mod policy;
 mod shard;
 mod tasks;
+mod tx;
 
 use std::fmt;
 use std::time::Duration;
@@ -22,6 +30,16 @@ pub use error::{ClientError, Owned, QuotaDetail};
 pub use executions::{Execution, Started};
 pub use options::{EnqueueOptions, StartOptions};
 pub use tasks::{ClaimedTask, Enqueued, FailOutcome};
+
+pub use admin::ShardInfo;
+pub use batch::{EnqueuedBatch, MAX_BATCH};
+pub use fleet::{
+    ConcurrencyStat, FleetError, FleetReport, QueueStats, QuotaUsage, RegisteredWorker, StrandedWork,
+};
+pub use history::{Event, HistoryPage, MAX_HISTORY_PAGE};
+pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
+pub use policy::{QueueConfig, QueueOptions};
+pub use tx::{OnShard, ShardConnection};
 
 use crate::id::{ExecutionId, TaskId};
 use crate::metrics::{Metrics, Outcome};

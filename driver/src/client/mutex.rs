@@ -1,0 +1,574 @@
+//! The durable mutex: typed calls, and [`MutexGuard`], a held lock that
+//! renews its lease in the background, reports a lost lease, and releases
+//! when dropped.
+//!
+//! **Routing.** A mutex is shard-local: contending owners must meet on one
+//! shard. A [`MutexKey`] says which: by default the key is placed by
+//! rendezvous hashing over *every* shard of the topology (key bytes
+//! `0x01 ‖ "mutex__" ‖ key`, i.e. the routing key `mutex__<key>`), with no
+//! re-hash among writable shards, so draining a shard moves no lock; forwards
+//! are followed. Adding or removing a shard moves ~1/N of the keys: do not
+//! change the shard set while a key is contended, or pin it with
+//! [`MutexKey::on_shard`]. [`MutexKey::of_execution`] puts the lock on an
+//! execution's shard, where the execution ending releases it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use sheaf_core::hrw;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use super::{Call, Client, ClientError, Owned, first_column, single};
+use crate::id::ExecutionId;
+use crate::topology::ShardId;
+
+const ACQUIRE: &str =
+    "SELECT granted, token, queue_position FROM sheaf.mutex_acquire($1, $2, make_interval(secs => $3))";
+const RELEASE: &str = "SELECT sheaf.mutex_release($1, $2, $3)";
+const RENEW: &str = "SELECT sheaf.mutex_renew($1, $2, $3, make_interval(secs => $4))";
+const STATUS: &str = "SELECT holder, token, lease_expires_at, waiters FROM sheaf.mutex_status($1)";
+const RECLAIM: &str = "SELECT sheaf.mutex_reclaim($1)";
+
+/// The prefix that makes a mutex key's routing key (`mutex__<key>`).
+const ROUTING_PREFIX: &str = "mutex__";
+
+/// A mutex key and the shard it lives on (see the module's "Routing").
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MutexKey {
+    key: String,
+    route: Route,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Route {
+    Hashed,
+    Shard(ShardId),
+    Execution(ExecutionId),
+}
+
+impl MutexKey {
+    /// `key` on the shard its rendezvous hash picks among every shard.
+    pub fn new(key: impl Into<String>) -> MutexKey {
+        MutexKey {
+            key: key.into(),
+            route: Route::Hashed,
+        }
+    }
+
+    /// `key` on exactly `shard`.
+    pub fn on_shard(key: impl Into<String>, shard: ShardId) -> MutexKey {
+        MutexKey {
+            key: key.into(),
+            route: Route::Shard(shard),
+        }
+    }
+
+    /// `key` on the shard of `execution` (its id routes there): an owner
+    /// that is that execution releases it when the execution ends.
+    pub fn of_execution(key: impl Into<String>, execution: ExecutionId) -> MutexKey {
+        MutexKey {
+            key: key.into(),
+            route: Route::Execution(execution),
+        }
+    }
+
+    /// The key, as the shard knows it.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl From<&str> for MutexKey {
+    fn from(key: &str) -> MutexKey {
+        MutexKey::new(key)
+    }
+}
+
+impl From<String> for MutexKey {
+    fn from(key: String) -> MutexKey {
+        MutexKey::new(key)
+    }
+}
+
+/// What `mutex_acquire` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acquired {
+    /// The owner holds the lock under this fencing token (a later holder
+    /// always gets a larger one).
+    Granted {
+        /// The fencing token: release and renew must carry it.
+        token: i64,
+    },
+    /// The owner waits in the FIFO line; acquiring again keeps the place.
+    Queued {
+        /// 1 = next.
+        position: i32,
+    },
+}
+
+/// A mutex key's state (`sheaf.mutex_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MutexStatus {
+    /// The holder; `None` when free.
+    pub holder: Option<uuid::Uuid>,
+    /// The holder's fencing token.
+    pub token: Option<i64>,
+    /// When the holder's lease ends unless renewed.
+    pub lease_expires_at: Option<SystemTime>,
+    /// How many owners wait in line.
+    pub waiters: i32,
+}
+
+impl Client {
+    /// The shard `key` lives on (see the module's "Routing").
+    pub fn mutex_shard(&self, key: &MutexKey) -> ShardId {
+        match key.route {
+            Route::Shard(shard) => shard,
+            Route::Execution(id) => id.route(&self.topology),
+            Route::Hashed => {
+                let h = hrw::key_hash(&hrw::routing_key(&format!("{ROUTING_PREFIX}{}", key.key)));
+                let winner = hrw::pick(h, self.topology.shards().map(|s| s.id.get()))
+                    .and_then(|s| ShardId::new(u32::from(s)).ok())
+                    .unwrap_or_else(|| self.topology.default_shard());
+                self.topology.serving(winner)
+            }
+        }
+    }
+
+    fn mutex_call(&self, key: &MutexKey) -> Call {
+        Call {
+            shard: self.mutex_shard(key),
+            owned: Owned::Mutex(key.key.clone()),
+        }
+    }
+
+    /// Acquires `key` for `owner` under a lease, or queues the owner (FIFO).
+    /// Acquiring again keeps the place and returns the grant once it comes;
+    /// the holder acquiring again gets the same token.
+    pub async fn mutex_acquire(
+        &self,
+        key: &MutexKey,
+        owner: uuid::Uuid,
+        lease: Duration,
+    ) -> Result<Acquired, ClientError> {
+        let call = self.mutex_call(key);
+        let rows = self
+            .query(&call, ACQUIRE, &[&key.key, &owner, &lease.as_secs_f64()])
+            .await?;
+        let row = single(&call, &rows)?;
+        let read = || -> Result<(bool, Option<i64>, i32), tokio_postgres::Error> {
+            Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+        };
+        match read().map_err(|e| call.error(e, 1))? {
+            (true, Some(token), _) => Ok(Acquired::Granted { token }),
+            (false, _, position) => Ok(Acquired::Queued { position }),
+            (true, None, _) => Err(ClientError::Database {
+                shard: call.shard,
+                code: None,
+                message: "mutex_acquire granted the lock without a token".into(),
+            }),
+        }
+    }
+
+    /// Releases `key` held by `owner` under `token`; the next holder, if a
+    /// waiter was handed the lock. [`ClientError::StaleToken`] if `owner`
+    /// does not hold it under `token` (nothing changes).
+    pub async fn mutex_release(
+        &self,
+        key: &MutexKey,
+        owner: uuid::Uuid,
+        token: i64,
+    ) -> Result<Option<uuid::Uuid>, ClientError> {
+        let call = self.mutex_call(key);
+        let rows = self.query(&call, RELEASE, &[&key.key, &owner, &token]).await?;
+        first_column(&call, &rows)
+    }
+
+    /// Extends the holder's lease to now + `lease`; the new end.
+    /// [`ClientError::StaleToken`] if the lock is no longer `owner`'s under `token`.
+    pub async fn mutex_renew(
+        &self,
+        key: &MutexKey,
+        owner: uuid::Uuid,
+        token: i64,
+        lease: Duration,
+    ) -> Result<SystemTime, ClientError> {
+        let call = self.mutex_call(key);
+        let rows = self
+            .query(&call, RENEW, &[&key.key, &owner, &token, &lease.as_secs_f64()])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// `key`'s holder and line.
+    pub async fn mutex_status(&self, key: &MutexKey) -> Result<MutexStatus, ClientError> {
+        let call = self.mutex_call(key);
+        let rows = self.query(&call, STATUS, &[&key.key]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(MutexStatus {
+                holder: None,
+                token: None,
+                lease_expires_at: None,
+                waiters: 0,
+            });
+        };
+        let read = || -> Result<MutexStatus, tokio_postgres::Error> {
+            Ok(MutexStatus {
+                holder: row.try_get(0)?,
+                token: row.try_get(1)?,
+                lease_expires_at: row.try_get(2)?,
+                waiters: row.try_get(3)?,
+            })
+        };
+        read().map_err(|e| call.error(e, 1))
+    }
+
+    /// Passes up to `max_rows` expired locks on `shard` to their next
+    /// waiters (also done by `maintain` and by any acquire of the key); how many.
+    pub async fn mutex_reclaim(&self, shard: ShardId, max_rows: i32) -> Result<i32, ClientError> {
+        let (call, rows) = self.on_shard(shard, Owned::Shard, RECLAIM, &[&max_rows]).await?;
+        first_column(&call, &rows)
+    }
+
+    /// Waits for `key` (FIFO, polling every `options.poll`) and returns the
+    /// held lock as a [`MutexGuard`]. Call within a tokio runtime.
+    ///
+    /// Dropping this future while it waits (a `select!`, a timeout) does not
+    /// leave the owner in line holding up the others: a task is spawned that
+    /// waits for the grant and releases it at once.
+    pub async fn lock(
+        self: &Arc<Self>,
+        key: impl Into<MutexKey>,
+        options: LockOptions,
+    ) -> Result<MutexGuard, ClientError> {
+        let key = key.into();
+        let owner = options.owner.unwrap_or_else(uuid::Uuid::new_v4);
+        let mut waiting = Waiting {
+            client: Arc::clone(self),
+            key: key.clone(),
+            owner,
+            options: options.clone(),
+            armed: true,
+        };
+        let token = loop {
+            match self.mutex_acquire(&key, owner, options.lease).await {
+                Ok(Acquired::Granted { token }) => break token,
+                Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.poll).await,
+                Err(e) => {
+                    // Nothing was granted if the call failed before the shard
+                    // answered; the leave task settles a grant it missed.
+                    return Err(e);
+                }
+            }
+        };
+        waiting.armed = false;
+        Ok(MutexGuard::start(Arc::clone(self), key, owner, token, options))
+    }
+
+    /// [`Client::lock`], giving up after `wait`: `None` then (and the
+    /// owner's place in line is given up as when `lock` is dropped).
+    pub async fn try_lock(
+        self: &Arc<Self>,
+        key: impl Into<MutexKey>,
+        options: LockOptions,
+        wait: Duration,
+    ) -> Result<Option<MutexGuard>, ClientError> {
+        match tokio::time::timeout(wait, self.lock(key, options)).await {
+            Ok(result) => result.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// How [`Client::lock`] holds a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    lease: Duration,
+    poll: Duration,
+    owner: Option<uuid::Uuid>,
+}
+
+impl Default for LockOptions {
+    fn default() -> LockOptions {
+        LockOptions {
+            lease: Duration::from_secs(60),
+            poll: Duration::from_millis(200),
+            owner: None,
+        }
+    }
+}
+
+impl LockOptions {
+    /// A 60 s lease, renewed every 20 s; polls every 200 ms while waiting;
+    /// a fresh owner id.
+    pub fn new() -> LockOptions {
+        LockOptions::default()
+    }
+
+    /// The lease (1 s..1 day): how long the lock outlives a crashed holder.
+    /// The guard renews it every third of it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often a waiter asks again.
+    pub fn poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// The owner id (default: a fresh one per lock), e.g. an execution's
+    /// `as_uuid()`, whose end then releases the lock too.
+    pub fn owner(mut self, owner: uuid::Uuid) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+}
+
+/// An owner waiting in a line; dropped while armed, it leaves the line.
+struct Waiting {
+    client: Arc<Client>,
+    key: MutexKey,
+    owner: uuid::Uuid,
+    options: LockOptions,
+    armed: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The shard has no "leave the line" call: wait for the grant and
+        // hand it on at once, so the others are not held up for a lease.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, key, owner, options) = (
+            Arc::clone(&self.client),
+            self.key.clone(),
+            self.owner,
+            self.options.clone(),
+        );
+        runtime.spawn(async move {
+            loop {
+                match client.mutex_acquire(&key, owner, options.lease).await {
+                    Ok(Acquired::Granted { token }) => {
+                        if let Err(e) = client.mutex_release(&key, owner, token).await {
+                            tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the release failed; the lease runs out");
+                        }
+                        return;
+                    }
+                    Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.poll).await,
+                    Err(e) => {
+                        tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the owner stays in line; a grant to it runs out with its lease");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A held durable lock. While it lives, a background task renews the lease
+/// every third of it; if a renewal is refused (the lease ran out and the
+/// lock passed on: a stale token) or none succeeded within a lease, the
+/// guard counts it lost: [`MutexGuard::lost`] completes and protected work
+/// must stop. Pass [`MutexGuard::token`] to the resource you protect, so it
+/// can refuse a stale holder (fencing).
+///
+/// Dropping it releases the lock on a spawned task (the drop cannot wait).
+/// Dropped outside a tokio runtime, nothing can be sent: the lock is held
+/// until its lease runs out, then passes on. [`MutexGuard::release`] releases
+/// and reports the outcome.
+#[derive(Debug)]
+pub struct MutexGuard {
+    client: Arc<Client>,
+    key: MutexKey,
+    owner: uuid::Uuid,
+    token: i64,
+    shard: ShardId,
+    lost: CancellationToken,
+    renewer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl MutexGuard {
+    fn start(
+        client: Arc<Client>,
+        key: MutexKey,
+        owner: uuid::Uuid,
+        token: i64,
+        options: LockOptions,
+    ) -> MutexGuard {
+        let lost = CancellationToken::new();
+        let shard = client.mutex_shard(&key);
+        let renewer = tokio::spawn(renew_loop(
+            Arc::clone(&client),
+            key.clone(),
+            owner,
+            token,
+            options.lease,
+            lost.clone(),
+        ));
+        MutexGuard {
+            client,
+            key,
+            owner,
+            token,
+            shard,
+            lost,
+            renewer: Some(renewer),
+        }
+    }
+
+    /// The fencing token of this grant (each grant of a key gets a larger one).
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The owner id the lock is held under.
+    pub fn owner(&self) -> uuid::Uuid {
+        self.owner
+    }
+
+    /// The key.
+    pub fn key(&self) -> &MutexKey {
+        &self.key
+    }
+
+    /// The shard the lock lives on.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// Whether the lease was lost (see [`MutexGuard::lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Completes when the lease is lost: another owner may hold the lock now.
+    pub fn lost(&self) -> WaitForCancellationFuture<'_> {
+        self.lost.cancelled()
+    }
+
+    /// A token cancelled when the lease is lost, for tasks of their own.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// Releases the lock now; the owner it passed to, if one waited.
+    /// [`ClientError::StaleToken`] if it had been lost.
+    pub async fn release(mut self) -> Result<Option<uuid::Uuid>, ClientError> {
+        self.stop_renewing();
+        let result = self.client.mutex_release(&self.key, self.owner, self.token).await;
+        // Released (or refused as stale): either way nothing is left to drop.
+        self.lost.cancel();
+        result
+    }
+
+    fn stop_renewing(&mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
+    }
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        self.stop_renewing();
+        if self.lost.is_cancelled() {
+            return;
+        }
+        self.lost.cancel();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                key = self.key.key(),
+                "a mutex guard dropped outside a tokio runtime: the lock is held until its lease runs out"
+            );
+            return;
+        };
+        let (client, key, owner, token) =
+            (Arc::clone(&self.client), self.key.clone(), self.owner, self.token);
+        runtime.spawn(async move {
+            if let Err(e) = client.mutex_release(&key, owner, token).await {
+                tracing::warn!(key = key.key(), error = %e, "releasing a dropped mutex guard failed; the lock passes on when its lease runs out");
+            }
+        });
+    }
+}
+
+/// Renews every third of the lease. A stale token is a lost lock; so is no
+/// successful renewal for a whole lease (the shard may have passed it on).
+async fn renew_loop(
+    client: Arc<Client>,
+    key: MutexKey,
+    owner: uuid::Uuid,
+    token: i64,
+    lease: Duration,
+    lost: CancellationToken,
+) {
+    let mut held_until = Instant::now() + lease;
+    loop {
+        tokio::select! {
+            _ = lost.cancelled() => return,
+            _ = tokio::time::sleep(lease / 3) => {}
+        }
+        let asked = Instant::now();
+        match client.mutex_renew(&key, owner, token, lease).await {
+            Ok(_) => held_until = asked + lease,
+            Err(ClientError::StaleToken { .. }) => {
+                tracing::warn!(key = key.key(), token, "mutex lease lost: the lock passed on");
+                lost.cancel();
+                return;
+            }
+            Err(e) if Instant::now() >= held_until => {
+                tracing::warn!(key = key.key(), error = %e, "mutex lease ran out without a renewal: counted lost");
+                lost.cancel();
+                return;
+            }
+            Err(e) => tracing::debug!(key = key.key(), error = %e, "mutex renewal failed; retrying"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolOptions;
+    use crate::topology::Topology;
+
+    fn client(n: u32) -> Client {
+        let t = (0..n)
+            .fold(Topology::builder(), |b, i| {
+                b.shard(i, format!("postgres://h{i}/d"))
+            })
+            .writable([0])
+            .build()
+            .unwrap();
+        Client::new(t, PoolOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn a_hashed_key_is_the_routing_key_mutex_key_over_every_shard() {
+        let c = client(4);
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..64 {
+            let key = format!("k{i}");
+            let h = hrw::key_hash(&hrw::routing_key(&format!("mutex__{key}")));
+            let expected = hrw::pick(h, 0..4u16).unwrap();
+            let shard = c.mutex_shard(&MutexKey::new(key.as_str()));
+            assert_eq!(shard.get(), expected);
+            seen.insert(shard.get());
+        }
+        // Only shard 0 is writable, yet keys spread over all four: a drain
+        // moves no lock.
+        assert_eq!(seen.len(), 4, "{seen:?}");
+        let pinned = ShardId::new(3).unwrap();
+        assert_eq!(c.mutex_shard(&MutexKey::on_shard("k", pinned)), pinned);
+        let id = ExecutionId::mint(ShardId::new(2).unwrap()).unwrap();
+        assert_eq!(c.mutex_shard(&MutexKey::of_execution("k", id)).get(), 2);
+    }
+}
