@@ -1,0 +1,488 @@
+//! A tour of the whole typed surface: every `Client` method, once, against
+//! the shards in `SHEAF_SHARDS`, checking what each returns. It exits
+//! non-zero at the first answer that is not what sheaf promises, so
+//! `scripts/test` runs it after the integration tests.
+//!
+//! `SHEAF_SHARDS=... cargo run -p sheaf-driver --example tour`
+//! (`scripts/shards up` prints the list). It needs two shards or more, and
+//! writes only names that start with `tour-<pid>`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::TryStreamExt;
+use serde_json::json;
+use sheaf_driver::{
+    Acquired, Client, ClientError, EnqueueOptions, ExecutionState, Json, LockOptions, MutexKey, OnShard,
+    Placement, PoolOptions, QueueOptions, ShardId, StartOptions, TaskKind, Topology,
+};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Fails the tour with a message unless `cond` holds.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+).into());
+        }
+    };
+}
+
+struct Tour {
+    client: Arc<Client>,
+    shards: Vec<ShardId>,
+    prefix: String,
+}
+
+impl Tour {
+    fn name(&self, what: &str) -> String {
+        format!("{}-{what}", self.prefix)
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("tour: FAILED: {e}");
+        std::process::exit(1);
+    }
+    println!("tour: every typed method answered as documented");
+}
+
+async fn run() -> Result<(), Error> {
+    let spec = std::env::var("SHEAF_SHARDS").map_err(|_| "set SHEAF_SHARDS (scripts/shards up prints it)")?;
+    let topology = Topology::parse(&spec)?;
+    let client = Arc::new(Client::new(topology.clone(), PoolOptions::default())?);
+    let shards: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
+    ensure!(
+        shards.len() >= 2,
+        "the tour needs two shards or more, got {}",
+        shards.len()
+    );
+    let tour = Tour {
+        client,
+        shards,
+        prefix: format!("tour-{}", std::process::id()),
+    };
+    println!("tour: {} shards", tour.shards.len());
+    shard_housekeeping(&tour).await?;
+    tasks(&tour).await?;
+    batches_and_dead_letters(&tour).await?;
+    executions(&tour).await?;
+    lifecycle_and_history(&tour).await?;
+    fleet_policies(&tour).await?;
+    fleet_reads(&tour).await?;
+    mutex(&tour).await?;
+    in_transaction(&tour).await?;
+    Ok(())
+}
+
+async fn shard_housekeeping(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let status = c.topology_status(Duration::from_secs(5)).await;
+    ensure!(
+        status.shards.iter().all(|s| s.probe.reachable),
+        "a shard is unreachable: {status:?}"
+    );
+    for &shard in &t.shards {
+        let info = c.shard_info(shard).await?;
+        ensure!(info.matches(), "shard {shard} reports id {}", info.reported_id);
+        c.init_shard(shard).await?; // idempotent for its own id
+        let reaped = c.reap_expired(shard, 100).await?;
+        let reclaimed = c.mutex_reclaim(shard, 100).await?;
+        let report = c.maintain(shard).await?;
+        ensure!(report.is_object(), "maintain returned {report}");
+        println!(
+            "  shard {shard}: sheaf {}, reaped {reaped}, reclaimed {reclaimed}",
+            info.version
+        );
+    }
+    let worker = t.name("worker");
+    let queues = [t.name("q")];
+    c.worker_heartbeat(t.shards[0], &worker, &queues).await?;
+    let live = c.live_workers().await.into_result()?;
+    ensure!(
+        live[&t.shards[0]].iter().any(|w| w.worker == worker),
+        "the heartbeat is not live"
+    );
+    ensure!(
+        c.worker_deregister(t.shards[0], &worker).await?,
+        "deregister found no worker"
+    );
+    ensure!(
+        c.metrics_text().contains("sheaf_shard_requests_total"),
+        "no request metrics"
+    );
+    println!("  status, shard_info, init_shard, reap_expired, mutex_reclaim, maintain, registry: ok");
+    Ok(())
+}
+
+async fn tasks(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let queue = t.name("tasks");
+    let shard = t.shards[0];
+    let pin = EnqueueOptions::new().placement(Placement::Shard(shard));
+    let exact = Json::parse(r#"{"amount": 1.50}"#)?;
+    let one = c.enqueue(&queue, exact.clone(), pin.clone().priority(5)).await?;
+    ensure!(
+        one.shard == shard && one.task_id.shard() == Some(shard),
+        "enqueue placed {one:?}"
+    );
+    let two = c.enqueue(&queue, json!({"n": 2}), pin.clone()).await?;
+    let three = c.enqueue(&queue, json!({"n": 3}), pin).await?;
+    let claimed = c.claim(shard, &queue, "tour", 3, Duration::from_secs(30)).await?;
+    ensure!(claimed.len() == 3, "claimed {}", claimed.len());
+    ensure!(claimed[0].task_id == one.task_id, "priority 5 first");
+    ensure!(
+        claimed[0].payload == exact,
+        "payload came back as {}",
+        claimed[0].payload
+    );
+    ensure!(
+        claimed[0].kind == TaskKind::Activity,
+        "kind {:?}",
+        claimed[0].kind
+    );
+    let lease_end = c.heartbeat(one.task_id, claimed[0].token).await?;
+    ensure!(
+        lease_end > SystemTime::now(),
+        "heartbeat returned a past lease end"
+    );
+    c.complete(one.task_id, claimed[0].token, Some(json!({"ok": true}).into()))
+        .await?;
+    c.release(two.task_id, claimed[1].token).await?;
+    let failed = c
+        .fail(
+            three.task_id,
+            claimed[2].token,
+            "tour failure",
+            Some(Duration::from_secs(60)),
+        )
+        .await?;
+    ensure!(
+        !failed.dead_lettered && failed.retry_at.is_some(),
+        "fail: {failed:?}"
+    );
+    match c.complete(one.task_id, claimed[0].token, None).await {
+        Err(ClientError::UnknownTask { .. }) => {}
+        other => return Err(format!("completing a finished task: {other:?}").into()),
+    }
+    let stats = c.queue_stats(&queue).await.into_result()?;
+    let s = stats[&shard];
+    ensure!(
+        (s.ready, s.scheduled, s.running) == (1, 1, 0),
+        "queue_stats {s:?}"
+    );
+    println!("  enqueue, claim, heartbeat, complete, release, fail, queue_stats: ok");
+    Ok(())
+}
+
+async fn batches_and_dead_letters(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let queue = t.name("batch");
+    let mut dead = Vec::new();
+    for &shard in &t.shards[..2] {
+        let options = EnqueueOptions::new()
+            .max_attempts(1)
+            .placement(Placement::Shard(shard));
+        let batch = c
+            .enqueue_batch(&queue, (0..3).map(|i| json!({ "i": i })), options)
+            .await?;
+        ensure!(
+            batch.task_ids.len() == 3 && batch.shard == shard,
+            "enqueue_batch {batch:?}"
+        );
+        let claimed = c.claim(shard, &queue, "tour", 3, Duration::from_secs(30)).await?;
+        let ids: Vec<_> = claimed.iter().map(|k| k.task_id).collect();
+        ensure!(ids == batch.task_ids, "a batch claims in order");
+        let entries: Vec<_> = claimed[..2].iter().map(|k| (k.task_id, k.token)).collect();
+        let done = c.complete_batch(&entries).await?;
+        ensure!(
+            done.values().all(|&ok| ok) && done.len() == 2,
+            "complete_batch {done:?}"
+        );
+        let last = &claimed[2];
+        ensure!(
+            c.fail(last.task_id, last.token, "no more", None)
+                .await?
+                .dead_lettered,
+            "not dead-lettered"
+        );
+        dead.push(last.task_id);
+    }
+    let report = c.redrive(&dead).await;
+    ensure!(report.is_complete() && report.total() == 2, "redrive {report:?}");
+    ensure!(
+        c.queue_stats(&queue).await.total().ready == 2,
+        "the redriven tasks are ready"
+    );
+    println!("  enqueue_batch, complete_batch, redrive (per shard): ok");
+    Ok(())
+}
+
+async fn executions(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let name = t.name("wf");
+    let opts = StartOptions::new().placement(Placement::RoutingKey(t.name("rk")));
+    let s = c
+        .start_workflow(&name, "a", json!({"x": 1}), opts.clone())
+        .await?;
+    ensure!(s.created, "the first start creates");
+    let again = c.start_workflow(&name, "a", json!({}), opts.clone()).await?;
+    ensure!(
+        !again.created && again.execution_id == s.execution_id,
+        "a second start attaches"
+    );
+    let found = c
+        .find_execution(&name, "a", &opts)
+        .await?
+        .ok_or("find_execution found nothing")?;
+    ensure!(
+        found.execution_id == s.execution_id,
+        "find_execution found another"
+    );
+    let e = c
+        .get_execution(s.execution_id)
+        .await?
+        .ok_or("get_execution found nothing")?;
+    ensure!(e.state == ExecutionState::Running, "state {:?}", e.state);
+    ensure!(
+        s.execution_id.timestamp().is_some(),
+        "an id carries its mint time"
+    );
+    ensure!(
+        c.complete_execution(s.execution_id, json!({"done": 1})).await?,
+        "complete_execution"
+    );
+    let b = c.start_workflow(&name, "b", json!({}), opts.clone()).await?;
+    ensure!(c.fail_execution(b.execution_id, "tour").await?, "fail_execution");
+    let d = c.start_workflow(&name, "d", json!({}), opts).await?;
+    ensure!(
+        c.cancel_execution(d.execution_id, Some("tour")).await?,
+        "cancel_execution"
+    );
+    ensure!(
+        !c.cancel_execution(d.execution_id, None).await?,
+        "a second cancel changes nothing"
+    );
+    println!("  start_workflow, find_execution, get_execution, complete/fail/cancel_execution: ok");
+    Ok(())
+}
+
+async fn lifecycle_and_history(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let s = c
+        .start_workflow(&t.name("life"), "a", json!({}), StartOptions::new())
+        .await?;
+    let id = s.execution_id;
+    ensure!(
+        c.pause_execution(id).await? && !c.pause_execution(id).await?,
+        "pause once"
+    );
+    ensure!(
+        c.resume_execution(id).await? && !c.resume_execution(id).await?,
+        "resume once"
+    );
+    let later = SystemTime::now() + Duration::from_secs(3600);
+    ensure!(c.suspend_execution(id, Some(later)).await?, "suspend");
+    ensure!(
+        c.wake_execution(id).await? && !c.wake_execution(id).await?,
+        "wake once"
+    );
+    for i in 0..12 {
+        c.append_event(id, "TourStep", json!({ "i": i })).await?;
+    }
+    let first = c.history(id, 0, 5).await?;
+    ensure!(
+        first.events.len() == 5 && first.next_after == Some(5),
+        "first page {:?}",
+        first.next_after
+    );
+    let all: Vec<_> = c.history_stream(id, 5).try_collect().await?;
+    let seqs: Vec<i64> = all.iter().map(|e| e.seq).collect();
+    ensure!(
+        seqs == (1..=seqs.len() as i64).collect::<Vec<_>>(),
+        "history seqs {seqs:?}"
+    );
+    ensure!(
+        all.iter().filter(|e| e.event_type == "TourStep").count() == 12,
+        "12 steps in the history"
+    );
+    ensure!(c.terminate_execution(id, Some("tour")).await?, "terminate");
+    match c.append_event(id, "Late", json!({})).await {
+        Err(ClientError::WrongState { .. }) => {}
+        other => return Err(format!("an append to an ended execution: {other:?}").into()),
+    }
+    println!("  pause/resume/suspend/wake/terminate, append_event, history pages and stream: ok");
+    Ok(())
+}
+
+async fn fleet_policies(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let name = t.name("gated");
+    let policy = json!({"concurrency": {"key": "input.tenant", "limit": 1, "on_conflict": "reject"},
+                        "quota": {"key": "input.tenant", "max_active_executions": 5}});
+    let report = c.declare_workflow(&name, policy).await;
+    ensure!(
+        report.is_complete() && report.ok.len() == t.shards.len(),
+        "declare_workflow {report:?}"
+    );
+    let opts = StartOptions::new().placement(Placement::Shard(t.shards[1]));
+    c.start_workflow(&name, "1", json!({"tenant": "acme"}), opts.clone())
+        .await?;
+    match c
+        .start_workflow(&name, "2", json!({"tenant": "acme"}), opts)
+        .await
+    {
+        Err(ClientError::GateRejected { .. }) => {}
+        other => return Err(format!("the gate let a second start in: {other:?}").into()),
+    }
+    let usage = c.quota_usage("acme").await.into_result()?;
+    ensure!(
+        usage[&t.shards[1]].active_executions >= 1,
+        "quota_usage {usage:?}"
+    );
+    let recount = c.quota_recompute("acme").await.into_result()?;
+    ensure!(recount == usage, "the counters drifted: {usage:?} vs {recount:?}");
+    let key = t.name("cap");
+    ensure!(
+        c.set_concurrency_limit(&key, Some(2)).await.is_complete(),
+        "set_concurrency_limit"
+    );
+    let queue = t.name("configured");
+    let configs = c
+        .configure_queue(&queue, &QueueOptions::new().aging_secs(Some(10)))
+        .await
+        .into_result()?;
+    ensure!(
+        configs.values().all(|q| q.aging_secs == Some(10)),
+        "configure_queue {configs:?}"
+    );
+    ensure!(
+        c.configure_queue(&queue, &QueueOptions::new().aging_secs(None))
+            .await
+            .is_complete(),
+        "aging off"
+    );
+    println!("  declare_workflow, set_concurrency_limit, configure_queue (every shard), quota: ok");
+    Ok(())
+}
+
+async fn fleet_reads(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let key = t.name("cap");
+    let stats = c.concurrency_stats().await.into_result()?;
+    for (shard, keys) in &stats {
+        let mine = keys
+            .iter()
+            .find(|k| k.concurrency_key == key)
+            .ok_or("the cap is missing")?;
+        ensure!(
+            mine.max_running == Some(2),
+            "shard {shard}: cap {:?}",
+            mine.max_running
+        );
+    }
+    let stranded = c.stranded_work().await.into_result()?;
+    let queue = t.name("batch");
+    let waiting: i64 = stranded
+        .values()
+        .flatten()
+        .filter(|s| s.queue == queue)
+        .map(|s| s.ready)
+        .sum();
+    ensure!(
+        waiting == 2,
+        "stranded_work sees {waiting} of the 2 redriven tasks"
+    );
+    ensure!(
+        c.set_concurrency_limit(&key, None).await.is_complete(),
+        "cap removed"
+    );
+    println!("  concurrency_stats, stranded_work, live_workers (fan-out): ok");
+    Ok(())
+}
+
+async fn mutex(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let key = MutexKey::new(t.name("deploy"));
+    let (a, b) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let Acquired::Granted { token } = c.mutex_acquire(&key, a, Duration::from_secs(30)).await? else {
+        return Err("a free mutex was not granted".into());
+    };
+    let queued = c.mutex_acquire(&key, b, Duration::from_secs(30)).await?;
+    ensure!(
+        queued == Acquired::Queued { position: 1 },
+        "the second owner: {queued:?}"
+    );
+    c.mutex_renew(&key, a, token, Duration::from_secs(30)).await?;
+    let status = c.mutex_status(&key).await?;
+    ensure!(
+        status.holder == Some(a) && status.waiters == 1,
+        "mutex_status {status:?}"
+    );
+    ensure!(
+        c.mutex_release(&key, a, token).await? == Some(b),
+        "the lock passes to the waiter"
+    );
+    match c.mutex_release(&key, a, token).await {
+        Err(ClientError::StaleToken { .. }) => {}
+        other => return Err(format!("a stale release: {other:?}").into()),
+    }
+    let Acquired::Granted { token: next } = c.mutex_acquire(&key, b, Duration::from_secs(30)).await? else {
+        return Err("the waiter was not granted".into());
+    };
+    ensure!(next > token, "fencing tokens increase");
+    ensure!(
+        c.try_lock(key.clone(), LockOptions::new(), Duration::from_millis(200))
+            .await?
+            .is_none(),
+        "held"
+    );
+    c.mutex_release(&key, b, next).await?;
+    let guard = c.lock(key.clone(), LockOptions::new()).await?;
+    ensure!(guard.token() > next && !guard.is_lost(), "the guard's token");
+    ensure!(guard.shard() == c.mutex_shard(&key), "the guard's shard");
+    guard.release().await?;
+    println!("  mutex_acquire/renew/status/release, lock, try_lock, guard: ok");
+    Ok(())
+}
+
+async fn in_transaction(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let shard = t.shards[1];
+    let queue = t.name("tx");
+    let mut conn = c.shard_connection(shard).await?;
+    let tx = conn.transaction().await?;
+    let on = OnShard::verify(&tx, shard).await?;
+    on.enqueue(&queue, json!({}), EnqueueOptions::new()).await?;
+    on.enqueue_batch(&queue, [json!(1), json!(2)], EnqueueOptions::new())
+        .await?;
+    let s = on
+        .start_workflow(&t.name("txwf"), "a", json!({}), StartOptions::new())
+        .await?;
+    tx.rollback().await?;
+    ensure!(
+        c.get_execution(s.execution_id).await?.is_none(),
+        "a rolled-back start is gone"
+    );
+    let tx = conn.transaction().await?;
+    let on = OnShard::verify(&tx, shard).await?;
+    on.enqueue(&queue, json!({}), EnqueueOptions::new()).await?;
+    tx.commit().await?;
+    ensure!(
+        c.queue_stats(&queue).await.total().ready == 1,
+        "one committed task"
+    );
+    let tx = conn.transaction().await?;
+    let wrong = OnShard::verify(&tx, t.shards[0]).await;
+    ensure!(
+        matches!(wrong, Err(ClientError::WrongState { .. })),
+        "a wrong shard was accepted"
+    );
+    tx.rollback().await?;
+    println!(
+        "  shard_connection, OnShard enqueue/enqueue_batch/start_workflow (rollback, commit, wrong shard): ok"
+    );
+    Ok(())
+}
