@@ -68,6 +68,7 @@ async fn run() -> Result<(), Error> {
     shard_housekeeping(&tour).await?;
     tasks(&tour).await?;
     batches_and_dead_letters(&tour).await?;
+    task_outcomes(&tour).await?;
     executions(&tour).await?;
     lifecycle_and_history(&tour).await?;
     fleet_policies(&tour).await?;
@@ -217,6 +218,62 @@ async fn batches_and_dead_letters(t: &Tour) -> Result<(), Error> {
         "the redriven tasks are ready"
     );
     println!("  enqueue_batch, complete_batch, redrive (per shard): ok");
+    Ok(())
+}
+
+async fn task_outcomes(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let (queue, shard, lease) = (t.name("outcomes"), t.shards[0], Duration::from_secs(30));
+    let pin = EnqueueOptions::new().placement(Placement::Shard(shard));
+    let a = c.enqueue(&queue, json!({}), pin.clone()).await?;
+    let b = c.enqueue(&queue, json!({}), pin).await?;
+    let claimed = c.claim(shard, &queue, "tour", 2, lease).await?;
+    ensure!(
+        claimed.len() == 2 && claimed[0].task_id == a.task_id,
+        "claimed {claimed:?}"
+    );
+    let at = c
+        .snooze(a.task_id, claimed[0].token, Duration::from_secs(60))
+        .await?;
+    ensure!(at > SystemTime::now(), "snoozed into the past");
+    c.dead_letter(b.task_id, claimed[1].token, "no retry can fix this")
+        .await?;
+    let s = c.queue_stats(&queue).await.into_result()?[&shard];
+    ensure!(
+        (s.scheduled, s.dead, s.running) == (1, 1, 0),
+        "after snooze and dead_letter: {s:?}"
+    );
+    let wq = t.name("wfq");
+    let name = t.name("ends");
+    let opts = StartOptions::new()
+        .placement(Placement::Shard(shard))
+        .queue(wq.clone());
+    let done = c.start_workflow(&name, "ok", json!({}), opts.clone()).await?;
+    let failed = c.start_workflow(&name, "bad", json!({}), opts).await?;
+    let tasks = c.claim(shard, &wq, "tour", 2, lease).await?;
+    ensure!(
+        tasks.len() == 2 && tasks.iter().all(|k| k.kind == TaskKind::Workflow),
+        "workflow tasks"
+    );
+    for task in &tasks {
+        if task.execution_id == Some(done.execution_id) {
+            c.complete_task_and_execution(task.task_id, task.token, json!({"r": 1}))
+                .await?;
+        } else {
+            c.complete_task_and_fail_execution(task.task_id, task.token, "tour")
+                .await?;
+        }
+    }
+    let state = |id| async move { c.get_execution(id).await.map(|e| e.map(|e| e.state)) };
+    ensure!(
+        state(done.execution_id).await? == Some(ExecutionState::Completed),
+        "completed with its task"
+    );
+    ensure!(
+        state(failed.execution_id).await? == Some(ExecutionState::Failed),
+        "failed with its task"
+    );
+    println!("  snooze, dead_letter, complete_task_and_execution, complete_task_and_fail_execution: ok");
     Ok(())
 }
 
