@@ -1,6 +1,68 @@
 //! sheaf-driver: use N sheaf shard databases as one queue.
 //!
 //! Every client computes placement itself; there is no proxy or coordinator.
+//! Each shard is a PostgreSQL database with `CREATE EXTENSION sheaf` and
+//! `sheaf.init_shard(<id>)` run (`scripts/shards up` brings up local ones).
+//!
+//! # Quickstart
+//!
+//! Topology → client → start → worker → shutdown:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use serde_json::json;
+//! use sheaf_driver::{
+//!     Client, PoolOptions, StartOptions, TaskContext, TaskDone, TaskFailure, Topology, Worker,
+//!     WorkerOptions,
+//! };
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // SHEAF_SHARDS="0=postgres://...,1=postgres://..." (never on a command line).
+//!     let topology = Topology::from_env()?;
+//!     let client = Arc::new(Client::new(topology, PoolOptions::default())?);
+//!
+//!     // A start is placed on one shard and its id names that shard.
+//!     let started = client
+//!         .start_workflow("invoice", "inv-42", json!({ "amount": "12.50" }), StartOptions::new())
+//!         .await?;
+//!     println!("started {} on shard {}", started.execution_id, started.shard);
+//!
+//!     // The workflow's queue is "default" unless its policy says otherwise.
+//!     let worker = Worker::start(
+//!         client.clone(),
+//!         WorkerOptions::new("billing-1", ["default"]),
+//!         |ctx: TaskContext| async move {
+//!             let input: serde_json::Value = ctx
+//!                 .task()
+//!                 .payload
+//!                 .deserialize()
+//!                 .map_err(|e| TaskFailure::permanent(format!("bad payload: {e}")))?;
+//!             // ... do the work; end the workflow with its result:
+//!             Ok(TaskDone::CompleteExecution(json!({ "paid": input }).into()))
+//!         },
+//!     )?;
+//!
+//!     tokio::time::sleep(Duration::from_secs(5)).await;
+//!     // Stops claiming, lets the tasks in hand finish (or releases them),
+//!     // and leaves every shard's live-worker registry.
+//!     let report = worker.shutdown().await;
+//!     println!("drained: {report:?}");
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Logging
+//!
+//! The worker and the pools log through [`tracing`]: a failing shard, a lost
+//! lease, an undersized pool are warnings. Install a subscriber to see them,
+//! e.g. `tracing_subscriber::fmt().with_env_filter("sheaf_driver=info").init()`.
+//!
+//! More: `driver/examples/` in the repository (the demo, the gates
+//! walkthrough, a tour of every client method).
+#![warn(missing_docs)]
 
 pub mod breaker;
 pub mod client;
@@ -25,7 +87,7 @@ pub use client::{
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use id::{ExecutionId, IdError, TaskId};
 pub use json::Json;
-pub use metrics::{Metrics, Outcome};
+pub use metrics::{Metrics, Outcome, TaskOutcome};
 pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use router::{Placement, RouteError};
 pub use schema::COMPATIBLE_SCHEMAS;

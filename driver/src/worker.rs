@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{ClaimedTask, Client, ClientError};
 use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure, lease_lost};
+use crate::metrics::TaskOutcome;
 use crate::pool::ShardError;
 use crate::topology::ShardId;
 
@@ -589,15 +590,33 @@ async fn deregister(ctx: &Ctx) {
     futures::future::join_all(calls).await;
 }
 
-/// Renews this worker's registration on every shard it covers.
+/// Renews this worker's registration on every shard it covers, and with
+/// it the client's `sheaf_shard_up` and `sheaf_shard_stranded_ready` for
+/// those shards, so they are current without a `topology_status()` call.
 async fn register(ctx: &Ctx) {
     let calls = ctx.shards.iter().map(|&shard| async move {
-        if let Err(e) = ctx
+        let metrics = ctx.client.metrics();
+        match ctx
             .client
             .worker_heartbeat(shard, &ctx.options.name, &ctx.options.queues)
             .await
         {
-            log_failure(ctx, shard, "worker registration", &e);
+            Ok(()) => {
+                let stranded = match ctx.client.stranded_ready(shard).await {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        log_failure(ctx, shard, "reading stranded work", &e);
+                        None
+                    }
+                };
+                metrics.probed(shard, true, stranded);
+            }
+            Err(e) => {
+                // A refusal means the shard answered; only an unreachable
+                // shard is down.
+                metrics.probed(shard, !matches!(e, ClientError::Shard { .. }), None);
+                log_failure(ctx, shard, "worker registration", &e);
+            }
         }
     });
     futures::future::join_all(calls).await;
@@ -643,6 +662,7 @@ async fn run_task<H, F>(
     H: Fn(TaskContext) -> F + Send + Sync + 'static,
     F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
 {
+    let claimed_at = Instant::now();
     let task_ctx = TaskContext::new(task.clone(), ctx.client.clone(), deadline);
     let mut work = AbortOnDrop(tokio::spawn(handler(task_ctx.clone())));
     let mut beat = tokio::time::interval_at(Instant::now() + ctx.options.lease / 3, ctx.options.lease / 3);
@@ -658,7 +678,7 @@ async fn run_task<H, F>(
             // A stale token seen by a heartbeat, the worker's or the handler's own.
             _ = task_ctx.cancelled() => {
                 work.0.abort();
-                ctx.counters.lost.fetch_add(1, Ordering::Relaxed);
+                count(&ctx, &task, TaskOutcome::Lost);
                 tracing::warn!(task = %task.task_id, "lease lost; the task was abandoned");
                 return;
             }
@@ -671,7 +691,7 @@ async fn run_task<H, F>(
             }
         }
     };
-    finish(&ctx, &task, outcome).await;
+    finish(&ctx, &task, outcome, claimed_at).await;
 }
 
 /// Records what the handler chose (or its panic) on the task's shard.
@@ -679,30 +699,38 @@ async fn finish(
     ctx: &Ctx,
     task: &ClaimedTask,
     outcome: Result<Result<TaskDone, TaskFailure>, tokio::task::JoinError>,
+    claimed_at: Instant,
 ) {
-    let (client, c) = (&ctx.client, &ctx.counters);
+    let client = &ctx.client;
     let (id, token) = (task.task_id, task.token);
     let failed = |dead: bool| {
         if dead {
-            c.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            TaskOutcome::DeadLettered
+        } else {
+            TaskOutcome::Failed
         }
-        &c.failed
     };
     let result = match outcome {
-        Ok(Ok(TaskDone::Complete(result))) => client.complete(id, token, result).await.map(|()| &c.completed),
+        Ok(Ok(TaskDone::Complete(result))) => client
+            .complete(id, token, result)
+            .await
+            .map(|()| TaskOutcome::Completed),
         Ok(Ok(TaskDone::CompleteExecution(result))) => client
             .complete_task_and_execution(id, token, result)
             .await
-            .map(|()| &c.completed),
+            .map(|()| TaskOutcome::Completed),
         Ok(Ok(TaskDone::FailExecution(error))) => client
             .complete_task_and_fail_execution(id, token, &error)
             .await
-            .map(|()| &c.completed),
-        Ok(Ok(TaskDone::Snooze(delay))) => client.snooze(id, token, delay).await.map(|_| &c.snoozed),
+            .map(|()| TaskOutcome::Completed),
+        Ok(Ok(TaskDone::Snooze(delay))) => client
+            .snooze(id, token, delay)
+            .await
+            .map(|_| TaskOutcome::Snoozed),
         Ok(Err(failure)) if failure.permanent => client
             .dead_letter(id, token, &failure.message)
             .await
-            .map(|()| failed(true)),
+            .map(|()| TaskOutcome::DeadLettered),
         Ok(Err(failure)) => client
             .fail(id, token, &failure.message, failure.retry_in)
             .await
@@ -713,16 +741,39 @@ async fn finish(
             .map(|o| failed(o.dead_lettered)),
     };
     match result {
-        Ok(counter) => {
-            counter.fetch_add(1, Ordering::Relaxed);
+        Ok(outcome) => {
+            count(ctx, task, outcome);
+            client
+                .metrics()
+                .task_took(task.shard, &task.queue, claimed_at.elapsed());
         }
         Err(e) if lease_lost(&e) => {
-            c.lost.fetch_add(1, Ordering::Relaxed);
+            count(ctx, task, TaskOutcome::Lost);
             tracing::warn!(task = %task.task_id, "lease lost before the task finished");
         }
         // The lease expires and the task runs again: nothing is lost.
         Err(e) => tracing::warn!(task = %task.task_id, error = %e, "could not record the task's outcome"),
     }
+}
+
+/// Counts what became of a task: in this worker's stats and in the client's
+/// `sheaf_tasks_total{shard,queue,outcome}`. A dead letter is a failure too.
+fn count(ctx: &Ctx, task: &ClaimedTask, outcome: TaskOutcome) {
+    let c = &ctx.counters;
+    let counter = match outcome {
+        TaskOutcome::Completed => &c.completed,
+        TaskOutcome::DeadLettered => {
+            c.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            &c.failed
+        }
+        TaskOutcome::Released => &c.released,
+        TaskOutcome::Snoozed => &c.snoozed,
+        TaskOutcome::Lost => &c.lost,
+        // Failed, and any outcome added later.
+        _ => &c.failed,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    ctx.client.metrics().task(task.shard, &task.queue, outcome);
 }
 
 /// A spawned handler, aborted when its runner goes away (the runner was
@@ -738,9 +789,7 @@ impl<T> Drop for AbortOnDrop<T> {
 
 async fn release(ctx: &Ctx, task: &ClaimedTask) {
     match ctx.client.release(task.task_id, task.token).await {
-        Ok(()) => {
-            ctx.counters.released.fetch_add(1, Ordering::Relaxed);
-        }
+        Ok(()) => count(ctx, task, TaskOutcome::Released),
         Err(e) => tracing::warn!(task = %task.task_id, error = %e, "release failed; the lease will expire"),
     }
 }

@@ -8,6 +8,7 @@ use crate::topology::ShardId;
 const WORKER_HEARTBEAT: &str = "SELECT sheaf.worker_heartbeat($1, $2)";
 const WORKER_DEREGISTER: &str = "SELECT sheaf.worker_deregister($1)";
 const MAINTAIN: &str = "SELECT sheaf.maintain()";
+const STRANDED_READY: &str = "SELECT coalesce(sum(ready), 0)::bigint FROM sheaf.stranded_work()";
 
 impl Client {
     /// Registers `worker` as live on `shard`, serving `queues`.
@@ -43,6 +44,17 @@ impl Client {
             owned: Owned::Shard,
         };
         let rows = self.query(&call, MAINTAIN, &[]).await?;
+        first_column(&call, &rows)
+    }
+
+    /// Ready tasks on `shard` whose queue no live worker serves: what
+    /// `sheaf_shard_stranded_ready` shows.
+    pub(crate) async fn stranded_ready(&self, shard: ShardId) -> Result<i64, ClientError> {
+        let call = Call {
+            shard,
+            owned: Owned::Shard,
+        };
+        let rows = self.query(&call, STRANDED_READY, &[]).await?;
         first_column(&call, &rows)
     }
 }

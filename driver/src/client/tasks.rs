@@ -178,9 +178,11 @@ impl Client {
             shard,
             owned: Owned::Queue(queue.to_owned()),
         };
+        let started = std::time::Instant::now();
         let rows = self
             .query(&call, CLAIM, &[&queue, &worker, &batch, &lease.as_secs_f64()])
             .await?;
+        self.metrics.claim_took(shard, queue, started.elapsed());
         let tasks = rows
             .iter()
             .map(|row| claimed_from_row(row, queue, shard))
