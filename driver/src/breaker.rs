@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 /// Where a shard's breaker is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum BreakerState {
     /// Calls go through.
     Closed,

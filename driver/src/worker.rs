@@ -33,6 +33,7 @@ const MAX_NAME_BYTES: usize = 256;
 
 /// Which shards a worker claims from.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Coverage {
     /// Every readable shard of the topology. Refused when the topology
     /// reserves shards: an automatic worker would drain every cell too.
@@ -136,6 +137,7 @@ impl WorkerOptions {
 /// Why a worker would not start. Each is a configuration mistake, found
 /// before anything is claimed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WorkerError {
     /// The name is empty or longer than the registry takes.
     #[error("the worker name must be 1..={MAX_NAME_BYTES} bytes")]
