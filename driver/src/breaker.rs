@@ -1,6 +1,9 @@
 //! A per-shard circuit breaker: after `threshold` consecutive connection
 //! failures the shard is short-circuited for `cooldown`, then one probe is let
 //! through (half-open); its success closes the breaker, its failure re-opens it.
+//! A probe whose outcome never comes (its caller gave up on it, or it found
+//! the pool exhausted) is given up on after another cooldown, and the next
+//! call is the probe: the breaker never waits on a lost probe forever.
 //!
 //! Time is passed in, so the state machine is tested without sleeping.
 
@@ -37,7 +40,8 @@ pub struct Breaker {
     cooldown: Duration,
     failures: u32,
     opened_at: Option<Instant>,
-    probing: bool,
+    /// When the outstanding half-open probe was let through.
+    probing: Option<Instant>,
 }
 
 impl Breaker {
@@ -49,7 +53,7 @@ impl Breaker {
             cooldown,
             failures: 0,
             opened_at: None,
-            probing: false,
+            probing: None,
         }
     }
 
@@ -57,23 +61,26 @@ impl Breaker {
     pub fn state(&self, now: Instant) -> BreakerState {
         match self.opened_at {
             None => BreakerState::Closed,
-            Some(_) if self.probing => BreakerState::HalfOpen,
+            Some(_) if self.probing.is_some() => BreakerState::HalfOpen,
             Some(at) if now.duration_since(at) >= self.cooldown => BreakerState::HalfOpen,
             Some(_) => BreakerState::Open,
         }
     }
 
     /// Whether a request may go to the shard now. In half-open, exactly one
-    /// request (the probe) is let through until its outcome is recorded.
+    /// request (the probe) is let through until its outcome is recorded, or
+    /// until a cooldown has passed without one (the probe was lost).
     pub fn allow(&mut self, now: Instant) -> bool {
         match self.state(now) {
             BreakerState::Closed => true,
             BreakerState::Open => false,
-            BreakerState::HalfOpen if self.probing => false,
-            BreakerState::HalfOpen => {
-                self.probing = true;
-                true
-            }
+            BreakerState::HalfOpen => match self.probing {
+                Some(at) if now.duration_since(at) < self.cooldown => false,
+                _ => {
+                    self.probing = Some(now);
+                    true
+                }
+            },
         }
     }
 
@@ -81,7 +88,7 @@ impl Breaker {
     pub fn record_success(&mut self) {
         self.failures = 0;
         self.opened_at = None;
-        self.probing = false;
+        self.probing = None;
     }
 
     /// Records a connection-level failure (not a SQL error: a refused query
@@ -90,7 +97,7 @@ impl Breaker {
         if self.opened_at.is_some() {
             // The half-open probe failed: open again for a full cooldown.
             self.opened_at = Some(now);
-            self.probing = false;
+            self.probing = None;
             return;
         }
         self.failures += 1;
@@ -142,6 +149,19 @@ mod tests {
         b.record_success();
         assert_eq!(b.state(later), BreakerState::Closed);
         assert!(b.allow(later));
+    }
+
+    #[test]
+    fn a_probe_whose_outcome_never_comes_is_given_up_after_a_cooldown() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(1, COOL);
+        b.record_failure(t0);
+        let probe_at = t0 + COOL;
+        assert!(b.allow(probe_at), "the probe (then its caller drops it)");
+        assert!(!b.allow(probe_at + COOL / 2), "still waiting on it");
+        assert!(b.allow(probe_at + COOL), "a lost probe is replaced");
+        b.record_success();
+        assert_eq!(b.state(probe_at + COOL), BreakerState::Closed);
     }
 
     #[test]

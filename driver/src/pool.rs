@@ -182,16 +182,41 @@ impl ShardPools {
     }
 
     /// A connection to `shard`, within the acquire timeout, unless its
-    /// breaker is open.
+    /// breaker is open. A new connection closes the breaker (it answered a
+    /// handshake); a recycled one proves nothing (its peer may have gone
+    /// half-open since it was last used), so the call that uses it reports
+    /// the outcome ([`ShardPools::record_success`], [`ShardPools::record_failure`]).
+    /// The schema check it may run is bounded by the query timeout.
     pub async fn get(&self, shard: ShardId) -> Result<Object, ShardError> {
         let entry = self.pools.get(&shard).ok_or(ShardError::NoPool { shard })?;
-        if !lock(&entry.breaker).allow(Instant::now()) {
-            return Err(ShardError::ShortCircuited { shard });
-        }
+        let probe = {
+            let mut breaker = lock(&entry.breaker);
+            let now = Instant::now();
+            let probe = breaker.state(now) == BreakerState::HalfOpen;
+            if !breaker.allow(now) {
+                return Err(ShardError::ShortCircuited { shard });
+            }
+            probe
+        };
         match entry.pool.get().await {
             Ok(conn) => {
-                lock(&entry.breaker).record_success();
-                self.check_schema(shard, entry, &conn).await?;
+                if Object::metrics(&conn).recycle_count == 0 {
+                    lock(&entry.breaker).record_success();
+                } else if probe && let Err(e) = self.verify_probe(shard, entry, &conn).await {
+                    drop(Object::take(conn));
+                    return Err(e);
+                }
+                let limit = self.options.query_timeout;
+                match tokio::time::timeout(limit, self.check_schema(shard, entry, &conn)).await {
+                    Ok(checked) => checked?,
+                    Err(_) => {
+                        // A reply may still come: never reuse this connection.
+                        drop(Object::take(conn));
+                        lock(&entry.breaker).record_failure(Instant::now());
+                        tracing::warn!(%shard, waited = ?limit, "reading the schema version timed out");
+                        return Err(ShardError::Timeout { shard, waited: limit });
+                    }
+                }
                 Ok(conn)
             }
             Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => Err(ShardError::Exhausted {
@@ -205,6 +230,32 @@ impl ShardPools {
                     shard,
                     cause: e.to_string(),
                 })
+            }
+        }
+    }
+
+    /// The half-open probe got a pooled connection, which proves nothing
+    /// (its peer may have gone half-open): one round trip on it, bounded by
+    /// the connect timeout, decides the breaker.
+    async fn verify_probe(&self, shard: ShardId, entry: &ShardPool, conn: &Object) -> Result<(), ShardError> {
+        let limit = self.options.connect_timeout;
+        let outcome = tokio::time::timeout(limit, conn.simple_query("")).await;
+        let mut breaker = lock(&entry.breaker);
+        match outcome {
+            Ok(Ok(_)) => {
+                breaker.record_success();
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                breaker.record_failure(Instant::now());
+                Err(ShardError::Unreachable {
+                    shard,
+                    cause: e.to_string(),
+                })
+            }
+            Err(_) => {
+                breaker.record_failure(Instant::now());
+                Err(ShardError::Timeout { shard, waited: limit })
             }
         }
     }
@@ -246,6 +297,14 @@ impl ShardPools {
     pub fn recheck_schema(&self, shard: ShardId) {
         if let Some(entry) = self.pools.get(&shard) {
             *lock(&entry.schema) = None;
+        }
+    }
+
+    /// Feeds an answer from the shard (a result or a refusal: either proves
+    /// it is up) to its breaker, closing it.
+    pub fn record_success(&self, shard: ShardId) {
+        if let Some(entry) = self.pools.get(&shard) {
+            lock(&entry.breaker).record_success();
         }
     }
 

@@ -796,32 +796,58 @@ async fn release(ctx: &Ctx, task: &ClaimedTask) {
     }
 }
 
+/// How often a quiet listening connection is checked (`SELECT 1`, bounded
+/// by the query timeout): a connection whose peer went away without a
+/// word (half-open) would otherwise wait for notifications forever.
+const LISTEN_PING: Duration = Duration::from_secs(5);
+/// The longest pause between two attempts to listen again.
+const LISTEN_MAX_PAUSE: Duration = Duration::from_secs(10);
+
 /// Wakes the claim loop when one of its queues gets work on `shard`.
-/// Reconnects with backoff; polling covers the gaps.
+/// Reconnects with backoff (from the start again after a connection that
+/// listened); polling covers the gaps.
 async fn listen(ctx: Arc<Ctx>, shard: ShardId, url: String) {
     let queues: HashSet<String> = ctx.options.queues.iter().cloned().collect();
-    let mut pause = Duration::from_millis(500);
+    let first = Duration::from_millis(500);
+    let mut pause = first;
     loop {
         match listen_once(&ctx, &queues, &url).await {
             Ok(()) => return,
-            Err(e) => tracing::debug!(%shard, error = %e, "listener connection ended"),
+            Err((listened, e)) => {
+                tracing::debug!(%shard, error = %e, "listener connection ended");
+                if listened {
+                    pause = first;
+                }
+            }
         }
         tokio::select! {
             _ = ctx.stop.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(30));
+        pause = (pause * 2).min(LISTEN_MAX_PAUSE);
     }
 }
 
 /// One listening connection; `Ok` once the worker stops, `Err` when the
-/// connection is lost.
-async fn listen_once(ctx: &Ctx, queues: &HashSet<String>, url: &str) -> Result<(), String> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
-    config.connect_timeout(ctx.client.pools().options().connect_timeout);
-    let (client, mut connection) = config.connect(NoTls).await.map_err(|e| format!("{e}"))?;
+/// connection is lost or stops answering (with whether it got to listen).
+/// Connecting is bounded by the connect timeout (the handshake included),
+/// every statement by the query timeout.
+async fn listen_once(ctx: &Ctx, queues: &HashSet<String>, url: &str) -> Result<(), (bool, String)> {
+    let options = ctx.client.pools().options();
+    let (connect_timeout, query_timeout) = (options.connect_timeout, options.query_timeout);
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| (false, format!("{e}")))?;
+    config.connect_timeout(connect_timeout);
+    let connecting = tokio::select! {
+        _ = ctx.stop.cancelled() => return Ok(()),
+        c = tokio::time::timeout(connect_timeout, config.connect(NoTls)) => c,
+    };
+    let (client, mut connection) = match connecting {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err((false, format!("{e}"))),
+        Err(_) => return Err((false, format!("no connection within {connect_timeout:?}"))),
+    };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let driver = tokio::spawn(async move {
+    let driver = AbortOnDrop(tokio::spawn(async move {
         while let Some(message) = futures::future::poll_fn(|cx| connection.poll_message(cx)).await {
             match message {
                 Ok(AsyncMessage::Notification(n)) => {
@@ -833,25 +859,38 @@ async fn listen_once(ctx: &Ctx, queues: &HashSet<String>, url: &str) -> Result<(
                 Err(_) => return,
             }
         }
-    });
-    let result = async {
-        client
-            .batch_execute("LISTEN sheaf_ready")
-            .await
-            .map_err(|e| format!("{e}"))?;
-        loop {
-            tokio::select! {
-                _ = ctx.stop.cancelled() => return Ok(()),
-                message = rx.recv() => match message {
-                    Some(queue) if queues.contains(&queue) => ctx.wake.notify_one(),
-                    Some(_) => {}
-                    None => return Err("the connection closed".to_owned()),
-                },
+    }));
+    let bounded = |sql: &'static str| {
+        let client = &client;
+        async move {
+            match tokio::time::timeout(query_timeout, client.batch_execute(sql)).await {
+                Ok(result) => result.map_err(|e| format!("{e}")),
+                Err(_) => Err(format!("{sql}: no answer within {query_timeout:?}")),
             }
         }
-    }
-    .await;
-    driver.abort();
+    };
+    bounded("LISTEN sheaf_ready").await.map_err(|e| (false, e))?;
+    // Whatever was notified while this shard had no listener: poll now.
+    ctx.wake.notify_one();
+    let mut ping = tokio::time::interval_at(Instant::now() + LISTEN_PING, LISTEN_PING);
+    let result = loop {
+        tokio::select! {
+            _ = ctx.stop.cancelled() => break Ok(()),
+            message = rx.recv() => match message {
+                Some(queue) if queues.contains(&queue) => ctx.wake.notify_one(),
+                Some(_) => {}
+                None => break Err((true, "the connection closed".to_owned())),
+            },
+            _ = ping.tick() => {
+                if let Err(e) = bounded("SELECT 1").await {
+                    // Notifications may have been missed meanwhile: poll now.
+                    ctx.wake.notify_one();
+                    break Err((true, e));
+                }
+            }
+        }
+    };
+    drop(driver);
     result
 }
 

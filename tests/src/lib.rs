@@ -6,6 +6,7 @@
 //! plain `cargo test -p sheaf-tests` works too.
 
 pub mod catalog;
+pub mod proxy;
 pub mod valid_calls;
 
 use std::path::PathBuf;

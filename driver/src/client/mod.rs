@@ -254,7 +254,10 @@ impl Client {
                 conn.query(&statement, params).await
             };
             match tokio::time::timeout(limit, run).await {
-                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Ok(rows)) => {
+                    self.pools.record_success(call.shard);
+                    return Ok(rows);
+                }
                 Ok(Err(e)) if attempt < MAX_ATTEMPTS && e.code().is_some_and(|c| is_transient(c.code())) => {
                     tracing::debug!(shard = %call.shard, attempt, error = %e, "transient conflict; retrying");
                     tokio::time::sleep(backoff(attempt)).await;
@@ -263,19 +266,31 @@ impl Client {
                 Ok(Err(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) => {
                     // The shard's schema changed under this client (an
                     // upgrade mid-flight): say so, not "function does not exist".
+                    self.pools.record_success(call.shard);
                     self.pools.recheck_schema(call.shard);
-                    let schema = conn.query_one(crate::schema::SCHEMA_VERSION, &[]).await;
-                    return Err(match schema.and_then(|row| row.try_get::<_, Option<String>>(0)) {
-                        Ok(schema) if !schema.as_deref().is_some_and(crate::schema::is_compatible) => call
-                            .unavailable(ShardError::IncompatibleSchema {
+                    let schema =
+                        tokio::time::timeout(limit, conn.query_one(crate::schema::SCHEMA_VERSION, &[]))
+                            .await
+                            .ok()
+                            .map(|r| r.and_then(|row| row.try_get::<_, Option<String>>(0)));
+                    if schema.is_none() {
+                        // No answer in time: a reply may still come.
+                        drop(deadpool_postgres::Object::take(conn));
+                    }
+                    return Err(match schema {
+                        Some(Ok(schema)) if !schema.as_deref().is_some_and(crate::schema::is_compatible) => {
+                            call.unavailable(ShardError::IncompatibleSchema {
                                 shard: call.shard,
                                 schema,
-                            }),
+                            })
+                        }
                         _ => call.error(e, attempt),
                     });
                 }
                 Ok(Err(e)) => {
-                    if e.as_db_error().is_none() && lost_connection(&e) {
+                    if e.as_db_error().is_some() {
+                        self.pools.record_success(call.shard);
+                    } else if lost_connection(&e) {
                         self.pools.record_failure(call.shard);
                     }
                     return Err(call.error(e, attempt));

@@ -1,0 +1,482 @@
+//! Network faults for the driver: one shard of the real fleet is reached
+//! through a TCP proxy (`sheaf_tests::proxy`) that goes half-open (forwards
+//! nothing, closes nothing) or resets every connection. Every call about
+//! work on that shard returns within its timeout with a typed error naming
+//! that shard, its breaker opens, the other shards keep serving, a worker
+//! keeps draining them and recovers the faulty shard's work once the proxy
+//! heals, and an exhausted pool answers within its acquire timeout.
+//!
+//! Every call runs under a watchdog: a call that hangs fails the test
+//! instead of hanging it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sheaf_driver::{
+    BreakerState, Client, ClientError, Coverage, EnqueueOptions, ExecutionId, Placement, PoolOptions,
+    ShardError, ShardId, TaskContext, TaskDone, TaskId, Topology, Worker, WorkerOptions,
+};
+use sheaf_tests::proxy::{Fault, Proxy};
+use sheaf_tests::{fleet, unique};
+
+const QUERY: Duration = Duration::from_millis(1500);
+const CONNECT: Duration = Duration::from_millis(1000);
+const ACQUIRE: Duration = Duration::from_millis(1000);
+const COOLDOWN: Duration = Duration::from_millis(1500);
+/// Scheduling slack on a loaded 2-core machine.
+const MARGIN: Duration = Duration::from_millis(600);
+/// Past this a call is hung: the watchdog fails the test.
+const WATCHDOG: Duration = Duration::from_secs(10);
+
+/// The client under test. `SHEAF_NETFAULT_SABOTAGE=query-timeout` gives it
+/// an effectively infinite query timeout, to see the suite fail (the
+/// watchdog) when the invariant it checks is broken.
+fn options() -> PoolOptions {
+    let sabotage = std::env::var("SHEAF_NETFAULT_SABOTAGE").ok();
+    PoolOptions {
+        max_size: 4,
+        acquire_timeout: ACQUIRE,
+        connect_timeout: CONNECT,
+        query_timeout: match sabotage.as_deref() {
+            Some("query-timeout") => Duration::from_secs(86_400),
+            _ => QUERY,
+        },
+        breaker_threshold: 3,
+        breaker_cooldown: COOLDOWN,
+    }
+}
+
+/// The fleet, its last shard reached through a proxy.
+struct Rig {
+    client: Arc<Client>,
+    proxy: Proxy,
+    faulty: ShardId,
+    healthy: Vec<ShardId>,
+}
+
+async fn rig(options: PoolOptions) -> Rig {
+    let shards: Vec<_> = fleet().shards().cloned().collect();
+    let last = shards.last().expect("a fleet").clone();
+    let (proxy, through) = Proxy::in_front_of(&last.url).await.expect("the proxy starts");
+    let mut b = Topology::builder();
+    for s in &shards {
+        let url = if s.id == last.id {
+            through.clone()
+        } else {
+            s.url.clone()
+        };
+        b = b.shard(u32::from(s.id.get()), url);
+    }
+    let client = Arc::new(Client::new(b.build().expect("topology"), options).expect("client"));
+    Rig {
+        client,
+        proxy,
+        faulty: last.id,
+        healthy: shards.iter().map(|s| s.id).filter(|id| *id != last.id).collect(),
+    }
+}
+
+/// Runs `call` under the watchdog; returns its result and how long it took.
+async fn timed<T>(what: &str, call: impl Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    match tokio::time::timeout(WATCHDOG, call).await {
+        Ok(result) => (result, started.elapsed()),
+        Err(_) => panic!("{what} hung: no answer after {WATCHDOG:?}"),
+    }
+}
+
+/// A call on the faulty shard: a typed shard error naming it, in time.
+fn assert_shard_failure<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, ClientError>,
+    took: Duration,
+    faulty: ShardId,
+    bound: Duration,
+) {
+    assert!(took <= bound, "{what} took {took:?}, over its bound {bound:?}");
+    match result {
+        Err(ClientError::Shard { error, .. }) => {
+            assert!(
+                matches!(
+                    error,
+                    ShardError::Timeout { .. }
+                        | ShardError::Unreachable { .. }
+                        | ShardError::ShortCircuited { .. }
+                ),
+                "{what}: {error:?}"
+            );
+            assert_eq!(error.shard(), faulty, "{what} names the faulty shard: {error}");
+            for other in fleet().shards().map(|s| s.id).filter(|id| *id != faulty) {
+                assert!(
+                    !error.to_string().contains(&format!("shard {other} ")),
+                    "{what} names only its shard: {error}"
+                );
+            }
+        }
+        other => panic!("{what} on the faulty shard: expected a shard error, got {other:?}"),
+    }
+}
+
+fn on(shard: ShardId) -> EnqueueOptions {
+    EnqueueOptions::new().placement(Placement::Shard(shard))
+}
+
+/// Every kind of call about work on `shard`, once each.
+async fn calls_on(
+    client: &Client,
+    shard: ShardId,
+    queue: &str,
+) -> Vec<(&'static str, Result<(), ClientError>, Duration)> {
+    let execution = ExecutionId::mint(shard).expect("an id");
+    let task = TaskId::mint(shard).expect("an id");
+    let lease = Duration::from_secs(30);
+    let mut out = Vec::new();
+    let (r, t) = timed("claim", client.claim(shard, queue, "nf", 4, lease)).await;
+    out.push(("claim", r.map(drop), t));
+    let (r, t) = timed("enqueue", client.enqueue(queue, json!({}), on(shard))).await;
+    out.push(("enqueue", r.map(drop), t));
+    let (r, t) = timed("get_execution", client.get_execution(execution)).await;
+    out.push(("get_execution", r.map(drop), t));
+    let (r, t) = timed("complete", client.complete(task, 1, None)).await;
+    out.push(("complete", r.map(drop), t));
+    let (r, t) = timed(
+        "heartbeat",
+        client.worker_heartbeat(shard, "nf", &[queue.to_owned()]),
+    )
+    .await;
+    out.push(("worker_heartbeat", r.map(drop), t));
+    let (r, t) = timed("maintain", client.maintain(shard)).await;
+    out.push(("maintain", r.map(drop), t));
+    out
+}
+
+/// Calls on a healthy shard succeed, quickly, while another is faulty.
+async fn healthy_serve(client: &Client, shards: &[ShardId], queue: &str) {
+    for &shard in shards {
+        let (r, took) = timed(
+            "enqueue on a healthy shard",
+            client.enqueue(queue, json!({}), on(shard)),
+        )
+        .await;
+        r.unwrap_or_else(|e| panic!("shard {shard} stopped serving: {e}"));
+        let (r, took2) = timed(
+            "claim on a healthy shard",
+            client.claim(shard, queue, "nf", 1, QUERY),
+        )
+        .await;
+        r.unwrap_or_else(|e| panic!("shard {shard} stopped serving: {e}"));
+        assert!(
+            took + took2 < QUERY,
+            "a healthy shard slowed down: {took:?} + {took2:?}"
+        );
+    }
+}
+
+/// Warm the faulty shard's pool: several connections open and idle, so the
+/// fault meets recycled connections as well as new ones.
+async fn warm(client: &Client, shard: ShardId, queue: &str) {
+    let calls = (0..4).map(|_| client.enqueue(queue, json!({"warm": true}), on(shard)));
+    for r in futures::future::join_all(calls).await {
+        r.expect("the shard serves before the fault");
+    }
+}
+
+/// Polls `f` until it holds, failing after `within`.
+async fn until(what: &str, within: Duration, mut f: impl AsyncFnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !f().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    started.elapsed()
+}
+
+/// One fault from start to heal: typed, bounded failures on the faulty
+/// shard only, its breaker open, the others serving, then back.
+async fn fault_scenario(fault: Fault, stale_schema: bool) {
+    let r = rig(options()).await;
+    let queue = unique("netfault");
+    warm(&r.client, r.faulty, &queue).await;
+    if stale_schema {
+        // Past the driver's schema re-check (10 s): the next checkout reads
+        // the schema version again, on a connection that no longer answers.
+        tokio::time::sleep(Duration::from_millis(10_500)).await;
+    }
+    r.proxy.set(fault);
+    let bound = QUERY + MARGIN;
+    let mut worst = Duration::ZERO;
+    for round in 0..3 {
+        for (what, result, took) in calls_on(&r.client, r.faulty, &queue).await {
+            eprintln!(
+                "{fault:?} round {round}: {what} {took:?} {:?}",
+                result.as_ref().err().map(kind)
+            );
+            worst = worst.max(took);
+            assert_shard_failure(what, result, took, r.faulty, bound);
+        }
+        healthy_serve(&r.client, &r.healthy, &queue).await;
+    }
+    eprintln!("{fault:?}: worst call on the faulty shard {worst:?}");
+    assert_eq!(r.client.pools().breaker_state(r.faulty), Some(BreakerState::Open));
+    for &shard in &r.healthy {
+        assert_eq!(r.client.pools().breaker_state(shard), Some(BreakerState::Closed));
+    }
+    r.proxy.heal();
+    let back = until(
+        "the faulty shard serves again",
+        COOLDOWN * 4 + QUERY * 4,
+        async || {
+            let (res, _) = timed(
+                "claim after heal",
+                r.client.claim(r.faulty, &queue, "nf", 1, QUERY),
+            )
+            .await;
+            res.is_ok()
+        },
+    )
+    .await;
+    eprintln!("{fault:?}: back {back:?} after the heal");
+    assert_eq!(
+        r.client.pools().breaker_state(r.faulty),
+        Some(BreakerState::Closed)
+    );
+}
+
+fn kind(e: &ClientError) -> String {
+    match e {
+        ClientError::Shard { error, .. } => format!("{error:?}")
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn half_open_shard_fails_typed_in_time_and_spares_the_others() {
+    fault_scenario(Fault::HalfOpen, false).await;
+}
+
+#[tokio::test]
+async fn reset_shard_fails_typed_in_time_and_spares_the_others() {
+    fault_scenario(Fault::Reset, false).await;
+}
+
+/// The schema version is read again on checkout every 10 s: that read on a
+/// half-open connection is bounded too.
+#[tokio::test]
+async fn half_open_shard_with_a_stale_schema_reading_is_bounded() {
+    fault_scenario(Fault::HalfOpen, true).await;
+}
+
+/// A caller that gives up on a call (a dropped future) while it is the
+/// breaker's half-open probe does not leave the breaker waiting for that
+/// probe forever: once the proxy heals the shard serves again.
+#[tokio::test]
+async fn an_abandoned_probe_does_not_wedge_the_breaker() {
+    let r = rig(options()).await;
+    let queue = unique("netfault-probe");
+    warm(&r.client, r.faulty, &queue).await;
+    r.proxy.set(Fault::HalfOpen);
+    until("the breaker opens", Duration::from_secs(20), async || {
+        let _ = timed("claim", r.client.claim(r.faulty, &queue, "nf", 1, QUERY)).await;
+        r.client.pools().breaker_state(r.faulty) == Some(BreakerState::Open)
+    })
+    .await;
+    tokio::time::sleep(COOLDOWN + Duration::from_millis(100)).await;
+    // The probe, given up on while it waits for the half-open shard.
+    let probe = tokio::time::timeout(
+        Duration::from_millis(200),
+        r.client.claim(r.faulty, &queue, "nf", 1, QUERY),
+    )
+    .await;
+    assert!(
+        probe.is_err(),
+        "the probe should still have been waiting: {probe:?}"
+    );
+    r.proxy.heal();
+    until("the shard serves again", COOLDOWN * 4 + QUERY * 2, async || {
+        let (res, _) = timed(
+            "claim after heal",
+            r.client.claim(r.faulty, &queue, "nf", 1, QUERY),
+        )
+        .await;
+        res.is_ok()
+    })
+    .await;
+}
+
+/// Every connection held (by the caller, or hung on a half-open shard): a
+/// call answers `Exhausted` within the acquire timeout, never hangs.
+#[tokio::test]
+async fn an_exhausted_pool_answers_within_its_acquire_timeout() {
+    let r = rig(PoolOptions {
+        max_size: 2,
+        ..options()
+    })
+    .await;
+    let queue = unique("netfault-exhausted");
+    // Held by the caller.
+    let held = futures::future::join_all((0..2).map(|_| r.client.shard_connection(r.faulty))).await;
+    let held: Vec<_> = held.into_iter().map(|c| c.expect("a connection")).collect();
+    let (res, took) = timed(
+        "claim on a full pool",
+        r.client.claim(r.faulty, &queue, "nf", 1, QUERY),
+    )
+    .await;
+    eprintln!("held by the caller: {took:?} {:?}", res.as_ref().err().map(kind));
+    assert!(
+        matches!(res, Err(ClientError::Shard { error: ShardError::Exhausted { shard, .. }, .. }) if shard == r.faulty),
+        "{res:?}"
+    );
+    assert!(took <= ACQUIRE + MARGIN, "{took:?}");
+    drop(held);
+    // Hung on the half-open shard: two calls hold both connections.
+    warm(&r.client, r.faulty, &queue).await;
+    r.proxy.set(Fault::HalfOpen);
+    let hung = (0..2).map(|_| r.client.claim(r.faulty, &queue, "nf", 1, QUERY));
+    let third = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        timed("a third call", r.client.claim(r.faulty, &queue, "nf", 1, QUERY)).await
+    };
+    let (hung, (res, took)) = tokio::join!(futures::future::join_all(hung), third);
+    eprintln!("held by hung calls: {took:?} {:?}", res.as_ref().err().map(kind));
+    assert!(took <= ACQUIRE + MARGIN, "{took:?}");
+    assert!(
+        matches!(
+            &res,
+            Err(ClientError::Shard {
+                error: ShardError::Exhausted { .. } | ShardError::Timeout { .. },
+                ..
+            })
+        ),
+        "{res:?}"
+    );
+    for h in hung {
+        assert!(h.is_err(), "a call on the half-open shard succeeded");
+    }
+    healthy_serve(&r.client, &r.healthy, &queue).await;
+}
+
+async fn enqueue_n(client: &Client, queue: &str, shard: ShardId, n: usize) {
+    for i in 0..n {
+        client
+            .enqueue(queue, json!({ "i": i }), on(shard))
+            .await
+            .unwrap_or_else(|e| panic!("enqueue on shard {shard}: {e}"));
+    }
+}
+
+fn worker(r: &Rig, queue: &str, idle_poll: Duration) -> Worker {
+    let mut shards = r.healthy.clone();
+    shards.push(r.faulty);
+    let options = WorkerOptions::new(unique("nf-w"), [queue.to_owned()])
+        .coverage(Coverage::Shards(shards))
+        .concurrency(4)
+        .batch(4)
+        .lease(Duration::from_secs(5))
+        .idle_poll(idle_poll)
+        .maintain_every(Duration::from_secs(1))
+        .drain_timeout(Duration::from_secs(1));
+    Worker::start(r.client.clone(), options, |_task: TaskContext| async {
+        Ok(TaskDone::Complete(None))
+    })
+    .expect("the worker starts")
+}
+
+/// A worker over every shard drains the healthy ones while one is faulty,
+/// claims and completes the faulty shard's tasks after it heals, and shuts
+/// down in time with the shard half-open.
+async fn worker_scenario(fault: Fault) {
+    let r = rig(options()).await;
+    let queue = unique("netfault-worker");
+    let w = worker(&r, &queue, Duration::from_millis(500));
+    enqueue_n(&r.client, &queue, r.faulty, 3).await;
+    until(
+        "the worker drains the shard before the fault",
+        Duration::from_secs(10),
+        async || w.stats().completed >= 3,
+    )
+    .await;
+    r.proxy.set(fault);
+    enqueue_n(&r.client, &queue, r.healthy[0], 10).await;
+    enqueue_n(&r.client, &queue, r.healthy[1], 10).await;
+    let drained = until(
+        "the healthy shards drain meanwhile",
+        Duration::from_secs(15),
+        async || w.stats().completed >= 23,
+    )
+    .await;
+    eprintln!("{fault:?}: healthy shards drained in {drained:?} during the fault");
+    // Tasks waiting on the faulty shard (enqueued straight to it, not through the proxy).
+    let direct = Client::new(fleet().clone(), options()).expect("client");
+    enqueue_n(&direct, &queue, r.faulty, 5).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        w.stats().claimed.get(&r.faulty),
+        Some(&3),
+        "claimed through a faulty proxy?"
+    );
+    r.proxy.heal();
+    let back = until(
+        "the faulty shard's tasks after the heal",
+        Duration::from_secs(20),
+        async || w.stats().completed >= 28,
+    )
+    .await;
+    eprintln!("{fault:?}: faulty shard's tasks done {back:?} after the heal");
+    r.proxy.set(Fault::HalfOpen);
+    enqueue_n(&r.client, &queue, r.healthy[0], 2).await;
+    let bound = Duration::from_secs(1) + QUERY * 3 + MARGIN * 2;
+    let (report, took) = timed("Worker::shutdown with the shard half-open", w.shutdown()).await;
+    eprintln!("{fault:?}: shutdown took {took:?} ({report:?})");
+    assert!(took <= bound, "shutdown took {took:?}, over {bound:?}");
+}
+
+#[tokio::test]
+async fn a_worker_rides_out_a_half_open_shard() {
+    worker_scenario(Fault::HalfOpen).await;
+}
+
+#[tokio::test]
+async fn a_worker_rides_out_a_reset_shard() {
+    worker_scenario(Fault::Reset).await;
+}
+
+/// The worker's LISTEN connection goes half-open and stays dead (its peer
+/// lost it): the worker notices and listens again, so a task enqueued
+/// after the heal is picked up by notification, long before the idle poll.
+#[tokio::test]
+async fn the_listener_recovers_from_a_dead_connection() {
+    let r = rig(options()).await;
+    let queue = unique("netfault-listen");
+    let w = worker(&r, &queue, Duration::from_secs(120));
+    enqueue_n(&r.client, &queue, r.faulty, 1).await;
+    until(
+        "a notified claim before the fault",
+        Duration::from_secs(10),
+        async || w.stats().completed >= 1,
+    )
+    .await;
+    r.proxy.set(Fault::HalfOpen);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    r.proxy.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let direct = Client::new(fleet().clone(), options()).expect("client");
+    enqueue_n(&direct, &queue, r.faulty, 1).await;
+    let took = until(
+        "a notified claim after the heal",
+        Duration::from_secs(30),
+        async || w.stats().completed >= 2,
+    )
+    .await;
+    eprintln!("listener: the task after the heal was done in {took:?}");
+    let (_, took) = timed("Worker::shutdown", w.shutdown()).await;
+    assert!(
+        took <= Duration::from_secs(1) + QUERY * 3 + MARGIN * 2,
+        "{took:?}"
+    );
+}
