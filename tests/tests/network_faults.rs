@@ -480,3 +480,39 @@ async fn the_listener_recovers_from_a_dead_connection() {
         "{took:?}"
     );
 }
+
+/// A pool full of idle connections that went half-open: each checkout of
+/// one proves nothing, so it must not close the breaker again; the breaker
+/// opens after `breaker_threshold` timeouts, not after the pool has timed
+/// out every idle connection once (it used to: each recycled checkout reset
+/// the failure count).
+#[tokio::test]
+async fn idle_connections_gone_half_open_do_not_hold_the_breaker_closed() {
+    let r = rig(PoolOptions {
+        max_size: 12,
+        ..options()
+    })
+    .await;
+    let queue = unique("netfault-idle");
+    let calls = (0..12).map(|_| r.client.enqueue(&queue, json!({}), on(r.faulty)));
+    for res in futures::future::join_all(calls).await {
+        res.expect("the shard serves before the fault");
+    }
+    r.proxy.set(Fault::HalfOpen);
+    let started = Instant::now();
+    let mut calls = 0;
+    while r.client.pools().breaker_state(r.faulty) != Some(BreakerState::Open) {
+        calls += 1;
+        assert!(
+            calls <= 4,
+            "the breaker still closed after {} timeouts",
+            calls - 1
+        );
+        let (res, took) = timed("claim", r.client.claim(r.faulty, &queue, "nf", 1, QUERY)).await;
+        assert_shard_failure("claim", res, took, r.faulty, QUERY + MARGIN);
+    }
+    eprintln!(
+        "idle half-open pool: breaker open after {calls} calls, {:?}",
+        started.elapsed()
+    );
+}
