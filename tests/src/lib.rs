@@ -6,7 +6,9 @@
 //! plain `cargo test -p sheaf-tests` works too.
 
 pub mod catalog;
+pub mod hostile;
 pub mod proxy;
+pub mod source_check;
 pub mod valid_calls;
 
 use std::path::PathBuf;

@@ -1,0 +1,447 @@
+//! Hostile input: every function of schema `sheaf`, enumerated from
+//! `pg_proc` (a new function is covered without editing this file), called
+//! with hostile values of each argument's type, one argument at a time, the
+//! others as in its valid call (`tests/src/valid_calls.rs`; a function with
+//! none gets typed defaults). Pass: success or a SQLSTATE of the README's
+//! Errors table (never XX000), the connection still usable, no call over
+//! 2 s, nothing written by a refused call, no refusal longer than 1 KB (a
+//! huge value is never echoed), and the server log free of PANIC, TRAP and
+//! `terminated by signal`.
+//!
+//! Values Postgres itself cannot convert (an `'infinity'` interval before
+//! PostgreSQL 17) never reach sheaf and are skipped. Functions granted to
+//! no role (`ready_k1`, the aging key the ready index calls) are left out.
+//!
+//! CI form: the fixed list of `sheaf_tests::hostile`, spread over the
+//! fleet's shards (each in a database of its own). Long form:
+//! `SHEAF_HOSTILE_ROUNDS=N` adds N rounds of random combinations (several
+//! arguments hostile at once, several option fields at once) per function,
+//! seeded by `SHEAF_HOSTILE_SEED` (printed).
+
+use std::time::{Duration, Instant};
+
+use sheaf_tests::hostile::{default_arg, random_value, values};
+use sheaf_tests::valid_calls::{VALID_CALLS, ValidCall};
+use sheaf_tests::{Rng, fleet, repo_root};
+use tokio_postgres::{Client, Config, NoTls};
+
+const DB: &str = "sheaf_hostile";
+const LIMIT: Duration = Duration::from_secs(2);
+const MESSAGE_CAP: usize = 1024;
+
+/// A function of schema sheaf, as the catalog has it.
+#[derive(Debug, Clone)]
+struct Function {
+    signature: String,
+    name: String,
+    types: Vec<String>,
+    names: Vec<String>,
+    granted: bool,
+}
+
+async fn functions(db: &Client) -> Vec<Function> {
+    let rows = db
+        .query(
+            "SELECT format('%s.%s(%s)', n.nspname, p.proname, pg_catalog.oidvectortypes(p.proargtypes)), \
+                    'sheaf.' || p.proname, \
+                    ARRAY(SELECT pg_catalog.format_type(t, NULL) FROM unnest(p.proargtypes) WITH ORDINALITY a(t, i) ORDER BY i), \
+                    coalesce(p.proargnames[1:p.pronargs], '{}'), \
+                    has_function_privilege('sheaf_worker', p.oid, 'EXECUTE') \
+                      OR has_function_privilege('sheaf_admin', p.oid, 'EXECUTE') \
+             FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'sheaf' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("listing the functions of schema sheaf");
+    rows.iter()
+        .map(|r| Function {
+            signature: r.get(0),
+            name: r.get(1),
+            types: r.get(2),
+            names: r.get(3),
+            granted: r.get(4),
+        })
+        .collect()
+}
+
+/// The SQLSTATEs of the README's Errors table, XX000 left out.
+fn documented_codes() -> Vec<String> {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("\n## Errors")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("README.md has an Errors section");
+    let codes: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|c| c.len() == 5 && *c != "XX000")
+        .map(str::to_owned)
+        .collect();
+    assert!(codes.len() >= 5, "the Errors table parsed: {codes:?}");
+    codes
+}
+
+/// The statement counting every table of schema sheaf.
+async fn counts_sql(db: &Client) -> String {
+    let tables: String = db
+        .query_one(
+            "SELECT string_agg(format('(SELECT count(*) FROM sheaf.%I)', relname), ', ' ORDER BY relname) \
+             FROM pg_catalog.pg_class WHERE relnamespace = 'sheaf'::regnamespace AND relkind IN ('r', 'p')",
+            &[],
+        )
+        .await
+        .expect("listing the tables")
+        .get(0);
+    format!("SELECT ARRAY[{tables}]::bigint[]")
+}
+
+/// One shard's run: its database, what it found, what it checked.
+struct Run {
+    shard: u16,
+    db: Client,
+    codes: Vec<String>,
+    counts_sql: String,
+    failures: Vec<String>,
+    calls: usize,
+    refused: usize,
+    skipped: usize,
+    slowest: (Duration, String),
+    alive: bool,
+}
+
+fn excerpt(sql: &str) -> String {
+    if sql.len() <= 300 {
+        return sql.to_owned();
+    }
+    let mut cut = 300;
+    while !sql.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes)", &sql[..cut], sql.len())
+}
+
+impl Run {
+    async fn counts(&mut self) -> Vec<i64> {
+        match self.db.query_one(&self.counts_sql, &[]).await {
+            Ok(r) => r.get(0),
+            Err(e) => {
+                self.fail(format!("counting rows: {e}"));
+                Vec::new()
+            }
+        }
+    }
+
+    fn fail(&mut self, what: String) {
+        eprintln!("hostile FAIL (shard {}): {what}", self.shard);
+        self.failures.push(what);
+    }
+
+    /// Whether Postgres converts `value` to its type at all (if not, the
+    /// value never reaches sheaf: not sheaf's to judge).
+    async fn converts(&mut self, value: &str) -> bool {
+        let ok = self
+            .db
+            .query_one(&format!("SELECT ({value}) IS NULL"), &[])
+            .await
+            .is_ok();
+        if !ok {
+            self.skipped += 1;
+        }
+        ok
+    }
+
+    /// One hostile call in a transaction of its own, rolled back, judged.
+    async fn attempt(&mut self, f: &Function, args: &[String], before: &[i64]) {
+        let sql = format!("SELECT * FROM {}({})", f.name, args.join(", "));
+        let began = self.db.batch_execute("BEGIN").await;
+        let started = Instant::now();
+        let result = self.db.query(&sql, &[]).await;
+        let took = started.elapsed();
+        let _ = self.db.batch_execute("ROLLBACK").await;
+        self.calls += 1;
+        if took > self.slowest.0 {
+            self.slowest = (took, excerpt(&sql));
+        }
+        if took > LIMIT {
+            self.fail(format!("{}: took {took:?}: {}", f.signature, excerpt(&sql)));
+        }
+        if let Err(e) = result {
+            self.refused += 1;
+            self.judge_refusal(f, &sql, &e);
+        }
+        if began.is_err() || self.db.query_one("SELECT 1", &[]).await.is_err() {
+            self.fail(format!(
+                "{}: the connection died (a backend crash?): {}",
+                f.signature,
+                excerpt(&sql)
+            ));
+            self.alive = false;
+            return;
+        }
+        let after = self.counts().await;
+        if after != before {
+            self.fail(format!(
+                "{}: rows changed ({before:?} -> {after:?}): {}",
+                f.signature,
+                excerpt(&sql)
+            ));
+        }
+    }
+
+    fn judge_refusal(&mut self, f: &Function, sql: &str, e: &tokio_postgres::Error) {
+        let Some(db) = e.as_db_error() else {
+            return; // a lost connection: the liveness check reports it
+        };
+        let code = db.code().code();
+        if !self.codes.iter().any(|c| c == code) {
+            self.fail(format!(
+                "{}: SQLSTATE {code} is not in the README's Errors table: {} ({})",
+                f.signature,
+                excerpt(db.message()),
+                excerpt(sql)
+            ));
+        }
+        let size = db.message().len() + db.detail().map_or(0, str::len) + db.hint().map_or(0, str::len);
+        if size >= MESSAGE_CAP {
+            self.fail(format!(
+                "{}: a {size}-byte refusal ({code}): {} ({})",
+                f.signature,
+                excerpt(db.message()),
+                excerpt(sql)
+            ));
+        }
+    }
+
+    /// Every hostile value of every argument of `f`, one at a time.
+    async fn fixed_variations(&mut self, f: &Function, base: &[String]) {
+        let before = self.counts().await;
+        for (i, ty) in f.types.iter().enumerate() {
+            let name = f.names.get(i).map_or("", String::as_str);
+            for value in values(ty, name, &base[i]) {
+                if !self.alive {
+                    return;
+                }
+                if !self.converts(&value).await {
+                    continue;
+                }
+                let mut args = base.to_vec();
+                args[i] = value;
+                self.attempt(f, &args, &before).await;
+            }
+        }
+    }
+
+    /// The long form: `rounds` calls of `f` with random arguments made
+    /// hostile, several at once.
+    async fn random_variations(&mut self, f: &Function, base: &[String], rng: &mut Rng, rounds: u64) {
+        if f.types.is_empty() {
+            return;
+        }
+        let before = self.counts().await;
+        for _ in 0..rounds {
+            let mut args = base.to_vec();
+            let mut ok = true;
+            for (i, ty) in f.types.iter().enumerate() {
+                if rng.below(2) == 0 {
+                    continue;
+                }
+                let name = f.names.get(i).map_or("", String::as_str);
+                let value = random_value(rng, ty, name, &base[i]);
+                ok &= self.converts(&value).await;
+                args[i] = value;
+            }
+            if !self.alive {
+                return;
+            }
+            if ok {
+                self.attempt(f, &args, &before).await;
+            }
+        }
+    }
+}
+
+async fn connect_db(url: &str, db: &str) -> Client {
+    let mut config: Config = url.parse().expect("a shard URL parses");
+    config.dbname(db);
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {db}: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// The server log of a shard started by `scripts/shards` (`<dir>/log`
+/// beside `<dir>/data`), and its length now.
+async fn server_log(db: &Client) -> Option<(std::path::PathBuf, u64)> {
+    let data: String = db.query_one("SHOW data_directory", &[]).await.ok()?.get(0);
+    let log = std::path::Path::new(&data).parent()?.join("log");
+    let len = std::fs::metadata(&log).ok()?.len();
+    Some((log, len))
+}
+
+fn log_problems(log: &std::path::Path, from: u64) -> Vec<String> {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(log) {
+        let _ = f.seek(std::io::SeekFrom::Start(from));
+        let mut bytes = Vec::new();
+        let _ = f.read_to_end(&mut bytes);
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    text.lines()
+        .filter(|l| l.contains("PANIC") || l.contains("TRAP") || l.contains("terminated by signal"))
+        .map(|l| format!("server log {}: {}", log.display(), excerpt(l)))
+        .collect()
+}
+
+/// The valid calls' order, then functions with none (typed defaults).
+fn plan(all: &[Function]) -> Vec<(Function, Option<&'static ValidCall>)> {
+    let mut plan: Vec<(Function, Option<&'static ValidCall>)> = VALID_CALLS
+        .iter()
+        .filter_map(|c| {
+            all.iter()
+                .find(|f| f.signature == c.function)
+                .map(|f| (f.clone(), Some(c)))
+        })
+        .collect();
+    for f in all {
+        if !VALID_CALLS.iter().any(|c| c.function == f.signature) {
+            eprintln!("hostile: {} has no valid call; typed defaults", f.signature);
+            plan.push((f.clone(), None));
+        }
+    }
+    plan
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// A fresh database on the shard's cluster, made by the valid calls' rules.
+async fn fresh_database(url: &str) -> Client {
+    let admin = connect_db(url, "postgres").await;
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"),
+        format!("CREATE DATABASE {DB}"),
+    ] {
+        admin
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let db = connect_db(url, DB).await;
+    db.batch_execute("CREATE EXTENSION sheaf; SET statement_timeout = '2s'")
+        .await
+        .expect("CREATE EXTENSION sheaf");
+    db
+}
+
+/// Runs the valid calls in order on shard `index` of `shards`, and the
+/// hostile variations of every `shards`-th function of them.
+async fn run_shard(url: String, shard: u16, index: usize, shards: usize) -> Run {
+    let db = fresh_database(&url).await;
+    let all = functions(&db).await;
+    let counts_sql = counts_sql(&db).await;
+    let log = server_log(&db).await;
+    let mut run = Run {
+        shard,
+        db,
+        codes: documented_codes(),
+        counts_sql,
+        failures: Vec::new(),
+        calls: 0,
+        refused: 0,
+        skipped: 0,
+        slowest: (Duration::ZERO, String::new()),
+        alive: true,
+    };
+    let rounds = env_u64("SHEAF_HOSTILE_ROUNDS").unwrap_or(0);
+    let seed = env_u64("SHEAF_HOSTILE_SEED").unwrap_or_else(|| Rng::from_time().1) + index as u64;
+    let mut rng = Rng::new(seed);
+    if rounds > 0 {
+        eprintln!("hostile: shard {shard}: {rounds} random rounds per function, seed {seed}");
+    }
+    for (n, (f, valid)) in plan(&all).into_iter().enumerate() {
+        if !run.alive {
+            break;
+        }
+        let base: Vec<String> = match valid {
+            Some(c) => c.args.iter().map(|a| a.to_string()).collect(),
+            None => f.types.iter().map(|t| default_arg(t)).collect(),
+        };
+        for sql in valid.map_or(&[][..], |c| c.setup) {
+            if let Err(e) = run.db.batch_execute(sql).await {
+                run.fail(format!("{}: setup failed: {sql}: {e}", f.signature));
+            }
+        }
+        if n % shards == index && f.granted {
+            run.fixed_variations(&f, &base).await;
+            run.random_variations(&f, &base, &mut rng, rounds).await;
+        } else if !f.granted && index == 0 {
+            eprintln!("hostile: {} is granted to no role: left out", f.signature);
+        }
+        // The valid call still works after its variations (they wrote nothing).
+        if let (Some(c), true) = (valid, run.alive)
+            && let Err(e) = run.db.batch_execute(&c.sql()).await
+        {
+            run.fail(format!(
+                "{}: the valid call failed after the hostile ones: {e}",
+                f.signature
+            ));
+        }
+    }
+    if let Some((path, from)) = log {
+        for problem in log_problems(&path, from) {
+            run.fail(problem);
+        }
+    } else {
+        eprintln!("hostile: shard {shard}: server log not found (not a scripts/shards cluster?)");
+    }
+    run
+}
+
+#[tokio::test]
+async fn every_function_survives_hostile_arguments() {
+    let shards: Vec<(String, u16)> = fleet().shards().map(|s| (s.url.clone(), s.id.get())).collect();
+    let count = shards.len();
+    let started = Instant::now();
+    let runs = futures::future::join_all(
+        shards
+            .into_iter()
+            .enumerate()
+            .map(|(i, (url, id))| tokio::spawn(run_shard(url, id, i, count))),
+    )
+    .await;
+    let mut failures = Vec::new();
+    for run in runs {
+        let run = run.expect("a shard's run panicked");
+        eprintln!(
+            "hostile: shard {}: {} calls, {} refused, {} values skipped (Postgres cannot convert them), slowest {:?}: {}",
+            run.shard, run.calls, run.refused, run.skipped, run.slowest.0, run.slowest.1
+        );
+        let _ = run.db.batch_execute("SELECT 1").await;
+        failures.extend(run.failures);
+        let url = fleet()
+            .shards()
+            .find(|s| s.id.get() == run.shard)
+            .map(|s| s.url.clone());
+        drop(run.db);
+        if let Some(url) = url {
+            let admin = connect_db(&url, "postgres").await;
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
+                .await;
+        }
+    }
+    eprintln!("hostile: done in {:?}", started.elapsed());
+    assert!(
+        failures.is_empty(),
+        "{} hostile-input failures:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
+}
