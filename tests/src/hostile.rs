@@ -76,7 +76,7 @@ const JSONB_WHOLE: &[&str] = &[
     "NULL",
     "(repeat('[', 100) || repeat(']', 100))::jsonb",
     "(repeat('[', 101) || repeat(']', 101))::jsonb",
-    "(SELECT jsonb_agg(g) FROM generate_series(1, 100000) g)",
+    "(SELECT jsonb_agg(g) FROM generate_series(1, 10000) g)",
     "jsonb_build_object('k', repeat('x', 1048576))",
     "(SELECT jsonb_object_agg('k' || g, g) FROM generate_series(1, 10000) g)",
 ];
