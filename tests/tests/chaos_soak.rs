@@ -416,16 +416,18 @@ async fn soak(fleet: Arc<Fleet>, config: Config) -> Vec<String> {
         feeding.is_finished() && faulting.is_finished()
     })
     .await;
-    let fault_log = if faulting.is_finished() {
-        faulting.await.expect("faults")
-    } else {
-        Vec::new()
-    };
+    // Bounded (half the feed and the stop); a shard must be up again before
+    // anything is checked or taken down.
+    let fault_log = faulting.await.expect("faults");
+
     drain(&fleet, &v, Duration::from_secs(120 + config.stop_secs)).await;
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     sampling.await.expect("sampler");
     workers.stop_all(&v).await;
+    if v.any() {
+        return v.all();
+    }
     let figures = final_checks(&fleet, &workers, &dir, &v).await;
     eprintln!(
         "chaos soak: {figures}; faults: {fault_log:?}; {} cap samples (peak running per key {} of cap {}); {} feeder batches refused by a shard; {:.1} s, {:.0} tasks/s",

@@ -135,7 +135,9 @@ async fn handle(ctx: TaskContext, log: Arc<Log>, sabotage: Sabotage) -> Result<T
                 let key = task.concurrency_key.clone().unwrap_or_default();
                 let _ = ctx.client().set_concurrency_limit(&key, Some(8)).await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Long enough that a key's line is saturated at the sampler's
+            // instants: a cap that did not hold would show.
+            tokio::time::sleep(Duration::from_millis(100)).await;
             Ok(TaskDone::Complete(None))
         }
         "mutex" => critical_section(&ctx, &log, &p, sabotage).await,
