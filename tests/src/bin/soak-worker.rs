@@ -258,15 +258,17 @@ async fn critical_section(
         return Ok(TaskDone::Complete(None));
     }
     let options = LockOptions::new()
-        .lease(Duration::from_secs(5))
+        .lease(Duration::from_secs(1))
         .poll(Duration::from_millis(20));
+    // The shortest lease and a long wait: a dead waiter costs its line a
+    // lease, and every retry joins the line again (README, "Chaos soak").
     let guard = match ctx
         .client()
-        .try_lock(MutexKey::new(&key), options, Duration::from_secs(10))
+        .try_lock(MutexKey::new(&key), options, Duration::from_secs(30))
         .await
     {
         Ok(Some(guard)) => guard,
-        Ok(None) => return Err(retry("mutex", "no grant within 10 s")),
+        Ok(None) => return Err(retry("mutex", "no grant within 30 s")),
         Err(e) => return Err(retry("mutex", e)),
     };
     let section = Section::enter(log, &key, guard.token());
