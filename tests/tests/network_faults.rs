@@ -218,8 +218,23 @@ async fn fault_scenario(fault: Fault, stale_schema: bool) {
         }
         healthy_serve(&r.client, &r.healthy, &queue).await;
     }
-    eprintln!("{fault:?}: worst call on the faulty shard {worst:?}");
     assert_eq!(r.client.pools().breaker_state(r.faulty), Some(BreakerState::Open));
+    // Past the cooldown the breaker lets one probe through: on a pooled
+    // connection (a round trip decides) and then on a new one (the TCP
+    // connect succeeds, the startup packet goes unanswered): bounded too.
+    for probe in 0..2 {
+        tokio::time::sleep(COOLDOWN + Duration::from_millis(100)).await;
+        for (what, result, took) in calls_on(&r.client, r.faulty, &queue).await {
+            eprintln!(
+                "{fault:?} probe {probe}: {what} {took:?} {:?}",
+                result.as_ref().err().map(kind)
+            );
+            worst = worst.max(took);
+            assert_shard_failure(what, result, took, r.faulty, bound);
+        }
+        assert_eq!(r.client.pools().breaker_state(r.faulty), Some(BreakerState::Open));
+    }
+    eprintln!("{fault:?}: worst call on the faulty shard {worst:?}");
     for &shard in &r.healthy {
         assert_eq!(r.client.pools().breaker_state(shard), Some(BreakerState::Closed));
     }
