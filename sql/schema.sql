@@ -103,6 +103,52 @@ CREATE TABLE ready (
         vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
 
+-- Claim floors: where a queue's claim starts its seek on ready_claim. A
+-- transaction held open anywhere in the database (a report, pg_dump, a
+-- stuck client) keeps alive every ready row the claims deleted since it
+-- began, and neither vacuum nor the index's own dead-entry marking can
+-- remove them: a claim seeking from the head of its queue's range would
+-- step over all of them, O(claims since the snapshot). It seeks from the
+-- floor instead, which the claims move up past what they took.
+--
+-- A queue's floor F is the smallest (k1, k2, seq) among its rows here
+-- (minus infinity when it has none). Invariant: in every snapshot, no
+-- ready row of the queue is below F. Kept by the one protocol below, which
+-- every path that makes a ready row follows (queue::floor).
+--
+-- Readying (every insert into ready, and any change of a ready row's keys):
+-- in the same transaction, after writing the rows, with m the smallest key
+-- written in queue q:
+--   1. try the shared floor lock of q (base::locks, Class::Floor), never
+--      waiting: held, it keeps every advance of q out until this
+--      transaction ends;
+--   2. in a later statement (a newer snapshot than the lock), insert m here
+--      if m < F, or if step 1 did not get the lock, or if the transaction
+--      runs under REPEATABLE READ or SERIALIZABLE (its snapshot may predate
+--      an advance).
+-- Advancing (a claim, every ADVANCE_EVERY claimed rows, under READ
+-- COMMITTED only): try the exclusive floor lock of q, never waiting (it is
+-- free only when no readying transaction of q is open); if taken, in one
+-- statement (one snapshot) find the first ready row at or above F (rows
+-- other transactions are claiming or deleting still show, so a claim that
+-- rolls back finds its rows above the new floor), delete the rows here that
+-- snapshot sees, and insert that row's key (or, with no ready row left, the
+-- highest key this claim took). The advance takes no new rows into
+-- account, and needs none: a readying transaction either committed before
+-- the advance took its lock (its rows are in the snapshot), or holds the
+-- shared lock (no advance), or got no lock (it inserts its own floor row,
+-- which the advance does not see and so does not delete), or starts after
+-- the advance committed (it compares with the new floor). Deleting a ready
+-- row, committed or rolled back, never breaks the invariant.
+CREATE TABLE ready_floors (
+    queue       text NOT NULL,
+    k1          double precision NOT NULL,
+    k2          double precision NOT NULL,
+    seq         bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 100,
+        vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX ready_floors_min ON ready_floors (queue, k1, k2, seq);
+
 -- The primary ready key. Aging: effective priority priority + age/aging_secs
 -- orders exactly like enqueued_at - priority * aging_secs ascending (now is
 -- common to all rows); sheaf-core's ordering module proves it, and a test

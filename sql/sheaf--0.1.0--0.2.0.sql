@@ -71,3 +71,21 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'complete_task_and_fail_execution_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.complete_task_and_fail_execution(uuid, bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.complete_task_and_fail_execution(uuid, bigint, text) TO sheaf_worker;
+--
+-- Claim floors (see sql/schema.sql): a claim seeks from its queue's floor,
+-- past the dead entries a held snapshot keeps at the head of ready_claim.
+-- Every queue starts at minus infinity, as before; its first advance
+-- moves it up.
+CREATE TABLE ready_floors (
+    queue       text NOT NULL,
+    k1          double precision NOT NULL,
+    k2          double precision NOT NULL,
+    seq         bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 100,
+        vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX ready_floors_min ON ready_floors (queue, k1, k2, seq);
+-- As privileges.sql leaves every table of a fresh install: no one's but
+-- the owner's (the revoke makes the owner's grants explicit).
+REVOKE ALL ON ready_floors FROM PUBLIC;
+INSERT INTO ready_floors (queue, k1, k2, seq)
+SELECT name, '-Infinity', '-Infinity', -9223372036854775808 FROM queues;

@@ -8,7 +8,7 @@
 //! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M, 16 rounds of 1 s windows
 //! cargo run --release -p sheaf-benches --bin claim-bench -- batch      # batch 100 vs single
 //! cargo run --release -p sheaf-benches --bin claim-bench -- steady --minutes 10
-//! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60
+//! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60 --modes plain --depths 1000
 //! cargo run --release -p sheaf-benches --bin claim-bench -- gates      # admission gates, quota, mutex
 //! cargo run --release -p sheaf-benches --bin claim-bench -- smoke      # seconds, for CI
 //! ```
@@ -40,6 +40,15 @@ pub enum Mode {
     Fairness,
     /// 1M tasks scheduled far in the future, besides the due backlog.
     Future,
+}
+
+/// How the measured clients commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Commit {
+    /// `synchronous_commit = on`: every commit waits for its WAL flush.
+    Durable,
+    /// `synchronous_commit = off`: the CPU cost, without the fsync.
+    Async,
 }
 
 #[derive(Parser)]
@@ -84,10 +93,24 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         minutes: u64,
     },
-    /// Throughput while a REPEATABLE READ transaction holds a snapshot, vs without.
+    /// Throughput while a REPEATABLE READ transaction holds a snapshot, vs
+    /// without, per mode, depth and commit mode; dead tuples at the end of
+    /// the held window, and how long after it they take to come back down.
     Snapshot {
+        /// Seconds of each window (free-running, then held).
         #[arg(long, default_value_t = 60)]
         secs: u64,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_enum,
+            default_value = "plain,aging,fairness"
+        )]
+        modes: Vec<Mode>,
+        #[arg(long, value_delimiter = ',', default_value = "1000,100000")]
+        depths: Vec<i64>,
+        #[arg(long, value_delimiter = ',', value_enum, default_value = "durable,async")]
+        commits: Vec<Commit>,
     },
     /// start_workflow admissions per policy, quota check cost vs history size, mutex cycles.
     Gates {
@@ -171,7 +194,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Cmd::Batch { secs } => run_batch(&url, &admin, Duration::from_secs(secs)).await?,
         Cmd::Steady { minutes } => run_steady(&url, &admin, minutes, clients).await?,
-        Cmd::Snapshot { secs } => run_snapshot(&url, &admin, Duration::from_secs(secs), clients).await?,
+        Cmd::Snapshot {
+            secs,
+            modes,
+            depths,
+            commits,
+        } => {
+            let runs = SnapshotRuns {
+                window: Duration::from_secs(secs),
+                modes,
+                depths,
+                commits,
+                clients,
+            };
+            run_snapshot(&url, &admin, &runs).await?
+        }
     }
     Ok(())
 }
@@ -286,6 +323,16 @@ impl Pool {
         mode: Mode,
         clients: usize,
     ) -> Result<Pool, tokio_postgres::Error> {
+        Pool::open_with(url, system, mode, clients, Commit::Durable).await
+    }
+
+    async fn open_with(
+        url: &str,
+        system: System,
+        mode: Mode,
+        clients: usize,
+        commit: Commit,
+    ) -> Result<Pool, tokio_postgres::Error> {
         let mut pool = Pool {
             mode,
             clients: Vec::new(),
@@ -293,6 +340,9 @@ impl Pool {
         };
         for _ in 0..clients {
             let db = connect(url).await?;
+            if commit == Commit::Async {
+                db.batch_execute("SET synchronous_commit = off").await?;
+            }
             let ops = Ops::prepare(&db, system, mode).await?;
             pool.clients.push(Arc::new((db, ops)));
         }
@@ -345,17 +395,6 @@ impl Pool {
         measured.elapsed = started.elapsed();
         Ok(measured)
     }
-}
-
-/// One window of `clients` fresh connections (the snapshot run).
-async fn cycles(
-    url: &str,
-    system: System,
-    mode: Mode,
-    clients: usize,
-    window: Duration,
-) -> Result<Measured, Box<dyn std::error::Error>> {
-    Pool::open(url, system, mode, clients).await?.window(window).await
 }
 
 /// The database of the 1K reference queue: beside the one under test, in the
@@ -579,31 +618,110 @@ async fn run_steady(
     Ok(())
 }
 
+struct SnapshotRuns {
+    window: Duration,
+    modes: Vec<Mode>,
+    depths: Vec<i64>,
+    commits: Vec<Commit>,
+    clients: usize,
+}
+
+/// Dead tuples of the tables a cycle churns, as the statistics have them.
+async fn dead_tuples(admin: &Client) -> Result<String, tokio_postgres::Error> {
+    // Other backends report at most once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let rows = admin
+        .query(
+            "SELECT schemaname || '.' || relname, n_dead_tup FROM pg_stat_user_tables \
+             WHERE (schemaname = 'sheaf' AND relname IN ('ready', 'tasks', 'ready_floors', 'queues', \
+                                                         'fairness_keys')) \
+                OR (schemaname = 'textbook' AND relname = 'jobs') \
+             ORDER BY 1",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| format!("{} {}", r.get::<_, String>(0), r.get::<_, i64>(1)))
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+/// Dead tuples of the system's hot table.
+async fn hot_dead(admin: &Client, system: System) -> Result<i64, tokio_postgres::Error> {
+    let (schema, table) = match system {
+        System::Sheaf => ("sheaf", "ready"),
+        System::Textbook => ("textbook", "jobs"),
+    };
+    let row = admin
+        .query_one(
+            "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2), 0)",
+            &[&schema, &table],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// For each commit mode, mode and depth, each system: a free-running
+/// window, then a window while another connection holds a REPEATABLE READ
+/// snapshot; then, the snapshot gone, cycles go on until the hot table's
+/// dead tuples are back under twice their free-running count (up to 60 s).
 async fn run_snapshot(
     url: &str,
     admin: &Client,
-    window: Duration,
-    clients: usize,
+    runs: &SnapshotRuns,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    systems::reset(admin, Mode::Plain, 1).await?;
-    systems::fill(admin, Mode::Plain, 10_000).await?;
-    for system in [System::Sheaf, System::Textbook] {
-        let free = cycles(url, system, Mode::Plain, clients, window).await?;
-        let holder = connect(url).await?;
-        holder
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;")
-            .await?;
-        let held = cycles(url, system, Mode::Plain, clients, window).await?;
-        holder.batch_execute("ROLLBACK").await?;
-        println!(
-            "{:<9} free {:>7.0} cycles/s (p99 {:>6.2} ms)   snapshot held {:>7.0} cycles/s (p99 {:>7.2} ms)   ratio {:.2}",
-            system.name(),
-            free.rate(),
-            free.percentile_ms(0.99),
-            held.rate(),
-            held.percentile_ms(0.99),
-            held.rate() / free.rate()
-        );
+    for &commit in &runs.commits {
+        for &mode in &runs.modes {
+            for &depth in &runs.depths {
+                systems::reset(admin, mode, 1).await?;
+                systems::fill(admin, mode, depth).await?;
+                admin.batch_execute("VACUUM ANALYZE").await?;
+                for system in [System::Sheaf, System::Textbook] {
+                    let mut pool = Pool::open_with(url, system, mode, runs.clients, commit).await?;
+                    let free = pool.window(runs.window).await?;
+                    let free_dead = hot_dead(admin, system).await?;
+                    let holder = connect(url).await?;
+                    holder
+                        .batch_execute(
+                            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;",
+                        )
+                        .await?;
+                    let held = pool.window(runs.window).await?;
+                    let dead = dead_tuples(admin).await?;
+                    holder.batch_execute("ROLLBACK").await?;
+                    let released = Instant::now();
+                    let mut settled = None;
+                    while released.elapsed() < Duration::from_secs(60) {
+                        pool.window(Duration::from_secs(1)).await?;
+                        if hot_dead(admin, system).await? <= (2 * free_dead).max(2000) {
+                            settled = Some(released.elapsed());
+                            break;
+                        }
+                    }
+                    println!(
+                        "{:<8} {:<9} {:>7} {:<9} free {:>7.0} cycles/s (p99 {:>6.2} ms)   held {:>7.0} cycles/s (p99 {:>7.2} ms)   ratio {:.2}   p99 x{:.1}",
+                        format!("{commit:?}").to_lowercase(),
+                        format!("{mode:?}").to_lowercase(),
+                        depth,
+                        system.name(),
+                        free.rate(),
+                        free.percentile_ms(0.99),
+                        held.rate(),
+                        held.percentile_ms(0.99),
+                        held.rate() / free.rate(),
+                        held.percentile_ms(0.99) / free.percentile_ms(0.99),
+                    );
+                    println!(
+                        "         dead tuples at the end of the held window: {dead}; back to steady {}",
+                        settled.map_or_else(
+                            || "not within 60 s".to_owned(),
+                            |d| format!("{:.0} s after", d.as_secs_f64())
+                        )
+                    );
+                }
+            }
+        }
     }
     Ok(())
 }

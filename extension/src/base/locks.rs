@@ -21,6 +21,9 @@
 //! 7. queue rows (`queues`, locked `SKIP LOCKED` to advance the virtual
 //!    time) and `fairness_keys` rows.
 //!
+//! The floor lock of a queue (`queue::floor`) is outside the order: it is
+//! only ever tried, never waited for, so it cannot close a cycle.
+//!
 //! New rows (an execution, a task, an event) are inserted at any point: no
 //! one else can hold them yet.
 //!
@@ -36,6 +39,7 @@
 //! and `queue::caps::demote_ready` (a lowered cap waits for ready rows while
 //! holding its key). The README's "Deadlocks" says what a caller sees.
 
+use pgrx::fcinfo::direct_function_call;
 use pgrx::prelude::*;
 
 use crate::base::plans::{Stmt, exec};
@@ -52,6 +56,10 @@ pub enum Class {
     ConcurrencyKey = 0x5348,
     /// A mutex key ("MX").
     Mutex = 0x4D58,
+    /// A queue's claim floor: shared while a transaction readies tasks of
+    /// the queue, exclusive while a claim advances its floor ("FL"). Only
+    /// ever tried.
+    Floor = 0x464C,
 }
 
 const LOCK: Stmt = Stmt::write(
@@ -79,6 +87,31 @@ pub fn exclusive(class: Class, key: &str) {
 /// Takes the shared transaction lock of `key` in `class`.
 pub fn shared(class: Class, key: &str) {
     exec(&LOCK_SHARED, &[(class as i32).into(), key.into()]);
+}
+
+/// Tries the exclusive transaction lock of `key` in `class`, without
+/// waiting; whether it was taken. A direct call, not a statement: the
+/// enqueue path tries a lock on every call.
+pub fn try_exclusive(class: Class, key: &str) -> bool {
+    try_lock(pg_sys::pg_try_advisory_xact_lock_int4, class, key)
+}
+
+/// Tries the shared transaction lock of `key` in `class`, without waiting;
+/// whether it was taken.
+pub fn try_shared(class: Class, key: &str) -> bool {
+    try_lock(pg_sys::pg_try_advisory_xact_lock_shared_int4, class, key)
+}
+
+/// The tried locks' key: (class, a hash of `key`), the two-int4 form the
+/// statements above use too (with `hashtext` there: a tried lock is never
+/// taken by a statement, so the hashes need not agree).
+fn try_lock(f: unsafe fn(pg_sys::FunctionCallInfo) -> pg_sys::Datum, class: Class, key: &str) -> bool {
+    let h = sheaf_core::hrw::key_hash(key.as_bytes());
+    let folded = ((h >> 32) ^ h) as u32 as i32;
+    // SAFETY: a builtin taking two int4 arguments and returning a bool,
+    // called in a transaction.
+    unsafe { direct_function_call::<bool>(f, &[(class as i32).into_datum(), folded.into_datum()]) }
+        .unwrap_or(false)
 }
 
 /// Takes the exclusive transaction lock of the pair (`a`, `b`) in `class`

@@ -12,6 +12,7 @@ use pgrx::prelude::*;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, FromRow};
+use crate::queue::floor::{self, floor_bounds, floor_row};
 use crate::queue::hooks::ExecutionHooks;
 use crate::queue::{lease, promote};
 
@@ -24,25 +25,44 @@ const SWEEP_REAP: i64 = 100;
 /// queues sweeps each of them this often, so it is not much shorter.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-const CLAIM: Stmt = Stmt::write(
-    "WITH picked AS (\
-       SELECT ctid FROM ready WHERE queue = $1 \
-       ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
-     gone AS (\
-       DELETE FROM ready WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked)) \
-       RETURNING task_id, k1, k2, seq) \
-     UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, token = nextval('fence_token'), \
-            lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
-     FROM gone g WHERE t.id = g.task_id \
-     RETURNING t.id, t.token, t.payload, t.attempts, t.execution_id, t.concurrency_key, t.kind, \
-               g.k1, g.k2, g.seq",
-    &[
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::INT8OID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::FLOAT8OID,
-    ],
-);
+// The claim, from the queue's floor (`queue::floor`) or, with a catalog
+// older than 0.2.0, from the head of the queue's range.
+macro_rules! claim {
+    ($from:expr, $with:expr) => {
+        concat!(
+            "WITH ",
+            $with,
+            "picked AS (\
+               SELECT ctid FROM ready WHERE queue = $1 ",
+            $from,
+            " ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             gone AS (\
+               DELETE FROM ready WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked)) \
+               RETURNING task_id, k1, k2, seq) \
+             UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, token = nextval('fence_token'), \
+                    lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
+             FROM gone g WHERE t.id = g.task_id \
+             RETURNING t.id, t.token, t.payload, t.attempts, t.execution_id, t.concurrency_key, t.kind, \
+                       g.k1, g.k2, g.seq"
+        )
+    };
+}
+const CLAIM_ARGS: &[PgBuiltInOids] = &[
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::INT8OID,
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::FLOAT8OID,
+];
+const CLAIMS: [Stmt; 2] = [
+    Stmt::write(claim!("", ""), CLAIM_ARGS),
+    Stmt::write(
+        claim!(
+            concat!("AND (k1, k2, seq) >= ", floor_bounds!()),
+            concat!("fl AS (", floor_row!(), "), ")
+        ),
+        CLAIM_ARGS,
+    ),
+];
 // Whether a sweep has anything to do: one read, where promotion and reaping
 // would each run a locking scan.
 const SWEEP_PROBE: Stmt = Stmt::read(
@@ -97,6 +117,7 @@ pub fn claim(
         rows.extend(claim_once(name, batch - rows.len() as i32, worker, lease_secs));
     }
     rows.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)));
+    floor::claimed(name, rows.len(), rows.last().map(|r| (r.1, r.2, r.3)));
     // Only fairness queues have start tags above 0; for them, move the
     // virtual time up to what was just claimed.
     if let Some(max_k2) = rows.iter().map(|r| r.2).reduce(f64::max)
@@ -111,7 +132,7 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<(Cl
     Spi::connect_mut(|client| {
         run(
             client,
-            &CLAIM,
+            &CLAIMS[floor::enabled() as usize],
             &[
                 queue.into(),
                 (batch as i64).into(),

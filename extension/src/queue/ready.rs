@@ -9,6 +9,7 @@ use sheaf_core::ordering::fair_tags;
 use crate::base::errors::internal;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
+use crate::queue::floor;
 
 const INSERT: Stmt = Stmt::write(
     "WITH r AS (\
@@ -16,8 +17,8 @@ const INSERT: Stmt = Stmt::write(
        SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, q.aging_secs), coalesce(t.fair_start, 0), t.seq \
        FROM tasks t JOIN queues q ON q.name = t.queue \
        WHERE t.id = ANY($1) AND t.state = 'ready' \
-       RETURNING queue) \
-     SELECT DISTINCT queue FROM r",
+       RETURNING queue, k1, k2, seq) \
+     SELECT DISTINCT ON (queue) queue, k1, k2, seq FROM r ORDER BY queue, k1, k2, seq",
     &[PgBuiltInOids::UUIDARRAYOID],
 );
 // Wakes listeners of queues that had no other ready task: only an idle
@@ -58,9 +59,11 @@ const ANY: Stmt = Stmt::read(
     &[PgBuiltInOids::TEXTOID],
 );
 // The same expression every insertion into `ready` uses.
+// New keys are a readying: the lowest goes to `floor::readied`.
 const REKEY: Stmt = Stmt::write(
-    "UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2) \
-     FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id",
+    "WITH r AS (UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2) \
+       FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id RETURNING r.k1, r.k2, r.seq) \
+     SELECT k1, k2, seq FROM r ORDER BY k1, k2, seq LIMIT 1",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
 );
 // A key whose finish tag is behind the virtual time behaves exactly like a
@@ -82,9 +85,15 @@ pub fn any(queue: &str) -> bool {
 
 /// Re-keys a queue's ready tasks for its new aging (`None`: priority order).
 pub fn rekey(queue: &str, aging_secs: Option<i32>) {
-    Spi::connect_mut(|client| {
-        run(client, &REKEY, &[queue.into(), aging_secs.into()]);
-    })
+    let lowest: Option<floor::Key> = Spi::connect_mut(|client| {
+        rows::first(
+            run(client, &REKEY, &[queue.into(), aging_secs.into()]),
+            "re-keying ready tasks",
+        )
+    });
+    if let Some(key) = lowest {
+        floor::readied(&[(queue.to_owned(), key)]);
+    }
 }
 
 /// Deletes up to `max` fairness keys that no longer matter; returns how many.
@@ -100,14 +109,23 @@ pub fn insert(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
     }
-    Spi::connect_mut(|client| {
-        let queues: Vec<String> = rows::values(
+    let lowest: Vec<(String, f64, f64, i64)> = Spi::connect_mut(|client| {
+        rows::all(
             run(client, &INSERT, &[ids.to_vec().into()]),
             "reading ready queues",
-        );
-        if !queues.is_empty() {
-            run(client, &NOTIFY_IF_IDLE, &[queues.into(), ids.to_vec().into()]);
-        }
+        )
+    });
+    if lowest.is_empty() {
+        return;
+    }
+    let lowest: Vec<(String, floor::Key)> = lowest
+        .into_iter()
+        .map(|(q, k1, k2, seq)| (q, (k1, k2, seq)))
+        .collect();
+    floor::readied(&lowest);
+    let queues: Vec<String> = lowest.into_iter().map(|(q, _)| q).collect();
+    Spi::connect_mut(|client| {
+        run(client, &NOTIFY_IF_IDLE, &[queues.into(), ids.to_vec().into()]);
     })
 }
 

@@ -12,6 +12,7 @@ use crate::base::ids;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
+use crate::queue::floor::{self, lower_in_enqueue};
 use crate::queue::hooks::{ExecutionHooks, Intake};
 use crate::queue::queues::Queue;
 use crate::queue::{caps, queues, ready};
@@ -29,7 +30,7 @@ pub const MAX_BATCH: usize = 10_000;
 // insertion for every row, which costs, so only enqueues that carry an
 // idempotency key pay for it; only queues that notify pay for the probe.
 macro_rules! insert_tasks {
-    ($rows:expr, $on_conflict:expr, $probe:expr) => {
+    ($rows:expr, $on_conflict:expr, $probe:expr, $floor:expr) => {
         concat!(
             "WITH t AS (\
                INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, fair_start, run_at, \
@@ -41,8 +42,9 @@ macro_rules! insert_tasks {
             " RETURNING id, queue, priority, enqueued_at, fair_start, seq, state), \
              r AS (INSERT INTO ready (task_id, queue, k1, k2, seq) \
                SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
-               FROM t WHERE t.state = 'ready') \
-             SELECT ",
+               FROM t WHERE t.state = 'ready' RETURNING k1, k2, seq)",
+            $floor,
+            " SELECT ",
             $probe
         )
     };
@@ -88,25 +90,55 @@ macro_rules! insert_args {
             PgBuiltInOids::$state,
             PgBuiltInOids::$fair_start,
             PgBuiltInOids::INT4OID,
+            PgBuiltInOids::BOOLOID,
         ]
     };
 }
 const ONE: &[PgBuiltInOids] = insert_args!(UUIDOID, JSONBOID, TEXTOID, FLOAT8OID);
 const MANY: &[PgBuiltInOids] = insert_args!(UUIDARRAYOID, JSONBARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID);
 /// The insert statements: [one task, one with an idempotency key, a batch],
-/// each without and with the idle probe.
-static INSERTS: [[Stmt; 2]; 3] = [
+/// each without and with the idle probe; all of them with and without the
+/// claim floor (`queue::floor`: a catalog older than 0.2.0 has none).
+static INSERTS: [[[Stmt; 2]; 3]; 2] = [
     [
-        Stmt::write(insert_tasks!(one_task!(), "", "false"), ONE),
-        Stmt::write(insert_tasks!(one_task!(), "", idle!()), ONE),
+        [
+            Stmt::write(insert_tasks!(one_task!(), "", "false", ""), ONE),
+            Stmt::write(insert_tasks!(one_task!(), "", idle!(), ""), ONE),
+        ],
+        [
+            Stmt::write(insert_tasks!(one_task!(), idempotent!(), "false", ""), ONE),
+            Stmt::write(insert_tasks!(one_task!(), idempotent!(), idle!(), ""), ONE),
+        ],
+        [
+            Stmt::write(insert_tasks!(many_tasks!(), "", "false", ""), MANY),
+            Stmt::write(insert_tasks!(many_tasks!(), "", idle!(), ""), MANY),
+        ],
     ],
     [
-        Stmt::write(insert_tasks!(one_task!(), idempotent!(), "false"), ONE),
-        Stmt::write(insert_tasks!(one_task!(), idempotent!(), idle!()), ONE),
-    ],
-    [
-        Stmt::write(insert_tasks!(many_tasks!(), "", "false"), MANY),
-        Stmt::write(insert_tasks!(many_tasks!(), "", idle!()), MANY),
+        [
+            Stmt::write(insert_tasks!(one_task!(), "", "false", lower_in_enqueue!()), ONE),
+            Stmt::write(insert_tasks!(one_task!(), "", idle!(), lower_in_enqueue!()), ONE),
+        ],
+        [
+            Stmt::write(
+                insert_tasks!(one_task!(), idempotent!(), "false", lower_in_enqueue!()),
+                ONE,
+            ),
+            Stmt::write(
+                insert_tasks!(one_task!(), idempotent!(), idle!(), lower_in_enqueue!()),
+                ONE,
+            ),
+        ],
+        [
+            Stmt::write(
+                insert_tasks!(many_tasks!(), "", "false", lower_in_enqueue!()),
+                MANY,
+            ),
+            Stmt::write(
+                insert_tasks!(many_tasks!(), "", idle!(), lower_in_enqueue!()),
+                MANY,
+            ),
+        ],
     ],
 ];
 const BY_IDEMPOTENCY_KEY: Stmt = Stmt::read(
@@ -128,7 +160,7 @@ const SET_READY: Stmt = Stmt::write(
 );
 /// The rows one insert statement writes, by what each parameter holds:
 /// `$1, $12, $13, $14` are per task (scalars for one task, arrays for a
-/// batch), `$2..$11` and `$15` shared by all.
+/// batch), `$2..$11`, `$15` and `$16` shared by all.
 struct NewTasks<'a> {
     ids: Vec<pgrx::Uuid>,
     payloads: Vec<Jsonb>,
@@ -140,6 +172,8 @@ struct NewTasks<'a> {
     execution_id: Option<pgrx::Uuid>,
     /// The queue's aging (`ready_k1`'s third argument), if it ages.
     aging_secs: Option<i32>,
+    /// Whether the statement may compare with the floor (`floor::Readying`).
+    floor_locked: bool,
 }
 
 impl NewTasks<'_> {
@@ -184,7 +218,13 @@ impl NewTasks<'_> {
             };
         let mut args = vec![id];
         args.extend(shared);
-        args.extend([payload, state, start, self.aging_secs.into()]);
+        args.extend([
+            payload,
+            state,
+            start,
+            self.aging_secs.into(),
+            self.floor_locked.into(),
+        ]);
         (variant, args)
     }
 }
@@ -288,10 +328,20 @@ pub fn insert(
     let mut mint = ids::minter();
     let new_ids: Vec<pgrx::Uuid> = (0..n).map(|_| mint()).collect();
     let first_id = new_ids[0];
+    let states = states(n, due, admitted, paused);
+    // Readying, step 1 (`queue::floor`); the statement does step 2.
+    let readying = if states.contains(&TaskState::Ready.as_str()) {
+        floor::try_readying(name)
+    } else {
+        floor::Readying {
+            floors: floor::enabled(),
+            compare: true,
+        }
+    };
     let (variant, args) = NewTasks {
         ids: new_ids.clone(),
         payloads,
-        states: states(n, due, admitted, paused),
+        states,
         fair_starts: fair_starts(q, name, o, n, admitted),
         queue: name,
         o,
@@ -301,9 +351,10 @@ pub fn insert(
             Mode::Aging { secs } => Some(secs as i32),
             _ => None,
         },
+        floor_locked: readying.compare,
     }
     .statement();
-    let stmt = &INSERTS[variant][q.notify as usize];
+    let stmt = &INSERTS[readying.floors as usize][variant][q.notify as usize];
     let was_idle = Spi::connect_mut(|client| {
         // The probe answers once per statement, even when an idempotency
         // conflict inserted nothing.

@@ -1,0 +1,450 @@
+//! The claim floor (`extension/src/queue/floor.rs`, protocol in
+//! `sql/schema.sql` beside `ready_floors`) under real concurrency: claims
+//! that advance it race everything that readies a task below it.
+//!
+//! On one queue, for `CHAOS` seconds:
+//! - two claimers (READ COMMITTED, so they advance the floor) take batches
+//!   and complete them, or roll the claim back, or release the tasks (ready
+//!   again at their old keys, below the floor), or fail them with a short
+//!   retry (promoted again later), or dead-letter and redrive them;
+//! - two enqueuers add tasks of random priority (higher priorities land
+//!   below the floor), some due a little later (promotion), some in a batch,
+//!   some in a transaction held open a few milliseconds (it holds the shared
+//!   floor lock while an advance tries for it);
+//! - the queue's aging is switched on and off now and then (a re-key of
+//!   every ready row);
+//! - a reference claimer, in REPEATABLE READ so that two statements share a
+//!   snapshot: it locks the first ready rows in claim order by reading the
+//!   whole queue with no floor (the reference order), then claims, and the
+//!   claim must return exactly those rows in that order;
+//! - an invariant watcher: in every snapshot, no ready row of the queue is
+//!   below its floor.
+//!
+//! Then everything drains. Passes when the reference claims always matched,
+//! the watcher never saw a row below the floor, the floor did advance, and
+//! every task enqueued was completed exactly once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sheaf_tests::{Rng, code, connect, fleet, unique};
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+const CHAOS: Duration = Duration::from_secs(8);
+
+#[derive(Default)]
+struct Record {
+    enqueued: Vec<Uuid>,
+    completed: HashMap<Uuid, u32>,
+    mismatches: Vec<String>,
+    below_floor: Vec<i64>,
+    reference_claims: u64,
+    floor_moves: u64,
+}
+
+type Shared = Arc<Mutex<Record>>;
+
+async fn claim(db: &Client, queue: &str, worker: &str, n: i32) -> Vec<(Uuid, i64)> {
+    db.query(
+        "SELECT task_id, token FROM sheaf.claim($1, $2, $3)",
+        &[&queue, &worker, &n],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("claim: {e}"))
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+async fn complete(db: &Client, rec: &Shared, tasks: &[(Uuid, i64)]) {
+    for (id, token) in tasks {
+        db.execute("SELECT sheaf.complete($1, $2)", &[id, token])
+            .await
+            .unwrap_or_else(|e| panic!("complete: {e}"));
+        *rec.lock().await.completed.entry(*id).or_default() += 1;
+    }
+}
+
+async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
+    let shard = fleet().shards().next().unwrap();
+    let db = connect(shard).await;
+    let mut rng = Rng::new(seed);
+    while !stop.load(Ordering::Relaxed) {
+        let n = 1 + rng.below(8) as i32;
+        let roll = rng.below(100);
+        if roll < 15 {
+            // A claim that rolls back: its rows come back where they were.
+            db.batch_execute("BEGIN").await.unwrap();
+            let got = claim(&db, &queue, &worker, n).await;
+            if !got.is_empty() {
+                tokio::time::sleep(Duration::from_micros(rng.below(2000))).await;
+            }
+            db.batch_execute("ROLLBACK").await.unwrap();
+            continue;
+        }
+        let got = claim(&db, &queue, &worker, n).await;
+        if got.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        }
+        match roll {
+            15..25 => {
+                for (id, token) in &got {
+                    db.execute("SELECT sheaf.release($1, $2)", &[id, token])
+                        .await
+                        .unwrap();
+                }
+            }
+            25..33 => {
+                for (id, token) in &got {
+                    db.execute(
+                        "SELECT * FROM sheaf.fail($1, $2, 'again', '30 milliseconds')",
+                        &[id, token],
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+            33..37 => {
+                for (id, token) in &got {
+                    db.execute("SELECT sheaf.dead_letter($1, $2, 'buried')", &[id, token])
+                        .await
+                        .unwrap();
+                    db.execute("SELECT sheaf.redrive(ARRAY[$1]::uuid[])", &[id])
+                        .await
+                        .unwrap();
+                }
+            }
+            _ => complete(&db, &rec, &got).await,
+        }
+    }
+}
+
+async fn enqueuer(queue: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
+    let shard = fleet().shards().next().unwrap();
+    let db = connect(shard).await;
+    let mut rng = Rng::new(seed);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let priority = rng.below(6) as i32;
+        // Some due a little later: promoted by a claim's sweep.
+        let later_ms = if rng.below(10) == 0 {
+            rng.below(300) as f64
+        } else {
+            0.0
+        };
+        let opts = json!({"priority": priority, "max_attempts": 1000});
+        let roll = rng.below(100);
+        let held = roll < 15;
+        if held {
+            db.batch_execute("BEGIN").await.unwrap();
+        }
+        const OPTS: &str = "CASE WHEN $4::float8 > 0 THEN $3::jsonb || jsonb_build_object('run_at', \
+                              now() + make_interval(secs => $4::float8 / 1000)) ELSE $3::jsonb END";
+        let ids: Vec<Uuid> = if roll >= 90 {
+            let payloads: Vec<serde_json::Value> = (0..5).map(|i| json!({"n": n, "i": i})).collect();
+            db.query(
+                &format!("SELECT * FROM sheaf.enqueue_batch($1, $2::jsonb[], {OPTS})"),
+                &[&queue, &payloads, &opts, &later_ms],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("enqueue_batch: {e}"))
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        } else {
+            vec![
+                db.query_one(
+                    &format!("SELECT sheaf.enqueue($1, $2, {OPTS})"),
+                    &[&queue, &json!({"n": n}), &opts, &later_ms],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("enqueue: {e}"))
+                .get(0),
+            ]
+        };
+        if held {
+            tokio::time::sleep(Duration::from_micros(rng.below(5000))).await;
+            db.batch_execute("COMMIT").await.unwrap();
+        }
+        rec.lock().await.enqueued.extend(ids);
+        tokio::time::sleep(Duration::from_micros(rng.below(1500))).await;
+    }
+}
+
+async fn reference_claimer(queue: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
+    let shard = fleet().shards().next().unwrap();
+    let db = connect(shard).await;
+    let mut rng = Rng::new(seed);
+    while !stop.load(Ordering::Relaxed) {
+        let n = 1 + rng.below(4) as i64;
+        db.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .unwrap();
+        match reference_round(&db, &queue, n).await {
+            Ok((reference, before, claimed)) => {
+                db.batch_execute("COMMIT").await.unwrap();
+                let ids: Vec<Uuid> = claimed.iter().map(|t| t.0).collect();
+                if let Some(wrong) = out_of_order(&reference, &before, &ids, n as usize) {
+                    rec.lock().await.mismatches.push(wrong);
+                }
+                rec.lock().await.reference_claims += 1;
+                complete(&db, &rec, &claimed).await;
+            }
+            // A row changed since the snapshot (a concurrent claim or
+            // completion): nothing to compare.
+            Err(e) if code(&e) == Some("40001") => db.batch_execute("ROLLBACK").await.unwrap(),
+            Err(e) => panic!("reference round: {e}"),
+        }
+    }
+}
+
+/// In one REPEATABLE READ snapshot: the first `n` unlocked ready rows in
+/// claim order read with no floor (locked, so no one else takes them), the
+/// queue's ready set, and what the claim returns.
+async fn reference_round(
+    db: &Client,
+    queue: &str,
+    n: i64,
+) -> Result<(Vec<Uuid>, HashMap<Uuid, Key>, Vec<(Uuid, i64)>), tokio_postgres::Error> {
+    // Ordered by expressions: the index (and so any floor) plays no part.
+    let reference: Vec<Uuid> = db
+        .query(
+            "SELECT task_id FROM sheaf.ready WHERE queue = $1 \
+             ORDER BY k1 + 0, k2 + 0, seq + 0 LIMIT $2 FOR UPDATE SKIP LOCKED",
+            &[&queue, &n],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let before: HashMap<Uuid, Key> = db
+        .query(
+            "SELECT task_id, k1, k2, seq FROM sheaf.ready WHERE queue = $1",
+            &[&queue],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+        .collect();
+    let claimed = db
+        .query(
+            "SELECT task_id, token FROM sheaf.claim($1, 'reference', $2)",
+            &[&queue, &(n as i32)],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok((reference, before, claimed))
+}
+
+/// Why `claimed` (a claim of `n`) skipped a row it should have taken, if it
+/// did: a reference row (ours, locked, so the claim could take it) may be
+/// left out only by a full claim whose every row comes before it. Rows
+/// that were locked by someone else while the reference was read (and
+/// free again for the claim) may come first; so may tasks the claim's own
+/// sweep promoted (not in `before`).
+fn out_of_order(
+    reference: &[Uuid],
+    before: &HashMap<Uuid, Key>,
+    claimed: &[Uuid],
+    n: usize,
+) -> Option<String> {
+    let highest = claimed
+        .iter()
+        .filter_map(|id| before.get(id))
+        .copied()
+        .reduce(|a, b| if later(b, a) { b } else { a });
+    let skipped: Vec<&Uuid> = reference
+        .iter()
+        .filter(|r| !claimed.contains(r))
+        .filter(|r| claimed.len() < n || highest.is_some_and(|h| later(h, before[*r])))
+        .collect();
+    (!skipped.is_empty())
+        .then(|| format!("reference {reference:?}, claimed {claimed:?}: skipped {skipped:?}"))
+}
+
+type Key = (f64, f64, i64);
+
+/// Whether `a` comes after `b` in claim order.
+fn later(a: Key, b: Key) -> bool {
+    a.0.total_cmp(&b.0)
+        .then(a.1.total_cmp(&b.1))
+        .then(a.2.cmp(&b.2))
+        .is_gt()
+}
+
+async fn watcher(queue: String, rec: Shared, stop: Arc<AtomicBool>) {
+    let shard = fleet().shards().next().unwrap();
+    let db = connect(shard).await;
+    let mut last: Option<Key> = None;
+    while !stop.load(Ordering::Relaxed) {
+        // One statement, one snapshot.
+        let row = db
+            .query_one(
+                "WITH fl AS (SELECT f.k1, f.k2, f.seq FROM sheaf.ready_floors f WHERE f.queue = $1 \
+                             ORDER BY f.k1, f.k2, f.seq LIMIT 1) \
+                 SELECT (SELECT count(*) FROM sheaf.ready r, fl WHERE r.queue = $1 \
+                           AND (r.k1, r.k2, r.seq) < (fl.k1, fl.k2, fl.seq)), \
+                        fl.k1, fl.k2, fl.seq FROM fl",
+                &[&queue],
+            )
+            .await
+            .unwrap();
+        let below: i64 = row.get(0);
+        let floor = (row.get(1), row.get(2), row.get(3));
+        let mut r = rec.lock().await;
+        if below > 0 {
+            r.below_floor.push(below);
+        }
+        if last != Some(floor) {
+            r.floor_moves += 1;
+            last = Some(floor);
+        }
+        drop(r);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn rekeyer(queue: String, stop: Arc<AtomicBool>) {
+    let shard = fleet().shards().next().unwrap();
+    let db = connect(shard).await;
+    let mut aging = false;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        aging = !aging;
+        let opts = if aging {
+            json!({"aging_secs": 60})
+        } else {
+            json!({"aging_secs": null})
+        };
+        db.execute("SELECT sheaf.configure_queue($1, $2)", &[&queue, &opts])
+            .await
+            .unwrap_or_else(|e| panic!("configure_queue: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_claim_order_holds_while_the_floor_moves() {
+    let queue = unique("floor");
+    let rec: Shared = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (mut rng, seed) = Rng::from_time();
+    let shard = fleet().shards().next().unwrap();
+    let db = connect(shard).await;
+    // The queue exists (and has its floor row) before anyone claims it.
+    db.execute("SELECT sheaf.configure_queue($1, '{}')", &[&queue])
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..2 {
+        tasks.push(tokio::spawn(claimer(
+            queue.clone(),
+            format!("claimer-{i}"),
+            rec.clone(),
+            stop.clone(),
+            rng.next_u64(),
+        )));
+        tasks.push(tokio::spawn(enqueuer(
+            queue.clone(),
+            rec.clone(),
+            stop.clone(),
+            rng.next_u64(),
+        )));
+    }
+    tasks.push(tokio::spawn(reference_claimer(
+        queue.clone(),
+        rec.clone(),
+        stop.clone(),
+        rng.next_u64(),
+    )));
+    tasks.push(tokio::spawn(watcher(queue.clone(), rec.clone(), stop.clone())));
+    tasks.push(tokio::spawn(rekeyer(queue.clone(), stop.clone())));
+    tokio::time::sleep(CHAOS).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    drain(&db, &queue, &rec, seed).await;
+    check(&*rec.lock().await, seed);
+}
+
+/// Claims and completes every task left (scheduled ones come due within a
+/// second).
+async fn drain(db: &Client, queue: &str, rec: &Shared, seed: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = claim(db, queue, "drain", 100).await;
+        complete(db, rec, &got).await;
+        let left: i64 = db
+            .query_one("SELECT count(*) FROM sheaf.tasks WHERE queue = $1", &[&queue])
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} tasks never drained (seed {seed})"
+        );
+        if got.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Everything the run recorded, against the invariants (see the top).
+fn check(rec: &Record, seed: u64) {
+    assert!(
+        rec.mismatches.is_empty(),
+        "the claim left the reference order {} time(s) of {}, first: {} (seed {seed})",
+        rec.mismatches.len(),
+        rec.reference_claims,
+        rec.mismatches[0]
+    );
+    assert!(
+        rec.below_floor.is_empty(),
+        "ready rows below the floor in {} snapshot(s) (seed {seed})",
+        rec.below_floor.len()
+    );
+    assert!(
+        rec.reference_claims > 100,
+        "only {} reference claims",
+        rec.reference_claims
+    );
+    let moves = rec.floor_moves;
+    assert!(
+        moves > 10,
+        "the floor moved only {moves} time(s): the test proves nothing"
+    );
+    let twice: Vec<_> = rec.completed.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "completed more than once: {twice:?} (seed {seed})"
+    );
+    let mut missing = rec
+        .enqueued
+        .iter()
+        .filter(|id| !rec.completed.contains_key(id))
+        .peekable();
+    assert!(
+        missing.peek().is_none(),
+        "never completed: {:?} (seed {seed})",
+        missing.collect::<Vec<_>>()
+    );
+    assert_eq!(rec.completed.len(), rec.enqueued.len(), "seed {seed}");
+    println!(
+        "{} tasks, {} reference claims, the floor seen at {moves} places",
+        rec.enqueued.len(),
+        rec.reference_claims
+    );
+}
