@@ -295,13 +295,18 @@ CREATE TABLE mutex_locks (
 CREATE INDEX mutex_locks_holder ON mutex_locks (holder);
 CREATE INDEX mutex_locks_expiry ON mutex_locks (lease_expires_at);
 
--- Its waiting line, in arrival order. A waiter's lease applies from its grant.
+-- Its waiting line, in arrival order. A waiter's lease (lease_secs) applies
+-- once it picks up its grant; until then it holds its place until
+-- expires_at, renewed to now + lease_secs / 3 by each acquire: a waiter that
+-- stopped asking (its process died) lapses, and hand-overs and mutex_reclaim
+-- delete it. No index on expires_at: each poll updates it (HOT updates).
 CREATE TABLE mutex_waiters (
     key             text NOT NULL,
     owner           uuid NOT NULL,
     position        bigint NOT NULL,
     lease_secs      double precision NOT NULL,
     enqueued_at     timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL,
     PRIMARY KEY (key, owner)
 );
 CREATE UNIQUE INDEX mutex_waiters_fifo ON mutex_waiters (key, position);

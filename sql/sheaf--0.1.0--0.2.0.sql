@@ -89,3 +89,13 @@ CREATE INDEX ready_floors_min ON ready_floors (queue, k1, k2, seq);
 REVOKE ALL ON ready_floors FROM PUBLIC;
 INSERT INTO ready_floors (queue, k1, k2, seq)
 SELECT name, '-Infinity', '-Infinity', -9223372036854775808 FROM queues;
+--
+-- Mutex waiters hold their place for a third of their lease, renewed by
+-- each acquire, so a waiter whose process died no longer stays in line
+-- forever. The waiters of the moment get a whole lease from the upgrade (no
+-- one polled them under the new rule yet), in the order they had. No
+-- default (as in a fresh install: every join sets the column), so the
+-- column is added empty, filled, then made NOT NULL.
+ALTER TABLE @extschema@.mutex_waiters ADD COLUMN expires_at timestamptz;
+UPDATE @extschema@.mutex_waiters SET expires_at = now() + make_interval(secs => lease_secs);
+ALTER TABLE @extschema@.mutex_waiters ALTER COLUMN expires_at SET NOT NULL;

@@ -6,6 +6,15 @@
 //! of the key, then reads the key's rows with a fresh snapshot. A grant to a
 //! waiter sends `NOTIFY sheaf_mutex` with the new holder's id as payload;
 //! the waiter learns its token by acquiring again.
+//!
+//! A waiter holds its place for a third of the lease it asked for, from each
+//! acquire: a waiter whose process died stops asking, its place lapses, and
+//! each hand-over (and `mutex_reclaim`) deletes lapsed waiters instead of
+//! granting them the lock. One that asks again after its place lapsed joins
+//! at the back. A hand-over grants the waiter the lock for that third too,
+//! and its next acquire picks the grant up and starts the full lease, so a
+//! waiter that died just before its turn holds up the line for a third of a
+//! lease, not a whole one.
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
@@ -14,6 +23,11 @@ use crate::base::errors::{internal, not_mutex_holder};
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
+
+/// The share of its lease a waiter's place lasts without asking again, and
+/// a hand-over's grant lasts until the waiter picks it up: the interval at
+/// which the driver renews a held lease.
+const PLACE_SHARE: f64 = 1.0 / 3.0;
 
 const HOLDER: Stmt = Stmt::write(
     "SELECT holder, token, lease_expires_at <= now() FROM mutex_locks WHERE key = $1",
@@ -35,6 +49,11 @@ const FREE: Stmt = Stmt::write(
     "DELETE FROM mutex_locks WHERE key = $1",
     &[PgBuiltInOids::TEXTOID],
 );
+/// Lapsed waiters leave the line before a hand-over picks the next one.
+const PRUNE_LINE: Stmt = Stmt::write(
+    "DELETE FROM mutex_waiters WHERE key = $1 AND expires_at <= now()",
+    &[PgBuiltInOids::TEXTOID],
+);
 const POP_WAITER: Stmt = Stmt::write(
     "DELETE FROM mutex_waiters WHERE key = $1 AND position = \
        (SELECT min(position) FROM mutex_waiters WHERE key = $1) \
@@ -45,20 +64,44 @@ const LEAVE_LINE: Stmt = Stmt::write(
     "DELETE FROM mutex_waiters WHERE key = $1 AND owner = $2",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::UUIDOID],
 );
+/// Joins the line, or renews the place ($4 seconds from now): a waiter whose
+/// place lapsed (not yet deleted) goes to the back, as if it had been.
 const JOIN_LINE: Stmt = Stmt::write(
-    "INSERT INTO mutex_waiters (key, owner, position, lease_secs) \
-     VALUES ($1, $2, nextval('mutex_seq'), $3) \
-     ON CONFLICT (key, owner) DO UPDATE SET lease_secs = EXCLUDED.lease_secs",
+    "INSERT INTO mutex_waiters (key, owner, position, lease_secs, expires_at) \
+     VALUES ($1, $2, nextval('mutex_seq'), $3, now() + make_interval(secs => $4)) \
+     ON CONFLICT (key, owner) DO UPDATE SET lease_secs = EXCLUDED.lease_secs, \
+        expires_at = EXCLUDED.expires_at, \
+        position = CASE WHEN mutex_waiters.expires_at <= now() \
+                        THEN EXCLUDED.position ELSE mutex_waiters.position END, \
+        enqueued_at = CASE WHEN mutex_waiters.expires_at <= now() \
+                           THEN now() ELSE mutex_waiters.enqueued_at END",
     &[
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::UUIDOID,
         PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::FLOAT8OID,
     ],
 );
+/// The holder asking again: a grant handed over picked up, the lease starts
+/// in full (never shortened).
+const PICK_UP: Stmt = Stmt::write(
+    "UPDATE mutex_locks SET lease_expires_at = \
+       greatest(lease_expires_at, now() + make_interval(secs => $2)) WHERE key = $1",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::FLOAT8OID],
+);
+/// Lapsed waiters ahead do not count.
 const PLACE_IN_LINE: Stmt = Stmt::write(
-    "SELECT count(*)::int FROM mutex_waiters WHERE key = $1 AND position <= \
+    "SELECT count(*)::int FROM mutex_waiters WHERE key = $1 AND expires_at > now() AND position <= \
        (SELECT position FROM mutex_waiters WHERE key = $1 AND owner = $2)",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::UUIDOID],
+);
+/// Keys with lapsed waiters, for `mutex_reclaim`. No index on `expires_at`:
+/// every poll updates it, and an index would make each of those updates
+/// write every index of the table (no HOT update).
+const LAPSED: Stmt = Stmt::write(
+    "SELECT DISTINCT key FROM \
+       (SELECT key FROM mutex_waiters WHERE expires_at <= now() LIMIT $1) w",
+    &[PgBuiltInOids::INT8OID],
 );
 const RENEW: Stmt = Stmt::write(
     "UPDATE mutex_locks SET lease_expires_at = now() + make_interval(secs => $4) \
@@ -81,10 +124,47 @@ const HELD_OR_AWAITED_BY: Stmt = Stmt::write(
 const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_mutex', $1)", &[PgBuiltInOids::TEXTOID]);
 const STATUS: Stmt = Stmt::read(
     "SELECT l.holder, l.token, l.lease_expires_at, \
+            (SELECT count(*)::int FROM mutex_waiters w WHERE w.key = $1 AND w.expires_at > now()) \
+     FROM (SELECT 1) one LEFT JOIN mutex_locks l ON l.key = $1",
+    &[PgBuiltInOids::TEXTOID],
+);
+
+// The 0.1.0 catalog's lines, whose waiters have no lease: a shard runs this
+// library on that catalog between installing the package and `ALTER
+// EXTENSION sheaf UPDATE` (README, "Upgrading"), and its calls must work.
+const JOIN_LINE_0_1: Stmt = Stmt::write(
+    "INSERT INTO mutex_waiters (key, owner, position, lease_secs) \
+     VALUES ($1, $2, nextval('mutex_seq'), $3) \
+     ON CONFLICT (key, owner) DO UPDATE SET lease_secs = EXCLUDED.lease_secs",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::FLOAT8OID,
+    ],
+);
+const PLACE_IN_LINE_0_1: Stmt = Stmt::write(
+    "SELECT count(*)::int FROM mutex_waiters WHERE key = $1 AND position <= \
+       (SELECT position FROM mutex_waiters WHERE key = $1 AND owner = $2)",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::UUIDOID],
+);
+const STATUS_0_1: Stmt = Stmt::read(
+    "SELECT l.holder, l.token, l.lease_expires_at, \
             (SELECT count(*)::int FROM mutex_waiters w WHERE w.key = $1) \
      FROM (SELECT 1) one LEFT JOIN mutex_locks l ON l.key = $1",
     &[PgBuiltInOids::TEXTOID],
 );
+
+/// Whether the catalog's waiters hold leases (0.2.0 on); looked up on each
+/// call (the syscache, a few hundred nanoseconds), so a backend follows an
+/// `ALTER EXTENSION sheaf UPDATE` from its next transaction on.
+fn waiter_leases() -> bool {
+    // SAFETY: catalog lookups by name, in a transaction (the search path
+    // starts with sheaf's schema); a dropped column has no number.
+    unsafe {
+        let waiters = pg_sys::RelnameGetRelid(c"mutex_waiters".as_ptr());
+        waiters != pg_sys::InvalidOid && pg_sys::get_attnum(waiters, c"expires_at".as_ptr()) > 0
+    }
+}
 
 fn lock(key: &str) {
     locks::exclusive(Class::Mutex, key);
@@ -106,13 +186,23 @@ fn grant(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> i64 {
 }
 
 /// The key is free (released, or its lease expired): grants it to the first
-/// waiter, or frees it. Returns the new holder. The caller holds the key's lock.
+/// waiter whose place has not lapsed, until it picks the grant up, or frees
+/// it. Returns the new holder. The caller holds the key's lock.
 fn hand_off(key: &str) -> Option<pgrx::Uuid> {
+    let leases = waiter_leases();
+    if leases {
+        exec(&PRUNE_LINE, &[key.into()]);
+    }
     let next =
         Spi::connect_mut(|client| rows::first(run(client, &POP_WAITER, &[key.into()]), "popping a waiter"));
     match next {
         Some((owner, lease_secs)) => {
-            grant(key, owner, lease_secs);
+            let until_picked_up = if leases {
+                lease_secs * PLACE_SHARE
+            } else {
+                lease_secs
+            };
+            grant(key, owner, until_picked_up);
             exec(&NOTIFY, &[owner.to_string().into()]);
             Some(owner)
         }
@@ -125,24 +215,42 @@ fn hand_off(key: &str) -> Option<pgrx::Uuid> {
 
 /// Acquires `key` for `owner`, or queues it. Granted: the fencing token and
 /// position 0. Not granted: position in the FIFO line (1 = next); acquiring
-/// again keeps that place and returns the grant once it comes. The holder
-/// acquiring again gets its grant back (same token). An expired holder's
+/// again within a third of the lease keeps that place (and renews it) and
+/// returns the grant once it comes; later, the place has lapsed and it joins
+/// at the back. The holder acquiring again gets its grant back (same token)
+/// and a lease of at least `lease_secs` from now. An expired holder's
 /// lock passes on here too, as `mutex_reclaim` would pass it.
 /// Returns (granted, token, position in line).
 pub fn acquire(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> (bool, Option<i64>, i32) {
     lock(key);
+    let leases = waiter_leases();
     // At most two rounds: an expired lock passes on once, then is current.
     for _ in 0..2 {
         match holder(key) {
-            Some((h, token, false)) if h == owner => return (true, Some(token), 0),
+            Some((h, token, false)) if h == owner => {
+                if leases {
+                    exec(&PICK_UP, &[key.into(), lease_secs.into()]);
+                }
+                return (true, Some(token), 0);
+            }
             Some((_, _, true)) => {
                 hand_off(key);
             }
             Some(_) => {
-                exec(&JOIN_LINE, &[key.into(), owner.into(), lease_secs.into()]);
+                let place = if leases {
+                    let place_secs = lease_secs * PLACE_SHARE;
+                    exec(
+                        &JOIN_LINE,
+                        &[key.into(), owner.into(), lease_secs.into(), place_secs.into()],
+                    );
+                    &PLACE_IN_LINE
+                } else {
+                    exec(&JOIN_LINE_0_1, &[key.into(), owner.into(), lease_secs.into()]);
+                    &PLACE_IN_LINE_0_1
+                };
                 let place = Spi::connect_mut(|client| {
                     rows::only_value(
-                        run(client, &PLACE_IN_LINE, &[key.into(), owner.into()]),
+                        run(client, place, &[key.into(), owner.into()]),
                         "reading a place in line",
                     )
                 });
@@ -187,19 +295,32 @@ pub fn renew(key: &str, owner: pgrx::Uuid, token: i64, lease_secs: f64) -> Times
     renewed.unwrap_or_else(|| not_mutex_holder(key, owner, token))
 }
 
-/// Reclaims up to `max` expired locks; keys in order, so two sweeps never
+/// Reclaims up to `max` expired locks, and deletes the lapsed waiters of up
+/// to `max` lines; returns how many locks. Keys in order, so two sweeps never
 /// take two keys' locks in opposite orders.
 pub fn reclaim(max: i64) -> i64 {
+    let leases = waiter_leases();
     let mut keys: Vec<String> = Spi::connect_mut(|client| {
-        rows::values(run(client, &EXPIRED, &[max.into()]), "reading expired mutexes")
+        let mut keys: Vec<String> =
+            rows::values(run(client, &EXPIRED, &[max.into()]), "reading expired mutexes");
+        if leases {
+            keys.extend(rows::values::<String>(
+                run(client, &LAPSED, &[max.into()]),
+                "reading lapsed mutex waiters",
+            ));
+        }
+        keys
     });
     keys.sort();
+    keys.dedup();
     let mut n = 0;
     for key in keys {
         lock(&key);
         if matches!(holder(&key), Some((_, _, true))) {
             hand_off(&key);
             n += 1;
+        } else if leases {
+            exec(&PRUNE_LINE, &[key.as_str().into()]);
         }
     }
     n
@@ -234,9 +355,11 @@ pub type Status = (
     i32,
 );
 
-/// A key's holder, token and lease end (NULL when free), and how many wait.
+/// A key's holder, token and lease end (NULL when free), and how many wait
+/// (lapsed places not counted).
 pub fn status(key: &str) -> Option<Status> {
-    Spi::connect_mut(|client| rows::first(run(client, &STATUS, &[key.into()]), "reading a mutex"))
+    let stmt = if waiter_leases() { &STATUS } else { &STATUS_0_1 };
+    Spi::connect_mut(|client| rows::first(run(client, stmt, &[key.into()]), "reading a mutex"))
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -266,6 +389,35 @@ mod tests {
     const A: &str = "00000000-0000-8000-8000-00000000000a";
     const B: &str = "00000000-0000-8000-8000-00000000000b";
     const C: &str = "00000000-0000-8000-8000-00000000000c";
+    const D: &str = "00000000-0000-8000-8000-00000000000d";
+
+    /// Lets `owner`'s place in line lapse, as if it stopped asking a lease ago.
+    fn lapse(owner: &str) {
+        Spi::run_with_args(
+            "UPDATE sheaf.mutex_waiters SET expires_at = now() - interval '1 second' WHERE owner = $1::uuid",
+            &[owner.into()],
+        )
+        .unwrap();
+    }
+
+    /// The line's owners, first to last, lapsed or not.
+    fn line() -> Vec<String> {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT owner::text FROM sheaf.mutex_waiters WHERE key = 'k' ORDER BY position",
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .map(|row| row.get::<String>(1).unwrap().unwrap())
+                .collect()
+        })
+    }
+
+    fn waiting() -> Option<i32> {
+        Spi::get_one::<i32>("SELECT waiters FROM sheaf.mutex_status('k')").unwrap()
+    }
 
     #[pg_test]
     fn grants_go_in_fifo_order_and_a_waiter_keeps_its_place() {
@@ -311,5 +463,112 @@ mod tests {
                 .as_deref(),
             Some(B)
         );
+    }
+
+    #[pg_test]
+    fn a_lapsed_waiter_is_skipped_at_the_hand_over_and_comes_back_at_the_end_of_the_line() {
+        init();
+        let (_, token, _) = acquire(A);
+        for owner in [B, C, D] {
+            acquire(owner);
+        }
+        // Asking again renews the place for a third of the lease asked (60 s).
+        Spi::run("UPDATE sheaf.mutex_waiters SET expires_at = now() + interval '1 second'").unwrap();
+        acquire(C);
+        assert_eq!(
+            Spi::get_one_with_args::<bool>(
+                "SELECT expires_at = now() + interval '20 seconds' FROM sheaf.mutex_waiters WHERE owner = $1::uuid",
+                &[C.into()],
+            )
+            .unwrap(),
+            Some(true)
+        );
+        lapse(B);
+        assert_eq!(
+            acquire(C),
+            (false, None, 1),
+            "a lapsed place ahead does not count"
+        );
+        assert_eq!(waiting(), Some(2), "nor in the status");
+        let next = Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT sheaf.mutex_release('k', $1::uuid, $2)",
+            &[A.into(), token.into()],
+        )
+        .unwrap();
+        assert_eq!(next.map(|u| u.to_string()).as_deref(), Some(C), "B is skipped");
+        assert_eq!(line(), [D], "and deleted");
+        assert_eq!(acquire(B), (false, None, 2), "B comes back behind D");
+        // A lapsed place not deleted yet goes to the back as well.
+        lapse(D);
+        assert_eq!(acquire(D), (false, None, 2));
+        assert_eq!(line(), [B, D]);
+    }
+
+    #[pg_test]
+    fn reclaim_deletes_lapsed_waiters_and_keeps_the_live_ones_in_order() {
+        init();
+        acquire(A);
+        for owner in [B, C, D] {
+            acquire(owner);
+        }
+        lapse(C);
+        assert_eq!(
+            Spi::get_one::<i32>("SELECT sheaf.mutex_reclaim()").unwrap(),
+            Some(0),
+            "no lock expired"
+        );
+        assert_eq!(line(), [B, D]);
+        assert_eq!(
+            Spi::get_one::<String>("SELECT holder::text FROM sheaf.mutex_status('k')")
+                .unwrap()
+                .as_deref(),
+            Some(A)
+        );
+        // An expired holder whose whole line lapsed: the key is freed.
+        lapse(B);
+        lapse(D);
+        Spi::run("UPDATE sheaf.mutex_locks SET lease_expires_at = now() - interval '1 second'").unwrap();
+        assert_eq!(
+            Spi::get_one::<i32>("SELECT sheaf.mutex_reclaim()").unwrap(),
+            Some(1)
+        );
+        assert!(line().is_empty());
+        assert_eq!(
+            Spi::get_one::<String>("SELECT holder::text FROM sheaf.mutex_status('k')").unwrap(),
+            None
+        );
+    }
+
+    /// Seconds from now to the key's lease end.
+    fn lease_left() -> f64 {
+        Spi::get_one::<f64>(
+            "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM sheaf.mutex_status('k')",
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    #[pg_test]
+    fn a_hand_over_grants_until_the_waiter_picks_the_grant_up_then_the_lease_runs_in_full() {
+        init();
+        let (_, token, _) = acquire(A);
+        acquire(B);
+        Spi::run_with_args(
+            "SELECT sheaf.mutex_release('k', $1::uuid, $2)",
+            &[A.into(), token.into()],
+        )
+        .unwrap();
+        assert!(
+            (lease_left() - 20.0).abs() < 1e-3,
+            "a third of B's 60 s lease to pick it up"
+        );
+        assert!(acquire(B).0);
+        assert!((lease_left() - 60.0).abs() < 1e-3, "picked up: the whole lease");
+        // A holder asking again with a shorter lease keeps the longer one.
+        Spi::run(
+            "SELECT * FROM sheaf.mutex_acquire('k', '00000000-0000-8000-8000-00000000000b', '1 second')",
+        )
+        .unwrap();
+        assert!((lease_left() - 60.0).abs() < 1e-3);
     }
 }

@@ -100,7 +100,8 @@ pub enum Acquired {
         /// The fencing token: release and renew must carry it.
         token: i64,
     },
-    /// The owner waits in the FIFO line; acquiring again keeps the place.
+    /// The owner waits in the FIFO line; acquiring again within a third of
+    /// the lease keeps the place.
     Queued {
         /// 1 = next.
         position: i32,
@@ -145,8 +146,10 @@ impl Client {
     }
 
     /// Acquires `key` for `owner` under a lease, or queues the owner (FIFO).
-    /// Acquiring again keeps the place and returns the grant once it comes;
-    /// the holder acquiring again gets the same token.
+    /// Acquiring again within a third of the lease keeps the place (and
+    /// renews it) and returns the grant once it comes (the lease starts
+    /// then); an owner that waited longer without asking lost its place and
+    /// joins at the back. The holder acquiring again gets the same token.
     pub async fn mutex_acquire(
         &self,
         key: &MutexKey,
@@ -232,8 +235,10 @@ impl Client {
         first_column(&call, &rows)
     }
 
-    /// Waits for `key` (FIFO, polling every `options.poll`) and returns the
-    /// held lock as a [`MutexGuard`]. Call within a tokio runtime.
+    /// Waits for `key` (FIFO, polling every `options.poll`, and at least
+    /// three times per place lease: a ninth of the lease) and returns the
+    /// held lock as a [`MutexGuard`].
+    /// Call within a tokio runtime.
     ///
     /// Dropping this future while it waits (a `select!`, a timeout) does not
     /// leave the owner in line holding up the others: a task is spawned that
@@ -255,7 +260,7 @@ impl Client {
         let token = loop {
             match self.mutex_acquire(&key, owner, options.lease).await {
                 Ok(Acquired::Granted { token }) => break token,
-                Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.poll).await,
+                Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.waiting_poll()).await,
                 Err(e) => {
                     // Nothing was granted if the call failed before the shard
                     // answered; the leave task settles a grant it missed.
@@ -314,10 +319,18 @@ impl LockOptions {
         self
     }
 
-    /// How often a waiter asks again.
+    /// How often a waiter asks again. A waiter's place in line lapses when
+    /// it does not ask again within a third of its lease (its process died),
+    /// so it asks at least every ninth of the lease, whatever this says.
     pub fn poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
+    }
+
+    /// The poll interval a waiter uses: `poll`, capped so that two polls in a
+    /// row can fail before its place (a third of the lease) lapses.
+    fn waiting_poll(&self) -> Duration {
+        self.poll.min(self.lease / 9)
     }
 
     /// The owner id (default: a fresh one per lock), e.g. an execution's
@@ -344,6 +357,8 @@ impl Drop for Waiting {
         }
         // The shard has no "leave the line" call: wait for the grant and
         // hand it on at once, so the others are not held up for a lease.
+        // (If this process dies first, the place lapses, and a grant handed
+        // to it before that costs the line a third of a lease.)
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -362,9 +377,9 @@ impl Drop for Waiting {
                         }
                         return;
                     }
-                    Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.poll).await,
+                    Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.waiting_poll()).await,
                     Err(e) => {
-                        tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the owner stays in line; a grant to it runs out with its lease");
+                        tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the owner's place lapses within a third of its lease, and so does a grant handed to it before that");
                         return;
                     }
                 }

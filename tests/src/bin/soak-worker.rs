@@ -257,18 +257,18 @@ async fn critical_section(
         drop(section);
         return Ok(TaskDone::Complete(None));
     }
+    // A killed worker's place in a line lapses a third of the lease after
+    // its last poll, and a grant handed to it before that passes on then.
     let options = LockOptions::new()
-        .lease(Duration::from_secs(1))
+        .lease(Duration::from_secs(5))
         .poll(Duration::from_millis(20));
-    // The shortest lease and a long wait: a dead waiter costs its line a
-    // lease, and every retry joins the line again (README, "Chaos soak").
     let guard = match ctx
         .client()
-        .try_lock(MutexKey::new(&key), options, Duration::from_secs(30))
+        .try_lock(MutexKey::new(&key), options, Duration::from_secs(10))
         .await
     {
         Ok(Some(guard)) => guard,
-        Ok(None) => return Err(retry("mutex", "no grant within 30 s")),
+        Ok(None) => return Err(retry("mutex", "no grant within 10 s")),
         Err(e) => return Err(retry("mutex", e)),
     };
     let section = Section::enter(log, &key, guard.token());

@@ -54,13 +54,10 @@ const KINDS: [Kind; 6] = [
         fails: 0,
     },
     // Mutex tasks wait for a lock that may live on a stopped shard: each
-    // failed acquire spends an attempt, so they get many. Few of them: a
-    // waiter whose process is killed stays in line and holds the lock for a
-    // lease when its turn comes (README, "Chaos soak", open), so more
-    // starve the lines within minutes.
+    // failed acquire spends an attempt, so they get many.
     Kind {
         t: "mutex",
-        per_tick: 4,
+        per_tick: 8,
         max_attempts: 200,
         fails: 0,
     },
