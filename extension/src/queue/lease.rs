@@ -9,11 +9,16 @@ use crate::base::errors::{stale_token, unknown_task};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, Column};
 use crate::queue::hooks::ExecutionHooks;
+use crate::queue::tasks::RUNNING;
 use crate::queue::{caps, dead_letters, queues, ready};
 
 const RUNNING_FOR_UPDATE: Stmt = Stmt::write(
-    "SELECT concurrency_key FROM tasks WHERE id = $1 AND token = $2 AND state = 'running' FOR UPDATE",
-    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+    "SELECT concurrency_key FROM tasks WHERE id = $1 AND token = $2 AND state = $3 FOR UPDATE",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::TEXTOID,
+    ],
 );
 const EXISTS: Stmt = Stmt::read(
     "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1)",
@@ -32,11 +37,12 @@ const PUT_BACK: Stmt = Stmt::write(
 );
 const HEARTBEAT: Stmt = Stmt::write(
     "UPDATE tasks SET lease_expires_at = now() + make_interval(secs => coalesce($3, lease_secs)) \
-     WHERE id = $1 AND token = $2 AND state = 'running' RETURNING lease_expires_at",
+     WHERE id = $1 AND token = $2 AND state = $4 RETURNING lease_expires_at",
     &[
         PgBuiltInOids::UUIDOID,
         PgBuiltInOids::INT8OID,
         PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::TEXTOID,
     ],
 );
 const EXPIRED: Stmt = Stmt::write(
@@ -50,7 +56,11 @@ const EXPIRED: Stmt = Stmt::write(
 pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
     let row = Spi::connect_mut(|client| {
         rows::first::<(Option<String>,)>(
-            run(client, &RUNNING_FOR_UPDATE, &[task_id.into(), token.into()]),
+            run(
+                client,
+                &RUNNING_FOR_UPDATE,
+                &[task_id.into(), token.into(), RUNNING.into()],
+            ),
             "reading a running task",
         )
     });
@@ -110,7 +120,7 @@ pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> Time
         run(
             client,
             &HEARTBEAT,
-            &[task_id.into(), token.into(), extend_secs.into()],
+            &[task_id.into(), token.into(), extend_secs.into(), RUNNING.into()],
         )
         .next()
         .map(|row| TimestampWithTimeZone::read(&row, 1, "reading a lease end"))

@@ -9,7 +9,7 @@ use crate::base::errors::internal;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
-use crate::queue::{caps, dead_letters, lease};
+use crate::queue::{caps, dead_letters, lease, tasks};
 
 /// The longest explicit `retry_in`.
 pub const MAX_RETRY_SECS: f64 = 365.0 * 86_400.0;
@@ -18,8 +18,12 @@ pub const MAX_ERROR_BYTES: usize = 8_192;
 
 const RUNNING: Stmt = Stmt::write(
     "SELECT concurrency_key, attempts, max_attempts, execution_id, kind FROM tasks \
-     WHERE id = $1 AND token = $2 AND state = 'running' FOR UPDATE",
-    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+     WHERE id = $1 AND token = $2 AND state = $3 FOR UPDATE",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::TEXTOID,
+    ],
 );
 const BACK_OFF: Stmt = Stmt::write(
     "UPDATE tasks SET state = 'scheduled', run_at = now() + make_interval(secs => $2), last_error = $3, \
@@ -52,7 +56,11 @@ struct Running {
 fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
     let row = Spi::connect_mut(|client| {
         rows::first(
-            run(client, &RUNNING, &[task_id.into(), token.into()]),
+            run(
+                client,
+                &RUNNING,
+                &[task_id.into(), token.into(), tasks::RUNNING.into()],
+            ),
             "failing a task",
         )
     });

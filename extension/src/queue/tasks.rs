@@ -20,6 +20,15 @@ use crate::queue::{caps, queues, ready};
 /// The most payloads one `enqueue_batch` accepts.
 pub const MAX_BATCH: usize = 10_000;
 
+/// `'running'`, for the statements that find a running task by id: they
+/// take it as a parameter, never as a literal. With `state = 'running'`
+/// written out, the planner can prove the predicate of the partial index
+/// `tasks_running` and may pick that index for the generic plan (it did,
+/// for a completion), which then reads every running task's entry, and
+/// under a held snapshot every dead one too, where one primary-key seek
+/// does.
+pub const RUNNING: &str = "running";
+
 // One statement inserts the tasks (in input order, so `seq` keeps the batch's
 // order) and the ready rows of those admitted now, and answers whether the
 // queue had no ready task before (its workers may be asleep on LISTEN; see
