@@ -48,10 +48,9 @@ pub(crate) use floor_row;
 macro_rules! lower_in_enqueue {
     () => {
         ", fl AS (INSERT INTO ready_floors (queue, k1, k2, seq) \
-           SELECT $2, m.k1, m.k2, m.seq FROM (SELECT k1, k2, seq FROM r ORDER BY k1, k2, seq LIMIT 1) m \
-           WHERE EXISTS (SELECT 1 FROM ready_floors f WHERE f.queue = $2) \
-             AND (NOT $16 OR NOT EXISTS (\
-               SELECT 1 FROM ready_floors f WHERE f.queue = $2 AND (f.k1, f.k2, f.seq) <= (m.k1, m.k2, m.seq))))"
+           SELECT $2, m.k1, m.k2, m.seq FROM (SELECT k1, k2, seq FROM r ORDER BY k1, k2, seq LIMIT 1) m, \
+             (SELECT k1, k2, seq FROM ready_floors WHERE queue = $2 ORDER BY k1, k2, seq LIMIT 1) f \
+           WHERE NOT $16 OR (m.k1, m.k2, m.seq) < (f.k1, f.k2, f.seq))"
     };
 }
 pub(crate) use lower_in_enqueue;
@@ -60,13 +59,15 @@ pub(crate) use lower_in_enqueue;
 // becomes a floor row if it is below the floor, or if the lock was not had.
 // A queue with no floor row at all is at minus infinity and stays there
 // (an advance needs a floor row too): a row inserted there would raise it.
+// One seek for the floor: a held snapshot keeps the dead rows of earlier
+// advances in front of it.
 const LOWER: Stmt = Stmt::write(
     "INSERT INTO ready_floors (queue, k1, k2, seq) \
      SELECT x.q, x.k1, x.k2, x.seq \
      FROM unnest($1::text[], $2::float8[], $3::float8[], $4::bigint[], $5::bool[]) AS x(q, k1, k2, seq, locked) \
-     WHERE EXISTS (SELECT 1 FROM ready_floors f WHERE f.queue = x.q) \
-       AND (NOT x.locked OR NOT EXISTS (\
-         SELECT 1 FROM ready_floors f WHERE f.queue = x.q AND (f.k1, f.k2, f.seq) <= (x.k1, x.k2, x.seq)))",
+     CROSS JOIN LATERAL (SELECT f.k1, f.k2, f.seq FROM ready_floors f WHERE f.queue = x.q \
+                         ORDER BY f.k1, f.k2, f.seq LIMIT 1) f \
+     WHERE NOT x.locked OR (x.k1, x.k2, x.seq) < (f.k1, f.k2, f.seq)",
     &[
         PgBuiltInOids::TEXTARRAYOID,
         PgBuiltInOids::FLOAT8ARRAYOID,
@@ -85,7 +86,9 @@ const CREATE: Stmt = Stmt::write(
 );
 // An advance, in one snapshot: the first ready row at or above the floor
 // (or, with none, the highest key the claim took: $2, $3, $4) replaces the
-// floor rows this snapshot sees.
+// floor rows this snapshot sees; if it is not above the floor, nothing is
+// written (each write leaves a row version every later floor lookup steps
+// over while a snapshot is held).
 const ADVANCE: Stmt = Stmt::write(
     concat!(
         "WITH fl AS (",
@@ -94,11 +97,11 @@ const ADVANCE: Stmt = Stmt::write(
          p AS (SELECT r.k1, r.k2, r.seq FROM ready r WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= ",
         floor_bounds!(),
         " ORDER BY r.k1, r.k2, r.seq LIMIT 1), \
-         n AS (SELECT * FROM (SELECT k1, k2, seq FROM p \
-                              UNION ALL SELECT $2, $3, $4 WHERE $2 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM p)) c \
-               WHERE EXISTS (SELECT 1 FROM fl)), \
-         d AS (DELETE FROM ready_floors WHERE queue = $1 AND EXISTS (SELECT 1 FROM n)) \
-         INSERT INTO ready_floors (queue, k1, k2, seq) SELECT $1, k1, k2, seq FROM n"
+         n AS (SELECT k1, k2, seq FROM p \
+               UNION ALL SELECT $2, $3, $4 WHERE $2 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM p)), \
+         m AS (SELECT n.* FROM n, fl WHERE (n.k1, n.k2, n.seq) > (fl.k1, fl.k2, fl.seq)), \
+         d AS (DELETE FROM ready_floors WHERE queue = $1 AND EXISTS (SELECT 1 FROM m)) \
+         INSERT INTO ready_floors (queue, k1, k2, seq) SELECT $1, k1, k2, seq FROM m"
     ),
     &[
         PgBuiltInOids::TEXTOID,
