@@ -214,7 +214,8 @@ struct Ctx {
     shards: Vec<ShardId>,
     counters: Counters,
     slots: Arc<Semaphore>,
-    wake: Notify,
+    /// Per shard: its listener wakes that shard's claim loop.
+    wake: BTreeMap<ShardId, Notify>,
     stop: CancellationToken,
     abandon: CancellationToken,
     /// The task runners. Not a `JoinSet`: dropping the worker must not
@@ -293,9 +294,9 @@ impl Worker {
             slots: Arc::new(Semaphore::new(options.concurrency)),
             client,
             options,
+            wake: shards.iter().map(|&s| (s, Notify::new())).collect(),
             shards,
             counters: Counters::default(),
-            wake: Notify::new(),
             stop: CancellationToken::new(),
             abandon: CancellationToken::new(),
             runners: TaskTracker::new(),
@@ -488,63 +489,33 @@ fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, Worke
     Ok(shards)
 }
 
-/// The claim loop; its task runners go to `ctx.runners`.
+/// The claim loops, one per shard, all at once: a shard that does not
+/// answer (half-open, overloaded) holds up only its own claims, never the
+/// others' for a query timeout per round. They share the worker's slots.
+/// The task runners go to `ctx.runners`.
 async fn coordinate<H, F>(ctx: Arc<Ctx>, handler: Arc<H>)
 where
     H: Fn(TaskContext) -> F + Send + Sync + 'static,
     F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
 {
-    let mut first = 0;
+    let loops = ctx.shards.iter().map(|&shard| claim_loop(&ctx, &handler, shard));
+    futures::future::join_all(loops).await;
+}
+
+async fn claim_loop<H, F>(ctx: &Arc<Ctx>, handler: &Arc<H>, shard: ShardId)
+where
+    H: Fn(TaskContext) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
+{
+    let Some(wake) = ctx.wake.get(&shard) else {
+        return;
+    };
     while !ctx.stop.is_cancelled() {
-        let mut claimed = 0;
-        // Each round starts one shard further on, and takes at most one
-        // batch per (shard, queue): no shard waits behind another's backlog.
-        'round: for i in 0..ctx.shards.len() {
-            let shard = ctx.shards[(first + i) % ctx.shards.len()];
-            for queue in &ctx.options.queues {
-                if ctx.stop.is_cancelled() {
-                    break 'round;
-                }
-                let free = ctx.slots.available_permits();
-                if free == 0 {
-                    break 'round;
-                }
-                let want = ctx.options.batch.min(i32::try_from(free).unwrap_or(i32::MAX));
-                // Taken before the claim is sent: the lease ends later than this.
-                let deadline = SystemTime::now() + ctx.options.lease;
-                let tasks = match ctx
-                    .client
-                    .claim(shard, queue, &ctx.options.name, want, ctx.options.lease)
-                    .await
-                {
-                    Ok(tasks) => tasks,
-                    Err(e) => {
-                        log_failure(&ctx, shard, "claim", &e);
-                        continue;
-                    }
-                };
-                claimed += tasks.len();
-                if !tasks.is_empty() {
-                    let mut by_shard = ctx.counters.claimed.lock().unwrap_or_else(|p| p.into_inner());
-                    *by_shard.entry(shard).or_default() += tasks.len() as u64;
-                }
-                for task in tasks {
-                    // Only this loop takes slots, and it asked for no more
-                    // tasks than there were free slots.
-                    let Ok(slot) = ctx.slots.clone().try_acquire_owned() else {
-                        release(&ctx, &task).await;
-                        continue;
-                    };
-                    let handler = handler.clone();
-                    ctx.runners
-                        .spawn(run_task(ctx.clone(), handler, task, deadline, slot));
-                }
-            }
-        }
-        first = (first + 1) % ctx.shards.len();
+        let claimed = claim_from(ctx, handler, shard).await;
         let until = Instant::now() + ctx.options.idle_poll;
         if ctx.slots.available_permits() == 0 {
-            // Every slot busy: wait for one to free up.
+            // Every slot busy: wait for one to free up (the semaphore
+            // serves waiters in order, so the shards take turns).
             tokio::select! {
                 _ = ctx.stop.cancelled() => {}
                 _ = ctx.slots.acquire() => {}
@@ -553,11 +524,70 @@ where
         } else if claimed == 0 {
             tokio::select! {
                 _ = ctx.stop.cancelled() => {}
-                _ = ctx.wake.notified() => {}
+                _ = wake.notified() => {}
                 _ = tokio::time::sleep_until(until) => {}
             }
         }
     }
+}
+
+/// One batch per queue from `shard`, each claim asking for no more tasks
+/// than the slots it reserved first (claims in flight on several shards at
+/// once never take more tasks than there are slots); how many it claimed.
+async fn claim_from<H, F>(ctx: &Arc<Ctx>, handler: &Arc<H>, shard: ShardId) -> usize
+where
+    H: Fn(TaskContext) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
+{
+    let mut claimed = 0;
+    for queue in &ctx.options.queues {
+        if ctx.stop.is_cancelled() {
+            break;
+        }
+        // At most this shard's share of the slots per claim: a claim that
+        // hangs (a half-open shard) holds its reservation until it times
+        // out, and must not hold every slot meanwhile.
+        let share = ctx.options.concurrency.div_ceil(ctx.shards.len());
+        let free = ctx.slots.available_permits().min(share);
+        let want = ctx.options.batch.min(i32::try_from(free).unwrap_or(i32::MAX));
+        if want <= 0 {
+            break;
+        }
+        // No await between the count and the reservation: no other claim
+        // loop of this worker runs in between.
+        let Ok(mut reserved) = ctx.slots.clone().try_acquire_many_owned(want as u32) else {
+            break;
+        };
+        // Taken before the claim is sent: the lease ends later than this.
+        let deadline = SystemTime::now() + ctx.options.lease;
+        let tasks = match ctx
+            .client
+            .claim(shard, queue, &ctx.options.name, want, ctx.options.lease)
+            .await
+        {
+            Ok(tasks) => tasks,
+            Err(e) => {
+                log_failure(ctx, shard, "claim", &e);
+                continue;
+            }
+        };
+        claimed += tasks.len();
+        if !tasks.is_empty() {
+            let mut by_shard = ctx.counters.claimed.lock().unwrap_or_else(|p| p.into_inner());
+            *by_shard.entry(shard).or_default() += tasks.len() as u64;
+        }
+        for task in tasks {
+            // The claim asked for no more tasks than it reserved slots.
+            let Some(slot) = reserved.split(1) else {
+                release(ctx, &task).await;
+                continue;
+            };
+            ctx.runners
+                .spawn(run_task(ctx.clone(), handler.clone(), task, deadline, slot));
+        }
+        // The slots the claim did not fill go back when `reserved` drops.
+    }
+    claimed
 }
 
 /// Registration and maintenance, on their own task so a slow or
@@ -811,7 +841,7 @@ async fn listen(ctx: Arc<Ctx>, shard: ShardId, url: String) {
     let first = Duration::from_millis(500);
     let mut pause = first;
     loop {
-        match listen_once(&ctx, &queues, &url).await {
+        match listen_once(&ctx, shard, &queues, &url).await {
             Ok(()) => return,
             Err((listened, e)) => {
                 tracing::debug!(%shard, error = %e, "listener connection ended");
@@ -832,7 +862,17 @@ async fn listen(ctx: Arc<Ctx>, shard: ShardId, url: String) {
 /// connection is lost or stops answering (with whether it got to listen).
 /// Connecting is bounded by the connect timeout (the handshake included),
 /// every statement by the query timeout.
-async fn listen_once(ctx: &Ctx, queues: &HashSet<String>, url: &str) -> Result<(), (bool, String)> {
+async fn listen_once(
+    ctx: &Ctx,
+    shard: ShardId,
+    queues: &HashSet<String>,
+    url: &str,
+) -> Result<(), (bool, String)> {
+    let wake = || {
+        if let Some(w) = ctx.wake.get(&shard) {
+            w.notify_one();
+        }
+    };
     let options = ctx.client.pools().options();
     let (connect_timeout, query_timeout) = (options.connect_timeout, options.query_timeout);
     let mut config: tokio_postgres::Config = url.parse().map_err(|e| (false, format!("{e}")))?;
@@ -871,20 +911,20 @@ async fn listen_once(ctx: &Ctx, queues: &HashSet<String>, url: &str) -> Result<(
     };
     bounded("LISTEN sheaf_ready").await.map_err(|e| (false, e))?;
     // Whatever was notified while this shard had no listener: poll now.
-    ctx.wake.notify_one();
+    wake();
     let mut ping = tokio::time::interval_at(Instant::now() + LISTEN_PING, LISTEN_PING);
     let result = loop {
         tokio::select! {
             _ = ctx.stop.cancelled() => break Ok(()),
             message = rx.recv() => match message {
-                Some(queue) if queues.contains(&queue) => ctx.wake.notify_one(),
+                Some(queue) if queues.contains(&queue) => wake(),
                 Some(_) => {}
                 None => break Err((true, "the connection closed".to_owned())),
             },
             _ = ping.tick() => {
                 if let Err(e) = bounded("SELECT 1").await {
                     // Notifications may have been missed meanwhile: poll now.
-                    ctx.wake.notify_one();
+                    wake();
                     break Err((true, e));
                 }
             }

@@ -461,6 +461,80 @@ async fn a_worker_rides_out_a_reset_shard() {
     worker_scenario(Fault::Reset).await;
 }
 
+/// A half-open shard holds up only its own claims: with query and connect
+/// timeouts of 6 s and the breaker probing every 0.5 s, a worker whose
+/// claims went shard after shard waited for each probe of the half-open
+/// shard (a connection that never starts, a query that never returns)
+/// before it came back to the healthy shards. Tasks enqueued on the
+/// healthy shards one by one while the fault lasts are each done within
+/// 2.5 s.
+#[tokio::test]
+async fn a_half_open_shard_does_not_slow_the_worker_on_the_others() {
+    let r = rig(PoolOptions {
+        query_timeout: Duration::from_secs(6),
+        connect_timeout: Duration::from_secs(6),
+        acquire_timeout: Duration::from_secs(6),
+        breaker_cooldown: Duration::from_millis(500),
+        ..options()
+    })
+    .await;
+    let queue = unique("netfault-pace");
+    let done: Arc<std::sync::Mutex<Vec<(u128, Instant)>>> = Arc::default();
+    let mut shards = r.healthy.clone();
+    shards.push(r.faulty);
+    let options = WorkerOptions::new(unique("nf-pace"), [queue.clone()])
+        .coverage(Coverage::Shards(shards))
+        .concurrency(4)
+        .lease(Duration::from_secs(5))
+        .idle_poll(Duration::from_millis(200))
+        .drain_timeout(Duration::from_secs(1));
+    let seen = done.clone();
+    let w = Worker::start(r.client.clone(), options, move |task: TaskContext| {
+        let seen = seen.clone();
+        async move {
+            let n = task.task().payload.to_value().ok().and_then(|v| v["n"].as_u64());
+            if let Some(n) = n {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((u128::from(n), Instant::now()));
+            }
+            Ok(TaskDone::Complete(None))
+        }
+    })
+    .expect("the worker starts");
+    r.proxy.set(Fault::HalfOpen);
+    let mut enqueued = Vec::new();
+    for n in 0..16u64 {
+        let shard = r.healthy[n as usize % r.healthy.len()];
+        enqueued.push(Instant::now());
+        r.client
+            .enqueue(&queue, json!({ "n": n }), on(shard))
+            .await
+            .unwrap_or_else(|e| panic!("enqueue on shard {shard}: {e}"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    until(
+        "every task on the healthy shards",
+        Duration::from_secs(10),
+        async || done.lock().unwrap_or_else(|p| p.into_inner()).len() >= 16,
+    )
+    .await;
+    let slowest = done
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(n, at)| at.duration_since(enqueued[*n as usize]))
+        .max()
+        .unwrap_or_default();
+    eprintln!("half-open shard: the slowest healthy task took {slowest:?}");
+    r.proxy.heal();
+    timed("Worker::shutdown", w.shutdown()).await;
+    assert!(
+        slowest <= Duration::from_millis(2500),
+        "a task on a healthy shard waited {slowest:?} behind the half-open one"
+    );
+}
+
 /// The worker's LISTEN connection goes half-open and stays dead (its peer
 /// lost it): the worker notices and listens again, so a task enqueued
 /// after the heal is picked up by notification, long before the idle poll.
