@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sheaf_driver::{
     BreakerState, Client, ClientError, Coverage, EnqueueOptions, ExecutionId, Placement, PoolOptions,
-    ShardError, ShardId, TaskContext, TaskDone, TaskId, Topology, Worker, WorkerOptions,
+    ShardError, ShardId, TaskContext, TaskDone, TaskFailure, TaskId, Topology, Worker, WorkerOptions,
 };
 use sheaf_tests::proxy::{Fault, Proxy};
 use sheaf_tests::{fleet, unique};
@@ -386,6 +386,17 @@ async fn enqueue_n(client: &Client, queue: &str, shard: ShardId, n: usize) {
 }
 
 fn worker(r: &Rig, queue: &str, idle_poll: Duration) -> Worker {
+    worker_running(r, queue, idle_poll, |_task: TaskContext| async {
+        Ok(TaskDone::Complete(None))
+    })
+}
+
+/// A worker over every shard (the faulty one last) running `handler`.
+fn worker_running<H, F>(r: &Rig, queue: &str, idle_poll: Duration, handler: H) -> Worker
+where
+    H: Fn(TaskContext) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
+{
     let mut shards = r.healthy.clone();
     shards.push(r.faulty);
     let options = WorkerOptions::new(unique("nf-w"), [queue.to_owned()])
@@ -396,10 +407,7 @@ fn worker(r: &Rig, queue: &str, idle_poll: Duration) -> Worker {
         .idle_poll(idle_poll)
         .maintain_every(Duration::from_secs(1))
         .drain_timeout(Duration::from_secs(1));
-    Worker::start(r.client.clone(), options, |_task: TaskContext| async {
-        Ok(TaskDone::Complete(None))
-    })
-    .expect("the worker starts")
+    Worker::start(r.client.clone(), options, handler).expect("the worker starts")
 }
 
 /// A worker over every shard drains the healthy ones while one is faulty,
@@ -480,28 +488,24 @@ async fn a_half_open_shard_does_not_slow_the_worker_on_the_others() {
     .await;
     let queue = unique("netfault-pace");
     let done: Arc<std::sync::Mutex<Vec<(u128, Instant)>>> = Arc::default();
-    let mut shards = r.healthy.clone();
-    shards.push(r.faulty);
-    let options = WorkerOptions::new(unique("nf-pace"), [queue.clone()])
-        .coverage(Coverage::Shards(shards))
-        .concurrency(4)
-        .lease(Duration::from_secs(5))
-        .idle_poll(Duration::from_millis(200))
-        .drain_timeout(Duration::from_secs(1));
     let seen = done.clone();
-    let w = Worker::start(r.client.clone(), options, move |task: TaskContext| {
-        let seen = seen.clone();
-        async move {
-            let n = task.task().payload.to_value().ok().and_then(|v| v["n"].as_u64());
-            if let Some(n) = n {
-                seen.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((u128::from(n), Instant::now()));
+    let w = worker_running(
+        &r,
+        &queue,
+        Duration::from_millis(200),
+        move |task: TaskContext| {
+            let seen = seen.clone();
+            async move {
+                let n = task.task().payload.to_value().ok().and_then(|v| v["n"].as_u64());
+                if let Some(n) = n {
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((u128::from(n), Instant::now()));
+                }
+                Ok(TaskDone::Complete(None))
             }
-            Ok(TaskDone::Complete(None))
-        }
-    })
-    .expect("the worker starts");
+        },
+    );
     r.proxy.set(Fault::HalfOpen);
     let mut enqueued = Vec::new();
     for n in 0..16u64 {
