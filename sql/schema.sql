@@ -103,51 +103,87 @@ CREATE TABLE ready (
         vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
 
--- Claim floors: where a queue's claim starts its seek on ready_claim. A
+-- Claim floors: where a queue's claim starts its seeks on ready_claim. A
 -- transaction held open anywhere in the database (a report, pg_dump, a
 -- stuck client) keeps alive every ready row the claims deleted since it
 -- began, and neither vacuum nor the index's own dead-entry marking can
 -- remove them: a claim seeking from the head of its queue's range would
 -- step over all of them, O(claims since the snapshot). It seeks from the
--- floor instead, which the claims move up past what they took.
+-- floors instead, which the claims move up past what they took.
 --
--- A queue's floor F is the smallest (k1, k2, seq) among its rows here
--- (minus infinity when it has none). Invariant: in every snapshot, no
--- ready row of the queue is below F. Kept by the one protocol below, which
--- every path that makes a ready row follows (queue::floor).
+-- A queue's ready rows fall into bands: without aging each priority is a
+-- band, band = k1 (= -priority; the claim order is priority first); with
+-- aging the queue is one band, band = +Infinity. The claim takes the bands
+-- in ascending order and each from its floor F(q, b): the ready rows with
+-- (k1, k2, seq) >= F(q, b) and k1 <= b. So a band emptied by the claims (a
+-- high priority, claimed as soon as it comes) is one short seek, not a walk
+-- over its dead entries.
+--
+-- The rows here of (q, b) are base rows, written by advances, and lowering
+-- rows, written by readying; each takes a new generation from
+-- ready_floor_gen, and ready_floors_walk lists a band's rows newest first.
+-- The floor rows of (q, b) are its rows from the newest down to the newest
+-- base row; F(q, b) is the smallest (k1, k2, seq) among them, and a band
+-- with no row has no floor. A lookup reads only those rows and jumps over
+-- the older ones with one seek: every advance leaves the rows it replaced
+-- dead there, and while a snapshot is held open they stay, but behind.
+--
+-- Invariant: in every snapshot, every ready row of queue q in band b has a
+-- floor row of (q, b) at or below it, and every row of (q, b) that snapshot
+-- sees is a floor row. Kept by the one protocol below, which every path
+-- that makes a ready row follows (queue::floor).
 --
 -- Readying (every insert into ready, and any change of a ready row's keys):
 -- in the same transaction, after writing the rows, with m the smallest key
--- written in queue q:
+-- written in band b of queue q:
 --   1. try the shared floor lock of q (base::locks, Class::Floor), never
 --      waiting: held, it keeps every advance of q out until this
---      transaction ends;
---   2. in a later statement (a newer snapshot than the lock), insert m here
---      if m < F, or if step 1 did not get the lock, or if the transaction
---      runs under REPEATABLE READ or SERIALIZABLE (its snapshot may predate
---      an advance).
+--      transaction ends. If it is not had (an advance holds it), take the
+--      shared late-readiers lock of q (Class::FloorLate), which keeps every
+--      later advance out until this transaction ends;
+--   2. in a later statement (a newer snapshot than the lock), insert m as
+--      a lowering row unless the newest row of (q, b) is at or below m;
+--      insert it regardless if step 1 did not get the floor lock, or if the
+--      transaction runs under REPEATABLE READ or SERIALIZABLE (its snapshot
+--      may predate an advance). A lowering row more than needed is harmless.
 -- Advancing (a claim, every ADVANCE_EVERY claimed rows, under READ
--- COMMITTED only): try the exclusive floor lock of q, never waiting (it is
--- free only when no readying transaction of q is open); if taken, in one
--- statement (one snapshot) find the first ready row at or above F (rows
--- other transactions are claiming or deleting still show, so a claim that
--- rolls back finds its rows above the new floor), delete the rows here that
--- snapshot sees, and insert that row's key (or, with no ready row left, the
--- highest key this claim took). The advance takes no new rows into
--- account, and needs none: a readying transaction either committed before
--- the advance took its lock (its rows are in the snapshot), or holds the
--- shared lock (no advance), or got no lock (it inserts its own floor row,
--- which the advance does not see and so does not delete), or starts after
+-- COMMITTED only): if the late-readiers lock is free, take a generation g,
+-- then try the exclusive floor lock, never waiting (it is free only when no
+-- readying transaction of q is open), and test the late-readiers lock again;
+-- with both, in one statement (one snapshot), for each band: find the first
+-- ready row at or above F (rows other transactions are claiming or deleting
+-- still show, so a claim that rolls back finds its rows above the new
+-- floor); with none, take the highest key this backend claimed from the
+-- band since its last advance. If the key found is above F, it becomes a
+-- base row of generation g and the band's floor rows are deleted; an empty
+-- band with neither stays, or goes with its rows if the queue has more than
+-- 16 bands. An empty band may take any floor: rows readied later compare
+-- with it or bring their own. The advance takes no new rows into account,
+-- and needs none: a readying transaction either committed before the
+-- advance took its lock (its rows are in the snapshot), or holds the
+-- shared lock (no advance), or is late (its lowering row, which the advance
+-- does not see, is newer than g, since g was taken before the lock it
+-- found held, and no later advance runs before it ends), or starts after
 -- the advance committed (it compares with the new floor). Deleting a ready
 -- row, committed or rolled back, never breaks the invariant.
+--
+-- A change of aging re-keys the queue's ready rows (a readying): they go to
+-- the new mode's bands, and the old bands, empty, are skipped with one seek
+-- each (and go past 16 bands).
+CREATE SEQUENCE ready_floor_gen;
 CREATE TABLE ready_floors (
     queue       text NOT NULL,
+    band        double precision NOT NULL,
+    -- Minus the row's generation (from ready_floor_gen): a band's newest
+    -- rows come first in ready_floors_walk.
+    ngen        bigint NOT NULL,
+    base        boolean NOT NULL,
     k1          double precision NOT NULL,
     k2          double precision NOT NULL,
     seq         bigint NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 100,
         vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
-CREATE INDEX ready_floors_min ON ready_floors (queue, k1, k2, seq);
+CREATE INDEX ready_floors_walk ON ready_floors (queue, band, ngen);
 
 -- The primary ready key. Aging: effective priority priority + age/aging_secs
 -- orders exactly like enqueued_at - priority * aging_secs ascending (now is

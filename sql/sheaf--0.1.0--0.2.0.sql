@@ -72,23 +72,44 @@ AS 'MODULE_PATHNAME', 'complete_task_and_fail_execution_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.complete_task_and_fail_execution(uuid, bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.complete_task_and_fail_execution(uuid, bigint, text) TO sheaf_worker;
 --
--- Claim floors (see sql/schema.sql): a claim seeks from its queue's floor,
--- past the dead entries a held snapshot keeps at the head of ready_claim.
--- Every queue starts at minus infinity, as before; its first advance
--- moves it up.
+-- Claim floors (see sql/schema.sql): a claim seeks each band of its queue
+-- from the band's floor, past the dead entries a held snapshot keeps at
+-- the head of ready_claim.
+CREATE SEQUENCE ready_floor_gen;
 CREATE TABLE ready_floors (
     queue       text NOT NULL,
+    band        double precision NOT NULL,
+    -- Minus the row's generation (from ready_floor_gen): a band's newest
+    -- rows come first in ready_floors_walk.
+    ngen        bigint NOT NULL,
+    base        boolean NOT NULL,
     k1          double precision NOT NULL,
     k2          double precision NOT NULL,
     seq         bigint NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 100,
         vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
-CREATE INDEX ready_floors_min ON ready_floors (queue, k1, k2, seq);
+CREATE INDEX ready_floors_walk ON ready_floors (queue, band, ngen);
 -- As privileges.sql leaves every table of a fresh install: no one's but
 -- the owner's (the revoke makes the owner's grants explicit).
 REVOKE ALL ON ready_floors FROM PUBLIC;
-INSERT INTO ready_floors (queue, k1, k2, seq)
-SELECT name, '-Infinity', '-Infinity', -9223372036854775808 FROM queues;
+REVOKE ALL ON SEQUENCE ready_floor_gen FROM PUBLIC;
+-- Each band of the ready rows there are starts at its first row.
+INSERT INTO ready_floors (queue, band, ngen, base, k1, k2, seq)
+SELECT f.queue, f.band, -nextval('ready_floor_gen'), true, f.k1, f.k2, f.seq FROM (
+SELECT DISTINCT ON (r.queue, b.band) r.queue, b.band, r.k1, r.k2, r.seq
+FROM ready r
+JOIN queues q ON q.name = r.queue
+CROSS JOIN LATERAL (SELECT CASE WHEN q.aging_secs IS NULL THEN r.k1 ELSE 'Infinity'::float8 END AS band) b
+ORDER BY r.queue, b.band, r.k1, r.k2, r.seq) f;
+-- And every queue has a band covering all its rows from minus infinity,
+-- band NaN (above every other, and above every k1): ready rows written by
+-- a transaction open across this update (by a library that found no floors
+-- in the catalog, so it wrote no floor rows) are not in the rows above, and
+-- this band keeps them claimable, after the other bands' rows. An advance
+-- that finds it empty ends it.
+INSERT INTO ready_floors (queue, band, ngen, base, k1, k2, seq)
+SELECT name, 'NaN', -nextval('ready_floor_gen'), false, '-Infinity', '-Infinity', -9223372036854775808
+FROM queues;
 --
 -- Mutex waiters hold their place for a third of their lease, renewed by
 -- each acquire, so a waiter whose process died no longer stays in line

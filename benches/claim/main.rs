@@ -96,22 +96,7 @@ enum Cmd {
     /// Throughput while a REPEATABLE READ transaction holds a snapshot, vs
     /// without, per mode, depth and commit mode; dead tuples at the end of
     /// the held window, and how long after it they take to come back down.
-    Snapshot {
-        /// Seconds of each window (free-running, then held).
-        #[arg(long, default_value_t = 60)]
-        secs: u64,
-        #[arg(
-            long,
-            value_delimiter = ',',
-            value_enum,
-            default_value = "plain,aging,fairness"
-        )]
-        modes: Vec<Mode>,
-        #[arg(long, value_delimiter = ',', default_value = "1000,100000")]
-        depths: Vec<i64>,
-        #[arg(long, value_delimiter = ',', value_enum, default_value = "durable,async")]
-        commits: Vec<Commit>,
-    },
+    Snapshot(SnapshotRuns),
     /// start_workflow admissions per policy, quota check cost vs history size, mutex cycles.
     Gates {
         /// Seconds measured per row.
@@ -194,21 +179,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Cmd::Batch { secs } => run_batch(&url, &admin, Duration::from_secs(secs)).await?,
         Cmd::Steady { minutes } => run_steady(&url, &admin, minutes, clients).await?,
-        Cmd::Snapshot {
-            secs,
-            modes,
-            depths,
-            commits,
-        } => {
-            let runs = SnapshotRuns {
-                window: Duration::from_secs(secs),
-                modes,
-                depths,
-                commits,
-                clients,
-            };
-            run_snapshot(&url, &admin, &runs).await?
-        }
+        Cmd::Snapshot(runs) => run_snapshot(&url, &admin, &runs, clients).await?,
     }
     Ok(())
 }
@@ -618,12 +589,25 @@ async fn run_steady(
     Ok(())
 }
 
+#[derive(clap::Args)]
 struct SnapshotRuns {
-    window: Duration,
+    /// Seconds of each window (free-running, then held).
+    #[arg(long, default_value_t = 60)]
+    secs: u64,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "plain,aging,fairness"
+    )]
     modes: Vec<Mode>,
+    #[arg(long, value_delimiter = ',', default_value = "1000,100000")]
     depths: Vec<i64>,
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "durable,async")]
     commits: Vec<Commit>,
-    clients: usize,
+    /// The systems to measure, each in turn on the same fill.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "sheaf,textbook")]
+    systems: Vec<System>,
 }
 
 /// Dead tuples of the tables a cycle churns, as the statistics have them.
@@ -670,16 +654,18 @@ async fn run_snapshot(
     url: &str,
     admin: &Client,
     runs: &SnapshotRuns,
+    clients: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let window = Duration::from_secs(runs.secs);
     for &commit in &runs.commits {
         for &mode in &runs.modes {
             for &depth in &runs.depths {
                 systems::reset(admin, mode, 1).await?;
                 systems::fill(admin, mode, depth).await?;
                 admin.batch_execute("VACUUM ANALYZE").await?;
-                for system in [System::Sheaf, System::Textbook] {
-                    let mut pool = Pool::open_with(url, system, mode, runs.clients, commit).await?;
-                    let free = pool.window(runs.window).await?;
+                for &system in &runs.systems {
+                    let mut pool = Pool::open_with(url, system, mode, clients, commit).await?;
+                    let free = pool.window(window).await?;
                     let free_dead = hot_dead(admin, system).await?;
                     let holder = connect(url).await?;
                     holder
@@ -687,7 +673,7 @@ async fn run_snapshot(
                             "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;",
                         )
                         .await?;
-                    let held = pool.window(runs.window).await?;
+                    let held = pool.window(window).await?;
                     let dead = dead_tuples(admin).await?;
                     holder.batch_execute("ROLLBACK").await?;
                     let released = Instant::now();

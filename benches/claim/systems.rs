@@ -12,7 +12,7 @@ pub const FUTURE_ROWS: i64 = 1_000_000;
 pub const FAIR_KEYS: i64 = 5_000;
 const CHUNK: i64 = 10_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum System {
     Sheaf,
     Textbook,

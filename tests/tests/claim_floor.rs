@@ -284,29 +284,32 @@ fn later(a: Key, b: Key) -> bool {
 async fn watcher(queue: String, rec: Shared, stop: Arc<AtomicBool>) {
     let shard = fleet().shards().next().unwrap();
     let db = connect(shard).await;
-    let mut last: Option<Key> = None;
+    let mut last: Option<String> = None;
     while !stop.load(Ordering::Relaxed) {
-        // One statement, one snapshot.
+        // One statement, one snapshot: the ready rows no band's seek reaches
+        // (the claim seeks band b from its floor, up to k1 <= b), and the
+        // floors.
         let row = db
             .query_one(
-                "WITH fl AS (SELECT f.k1, f.k2, f.seq FROM sheaf.ready_floors f WHERE f.queue = $1 \
-                             ORDER BY f.k1, f.k2, f.seq LIMIT 1) \
-                 SELECT (SELECT count(*) FROM sheaf.ready r, fl WHERE r.queue = $1 \
-                           AND (r.k1, r.k2, r.seq) < (fl.k1, fl.k2, fl.seq)), \
-                        fl.k1, fl.k2, fl.seq FROM fl",
+                "SELECT (SELECT count(*) FROM sheaf.ready r WHERE r.queue = $1 AND NOT EXISTS ( \
+                           SELECT 1 FROM sheaf.ready_floors f WHERE f.queue = $1 AND r.k1 <= f.band \
+                             AND (f.k1, f.k2, f.seq) <= (r.k1, r.k2, r.seq))), \
+                        (SELECT string_agg(format('%s:%s/%s/%s', band, k1, k2, seq), ' ' ORDER BY band) \
+                         FROM (SELECT DISTINCT ON (band) band, k1, k2, seq FROM sheaf.ready_floors \
+                               WHERE queue = $1 ORDER BY band, k1, k2, seq) fl)",
                 &[&queue],
             )
             .await
             .unwrap();
         let below: i64 = row.get(0);
-        let floor = (row.get(1), row.get(2), row.get(3));
+        let floor: Option<String> = row.get(1);
         let mut r = rec.lock().await;
         if below > 0 {
             r.below_floor.push(below);
         }
-        if last != Some(floor) {
+        if last != floor {
             r.floor_moves += 1;
-            last = Some(floor);
+            last = floor;
         }
         drop(r);
         tokio::time::sleep(Duration::from_millis(1)).await;

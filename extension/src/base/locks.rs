@@ -21,8 +21,10 @@
 //! 7. queue rows (`queues`, locked `SKIP LOCKED` to advance the virtual
 //!    time) and `fairness_keys` rows.
 //!
-//! The floor lock of a queue (`queue::floor`) is outside the order: it is
-//! only ever tried, never waited for, so it cannot close a cycle.
+//! The floor locks of a queue (`queue::floor`) are outside the order: the
+//! floor lock is only ever tried, never waited for, and the late readiers'
+//! lock is waited for only while an advance tests it, which takes it and
+//! lets it go with nothing in between, so neither can close a cycle.
 //!
 //! New rows (an execution, a task, an event) are inserted at any point: no
 //! one else can hold them yet.
@@ -39,7 +41,7 @@
 //! and `queue::caps::demote_ready` (a lowered cap waits for ready rows while
 //! holding its key). The README's "Deadlocks" says what a caller sees.
 
-use pgrx::fcinfo::direct_function_call;
+use pgrx::fcinfo::{direct_function_call, direct_function_call_as_datum};
 use pgrx::prelude::*;
 
 use crate::base::plans::{Stmt, exec};
@@ -60,6 +62,11 @@ pub enum Class {
     /// the queue, exclusive while a claim advances its floor ("FL"). Only
     /// ever tried.
     Floor = 0x464C,
+    /// A queue's late readiers: held shared by a readying transaction that
+    /// could not have the floor lock (an advance held it), so that no later
+    /// advance runs before it ends; an advance only tests it, taking it and
+    /// letting it go at once, so a wait for it is momentary ("FM").
+    FloorLate = 0x464D,
 }
 
 const LOCK: Stmt = Stmt::write(
@@ -102,16 +109,50 @@ pub fn try_shared(class: Class, key: &str) -> bool {
     try_lock(pg_sys::pg_try_advisory_xact_lock_shared_int4, class, key)
 }
 
+/// Takes the shared transaction lock of `key` in `class`, waiting: the key
+/// of the tried locks (a direct call too), for a class whose exclusive
+/// holders only ever hold it for a moment (`free`).
+pub fn shared_of_tried(class: Class, key: &str) {
+    let (class, folded) = tried_key(class, key);
+    // SAFETY: a builtin taking two int4 arguments and returning void,
+    // called in a transaction.
+    unsafe {
+        direct_function_call_as_datum(
+            pg_sys::pg_advisory_xact_lock_shared_int4,
+            &[class.into_datum(), folded.into_datum()],
+        )
+    };
+}
+
+/// Whether no one holds the tried lock of `key` in `class`: takes it
+/// exclusively at session level, without waiting, and lets it go at once.
+pub fn free(class: Class, key: &str) -> bool {
+    let (class, folded) = tried_key(class, key);
+    let args = [class.into_datum(), folded.into_datum()];
+    // SAFETY: builtins taking two int4 arguments and returning a bool,
+    // called in a transaction; the unlock releases the lock just taken.
+    unsafe {
+        let taken = direct_function_call::<bool>(pg_sys::pg_try_advisory_lock_int4, &args).unwrap_or(false);
+        if taken {
+            direct_function_call::<bool>(pg_sys::pg_advisory_unlock_int4, &args);
+        }
+        taken
+    }
+}
+
 /// The tried locks' key: (class, a hash of `key`), the two-int4 form the
 /// statements above use too (with `hashtext` there: a tried lock is never
 /// taken by a statement, so the hashes need not agree).
 fn try_lock(f: unsafe fn(pg_sys::FunctionCallInfo) -> pg_sys::Datum, class: Class, key: &str) -> bool {
-    let h = sheaf_core::hrw::key_hash(key.as_bytes());
-    let folded = ((h >> 32) ^ h) as u32 as i32;
+    let (class, folded) = tried_key(class, key);
     // SAFETY: a builtin taking two int4 arguments and returning a bool,
     // called in a transaction.
-    unsafe { direct_function_call::<bool>(f, &[(class as i32).into_datum(), folded.into_datum()]) }
-        .unwrap_or(false)
+    unsafe { direct_function_call::<bool>(f, &[class.into_datum(), folded.into_datum()]) }.unwrap_or(false)
+}
+
+fn tried_key(class: Class, key: &str) -> (i32, i32) {
+    let h = sheaf_core::hrw::key_hash(key.as_bytes());
+    (class as i32, ((h >> 32) ^ h) as u32 as i32)
 }
 
 /// Takes the exclusive transaction lock of the pair (`a`, `b`) in `class`

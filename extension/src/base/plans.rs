@@ -90,6 +90,12 @@ pub fn exec(stmt: &Stmt, args: &[DatumWithOid<'_>]) {
 ///   rows), and keeps doing so as the table grows until the next re-plan: a
 ///   claim, a completion or an enqueue would then cost O(rows). Every sheaf
 ///   statement is written for a seek on the index its predicate names.
+/// - no bitmap scans, for the same reason: a bitmap scan reads every entry
+///   in its range before the first row comes out, where an index scan under
+///   a `LIMIT` stops at the first live one. The planner prices them alike
+///   on a table its statistics call small, and picked one for the walk over
+///   the claim floors (`queue::floor`), reading every old floor a held
+///   snapshot keeps.
 /// - no JIT. Before PostgreSQL 18 a priced-out scan (a one-row table such as
 ///   `shard_identity` has nothing else) costs 1e10, far above
 ///   `jit_above_cost`, and would compile every such statement.
@@ -103,6 +109,7 @@ pub fn exec(stmt: &Stmt, args: &[DatumWithOid<'_>]) {
 struct PlannerSettings {
     plan_cache_mode: std::ffi::c_int,
     enable_seqscan: bool,
+    enable_bitmapscan: bool,
     jit_enabled: bool,
 }
 
@@ -114,11 +121,13 @@ impl PlannerSettings {
             let previous = PlannerSettings {
                 plan_cache_mode: pg_sys::plan_cache_mode,
                 enable_seqscan: pg_sys::enable_seqscan,
+                enable_bitmapscan: pg_sys::enable_bitmapscan,
                 jit_enabled: pg_sys::jit_enabled,
             };
             pg_sys::plan_cache_mode =
                 pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_GENERIC_PLAN as std::ffi::c_int;
             pg_sys::enable_seqscan = false;
+            pg_sys::enable_bitmapscan = false;
             pg_sys::jit_enabled = false;
             previous
         }
@@ -131,6 +140,7 @@ impl Drop for PlannerSettings {
         unsafe {
             pg_sys::plan_cache_mode = self.plan_cache_mode;
             pg_sys::enable_seqscan = self.enable_seqscan;
+            pg_sys::enable_bitmapscan = self.enable_bitmapscan;
             pg_sys::jit_enabled = self.jit_enabled;
         }
     }

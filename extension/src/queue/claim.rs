@@ -12,7 +12,7 @@ use pgrx::prelude::*;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, FromRow};
-use crate::queue::floor::{self, floor_bounds, floor_row};
+use crate::queue::floor;
 use crate::queue::hooks::ExecutionHooks;
 use crate::queue::{lease, promote};
 
@@ -25,17 +25,20 @@ const SWEEP_REAP: i64 = 100;
 /// queues sweeps each of them this often, so it is not much shorter.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-// The claim, from the queue's floor (`queue::floor`) or, with a catalog
-// older than 0.2.0, from the head of the queue's range.
+// The claim, band by band from the queue's floors (`queue::floor`), or, with
+// a catalog older than 0.2.0, from the head of the queue's range. The bands
+// come in order and each band's rows in order; the outer LIMIT stops the
+// nested loop as soon as it has the batch, so no band past it is read and
+// no row it does not take is locked. Each row comes back with the band it
+// was taken from: the smallest band at or above its k1.
 macro_rules! claim {
-    ($from:expr, $with:expr) => {
+    ($with:expr, $picked:expr, $band:expr) => {
         concat!(
-            "WITH ",
+            "WITH RECURSIVE ",
             $with,
-            "picked AS (\
-               SELECT ctid FROM ready WHERE queue = $1 ",
-            $from,
-            " ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
+            "picked AS (",
+            $picked,
+            "), \
              gone AS (\
                DELETE FROM ready WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked)) \
                RETURNING task_id, k1, k2, seq) \
@@ -43,7 +46,8 @@ macro_rules! claim {
                     lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
              FROM gone g WHERE t.id = g.task_id \
              RETURNING t.id, t.token, t.payload, t.attempts, t.execution_id, t.concurrency_key, t.kind, \
-                       g.k1, g.k2, g.seq"
+                       g.k1, g.k2, g.seq, ",
+            $band
         )
     };
 }
@@ -54,11 +58,23 @@ const CLAIM_ARGS: &[PgBuiltInOids] = &[
     PgBuiltInOids::FLOAT8OID,
 ];
 const CLAIMS: [Stmt; 2] = [
-    Stmt::write(claim!("", ""), CLAIM_ARGS),
     Stmt::write(
         claim!(
-            concat!("AND (k1, k2, seq) >= ", floor_bounds!()),
-            concat!("fl AS (", floor_row!(), "), ")
+            "",
+            "SELECT ctid FROM ready WHERE queue = $1 ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+            "g.k1"
+        ),
+        CLAIM_ARGS,
+    ),
+    Stmt::write(
+        claim!(
+            concat!(floor::floors!(), ", "),
+            "SELECT p.ctid FROM fl CROSS JOIN LATERAL (\
+               SELECT r.ctid FROM ready r \
+               WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
+               ORDER BY r.k1, r.k2, r.seq LIMIT $2 FOR UPDATE SKIP LOCKED) p \
+             LIMIT $2",
+            "(SELECT min(fl.band) FROM fl WHERE fl.band >= g.k1)"
         ),
         CLAIM_ARGS,
     ),
@@ -117,7 +133,7 @@ pub fn claim(
         rows.extend(claim_once(name, batch - rows.len() as i32, worker, lease_secs));
     }
     rows.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)));
-    floor::claimed(name, rows.len(), rows.last().map(|r| (r.1, r.2, r.3)));
+    floor::claimed(name, rows.iter().map(|r| (r.4, (r.1, r.2, r.3))));
     // Only fairness queues have start tags above 0; for them, move the
     // virtual time up to what was just claimed.
     if let Some(max_k2) = rows.iter().map(|r| r.2).reduce(f64::max)
@@ -128,7 +144,10 @@ pub fn claim(
     rows.into_iter().map(|r| r.0).collect()
 }
 
-fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<(Claimed, f64, f64, i64)> {
+/// A claimed task with its key and band (`queue::floor`).
+type ClaimedRow = (Claimed, f64, f64, i64, f64);
+
+fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<ClaimedRow> {
     Spi::connect_mut(|client| {
         run(
             client,
@@ -141,13 +160,14 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<(Cl
             ],
         )
         .map(|row| {
-            let (id, token, payload, attempt, execution_id, key, kind, k1, k2, seq) =
+            let (id, token, payload, attempt, execution_id, key, kind, k1, k2, seq, band) =
                 FromRow::from_row(&row, "reading a claimed task");
             (
                 (id, token, payload, attempt, execution_id, key, kind),
                 k1,
                 k2,
                 seq,
+                band,
             )
         })
         .collect()

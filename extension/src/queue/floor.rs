@@ -1,10 +1,10 @@
-//! Claim floors: where a queue's claim starts its seek on `ready_claim`, so
-//! it does not step over the dead entries of everything claimed while a
-//! snapshot is held open elsewhere. The invariant and the protocol (readying
-//! and advancing) are written down once, in `sql/schema.sql` beside
-//! `ready_floors`; this module is the only code that follows it, and every
-//! path that writes ready rows calls `readied` (the enqueue statement does
-//! its step 2 itself, after `try_readying`).
+//! Claim floors: where a queue's claim starts its seeks on `ready_claim`, one
+//! per band, so it does not step over the dead entries of everything claimed
+//! while a snapshot is held open elsewhere. The invariant and the protocol
+//! (readying and advancing) are written down once, in `sql/schema.sql`
+//! beside `ready_floors`; this module is the only code that follows it, and
+//! every path that writes ready rows calls `readied` (the enqueue statement
+//! does its step 2 itself, after `try_readying`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -12,107 +12,168 @@ use std::collections::HashMap;
 use pgrx::prelude::*;
 
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, exec};
+use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
 
 /// Rows a backend claims from a queue between two tries at advancing its
-/// floor. An advance costs one walk over the dead entries left since the
-/// last one and leaves one more dead row in `ready_floors` (which every
-/// claim's floor lookup steps over while the snapshot is held): a claim
-/// walks at most about this many dead entries per backend.
+/// floors. An advance costs one seek per band and leaves two dead row
+/// versions per band it moves, both behind the live ones where no lookup
+/// goes; in between, a claim walks at most about this many dead entries of
+/// `ready_claim` per backend.
 const ADVANCE_EVERY: u32 = 128;
 /// Queues counted per backend; past this the counts start over.
 const COUNTED_QUEUES: usize = 10_000;
+/// Bands whose highest claimed key a backend keeps per queue between two
+/// advances; past this, the others are forgotten.
+const COUNTED_BANDS: usize = 64;
 
-/// The floor of queue `$1` (minus infinity if it has no row) as the three
-/// bounds of a row comparison with `(k1, k2, seq)`; `fl` is a CTE naming
-/// the floor row: `fl AS (` [`FLOOR_ROW`] `)`.
-macro_rules! floor_bounds {
-    () => {
-        "(coalesce((SELECT k1 FROM fl), '-Infinity'), coalesce((SELECT k2 FROM fl), '-Infinity'), \
-          coalesce((SELECT seq FROM fl), -9223372036854775808))"
+/// The band of a ready row of a queue whose aging is `$aging` (an int4 or
+/// NULL) and whose primary key is `$k1`: the priority without aging (the
+/// claim order is priority first, so each priority is a band of its own),
+/// one band with it (aging lets any priority overtake any other).
+macro_rules! band {
+    ($aging:expr, $k1:expr) => {
+        concat!(
+            "CASE WHEN ",
+            $aging,
+            " IS NULL THEN ",
+            $k1,
+            " ELSE 'Infinity'::float8 END"
+        )
     };
 }
-pub(crate) use floor_bounds;
+pub(crate) use band;
 
-/// The CTE body of the floor row of queue `$1`.
-macro_rules! floor_row {
+/// A recursive CTE `w` (under `WITH RECURSIVE`): the rows of `ready_floors`
+/// that make the floors of queue `$1`, each band's from its newest row down
+/// to its newest base row (the rows below it are the older floors a held
+/// snapshot keeps: one seek jumps over them to the next band). Then `fl`:
+/// each band's floor, in band order.
+macro_rules! floors {
     () => {
-        "SELECT k1, k2, seq FROM ready_floors WHERE queue = $1 ORDER BY k1, k2, seq LIMIT 1"
+        "w AS (\
+           (SELECT f.ctid, f.band, f.ngen, f.base, f.k1, f.k2, f.seq FROM ready_floors f WHERE f.queue = $1 \
+            ORDER BY f.band, f.ngen LIMIT 1) \
+           UNION ALL \
+           SELECT n.* FROM w CROSS JOIN LATERAL (\
+             SELECT f.ctid, f.band, f.ngen, f.base, f.k1, f.k2, f.seq FROM ready_floors f \
+             WHERE f.queue = $1 \
+               AND (f.band, f.ngen) > (w.band, CASE WHEN w.base THEN 9223372036854775807 ELSE w.ngen END) \
+             ORDER BY f.band, f.ngen LIMIT 1) n), \
+         fl AS MATERIALIZED (SELECT DISTINCT ON (band) band, k1, k2, seq FROM w ORDER BY band, k1, k2, seq)"
     };
 }
-pub(crate) use floor_row;
+pub(crate) use floors;
 
-/// Step 2 of readying inside the enqueue statement (`queue::tasks`): a CTE
-/// over its CTE `r` of new ready rows (`k1, k2, seq`) of queue `$2`, with
-/// `$16` the result of `try_readying`. The same rule as `LOWER`.
+/// Step 2 of readying, as the tail of a statement with a CTE `x` (`q, band,
+/// k1, k2, seq, locked`) of each band's lowest new key: each becomes a
+/// lowering row unless the lock was had and the band's newest row is at or
+/// below it. One seek per band: the newest row is the band's base row when
+/// nothing was readied below the floor since the last advance; when it is a
+/// lowering row above the new key, the rows under it are not looked at, and
+/// one more lowering row is written (harmless: the floor is the smallest).
+/// Rows take their generation from `ready_floor_gen`, so a band's newest
+/// rows come first.
+macro_rules! lower {
+    () => {
+        "INSERT INTO ready_floors (queue, band, ngen, base, k1, k2, seq) \
+         SELECT x.q, x.band, -nextval('ready_floor_gen'), false, x.k1, x.k2, x.seq FROM x \
+         WHERE NOT x.locked OR NOT EXISTS (\
+           SELECT 1 FROM (SELECT f.k1, f.k2, f.seq FROM ready_floors f WHERE f.queue = x.q AND f.band = x.band \
+                          ORDER BY f.band, f.ngen LIMIT 1) top \
+           WHERE (top.k1, top.k2, top.seq) <= (x.k1, x.k2, x.seq))"
+    };
+}
+pub(crate) use lower;
+
+/// Step 2 of readying inside the enqueue statement (`queue::tasks`): CTEs
+/// over its CTE `r` of new ready rows (`k1, k2, seq`) of queue `$2` (one
+/// priority, so one band), with `$15` the queue's aging and `$16` the
+/// result of `try_readying`. The same rule as `LOWER`.
 macro_rules! lower_in_enqueue {
     () => {
-        ", fl AS (INSERT INTO ready_floors (queue, k1, k2, seq) \
-           SELECT $2, m.k1, m.k2, m.seq FROM (SELECT k1, k2, seq FROM r ORDER BY k1, k2, seq LIMIT 1) m, \
-             (SELECT k1, k2, seq FROM ready_floors WHERE queue = $2 ORDER BY k1, k2, seq LIMIT 1) f \
-           WHERE NOT $16 OR (m.k1, m.k2, m.seq) < (f.k1, f.k2, f.seq))"
+        concat!(
+            ", x AS (SELECT $2::text AS q, ",
+            $crate::queue::floor::band!("$15", "k1"),
+            " AS band, k1, k2, seq, $16 AS locked FROM r ORDER BY k1, k2, seq LIMIT 1), fl AS (",
+            $crate::queue::floor::lower!(),
+            ")"
+        )
     };
 }
 pub(crate) use lower_in_enqueue;
 
-// Step 2 of readying, for several queues: each queue's lowest new key
-// becomes a floor row if it is below the floor, or if the lock was not had.
-// A queue with no floor row at all is at minus infinity and stays there
-// (an advance needs a floor row too): a row inserted there would raise it.
-// One seek for the floor: a held snapshot keeps the dead rows of earlier
-// advances in front of it.
+// Step 2 of readying, for several bands.
 const LOWER: Stmt = Stmt::write(
-    "INSERT INTO ready_floors (queue, k1, k2, seq) \
-     SELECT x.q, x.k1, x.k2, x.seq \
-     FROM unnest($1::text[], $2::float8[], $3::float8[], $4::bigint[], $5::bool[]) AS x(q, k1, k2, seq, locked) \
-     CROSS JOIN LATERAL (SELECT f.k1, f.k2, f.seq FROM ready_floors f WHERE f.queue = x.q \
-                         ORDER BY f.k1, f.k2, f.seq LIMIT 1) f \
-     WHERE NOT x.locked OR (x.k1, x.k2, x.seq) < (f.k1, f.k2, f.seq)",
+    concat!(
+        "WITH x AS (\
+           SELECT * FROM unnest($1::text[], $2::float8[], $3::float8[], $4::float8[], $5::bigint[], $6::bool[]) \
+             AS x(q, band, k1, k2, seq, locked)) ",
+        lower!()
+    ),
     &[
         PgBuiltInOids::TEXTARRAYOID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
         PgBuiltInOids::FLOAT8ARRAYOID,
         PgBuiltInOids::FLOAT8ARRAYOID,
         PgBuiltInOids::INT8ARRAYOID,
         PgBuiltInOids::BOOLARRAYOID,
     ],
 );
-// A new queue's floor: minus infinity, as a row, so that a floor row a
-// readying transaction inserts without the lock can only lower the floor.
-const CREATE: Stmt = Stmt::write(
-    "INSERT INTO ready_floors (queue, k1, k2, seq) \
-     SELECT $1, '-Infinity', '-Infinity', -9223372036854775808 \
-     WHERE NOT EXISTS (SELECT 1 FROM ready_floors WHERE queue = $1)",
-    &[PgBuiltInOids::TEXTOID],
-);
-// An advance, in one snapshot: the first ready row at or above the floor
-// (or, with none, the highest key the claim took: $2, $3, $4) replaces the
-// floor rows this snapshot sees; if it is not above the floor, nothing is
-// written (each write leaves a row version every later floor lookup steps
-// over while a snapshot is held).
+// An advance's generation, taken before its lock: a readying transaction
+// that finds the lock taken writes its rows after this, so they sort
+// before the advance's and every lookup sees them.
+const GENERATION: Stmt = Stmt::write("SELECT nextval('ready_floor_gen')", &[]);
+// An advance, in one snapshot, band by band: the first ready row of the
+// band at or above its floor (or, with none, the highest key this backend
+// claimed in it: $2..$5) is the band's new floor, a base row of generation
+// $6, and the rows that made the old floor go. Only a floor that moves up
+// is written. An empty band with neither stays as it is (its dead rows
+// would be in the way of every lookup until the snapshot ends, so bands
+// are not dropped lightly), unless the queue has more than 16 bands, or it
+// is band NaN (the upgrade's, which covers every row: see
+// sql/sheaf--0.1.0--0.2.0.sql).
 const ADVANCE: Stmt = Stmt::write(
     concat!(
-        "WITH fl AS (",
-        floor_row!(),
-        "), \
-         p AS (SELECT r.k1, r.k2, r.seq FROM ready r WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= ",
-        floor_bounds!(),
-        " ORDER BY r.k1, r.k2, r.seq LIMIT 1), \
-         n AS (SELECT k1, k2, seq FROM p \
-               UNION ALL SELECT $2, $3, $4 WHERE $2 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM p)), \
-         m AS (SELECT n.* FROM n, fl WHERE (n.k1, n.k2, n.seq) > (fl.k1, fl.k2, fl.seq)), \
-         d AS (DELETE FROM ready_floors WHERE queue = $1 AND EXISTS (SELECT 1 FROM m)) \
-         INSERT INTO ready_floors (queue, k1, k2, seq) SELECT $1, k1, k2, seq FROM m"
+        "WITH RECURSIVE ",
+        floors!(),
+        ", \
+         h AS (SELECT * FROM unnest($2::float8[], $3::float8[], $4::float8[], $5::bigint[]) AS h(band, k1, k2, seq)), \
+         n AS (SELECT fl.band, fl.k1 AS fk1, fl.k2 AS fk2, fl.seq AS fseq, \
+                      coalesce(p.k1, h.k1) AS k1, coalesce(p.k2, h.k2) AS k2, coalesce(p.seq, h.seq) AS seq \
+               FROM fl \
+               LEFT JOIN LATERAL (SELECT r.k1, r.k2, r.seq FROM ready r \
+                                  WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
+                                    AND r.k1 <= fl.band ORDER BY r.k1, r.k2, r.seq LIMIT 1) p ON true \
+               LEFT JOIN h ON h.band = fl.band AND p.k1 IS NULL), \
+         m AS (SELECT band, k1, k2, seq FROM n \
+               WHERE (k1, k2, seq) > (fk1, fk2, fseq) \
+                  OR k1 IS NULL AND (band = 'NaN' OR (SELECT count(*) FROM fl) > 16)), \
+         gone AS (DELETE FROM ready_floors \
+                  WHERE ctid = ANY (ARRAY(SELECT w.ctid FROM w WHERE w.band IN (SELECT band FROM m)))) \
+         INSERT INTO ready_floors (queue, band, ngen, base, k1, k2, seq) \
+         SELECT $1, m.band, -$6, true, m.k1, m.k2, m.seq FROM m WHERE m.k1 IS NOT NULL"
     ),
     &[
         PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::FLOAT8OID,
-        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
+        PgBuiltInOids::INT8ARRAYOID,
         PgBuiltInOids::INT8OID,
     ],
 );
 
+/// What a backend claimed from a queue since its last advance there: how
+/// many rows, and the highest key per band.
+#[derive(Default)]
+struct Since {
+    count: u32,
+    highs: Vec<(f64, Key)>,
+}
+
 thread_local! {
-    static SINCE_ADVANCE: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
+    static SINCE_ADVANCE: RefCell<HashMap<String, Since>> = RefCell::new(HashMap::new());
 }
 
 /// A position in a queue's claim order: `(k1, k2, seq)` of `ready_claim`.
@@ -136,13 +197,6 @@ pub fn enabled() -> bool {
     unsafe { pg_sys::RelnameGetRelid(c"ready_floors".as_ptr()) != pg_sys::InvalidOid }
 }
 
-/// Gives a new queue its floor row (minus infinity).
-pub fn create(queue: &str) {
-    if enabled() {
-        exec(&CREATE, &[queue.into()]);
-    }
-}
-
 /// What step 1 of readying found out for a queue.
 #[derive(Debug, Clone, Copy)]
 pub struct Readying {
@@ -156,7 +210,8 @@ pub struct Readying {
 /// Step 1 of readying for `queue`; step 2 must run in a later statement.
 /// The lock is tried even without floors in the catalog: a transaction
 /// open across `ALTER EXTENSION sheaf UPDATE` that readied tasks before it
-/// then still keeps the first advances out until it ends.
+/// then still keeps the first advances out until it ends (the upgrade
+/// gives every queue a floor row at minus infinity, which covers its rows).
 pub fn try_readying(queue: &str) -> Readying {
     let locked = locks::try_shared(Class::Floor, queue);
     let mut floors = enabled();
@@ -167,61 +222,120 @@ pub fn try_readying(queue: &str) -> Readying {
         unsafe { pg_sys::AcceptInvalidationMessages() };
         floors = enabled();
     }
+    if !locked && floors {
+        // A late readier: the advance under way writes its rows before
+        // ours (its generation is older), and no later one runs until this
+        // transaction ends.
+        locks::shared_of_tried(Class::FloorLate, queue);
+    }
     Readying {
         floors,
         compare: locked && read_committed(),
     }
 }
 
-/// Both steps of readying, after writing ready rows: `lowest` holds each
-/// queue's lowest new key (one entry per queue).
-pub fn readied(lowest: &[(String, Key)]) {
-    let steps: Vec<Readying> = lowest.iter().map(|(q, _)| try_readying(q)).collect();
-    if !steps.iter().any(|r| r.floors) {
+/// A band's lowest new key, for `readied`.
+pub struct Lowest {
+    pub queue: String,
+    pub band: f64,
+    pub key: Key,
+}
+
+/// Both steps of readying, after writing ready rows: `lowest` holds the
+/// lowest new key of each band written (one entry per queue and band).
+pub fn readied(lowest: &[Lowest]) {
+    let mut steps: HashMap<&str, Readying> = HashMap::new();
+    for l in lowest {
+        steps
+            .entry(l.queue.as_str())
+            .or_insert_with(|| try_readying(&l.queue));
+    }
+    if !steps.values().any(|r| r.floors) {
         return;
     }
     let args = [
         lowest
             .iter()
-            .map(|(q, _)| q.clone())
+            .map(|l| l.queue.clone())
             .collect::<Vec<String>>()
             .into(),
-        lowest.iter().map(|(_, k)| k.0).collect::<Vec<f64>>().into(),
-        lowest.iter().map(|(_, k)| k.1).collect::<Vec<f64>>().into(),
-        lowest.iter().map(|(_, k)| k.2).collect::<Vec<i64>>().into(),
-        steps.iter().map(|r| r.compare).collect::<Vec<bool>>().into(),
+        lowest.iter().map(|l| l.band).collect::<Vec<f64>>().into(),
+        lowest.iter().map(|l| l.key.0).collect::<Vec<f64>>().into(),
+        lowest.iter().map(|l| l.key.1).collect::<Vec<f64>>().into(),
+        lowest.iter().map(|l| l.key.2).collect::<Vec<i64>>().into(),
+        lowest
+            .iter()
+            .map(|l| steps.get(l.queue.as_str()).is_some_and(|r| r.compare))
+            .collect::<Vec<bool>>()
+            .into(),
     ];
     exec(&LOWER, &args);
 }
 
-/// After a claim of `n` rows from `queue`, the highest at `highest`: every
-/// `ADVANCE_EVERY` rows, tries to move the floor up (READ COMMITTED only;
+/// After a claim from `queue` of `rows` (band and key of each): every
+/// `ADVANCE_EVERY` rows, tries to move the floors up (READ COMMITTED only;
 /// skipped while any transaction readying tasks of the queue is open, and
 /// tried again at the next claim).
-pub fn claimed(queue: &str, n: usize, highest: Option<Key>) {
-    if n == 0 {
-        return;
-    }
+pub fn claimed(queue: &str, rows: impl Iterator<Item = (f64, Key)>) {
     let due = SINCE_ADVANCE.with(|since| {
         let mut since = since.borrow_mut();
         if since.len() >= COUNTED_QUEUES && !since.contains_key(queue) {
             since.clear();
         }
-        let count = since.entry(queue.to_owned()).or_insert(0);
-        *count = count.saturating_add(n as u32);
-        *count >= ADVANCE_EVERY
+        let s = since.entry(queue.to_owned()).or_default();
+        for (band, key) in rows {
+            s.count = s.count.saturating_add(1);
+            note_high(&mut s.highs, band, key);
+        }
+        s.count >= ADVANCE_EVERY
     });
-    if !due || !read_committed() || !enabled() || !locks::try_exclusive(Class::Floor, queue) {
+    // A late readier is open: no advance may run before it ends, and taking
+    // the floor lock now would only make more of them.
+    if !due || !read_committed() || !enabled() || !locks::free(Class::FloorLate, queue) {
         return;
     }
-    let (k1, k2, seq) = match highest {
-        Some((k1, k2, seq)) => (Some(k1), Some(k2), Some(seq)),
-        None => (None, None, None),
-    };
-    exec(&ADVANCE, &[queue.into(), k1.into(), k2.into(), seq.into()]);
-    SINCE_ADVANCE.with(|since| {
-        since.borrow_mut().insert(queue.to_owned(), 0);
+    let generation: i64 = Spi::connect_mut(|client| {
+        rows::only_value(run(client, &GENERATION, &[]), "taking a floor generation")
     });
+    // Tested again under the lock: one may have come since (it was late for
+    // an advance that has ended since).
+    if !locks::try_exclusive(Class::Floor, queue) || !locks::free(Class::FloorLate, queue) {
+        return;
+    }
+    let highs = SINCE_ADVANCE.with(|since| {
+        since
+            .borrow_mut()
+            .remove(queue)
+            .map(|s| s.highs)
+            .unwrap_or_default()
+    });
+    let args = [
+        queue.into(),
+        highs.iter().map(|h| h.0).collect::<Vec<f64>>().into(),
+        highs.iter().map(|h| h.1.0).collect::<Vec<f64>>().into(),
+        highs.iter().map(|h| h.1.1).collect::<Vec<f64>>().into(),
+        highs.iter().map(|h| h.1.2).collect::<Vec<i64>>().into(),
+        generation.into(),
+    ];
+    exec(&ADVANCE, &args);
+}
+
+/// Keeps the highest key claimed in each band.
+fn note_high(highs: &mut Vec<(f64, Key)>, band: f64, key: Key) {
+    let above = |a: Key, b: Key| {
+        a.0.total_cmp(&b.0)
+            .then(a.1.total_cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .is_gt()
+    };
+    let same = |b: f64| b == band || b.is_nan() && band.is_nan();
+    if let Some(h) = highs.iter_mut().find(|h| same(h.0)) {
+        if above(key, h.1) {
+            h.1 = key;
+        }
+    } else if highs.len() < COUNTED_BANDS {
+        highs.push((band, key));
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -231,45 +345,100 @@ mod tests {
     use pgrx::prelude::*;
     use serde_json::json;
 
-    fn floor_seq(queue: &str) -> i64 {
+    /// The floor of band `band` of queue `q` as its `seq`, if it has one.
+    fn floor_seq(queue: &str, band: f64) -> Option<i64> {
         Spi::get_one_with_args::<i64>(
-            "SELECT seq FROM sheaf.ready_floors WHERE queue = $1 ORDER BY k1, k2, seq LIMIT 1",
-            &[queue.into()],
+            "SELECT seq FROM sheaf.ready_floors WHERE queue = $1 AND band = $2 ORDER BY k1, k2, seq LIMIT 1",
+            &[queue.into(), band.into()],
         )
         .expect("floor")
-        .expect("a floor row")
     }
 
     #[pg_test]
-    fn the_floor_follows_the_claims_and_drops_for_what_is_readied_below_it() {
+    fn each_band_floor_follows_the_claims_and_drops_for_what_is_readied_below_it() {
         init();
         for n in 0..300 {
             enqueue("q", json!({"n": n}), json!({}));
         }
-        assert_eq!(floor_seq("q"), i64::MIN, "a new queue starts at minus infinity");
+        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'q'");
+        assert_eq!(
+            floor_seq("q", 0.0),
+            Some(head),
+            "the first ready row makes its band"
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q'"),
+            1,
+            "rows readied above the floor write nothing"
+        );
         let mut first = Vec::new();
         for _ in 0..super::ADVANCE_EVERY {
             first.extend(claim("q", 1));
         }
-        let advanced = floor_seq("q");
         let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'q'");
-        assert_eq!(advanced, head, "the floor is the first ready row left");
-        // A higher priority lands below the floor, and is next.
-        enqueue("q", json!({"n": 1000}), json!({"priority": 5}));
-        assert!(
-            floor_seq("q") > head,
-            "k1 of priority 5 is lower: the floor row is that task's"
+        assert_eq!(
+            floor_seq("q", 0.0),
+            Some(head),
+            "the floor is the first ready row left"
         );
+        // A higher priority is a band of its own, claimed first.
+        enqueue("q", json!({"n": 1000}), json!({"priority": 5}));
+        assert!(floor_seq("q", -5.0).is_some(), "priority 5 has its band");
         assert_eq!(ns(&claim("q", 1)), vec![1000]);
-        // A released task goes back to its old place below the floor, and is
-        // next again.
+        // A released task goes back to its old place below its band's
+        // floor, and is next again.
         let (id, token, _) = &first[0];
         Spi::run_with_args("SELECT sheaf.release($1, $2)", &[(*id).into(), (*token).into()])
             .expect("release");
+        assert!(floor_seq("q", 0.0) < Some(head), "the release lowers the floor");
         assert_eq!(ns(&claim("q", 1)), vec![0]);
         // The rest in order.
         let rest = ns(&claim("q", 1000));
         assert_eq!(rest, (super::ADVANCE_EVERY as i64..300).collect::<Vec<_>>());
+    }
+
+    /// A band left empty keeps its floor at the last key this backend
+    /// claimed from it (new rows land above it, writing nothing); an empty
+    /// band nobody here claimed from stays too, until the queue has more
+    /// than 16 bands.
+    #[pg_test]
+    fn an_empty_band_stays_at_its_last_claim_and_dormant_ones_go_past_16_bands() {
+        init();
+        let every = super::ADVANCE_EVERY as i64;
+        let bands = || count("SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'q'");
+        for n in 0..(2 * every - 1) {
+            enqueue("q", json!({"n": n}), json!({"priority": 1}));
+        }
+        enqueue("q", json!({"n": -1}), json!({"priority": 9}));
+        assert_eq!(ns(&claim("q", 1)), vec![-1]);
+        for _ in 1..(2 * every) {
+            claim("q", 1);
+        }
+        assert_eq!(count("SELECT count(*) FROM sheaf.ready WHERE queue = 'q'"), 0);
+        assert!(floor_seq("q", -9.0).is_some(), "an empty band stays");
+        let last = count("SELECT max(seq) FROM sheaf.tasks WHERE priority = 1");
+        assert_eq!(floor_seq("q", -1.0), Some(last), "empty, at its last claim");
+        enqueue("q", json!({"n": 7}), json!({"priority": 9}));
+        enqueue("q", json!({"n": 8}), json!({"priority": 1}));
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q'"),
+            2,
+            "rows readied above the floors write nothing"
+        );
+        assert_eq!(ns(&claim("q", 5)), vec![7, 8]);
+        // 17 more bands, emptied, then two advances without claims there.
+        for p in 10..27 {
+            enqueue("q", json!({"n": p}), json!({"priority": p}));
+        }
+        for n in 0..(4 * every) {
+            enqueue("q", json!({"n": 100 + n}), json!({"priority": 0}));
+        }
+        assert_eq!(bands(), 20);
+        for _ in 0..(3 * every) {
+            claim("q", 1);
+        }
+        assert_eq!(bands(), 1, "past 16 bands, the empty ones nobody claims from go");
+        assert_eq!(claim("q", 1000).len() as i64, 4 * every - (3 * every - 17));
     }
 
     #[pg_test]

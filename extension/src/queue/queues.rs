@@ -13,7 +13,7 @@ use crate::base::args::required;
 use crate::base::errors::{bad_argument, internal, not_ready};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
-use crate::queue::{floor, ready};
+use crate::queue::ready;
 
 /// A queue's configuration.
 #[derive(Debug, Clone, Copy)]
@@ -132,7 +132,6 @@ pub fn load_or_create(name: &str) -> Queue {
         Some(found) => found,
         None => {
             exec(&CREATE, &[name.into()]);
-            floor::create(name);
             // Inserted just above (or by a concurrent enqueue, which the
             // insert waited for): the row is there.
             stored(name)

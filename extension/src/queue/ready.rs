@@ -11,14 +11,20 @@ use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::floor;
 
+// Returns the lowest new key of each band (`queue::floor`).
 const INSERT: Stmt = Stmt::write(
-    "WITH r AS (\
-       INSERT INTO ready (task_id, queue, k1, k2, seq) \
-       SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, q.aging_secs), coalesce(t.fair_start, 0), t.seq \
-       FROM tasks t JOIN queues q ON q.name = t.queue \
-       WHERE t.id = ANY($1) AND t.state = 'ready' \
-       RETURNING queue, k1, k2, seq) \
-     SELECT DISTINCT ON (queue) queue, k1, k2, seq FROM r ORDER BY queue, k1, k2, seq",
+    concat!(
+        "WITH r AS (\
+           INSERT INTO ready (task_id, queue, k1, k2, seq) \
+           SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, q.aging_secs), coalesce(t.fair_start, 0), t.seq \
+           FROM tasks t JOIN queues q ON q.name = t.queue \
+           WHERE t.id = ANY($1) AND t.state = 'ready' \
+           RETURNING queue, k1, k2, seq), \
+         b AS (SELECT r.queue, ",
+        floor::band!("q.aging_secs", "r.k1"),
+        " AS band, r.k1, r.k2, r.seq FROM r JOIN queues q ON q.name = r.queue) \
+         SELECT DISTINCT ON (queue, band) queue, band, k1, k2, seq FROM b ORDER BY queue, band, k1, k2, seq"
+    ),
     &[PgBuiltInOids::UUIDARRAYOID],
 );
 // Wakes listeners of queues that had no other ready task: only an idle
@@ -59,11 +65,16 @@ const ANY: Stmt = Stmt::read(
     &[PgBuiltInOids::TEXTOID],
 );
 // The same expression every insertion into `ready` uses.
-// New keys are a readying: the lowest goes to `floor::readied`.
+// New keys are a readying: each band's lowest goes to `floor::readied`.
 const REKEY: Stmt = Stmt::write(
-    "WITH r AS (UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2) \
-       FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id RETURNING r.k1, r.k2, r.seq) \
-     SELECT k1, k2, seq FROM r ORDER BY k1, k2, seq LIMIT 1",
+    concat!(
+        "WITH r AS (UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2) \
+           FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id RETURNING r.k1, r.k2, r.seq), \
+         b AS (SELECT ",
+        floor::band!("$2", "k1"),
+        " AS band, k1, k2, seq FROM r) \
+         SELECT DISTINCT ON (band) band, k1, k2, seq FROM b ORDER BY band, k1, k2, seq"
+    ),
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
 );
 // A key whose finish tag is behind the virtual time behaves exactly like a
@@ -85,14 +96,22 @@ pub fn any(queue: &str) -> bool {
 
 /// Re-keys a queue's ready tasks for its new aging (`None`: priority order).
 pub fn rekey(queue: &str, aging_secs: Option<i32>) {
-    let lowest: Option<floor::Key> = Spi::connect_mut(|client| {
-        rows::first(
+    let lowest: Vec<(f64, f64, f64, i64)> = Spi::connect_mut(|client| {
+        rows::all(
             run(client, &REKEY, &[queue.into(), aging_secs.into()]),
             "re-keying ready tasks",
         )
     });
-    if let Some(key) = lowest {
-        floor::readied(&[(queue.to_owned(), key)]);
+    let lowest: Vec<floor::Lowest> = lowest
+        .into_iter()
+        .map(|(band, k1, k2, seq)| floor::Lowest {
+            queue: queue.to_owned(),
+            band,
+            key: (k1, k2, seq),
+        })
+        .collect();
+    if !lowest.is_empty() {
+        floor::readied(&lowest);
     }
 }
 
@@ -109,7 +128,7 @@ pub fn insert(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
     }
-    let lowest: Vec<(String, f64, f64, i64)> = Spi::connect_mut(|client| {
+    let lowest: Vec<(String, f64, f64, f64, i64)> = Spi::connect_mut(|client| {
         rows::all(
             run(client, &INSERT, &[ids.to_vec().into()]),
             "reading ready queues",
@@ -118,12 +137,17 @@ pub fn insert(ids: &[pgrx::Uuid]) {
     if lowest.is_empty() {
         return;
     }
-    let lowest: Vec<(String, floor::Key)> = lowest
+    let lowest: Vec<floor::Lowest> = lowest
         .into_iter()
-        .map(|(q, k1, k2, seq)| (q, (k1, k2, seq)))
+        .map(|(queue, band, k1, k2, seq)| floor::Lowest {
+            queue,
+            band,
+            key: (k1, k2, seq),
+        })
         .collect();
     floor::readied(&lowest);
-    let queues: Vec<String> = lowest.into_iter().map(|(q, _)| q).collect();
+    let mut queues: Vec<String> = lowest.into_iter().map(|l| l.queue).collect();
+    queues.dedup();
     Spi::connect_mut(|client| {
         run(client, &NOTIFY_IF_IDLE, &[queues.into(), ids.to_vec().into()]);
     })
