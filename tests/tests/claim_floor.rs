@@ -7,8 +7,9 @@
 //!   and complete them, or roll the claim back, or release the tasks (ready
 //!   again at their old keys, below the floor), or fail them with a short
 //!   retry (promoted again later), or dead-letter and redrive them;
-//! - two enqueuers add tasks of random priority (higher priorities land
-//!   below the floor), some due a little later (promotion), some in a batch,
+//! - two enqueuers add tasks of random priority (each priority is a band of
+//!   its own, and the first task of a band makes its floor), some due a
+//!   little later (promotion), some in a batch,
 //!   some in a transaction held open a few milliseconds (it holds the shared
 //!   floor lock while an advance tries for it);
 //! - the queue's aging is switched on and off now and then (a re-key of
@@ -17,8 +18,9 @@
 //!   snapshot: it locks the first ready rows in claim order by reading the
 //!   whole queue with no floor (the reference order), then claims, and the
 //!   claim must return exactly those rows in that order;
-//! - an invariant watcher: in every snapshot, no ready row of the queue is
-//!   below its floor.
+//! - an invariant watcher: in every snapshot, every ready row of the queue is
+//!   reachable by the claim (a floor row of some band b at or below it, with
+//!   k1 <= b).
 //!
 //! Then everything drains. Passes when the reference claims always matched,
 //! the watcher never saw a row below the floor, the floor did advance, and
