@@ -127,8 +127,10 @@ const GENERATION: Stmt = Stmt::write("SELECT nextval('ready_floor_gen')", &[]);
 // An advance, in one snapshot, band by band: the first ready row of the
 // band at or above its floor (or, with none, the highest key this backend
 // claimed in it: $2..$5) is the band's new floor, a base row of generation
-// $6, and the rows that made the old floor go. Only a floor that moves up
-// is written. An empty band with neither stays as it is (its dead rows
+// $6, and the rows that made the old floor go. Only a floor that moves up,
+// or that has lowering rows, is written: those become one base row (else
+// they would pile up in a band nobody claims from, and every lookup would
+// read them all). An empty band with neither stays as it is (its dead rows
 // would be in the way of every lookup until the snapshot ends, so bands
 // are not dropped lightly), unless the queue has more than 16 bands, or it
 // is band NaN (the upgrade's, which covers every row: see
@@ -140,15 +142,21 @@ const ADVANCE: Stmt = Stmt::write(
         ", \
          h AS (SELECT * FROM unnest($2::float8[], $3::float8[], $4::float8[], $5::bigint[]) AS h(band, k1, k2, seq)), \
          n AS (SELECT fl.band, fl.k1 AS fk1, fl.k2 AS fk2, fl.seq AS fseq, \
-                      coalesce(p.k1, h.k1) AS k1, coalesce(p.k2, h.k2) AS k2, coalesce(p.seq, h.seq) AS seq \
+                      coalesce(p.k1, h.k1) AS k1, coalesce(p.k2, h.k2) AS k2, coalesce(p.seq, h.seq) AS seq, \
+                      EXISTS (SELECT 1 FROM w WHERE w.band = fl.band AND NOT w.base) AS lowered, \
+                      p.k1 IS NULL AND h.k1 IS NULL \
+                        AND (fl.band = 'NaN' OR (SELECT count(*) FROM fl) > 16) AS dropped \
                FROM fl \
                LEFT JOIN LATERAL (SELECT r.k1, r.k2, r.seq FROM ready r \
                                   WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
                                     AND r.k1 <= fl.band ORDER BY r.k1, r.k2, r.seq LIMIT 1) p ON true \
                LEFT JOIN h ON h.band = fl.band AND p.k1 IS NULL), \
-         m AS (SELECT band, k1, k2, seq FROM n \
-               WHERE (k1, k2, seq) > (fk1, fk2, fseq) \
-                  OR k1 IS NULL AND (band = 'NaN' OR (SELECT count(*) FROM fl) > 16)), \
+         up AS (SELECT *, (k1, k2, seq) > (fk1, fk2, fseq) AS moved FROM n), \
+         m AS (SELECT band, \
+                      CASE WHEN dropped THEN NULL WHEN moved THEN k1 ELSE fk1 END AS k1, \
+                      CASE WHEN dropped THEN NULL WHEN moved THEN k2 ELSE fk2 END AS k2, \
+                      CASE WHEN dropped THEN NULL WHEN moved THEN seq ELSE fseq END AS seq \
+               FROM up WHERE dropped OR moved OR lowered), \
          gone AS (DELETE FROM ready_floors \
                   WHERE ctid = ANY (ARRAY(SELECT w.ctid FROM w WHERE w.band IN (SELECT band FROM m)))) \
          INSERT INTO ready_floors (queue, band, ngen, base, k1, k2, seq) \
@@ -439,6 +447,39 @@ mod tests {
         }
         assert_eq!(bands(), 1, "past 16 bands, the empty ones nobody claims from go");
         assert_eq!(claim("q", 1000).len() as i64, 4 * every - (3 * every - 17));
+    }
+
+    /// Lowering rows above a floor (a late readier writes one whatever the
+    /// floor) become one base row at the next advance, also in a band
+    /// nobody claims from, so lookups do not read more and more of them.
+    #[pg_test]
+    fn an_advance_folds_a_bands_lowering_rows_into_one() {
+        init();
+        for n in 0..5 {
+            enqueue("q", json!({"n": n}), json!({}));
+        }
+        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'q'");
+        Spi::run_with_args(
+            "INSERT INTO sheaf.ready_floors (queue, band, ngen, base, k1, k2, seq) \
+             SELECT 'q', 0, -nextval('sheaf.ready_floor_gen'), false, 0, 0, $1 + i FROM generate_series(1, 4) i",
+            &[head.into()],
+        )
+        .expect("late readiers' rows");
+        let rows = || count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q' AND band = 0");
+        assert_eq!(rows(), 5);
+        for n in 0..super::ADVANCE_EVERY {
+            enqueue("q", json!({"n": 100 + n}), json!({"priority": 1}));
+        }
+        for _ in 0..super::ADVANCE_EVERY {
+            claim("q", 1);
+        }
+        assert_eq!(rows(), 1, "one row left in band 0");
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q' AND band = 0 AND base"),
+            1
+        );
+        assert_eq!(floor_seq("q", 0.0), Some(head), "at the same floor");
+        assert_eq!(ns(&claim("q", 10)), vec![0, 1, 2, 3, 4]);
     }
 
     #[pg_test]
