@@ -155,9 +155,12 @@ CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
 -- still show, so a claim that rolls back finds its rows above the new
 -- floor); with none, take the highest key this backend claimed from the
 -- band since its last advance. If the key found is above F, it becomes a
--- base row of generation g and the band's floor rows are deleted; an empty
--- band with neither stays, or goes with its rows if the queue has more than
--- 16 bands. An empty band may take any floor: rows readied later compare
+-- base row of generation g and the band's floor rows are deleted; if it is
+-- not but the band has lowering rows, they and the base row become one base
+-- row at F the same way (a late readier writes one whatever the floor, and
+-- in a band nobody claims from they would pile up in every lookup); an
+-- empty band with neither stays, or goes with its rows if the queue has
+-- more than 16 bands. An empty band may take any floor: rows readied later compare
 -- with it or bring their own. The advance takes no new rows into account,
 -- and needs none: a readying transaction either committed before the
 -- advance took its lock (its rows are in the snapshot), or holds the
