@@ -315,8 +315,20 @@ async fn drain(fleet: &Fleet, v: &Violations, within: Duration) {
             return;
         }
         if Instant::now() > deadline {
+            let mut why = Vec::new();
+            for shard in fleet.topology.shards() {
+                let i = u32::from(shard.id.get());
+                let what = match fleet::connect(&shard.url).await {
+                    Some(db) => check::leftovers(&db)
+                        .await
+                        .unwrap_or_else(|e| format!("unreadable: {e}")),
+                    None => "down".into(),
+                };
+                why.push(format!("shard {i}: {what}"));
+            }
             v.push(format!(
-                "not drained {within:?} after the feed: {left} tasks or executions left"
+                "not drained {within:?} after the feed: {left} tasks or executions left\n{}",
+                why.join("\n")
             ));
             return;
         }

@@ -281,3 +281,54 @@ pub fn every_task_ran(logs: &Logs, enqueued: &HashSet<String>, v: &Violations) {
         ));
     }
 }
+
+/// What is left on a shard that did not drain, to say why: its tasks by
+/// queue, state and kind (with the unclaimable ones among the ready: no
+/// floor row of a band the claim seeks reaches them, see `ready_floors`),
+/// its unfinished executions by state, the floors of the queues with ready
+/// rows, the slots held, and the mutexes.
+pub async fn leftovers(db: &tokio_postgres::Client) -> Result<String, tokio_postgres::Error> {
+    let row = db
+        .query_one(
+            "SELECT (SELECT string_agg(format('%s/%s/%s: %s (attempts up to %s, oldest %s s)', queue, state, t, n, a, age), \
+                                       ', ' ORDER BY queue, state, t) \
+                     FROM (SELECT queue, state, coalesce(payload->>'t', kind) t, count(*) n, max(attempts) a, \
+                                  round(extract(epoch FROM now() - min(enqueued_at))) age \
+                           FROM sheaf.tasks GROUP BY 1, 2, 3) t), \
+                    (SELECT string_agg(format('%s: %s', queue, n), ', ' ORDER BY queue) \
+                     FROM (SELECT r.queue, count(*) n FROM sheaf.ready r WHERE NOT EXISTS ( \
+                             SELECT 1 FROM sheaf.ready_floors f WHERE f.queue = r.queue AND r.k1 <= f.band \
+                               AND (f.k1, f.k2, f.seq) <= (r.k1, r.k2, r.seq)) GROUP BY 1) u), \
+                    (SELECT string_agg(format('%s: %s', state, n), ', ' ORDER BY state) \
+                     FROM (SELECT state, count(*) n FROM sheaf.executions \
+                           WHERE state IN ('RUNNING', 'SUSPENDED', 'PAUSED') GROUP BY 1) e), \
+                    (SELECT string_agg(format('%s %s %s%s:%s/%s/%s', queue, band, CASE WHEN base THEN 'base' ELSE 'low' END, \
+                                              -ngen, k1, k2, seq), '; ' ORDER BY queue, band, ngen) \
+                     FROM sheaf.ready_floors WHERE queue IN (SELECT queue FROM sheaf.ready)), \
+                    (SELECT string_agg(format('%s: admitted %s of %s', key, admitted, max_running), ', ' ORDER BY key) \
+                     FROM sheaf.concurrency_limits WHERE admitted > 0), \
+                    (SELECT count(*) FROM sheaf.tasks t WHERE t.state = 'ready' \
+                       AND NOT EXISTS (SELECT 1 FROM sheaf.ready r WHERE r.task_id = t.id)), \
+                    (SELECT count(*) FROM sheaf.ready r WHERE NOT EXISTS ( \
+                       SELECT 1 FROM sheaf.tasks t WHERE t.id = r.task_id AND t.state = 'ready')), \
+                    (SELECT string_agg(format('%s held (token %s, lease %s s left), %s waiting', l.key, l.token, \
+                                              round(extract(epoch FROM l.lease_expires_at - now()), 1), \
+                                              (SELECT count(*) FROM sheaf.mutex_waiters w WHERE w.key = l.key)), ', ' ORDER BY l.key) \
+                     FROM sheaf.mutex_locks l)",
+            &[],
+        )
+        .await?;
+    let part = |i: usize| row.get::<_, Option<String>>(i).unwrap_or_else(|| "none".into());
+    Ok(format!(
+        "tasks {}; unclaimable ready rows {}; executions {}; floors {}; slots held {}; \
+         ready tasks without a ready row {}; ready rows of no ready task {}; mutexes {}",
+        part(0),
+        part(1),
+        part(2),
+        part(3),
+        part(4),
+        row.get::<_, i64>(5),
+        row.get::<_, i64>(6),
+        part(7)
+    ))
+}
