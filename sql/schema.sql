@@ -82,7 +82,9 @@ CREATE INDEX tasks_waiting ON tasks (concurrency_key, priority DESC, seq) WHERE 
 -- The ready set: narrow rows, inserted when a task becomes claimable and
 -- deleted by the claim. The claim is one ordered seek on ready_claim; a task
 -- whose key has no free slot is never here, so the claim needs no gate.
--- k1 = -priority or the aging key (sheaf.ready_k1), k2 = fairness start tag.
+-- k1 = -priority or the aging key (sheaf.ready_k1), k2 = fairness start tag;
+-- aging_band is a row's band in a queue that ages (sheaf.ready_aging_band),
+-- NULL in one that does not (see ready_floors).
 --
 -- Vacuum: the claim deletes at the head of ready_claim, where nothing is
 -- inserted, so the entries it leaves there go only when a VACUUM removes
@@ -98,10 +100,14 @@ CREATE TABLE ready (
     queue       text NOT NULL,
     k1          double precision NOT NULL,
     k2          double precision NOT NULL,
-    seq         bigint NOT NULL
+    seq         bigint NOT NULL,
+    aging_band  double precision
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
         vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
+-- Each band of an aging queue in claim order, for the claim's merge (see
+-- ready_floors); the rows of queues without aging are not in it.
+CREATE INDEX ready_aging ON ready (queue, aging_band, k1, k2, seq) WHERE aging_band IS NOT NULL;
 
 -- Claim floors: where a queue's claim starts its seeks on ready_claim. A
 -- transaction held open anywhere in the database (a report, pg_dump, a
@@ -111,13 +117,22 @@ CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
 -- step over all of them, O(claims since the snapshot). It seeks from the
 -- floors instead, which the claims move up past what they took.
 --
--- A queue's ready rows fall into bands: without aging each priority is a
--- band, band = k1 (= -priority; the claim order is priority first); with
--- aging the queue is one band, band = +Infinity. The claim takes the bands
--- in ascending order and each from its floor F(q, b): the ready rows with
--- (k1, k2, seq) >= F(q, b) and k1 <= b. So a band emptied by the claims (a
--- high priority, claimed as soon as it comes) is one short seek, not a walk
--- over its dead entries.
+-- A queue's ready rows fall into bands, one per priority, so a band
+-- emptied by the claims (a high priority, claimed as soon as it comes) is
+-- one short seek, not a walk over its dead entries. Without aging, band =
+-- k1 (= -priority): the claim order is priority first, so the claim takes
+-- the bands in ascending order, each from its floor F(q, b): the ready rows
+-- with (k1, k2, seq) >= F(q, b) and k1 <= b on ready_claim. With aging,
+-- band = aging_band = -1e15 - priority (sheaf.ready_aging_band: every
+-- aging band is below -1e14, apart from every band of priorities), and
+-- ready_aging gives each band's rows in claim order: the claim reads the
+-- first rows of each band from its floor without locking them, merges them
+-- by key, and locks them in that order, skipping the ones other claims
+-- hold, until it has its batch (if it runs out of them, because other
+-- claims hold them, it reads many more). So the claim never steps over
+-- the dead entries of the other priorities, which the aging key
+-- interleaves with the rows it takes. The band of a ready row is
+-- coalesce(aging_band, k1).
 --
 -- The rows here of (q, b) are base rows, written by advances, and lowering
 -- rows, written by readying; each takes a new generation from
@@ -160,8 +175,9 @@ CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
 -- row at F the same way (a late readier writes one whatever the floor, and
 -- in a band nobody claims from they would pile up in every lookup); an
 -- empty band with neither stays, or goes with its rows if the queue has
--- more than 16 bands. An empty band may take any floor: rows readied later compare
--- with it or bring their own. The advance takes no new rows into account,
+-- more than 16 bands or the band is of the other mode (aging or not) than
+-- the queue's. An empty band may take any floor: rows readied later
+-- compare with it or bring their own. The advance takes no new rows into account,
 -- and needs none: a readying transaction either committed before the
 -- advance took its lock (its rows are in the snapshot), or holds the
 -- shared lock (no advance), or is late (its lowering row, which the advance
@@ -171,8 +187,12 @@ CREATE INDEX ready_claim ON ready (queue, k1, k2, seq);
 -- row, committed or rolled back, never breaks the invariant.
 --
 -- A change of aging re-keys the queue's ready rows (a readying): they go to
--- the new mode's bands, and the old bands, empty, are skipped with one seek
--- each (and go past 16 bands).
+-- the new mode's bands, and the old bands, empty, go at the next advance.
+-- A task readied while the change commits may keep the old mode's keys
+-- and band until it is claimed: as long as the queue has an aging band,
+-- its claims merge every band, so it is claimed in the order of its keys
+-- like any other. Band NaN (left by the upgrade to 0.2.0) is read the way
+-- bands of priorities are, and covers every row.
 CREATE SEQUENCE ready_floor_gen;
 CREATE TABLE ready_floors (
     queue       text NOT NULL,
@@ -202,6 +222,14 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN aging_secs IS NULL THEN -priority::double precision
             ELSE extract(epoch FROM enqueued_at - '1970-01-01 00:00:00+00'::timestamptz)::double precision
                  - priority::double precision * aging_secs END;
+
+-- The band of a ready row of a queue that ages (see ready_floors), NULL in
+-- one that does not. Inlined like ready_k1.
+CREATE FUNCTION ready_aging_band(priority integer, aging_secs integer)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN aging_secs IS NULL THEN NULL
+            ELSE -1e15::double precision - priority::double precision END;
 
 -- Per-key caps. `admitted` counts the key's tasks holding a slot: ready plus
 -- running. Admission keeps admitted <= max_running (lowering a cap can leave

@@ -93,14 +93,24 @@ CREATE INDEX ready_floors_walk ON ready_floors (queue, band, ngen);
 -- the owner's (the revoke makes the owner's grants explicit).
 REVOKE ALL ON ready_floors FROM PUBLIC;
 REVOKE ALL ON SEQUENCE ready_floor_gen FROM PUBLIC;
+-- The bands of aging queues: each priority's rows, for the claim's merge.
+CREATE FUNCTION @extschema@.ready_aging_band(priority integer, aging_secs integer)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN aging_secs IS NULL THEN NULL
+            ELSE -1e15::double precision - priority::double precision END;
+REVOKE EXECUTE ON FUNCTION @extschema@.ready_aging_band(integer, integer) FROM PUBLIC;
+ALTER TABLE @extschema@.ready ADD COLUMN aging_band double precision;
+UPDATE @extschema@.ready r SET aging_band = @extschema@.ready_aging_band(t.priority, q.aging_secs)
+FROM @extschema@.tasks t, @extschema@.queues q
+WHERE t.id = r.task_id AND q.name = r.queue AND q.aging_secs IS NOT NULL;
+CREATE INDEX ready_aging ON @extschema@.ready (queue, aging_band, k1, k2, seq) WHERE aging_band IS NOT NULL;
 -- Each band of the ready rows there are starts at its first row.
 INSERT INTO ready_floors (queue, band, ngen, base, k1, k2, seq)
 SELECT f.queue, f.band, -nextval('ready_floor_gen'), true, f.k1, f.k2, f.seq FROM (
-SELECT DISTINCT ON (r.queue, b.band) r.queue, b.band, r.k1, r.k2, r.seq
+SELECT DISTINCT ON (r.queue, coalesce(r.aging_band, r.k1)) r.queue, coalesce(r.aging_band, r.k1) AS band, r.k1, r.k2, r.seq
 FROM ready r
-JOIN queues q ON q.name = r.queue
-CROSS JOIN LATERAL (SELECT CASE WHEN q.aging_secs IS NULL THEN r.k1 ELSE 'Infinity'::float8 END AS band) b
-ORDER BY r.queue, b.band, r.k1, r.k2, r.seq) f;
+ORDER BY r.queue, coalesce(r.aging_band, r.k1), r.k1, r.k2, r.seq) f;
 -- And every queue has a band covering all its rows from minus infinity,
 -- band NaN (above every other, and above every k1): ready rows written by
 -- a transaction open across this update (by a library that found no floors

@@ -75,6 +75,8 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &[],
         &["1", "now()", "60"],
     ),
+    // The band of a ready row of an aging queue (written beside its key).
+    call("sheaf.ready_aging_band(integer, integer)", &[], &["1", "60"]),
     // The queue.
     call(
         "sheaf.configure_queue(text, jsonb)",

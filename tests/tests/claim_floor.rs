@@ -20,7 +20,7 @@
 //!   claim must return exactly those rows in that order;
 //! - an invariant watcher: in every snapshot, every ready row of the queue is
 //!   reachable by the claim (a floor row of some band b at or below it, with
-//!   k1 <= b).
+//!   k1 <= b, or of its aging band).
 //!
 //! Then everything drains. Passes when the reference claims always matched,
 //! the watcher never saw a row below the floor, the floor did advance, and
@@ -294,7 +294,8 @@ async fn watcher(queue: String, rec: Shared, stop: Arc<AtomicBool>) {
         let row = db
             .query_one(
                 "SELECT (SELECT count(*) FROM sheaf.ready r WHERE r.queue = $1 AND NOT EXISTS ( \
-                           SELECT 1 FROM sheaf.ready_floors f WHERE f.queue = $1 AND r.k1 <= f.band \
+                           SELECT 1 FROM sheaf.ready_floors f WHERE f.queue = $1 \
+                             AND (CASE WHEN f.band < -1e14 THEN f.band = r.aging_band ELSE r.k1 <= f.band END) \
                              AND (f.k1, f.k2, f.seq) <= (r.k1, r.k2, r.seq))), \
                         (SELECT string_agg(format('%s:%s/%s/%s', band, k1, k2, seq), ' ' ORDER BY band) \
                          FROM (SELECT DISTINCT ON (band) band, k1, k2, seq FROM sheaf.ready_floors \

@@ -10,7 +10,8 @@
 //!
 //! Values Postgres itself cannot convert (an `'infinity'` interval before
 //! PostgreSQL 17) never reach sheaf and are skipped. Functions granted to
-//! no role (`ready_k1`, the aging key the ready index calls) are left out.
+//! no role (`ready_k1` and `ready_aging_band`, the ready set's aging key and
+//! band) are left out.
 //!
 //! CI form: the fixed list of `sheaf_tests::hostile`, spread over the
 //! fleet's shards (each in a database of its own). Long form:

@@ -221,7 +221,7 @@ async fn every_security_definer_function_pins_a_safe_search_path() {
                 if definer {
                     problems.push(format!("{f}: SECURITY DEFINER without a pinned search_path"));
                 } else if !bound {
-                    // A SQL-standard body (ready_k1) binds its names when it
+                    // A SQL-standard body (ready_k1, ready_aging_band) binds its names when it
                     // is created: no search_path can change what it calls.
                     problems.push(format!(
                         "{f}: no pinned search_path (README: every function pins it)"

@@ -11,6 +11,10 @@ use sheaf_tests::{connect, fleet, repo_root};
 const NO_METHOD: &[(&str, &str)] = &[
     // The ready index's key expression (sql/schema.sql), not an API.
     ("ready_k1", "an index expression"),
+    (
+        "ready_aging_band",
+        "a ready row's column, computed beside ready_k1",
+    ),
     // Id decoding and minting are local, with no round trip, and pinned to
     // the extension by core/testdata/id_vectors.json: ExecutionId::mint /
     // TaskId::mint, ::shard() and ::timestamp().

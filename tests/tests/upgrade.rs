@@ -133,6 +133,7 @@ fn pg_error(e: &tokio_postgres::Error) -> String {
 /// What the test holds of the live state: ids, tokens, owners.
 struct Live {
     ready_order: Vec<Uuid>,
+    aging_order: Vec<Uuid>,
     running: Vec<(Uuid, i64)>,
     cap_running: (Uuid, i64),
     cap_waiting: Vec<Uuid>,
@@ -144,7 +145,9 @@ struct Live {
     mutex_waiters: Vec<Uuid>,
 }
 
-const QUEUES: &[&str] = &["q_ready", "q_run", "q_cap", "q_sched", "q_dead", "wf_q"];
+const QUEUES: &[&str] = &[
+    "q_ready", "q_aging", "q_run", "q_cap", "q_sched", "q_dead", "wf_q",
+];
 const QUOTA_KEY: &str = "tenant_a";
 const MUTEX_KEY: &str = "deploy";
 
@@ -191,6 +194,7 @@ async fn build_live_state(db: &Client) -> Live {
         .await
         .expect("init_shard");
     let ready_order = live_ready(db).await;
+    let aging_order = live_aging(db).await;
     let running = live_running(db).await;
     let (cap_running, cap_waiting) = live_capped(db).await;
     // Scheduled for later.
@@ -200,6 +204,7 @@ async fn build_live_state(db: &Client) -> Live {
     let (mutex_holder, mutex_waiters) = live_mutex(db).await;
     Live {
         ready_order,
+        aging_order,
         running,
         cap_running,
         cap_waiting,
@@ -228,6 +233,35 @@ async fn live_ready(db: &Client) -> Vec<Uuid> {
     }
     by_priority.sort_by_key(|&(p, i, _)| (-p, i));
     by_priority.into_iter().map(|(_, _, id)| id).collect()
+}
+
+/// Ready tasks of an aging queue (each priority a band of its own after the
+/// upgrade, merged by the aging key); returns them in claim order.
+async fn live_aging(db: &Client) -> Vec<Uuid> {
+    db.batch_execute(r#"SELECT sheaf.configure_queue('q_aging', '{"aging_secs": 60}')"#)
+        .await
+        .expect("configure q_aging");
+    let mut ids = Vec::new();
+    for (i, priority) in [0, 2, 1, 2].into_iter().enumerate() {
+        let id = enqueue(
+            db,
+            "q_aging",
+            &format!(r#"{{"i": {i}}}"#),
+            &format!(r#"{{"priority": {priority}}}"#),
+        )
+        .await;
+        ids.push(id);
+    }
+    // Task 0 waited 200 s: at 60 s a step it passes priority 2; the
+    // configuration again re-keys the queue.
+    db.batch_execute(
+        "UPDATE sheaf.tasks SET enqueued_at = enqueued_at - interval '200 seconds' \
+         WHERE queue = 'q_aging' AND payload->>'i' = '0'; \
+         SELECT sheaf.configure_queue('q_aging', '{\"aging_secs\": 60}')",
+    )
+    .await
+    .expect("age task 0");
+    vec![ids[0], ids[1], ids[3], ids[2]]
 }
 
 /// Running tasks, their tokens held by this test.
@@ -517,6 +551,19 @@ async fn tasks_carry_on(db: &Client, live: &Live) -> Result<(), String> {
         claimed == live.ready_order,
         "q_ready claimed {claimed:?}, expected the release's order {:?}",
         live.ready_order
+    );
+
+    let claimed: Vec<Uuid> = q!(
+        db,
+        "SELECT task_id FROM sheaf.claim('q_aging', 'upgrade-worker', 10, '1 hour')",
+    )
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    ensure!(
+        claimed == live.aging_order,
+        "q_aging claimed {claimed:?}, expected the aging order {:?}",
+        live.aging_order
     );
 
     // The scheduled task is still in the future.

@@ -26,13 +26,22 @@ const SWEEP_REAP: i64 = 100;
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 // The claim, band by band from the queue's floors (`queue::floor`), or, with
-// a catalog older than 0.2.0, from the head of the queue's range. The bands
-// come in order and each band's rows in order; the outer LIMIT stops the
-// nested loop as soon as it has the batch, so no band past it is read and
-// no row it does not take is locked. Each row comes back with the band it
-// was taken from: the smallest band at or above its k1.
+// a catalog older than 0.2.0, from the head of the queue's range. Bands of
+// priorities come in order and each band's rows in order; the outer LIMIT
+// stops the nested loop as soon as it has the batch, so no band past it is
+// read and no row it does not take is locked. The bands of an aging queue
+// are merged instead: `cand`, the first rows of every band by key, read
+// without locks, then locked in that order, skipping the ones other claims
+// hold, until the batch is full; only if those run out (other claims hold
+// them) are sixteen times as many read, in the same order, past `cand`.
+// Every band takes part in the merge, also one of priorities: a task
+// readied while configure_queue switched aging on or off keeps the keys of
+// the other mode until it is claimed, and is claimed in the order of its
+// keys all the same.
+// Each row comes back with the band it was taken from: its aging band, or
+// the smallest band at or above its k1.
 macro_rules! claim {
-    ($with:expr, $picked:expr, $band:expr) => {
+    ($with:expr, $picked:expr, $gone:expr, $band:expr) => {
         concat!(
             "WITH RECURSIVE ",
             $with,
@@ -41,13 +50,60 @@ macro_rules! claim {
             "), \
              gone AS (\
                DELETE FROM ready WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked)) \
-               RETURNING task_id, k1, k2, seq) \
+               RETURNING task_id, k1, k2, seq",
+            $gone,
+            ") \
              UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, token = nextval('fence_token'), \
                     lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
              FROM gone g WHERE t.id = g.task_id \
              RETURNING t.id, t.token, t.payload, t.attempts, t.execution_id, t.concurrency_key, t.kind, \
                        g.k1, g.k2, g.seq, ",
             $band
+        )
+    };
+}
+/// The first `$limit` rows of all the bands of `fl` from their floors,
+/// merged by key, without locks, if `$when`. Band NaN (the upgrade's)
+/// covers rows of other bands: one row read twice counts once.
+macro_rules! merged {
+    ($limit:expr, $when:expr) => {
+        concat!(
+            "SELECT DISTINCT ON (c.k1, c.k2, c.seq) c.ctid, c.k1, c.k2, c.seq FROM fl CROSS JOIN LATERAL (\
+               (SELECT r.ctid, r.k1, r.k2, r.seq FROM ready r \
+                WHERE NOT ",
+            floor::aging!("fl.band"),
+            " AND r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
+                ORDER BY r.k1, r.k2, r.seq LIMIT ",
+            $limit,
+            ") UNION ALL \
+               (SELECT r.ctid, r.k1, r.k2, r.seq FROM ready r \
+                WHERE ",
+            floor::aging!("fl.band"),
+            " AND r.queue = $1 AND r.aging_band IS NOT NULL AND r.aging_band = fl.band \
+                  AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
+                ORDER BY r.aging_band, r.k1, r.k2, r.seq LIMIT ",
+            $limit,
+            ")) c WHERE ",
+            $when,
+            " ORDER BY c.k1, c.k2, c.seq LIMIT ",
+            $limit
+        )
+    };
+}
+/// Whether `fl` has a band of an aging queue.
+macro_rules! ages {
+    () => {
+        concat!("EXISTS (SELECT 1 FROM fl a WHERE ", floor::aging!("a.band"), ")")
+    };
+}
+/// Locks the rows of `$rows` (a FROM item `x` with `ctid`) in its order,
+/// skipping the ones others hold.
+macro_rules! lock_in_order {
+    ($rows:expr) => {
+        concat!(
+            "SELECT l.ctid FROM ",
+            $rows,
+            " CROSS JOIN LATERAL (SELECT r.ctid FROM ready r WHERE r.ctid = x.ctid FOR UPDATE SKIP LOCKED) l"
         )
     };
 }
@@ -62,19 +118,39 @@ const CLAIMS: [Stmt; 2] = [
         claim!(
             "",
             "SELECT ctid FROM ready WHERE queue = $1 ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+            "",
             "g.k1"
         ),
         CLAIM_ARGS,
     ),
     Stmt::write(
         claim!(
-            concat!(floor::floors!(), ", "),
-            "SELECT p.ctid FROM fl CROSS JOIN LATERAL (\
-               SELECT r.ctid FROM ready r \
-               WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
-               ORDER BY r.k1, r.k2, r.seq LIMIT $2 FOR UPDATE SKIP LOCKED) p \
-             LIMIT $2",
-            "(SELECT min(fl.band) FROM fl WHERE fl.band >= g.k1)"
+            concat!(
+                floor::floors!(),
+                ", cand AS MATERIALIZED (",
+                merged!("$2 + 2", ages!()),
+                "), "
+            ),
+            concat!(
+                "(",
+                lock_in_order!("cand x"),
+                ") UNION ALL (",
+                lock_in_order!(concat!(
+                    "(",
+                    merged!("16 * ($2 + 2)", "(SELECT count(*) FROM cand) = $2 + 2"),
+                    " OFFSET $2 + 2) x"
+                )),
+                ") UNION ALL (\
+                 SELECT p.ctid FROM fl CROSS JOIN LATERAL (\
+                   SELECT r.ctid FROM ready r \
+                   WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
+                   ORDER BY r.k1, r.k2, r.seq LIMIT $2 FOR UPDATE SKIP LOCKED) p \
+                 WHERE NOT ",
+                ages!(),
+                ") LIMIT $2"
+            ),
+            ", aging_band",
+            "coalesce(g.aging_band, (SELECT min(fl.band) FROM fl WHERE fl.band >= g.k1))"
         ),
         CLAIM_ARGS,
     ),

@@ -27,21 +27,24 @@ const COUNTED_QUEUES: usize = 10_000;
 /// advances; past this, the others are forgotten.
 const COUNTED_BANDS: usize = 64;
 
-/// The band of a ready row of a queue whose aging is `$aging` (an int4 or
-/// NULL) and whose primary key is `$k1`: the priority without aging (the
-/// claim order is priority first, so each priority is a band of its own),
-/// one band with it (aging lets any priority overtake any other).
+/// The band of a ready row, over its columns `aging_band` and `k1`: the
+/// priority without aging (k1; the claim order is priority first, so each
+/// priority is a band of its own), the row's aging band with it (each
+/// priority is a band there too, which the claim merges by key).
 macro_rules! band {
-    ($aging:expr, $k1:expr) => {
-        concat!(
-            "CASE WHEN ",
-            $aging,
-            " IS NULL THEN ",
-            $k1,
-            " ELSE 'Infinity'::float8 END"
-        )
+    () => {
+        "coalesce(aging_band, k1)"
     };
 }
+/// Whether band `$band` is an aging queue's (`ready_aging_band`: every one
+/// is below -1e14, and every band of priorities is -priority, above it;
+/// NaN, the upgrade's, is above everything).
+macro_rules! aging {
+    ($band:expr) => {
+        concat!($band, " < -1e14")
+    };
+}
+pub(crate) use aging;
 pub(crate) use band;
 
 /// A recursive CTE `w` (under `WITH RECURSIVE`): the rows of `ready_floors`
@@ -87,14 +90,14 @@ macro_rules! lower {
 pub(crate) use lower;
 
 /// Step 2 of readying inside the enqueue statement (`queue::tasks`): CTEs
-/// over its CTE `r` of new ready rows (`k1, k2, seq`) of queue `$2` (one
-/// priority, so one band), with `$15` the queue's aging and `$16` the
-/// result of `try_readying`. The same rule as `LOWER`.
+/// over its CTE `r` of new ready rows (`k1, k2, seq, aging_band`) of queue
+/// `$2` (one priority, so one band), with `$16` the result of
+/// `try_readying`. The same rule as `LOWER`.
 macro_rules! lower_in_enqueue {
     () => {
         concat!(
             ", x AS (SELECT $2::text AS q, ",
-            $crate::queue::floor::band!("$15", "k1"),
+            $crate::queue::floor::band!(),
             " AS band, k1, k2, seq, $16 AS locked FROM r ORDER BY k1, k2, seq LIMIT 1), fl AS (",
             $crate::queue::floor::lower!(),
             ")"
@@ -125,7 +128,8 @@ const LOWER: Stmt = Stmt::write(
 // before the advance's and every lookup sees them.
 const GENERATION: Stmt = Stmt::write("SELECT nextval('ready_floor_gen')", &[]);
 // An advance, in one snapshot, band by band: the first ready row of the
-// band at or above its floor (or, with none, the highest key this backend
+// band at or above its floor (on ready_claim, or ready_aging for an aging
+// band) (or, with none, the highest key this backend
 // claimed in it: $2..$5) is the band's new floor, a base row of generation
 // $6, and the rows that made the old floor go. Only a floor that moves up,
 // or that has lowering rows, is written: those become one base row (else
@@ -134,7 +138,9 @@ const GENERATION: Stmt = Stmt::write("SELECT nextval('ready_floor_gen')", &[]);
 // would be in the way of every lookup until the snapshot ends, so bands
 // are not dropped lightly), unless the queue has more than 16 bands, or it
 // is band NaN (the upgrade's, which covers every row: see
-// sql/sheaf--0.1.0--0.2.0.sql).
+// sql/sheaf--0.1.0--0.2.0.sql), or a band of the other mode than the
+// queue's (aging or not) since configure_queue switched it: an aging band
+// left in a queue of priorities would keep its claims merging.
 const ADVANCE: Stmt = Stmt::write(
     concat!(
         "WITH RECURSIVE ",
@@ -145,11 +151,24 @@ const ADVANCE: Stmt = Stmt::write(
                       coalesce(p.k1, h.k1) AS k1, coalesce(p.k2, h.k2) AS k2, coalesce(p.seq, h.seq) AS seq, \
                       EXISTS (SELECT 1 FROM w WHERE w.band = fl.band AND NOT w.base) AS lowered, \
                       p.k1 IS NULL AND h.k1 IS NULL \
-                        AND (fl.band = 'NaN' OR (SELECT count(*) FROM fl) > 16) AS dropped \
+                        AND (fl.band = 'NaN' OR (SELECT count(*) FROM fl) > 16 \
+                             OR (",
+        aging!("fl.band"),
+        ") <> (SELECT q.aging_secs IS NOT NULL FROM queues q WHERE q.name = $1)) AS dropped \
                FROM fl \
-               LEFT JOIN LATERAL (SELECT r.k1, r.k2, r.seq FROM ready r \
-                                  WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
-                                    AND r.k1 <= fl.band ORDER BY r.k1, r.k2, r.seq LIMIT 1) p ON true \
+               LEFT JOIN LATERAL (\
+                 (SELECT r.k1, r.k2, r.seq FROM ready r \
+                  WHERE NOT ",
+        aging!("fl.band"),
+        " AND r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
+                    AND r.k1 <= fl.band ORDER BY r.k1, r.k2, r.seq LIMIT 1) \
+                 UNION ALL \
+                 (SELECT r.k1, r.k2, r.seq FROM ready r \
+                  WHERE ",
+        aging!("fl.band"),
+        " AND r.queue = $1 AND r.aging_band IS NOT NULL AND r.aging_band = fl.band \
+                    AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
+                  ORDER BY r.aging_band, r.k1, r.k2, r.seq LIMIT 1)) p ON true \
                LEFT JOIN h ON h.band = fl.band AND p.k1 IS NULL), \
          up AS (SELECT *, (k1, k2, seq) > (fk1, fk2, fseq) AS moved FROM n), \
          m AS (SELECT band, \
@@ -480,6 +499,60 @@ mod tests {
         );
         assert_eq!(floor_seq("q", 0.0), Some(head), "at the same floor");
         assert_eq!(ns(&claim("q", 10)), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// In an aging queue each priority is a band of its own (its aging
+    /// band), and the claim merges the bands by key: an old task of a low
+    /// priority comes before new ones of higher priorities. A task left
+    /// with the keys of the other mode (readied while a switch of aging
+    /// committed) is claimed in the order of its keys all the same. Once the
+    /// queue no longer ages, its empty aging bands go at the next advance.
+    #[pg_test]
+    fn an_aging_queue_has_a_band_per_priority_which_the_claim_merges() {
+        init();
+        let aging = |secs: &str| {
+            Spi::run(&format!(
+                "SELECT sheaf.configure_queue('q', '{{\"aging_secs\": {secs}}}')"
+            ))
+            .expect("configure")
+        };
+        let aging_bands = || {
+            count("SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'q' AND band < -1e14")
+        };
+        aging("60");
+        for n in 0..8 {
+            enqueue("q", json!({"n": n}), json!({"priority": n % 4}));
+        }
+        assert_eq!(aging_bands(), 4, "a band per priority");
+        // Task 4 (priority 0) 150 s older: ahead of priorities 2 and 1 at
+        // 60 s per step, behind priority 3. The re-key lowers its band.
+        Spi::run("UPDATE sheaf.tasks SET enqueued_at = enqueued_at - interval '150 seconds' WHERE payload->>'n' = '4'")
+            .expect("age task 4");
+        aging("60");
+        // Task 5 as a readier that had not seen aging yet would have left
+        // it: k1 = -priority, no aging band, a lowering row in band -1.
+        Spi::run(
+            "WITH r AS (UPDATE sheaf.ready r SET k1 = -1, aging_band = NULL FROM sheaf.tasks t \
+                        WHERE t.id = r.task_id AND t.payload->>'n' = '5' RETURNING r.k2, r.seq) \
+             INSERT INTO sheaf.ready_floors (queue, band, ngen, base, k1, k2, seq) \
+             SELECT 'q', -1, -nextval('sheaf.ready_floor_gen'), false, -1, k2, seq FROM r",
+        )
+        .expect("a task with the other mode's keys");
+        let mut order = ns(&claim("q", 3));
+        order.extend(ns(&claim("q", 2)));
+        order.extend(ns(&claim("q", 10)));
+        assert_eq!(order, vec![5, 3, 7, 4, 2, 6, 1, 0]);
+        aging("null");
+        let every = super::ADVANCE_EVERY as i64;
+        for n in 0..(2 * every) {
+            enqueue("q", json!({"n": n}), json!({}));
+        }
+        // Two advances: the first still has this backend's claims from the
+        // aging bands, the second finds them empty with none.
+        for _ in 0..2 {
+            assert_eq!(claim("q", every as i32).len() as i64, every);
+        }
+        assert_eq!(aging_bands(), 0, "the empty aging bands went");
     }
 
     #[pg_test]

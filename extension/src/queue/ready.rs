@@ -11,22 +11,36 @@ use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::floor;
 
-// Returns the lowest new key of each band (`queue::floor`).
-const INSERT: Stmt = Stmt::write(
-    concat!(
+// Returns the lowest new key of each band (`queue::floor`): [a catalog
+// without claim floors, one with them, whose rows carry their aging band].
+const INSERTS: [Stmt; 2] = [
+    Stmt::write(
         "WITH r AS (\
            INSERT INTO ready (task_id, queue, k1, k2, seq) \
            SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, q.aging_secs), coalesce(t.fair_start, 0), t.seq \
            FROM tasks t JOIN queues q ON q.name = t.queue \
            WHERE t.id = ANY($1) AND t.state = 'ready' \
-           RETURNING queue, k1, k2, seq), \
-         b AS (SELECT r.queue, ",
-        floor::band!("q.aging_secs", "r.k1"),
-        " AS band, r.k1, r.k2, r.seq FROM r JOIN queues q ON q.name = r.queue) \
-         SELECT DISTINCT ON (queue, band) queue, band, k1, k2, seq FROM b ORDER BY queue, band, k1, k2, seq"
+           RETURNING queue, k1, k2, seq) \
+         SELECT DISTINCT ON (queue, k1) queue, k1 AS band, k1, k2, seq FROM r ORDER BY queue, k1, k2, seq",
+        &[PgBuiltInOids::UUIDARRAYOID],
     ),
-    &[PgBuiltInOids::UUIDARRAYOID],
-);
+    Stmt::write(
+        concat!(
+            "WITH r AS (\
+               INSERT INTO ready (task_id, queue, k1, k2, seq, aging_band) \
+               SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, q.aging_secs), coalesce(t.fair_start, 0), \
+                      t.seq, ready_aging_band(t.priority, q.aging_secs) \
+               FROM tasks t JOIN queues q ON q.name = t.queue \
+               WHERE t.id = ANY($1) AND t.state = 'ready' \
+               RETURNING queue, k1, k2, seq, aging_band), \
+             b AS (SELECT queue, ",
+            floor::band!(),
+            " AS band, k1, k2, seq FROM r) \
+             SELECT DISTINCT ON (queue, band) queue, band, k1, k2, seq FROM b ORDER BY queue, band, k1, k2, seq"
+        ),
+        &[PgBuiltInOids::UUIDARRAYOID],
+    ),
+];
 // Wakes listeners of queues that had no other ready task: only an idle
 // queue has workers asleep on LISTEN; a busy one has workers coming back for
 // more anyway. So under load nothing is sent, and NOTIFY, which serializes
@@ -64,19 +78,29 @@ const ANY: Stmt = Stmt::read(
     "SELECT EXISTS (SELECT 1 FROM ready WHERE queue = $1)",
     &[PgBuiltInOids::TEXTOID],
 );
-// The same expression every insertion into `ready` uses.
-// New keys are a readying: each band's lowest goes to `floor::readied`.
-const REKEY: Stmt = Stmt::write(
-    concat!(
+// The same expressions every insertion into `ready` uses. New keys are a
+// readying: each band's lowest goes to `floor::readied`. [Without claim
+// floors, with them.]
+const REKEYS: [Stmt; 2] = [
+    Stmt::write(
         "WITH r AS (UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2) \
-           FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id RETURNING r.k1, r.k2, r.seq), \
-         b AS (SELECT ",
-        floor::band!("$2", "k1"),
-        " AS band, k1, k2, seq FROM r) \
-         SELECT DISTINCT ON (band) band, k1, k2, seq FROM b ORDER BY band, k1, k2, seq"
+           FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id RETURNING r.k1, r.k2, r.seq) \
+         SELECT DISTINCT ON (k1) k1 AS band, k1, k2, seq FROM r ORDER BY k1, k2, seq",
+        &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
     ),
-    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
-);
+    Stmt::write(
+        concat!(
+            "WITH r AS (UPDATE ready r SET k1 = ready_k1(t.priority, t.enqueued_at, $2), \
+                                      aging_band = ready_aging_band(t.priority, $2) \
+               FROM tasks t WHERE r.queue = $1 AND t.id = r.task_id RETURNING r.k1, r.k2, r.seq, r.aging_band), \
+             b AS (SELECT ",
+            floor::band!(),
+            " AS band, k1, k2, seq FROM r) \
+             SELECT DISTINCT ON (band) band, k1, k2, seq FROM b ORDER BY band, k1, k2, seq"
+        ),
+        &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
+    ),
+];
 // A key whose finish tag is behind the virtual time behaves exactly like a
 // key never seen, so its row can go.
 const PRUNE_KEYS: Stmt = Stmt::write(
@@ -98,7 +122,11 @@ pub fn any(queue: &str) -> bool {
 pub fn rekey(queue: &str, aging_secs: Option<i32>) {
     let lowest: Vec<(f64, f64, f64, i64)> = Spi::connect_mut(|client| {
         rows::all(
-            run(client, &REKEY, &[queue.into(), aging_secs.into()]),
+            run(
+                client,
+                &REKEYS[floor::enabled() as usize],
+                &[queue.into(), aging_secs.into()],
+            ),
             "re-keying ready tasks",
         )
     });
@@ -130,7 +158,11 @@ pub fn insert(ids: &[pgrx::Uuid]) {
     }
     let lowest: Vec<(String, f64, f64, f64, i64)> = Spi::connect_mut(|client| {
         rows::all(
-            run(client, &INSERT, &[ids.to_vec().into()]),
+            run(
+                client,
+                &INSERTS[floor::enabled() as usize],
+                &[ids.to_vec().into()],
+            ),
             "reading ready queues",
         )
     });

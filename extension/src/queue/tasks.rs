@@ -40,6 +40,20 @@ pub const RUNNING: &str = "running";
 // idempotency key pay for it; only queues that notify pay for the probe.
 macro_rules! insert_tasks {
     ($rows:expr, $on_conflict:expr, $probe:expr, $floor:expr) => {
+        insert_tasks!($rows, $on_conflict, $probe, $floor, "", "")
+    };
+    // With claim floors, the ready rows carry their aging band.
+    ($rows:expr, $on_conflict:expr, $probe:expr, $floor:expr, banded) => {
+        insert_tasks!(
+            $rows,
+            $on_conflict,
+            $probe,
+            $floor,
+            ", aging_band",
+            ", ready_aging_band(t.priority, $15)"
+        )
+    };
+    ($rows:expr, $on_conflict:expr, $probe:expr, $floor:expr, $band_col:expr, $band:expr) => {
         concat!(
             "WITH t AS (\
                INSERT INTO tasks (id, queue, kind, payload, priority, state, seq, fair_start, run_at, \
@@ -49,9 +63,13 @@ macro_rules! insert_tasks {
             " ",
             $on_conflict,
             " RETURNING id, queue, priority, enqueued_at, fair_start, seq, state), \
-             r AS (INSERT INTO ready (task_id, queue, k1, k2, seq) \
-               SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq \
-               FROM t WHERE t.state = 'ready' RETURNING k1, k2, seq)",
+             r AS (INSERT INTO ready (task_id, queue, k1, k2, seq",
+            $band_col,
+            ") SELECT t.id, t.queue, ready_k1(t.priority, t.enqueued_at, $15), coalesce(t.fair_start, 0), t.seq",
+            $band,
+            " FROM t WHERE t.state = 'ready' RETURNING k1, k2, seq",
+            $band_col,
+            ")",
             $floor,
             " SELECT ",
             $probe
@@ -125,26 +143,32 @@ static INSERTS: [[[Stmt; 2]; 3]; 2] = [
     ],
     [
         [
-            Stmt::write(insert_tasks!(one_task!(), "", "false", lower_in_enqueue!()), ONE),
-            Stmt::write(insert_tasks!(one_task!(), "", idle!(), lower_in_enqueue!()), ONE),
-        ],
-        [
             Stmt::write(
-                insert_tasks!(one_task!(), idempotent!(), "false", lower_in_enqueue!()),
+                insert_tasks!(one_task!(), "", "false", lower_in_enqueue!(), banded),
                 ONE,
             ),
             Stmt::write(
-                insert_tasks!(one_task!(), idempotent!(), idle!(), lower_in_enqueue!()),
+                insert_tasks!(one_task!(), "", idle!(), lower_in_enqueue!(), banded),
                 ONE,
             ),
         ],
         [
             Stmt::write(
-                insert_tasks!(many_tasks!(), "", "false", lower_in_enqueue!()),
+                insert_tasks!(one_task!(), idempotent!(), "false", lower_in_enqueue!(), banded),
+                ONE,
+            ),
+            Stmt::write(
+                insert_tasks!(one_task!(), idempotent!(), idle!(), lower_in_enqueue!(), banded),
+                ONE,
+            ),
+        ],
+        [
+            Stmt::write(
+                insert_tasks!(many_tasks!(), "", "false", lower_in_enqueue!(), banded),
                 MANY,
             ),
             Stmt::write(
-                insert_tasks!(many_tasks!(), "", idle!(), lower_in_enqueue!()),
+                insert_tasks!(many_tasks!(), "", idle!(), lower_in_enqueue!(), banded),
                 MANY,
             ),
         ],

@@ -297,7 +297,8 @@ pub async fn leftovers(db: &tokio_postgres::Client) -> Result<String, tokio_post
                            FROM sheaf.tasks GROUP BY 1, 2, 3) t), \
                     (SELECT string_agg(format('%s: %s', queue, n), ', ' ORDER BY queue) \
                      FROM (SELECT r.queue, count(*) n FROM sheaf.ready r WHERE NOT EXISTS ( \
-                             SELECT 1 FROM sheaf.ready_floors f WHERE f.queue = r.queue AND r.k1 <= f.band \
+                             SELECT 1 FROM sheaf.ready_floors f WHERE f.queue = r.queue \
+                               AND (CASE WHEN f.band < -1e14 THEN f.band = r.aging_band ELSE r.k1 <= f.band END) \
                                AND (f.k1, f.k2, f.seq) <= (r.k1, r.k2, r.seq)) GROUP BY 1) u), \
                     (SELECT string_agg(format('%s: %s', state, n), ', ' ORDER BY state) \
                      FROM (SELECT state, count(*) n FROM sheaf.executions \
