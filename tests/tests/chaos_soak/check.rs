@@ -286,7 +286,8 @@ pub fn every_task_ran(logs: &Logs, enqueued: &HashSet<String>, v: &Violations) {
 /// queue, state and kind (with the unclaimable ones among the ready: no
 /// floor row of a band the claim seeks reaches them, see `ready_floors`),
 /// its unfinished executions by state, the floors of the queues with ready
-/// rows, the slots held, and the mutexes.
+/// rows, the slots held, the mutexes, and the transactions open for long
+/// (a held snapshot, or a wait).
 pub async fn leftovers(db: &tokio_postgres::Client) -> Result<String, tokio_postgres::Error> {
     let row = db
         .query_one(
@@ -315,14 +316,21 @@ pub async fn leftovers(db: &tokio_postgres::Client) -> Result<String, tokio_post
                     (SELECT string_agg(format('%s held (token %s, lease %s s left), %s waiting', l.key, l.token, \
                                               round(extract(epoch FROM l.lease_expires_at - now()), 1), \
                                               (SELECT count(*) FROM sheaf.mutex_waiters w WHERE w.key = l.key)), ', ' ORDER BY l.key) \
-                     FROM sheaf.mutex_locks l)",
+                     FROM sheaf.mutex_locks l), \
+                    (SELECT string_agg(format('%s %s s, waiting on %s: %s', state, \
+                                              round(extract(epoch FROM now() - xact_start)), \
+                                              coalesce(wait_event_type || '/' || wait_event, 'nothing'), left(query, 80)), \
+                                       '; ' ORDER BY xact_start) \
+                     FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                       AND xact_start < now() - interval '2 seconds')",
             &[],
         )
         .await?;
     let part = |i: usize| row.get::<_, Option<String>>(i).unwrap_or_else(|| "none".into());
     Ok(format!(
         "tasks {}; unclaimable ready rows {}; executions {}; floors {}; slots held {}; \
-         ready tasks without a ready row {}; ready rows of no ready task {}; mutexes {}",
+         ready tasks without a ready row {}; ready rows of no ready task {}; mutexes {}; \
+         transactions open over 2 s {}",
         part(0),
         part(1),
         part(2),
@@ -330,6 +338,7 @@ pub async fn leftovers(db: &tokio_postgres::Client) -> Result<String, tokio_post
         part(4),
         row.get::<_, i64>(5),
         row.get::<_, i64>(6),
-        part(7)
+        part(7),
+        part(8)
     ))
 }
