@@ -29,6 +29,16 @@ pub struct PoolOptions {
     pub breaker_threshold: u32,
     /// How long an open breaker short-circuits before one probe.
     pub breaker_cooldown: Duration,
+    /// TCP keepalives on every shard connection: the first probe after the
+    /// connection has been this long idle, then one every third of it, and
+    /// the kernel closes it after three unanswered. A pooled connection whose
+    /// peer is gone (a host that died, a NAT or firewall that dropped the
+    /// flow) is then closed within twice this, and the pool opens a new one,
+    /// instead of the next call learning it only at its query timeout. The
+    /// operating system's default is two hours. At least 3 s (the kernel
+    /// counts whole seconds); `None` leaves the connections as the system
+    /// makes them.
+    pub keepalive_idle: Option<Duration>,
 }
 
 impl Default for PoolOptions {
@@ -40,6 +50,7 @@ impl Default for PoolOptions {
             query_timeout: Duration::from_secs(30),
             breaker_threshold: 3,
             breaker_cooldown: Duration::from_secs(5),
+            keepalive_idle: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -125,6 +136,10 @@ struct ShardPool {
     schema: Mutex<Option<(Option<String>, Instant)>>,
 }
 
+/// The shortest `PoolOptions::keepalive_idle`: its probes go every third of
+/// it, and the kernel takes whole seconds.
+const MIN_KEEPALIVE_IDLE: Duration = Duration::from_secs(3);
+
 /// How long a shard's schema version is trusted before it is read again, so
 /// an `ALTER EXTENSION sheaf UPDATE` is noticed within this long.
 const SCHEMA_RECHECK: Duration = Duration::from_secs(10);
@@ -150,6 +165,22 @@ impl ShardPools {
                         cause: format!("bad connection string: {e}"),
                     })?;
             config.connect_timeout(options.connect_timeout);
+            if let Some(idle) = options.keepalive_idle {
+                if idle < MIN_KEEPALIVE_IDLE {
+                    return Err(ShardError::Unreachable {
+                        shard: shard.id,
+                        cause: format!(
+                            "PoolOptions::keepalive_idle is {idle:?}: at least {MIN_KEEPALIVE_IDLE:?} \
+                             (the kernel counts keepalive times in whole seconds, probing every third)"
+                        ),
+                    });
+                }
+                config
+                    .keepalives(true)
+                    .keepalives_idle(idle)
+                    .keepalives_interval(idle / 3)
+                    .keepalives_retries(3);
+            }
             let manager = Manager::from_config(
                 config,
                 NoTls,

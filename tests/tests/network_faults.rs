@@ -4,7 +4,9 @@
 //! work on that shard returns within its timeout with a typed error naming
 //! that shard, its breaker opens, the other shards keep serving, a worker
 //! keeps draining them and recovers the faulty shard's work once the proxy
-//! heals, and an exhausted pool answers within its acquire timeout.
+//! heals, and an exhausted pool answers within its acquire timeout. Every
+//! connection carries the TCP keepalive time the options ask for (read
+//! back from the kernel's `/proc/net/tcp`).
 //!
 //! Every call runs under a watchdog: a call that hangs fails the test
 //! instead of hanging it.
@@ -27,6 +29,8 @@ const ACQUIRE: Duration = Duration::from_millis(1000);
 const COOLDOWN: Duration = Duration::from_millis(1500);
 /// Scheduling slack on a loaded 2-core machine.
 const MARGIN: Duration = Duration::from_millis(600);
+/// The clients' TCP keepalive idle time (the kernel's default is 2 h).
+const KEEPALIVE: Duration = Duration::from_secs(9);
 /// Past this a call is hung: the watchdog fails the test.
 const WATCHDOG: Duration = Duration::from_secs(10);
 
@@ -45,6 +49,7 @@ fn options() -> PoolOptions {
         },
         breaker_threshold: 3,
         breaker_cooldown: COOLDOWN,
+        keepalive_idle: Some(KEEPALIVE),
     }
 }
 
@@ -607,5 +612,84 @@ async fn idle_connections_gone_half_open_do_not_hold_the_breaker_closed() {
     eprintln!(
         "idle half-open pool: breaker open after {calls} calls, {:?}",
         started.elapsed()
+    );
+}
+
+/// The keepalive timers the kernel runs on the established TCP connections
+/// to `port` (from `/proc/net/tcp` and `tcp6`: timer 2 is the keepalive
+/// timer, its expiry in USER_HZ ticks, 100 a second on Linux), in seconds;
+/// `None` for a connection with another timer running (a retransmission,
+/// say) or none.
+fn keepalive_timers(port: u16) -> Vec<Option<f64>> {
+    const TICKS: f64 = 100.0;
+    let mut timers = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state), Some(timer)) = (f.get(2), f.get(3), f.get(5)) else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            // 01: ESTABLISHED.
+            if remote_port != Some(port) || *state != "01" {
+                continue;
+            }
+            let (kind, when) = timer.split_once(':').unwrap_or(("", ""));
+            timers.push(
+                (kind == "02")
+                    .then(|| u64::from_str_radix(when, 16).ok())
+                    .flatten()
+                    .map(|t| t as f64 / TICKS),
+            );
+        }
+    }
+    timers
+}
+
+/// Every connection the pool opens carries `keepalive_idle` as its TCP
+/// keepalive time, so the kernel closes one whose peer is gone within
+/// twice that; without it (`None`) the system's two hours apply. A
+/// `keepalive_idle` under 3 s (the kernel counts whole seconds) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_connections_carry_tcp_keepalives() {
+    let queue = unique("netfault-keepalive");
+    for (idle, within) in [(Some(KEEPALIVE), KEEPALIVE), (None, Duration::from_secs(7200))] {
+        let r = rig(PoolOptions {
+            keepalive_idle: idle,
+            ..options()
+        })
+        .await;
+        let (res, _) = timed("enqueue", r.client.enqueue(&queue, json!({}), on(r.faulty))).await;
+        res.expect("the shard serves through the proxy");
+        // The proxy's own connections to the shard are not the client's:
+        // only those to the proxy's port are.
+        let timers = keepalive_timers(r.proxy.addr().port());
+        assert!(!timers.is_empty(), "no connection to the proxy's port seen");
+        for timer in &timers {
+            let secs = timer
+                .unwrap_or_else(|| panic!("keepalive_idle {idle:?}: a connection without a keepalive timer"));
+            assert!(
+                secs <= within.as_secs_f64() && secs > within.as_secs_f64() / 2.0,
+                "keepalive_idle {idle:?}: the timer is at {secs} s"
+            );
+        }
+    }
+    let refused = Client::new(
+        fleet().clone(),
+        PoolOptions {
+            keepalive_idle: Some(Duration::from_secs(2)),
+            ..options()
+        },
+    )
+    .expect_err("a 2 s keepalive");
+    assert!(
+        refused.to_string().contains("keepalive_idle is 2s: at least 3s"),
+        "{refused}"
     );
 }
