@@ -68,22 +68,9 @@ macro_rules! claim {
 macro_rules! merged {
     ($limit:expr, $when:expr) => {
         concat!(
-            "SELECT DISTINCT ON (c.k1, c.k2, c.seq) c.ctid, c.k1, c.k2, c.seq FROM fl CROSS JOIN LATERAL (\
-               (SELECT r.ctid, r.k1, r.k2, r.seq FROM ready r \
-                WHERE NOT ",
-            floor::aging!("fl.band"),
-            " AND r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
-                ORDER BY r.k1, r.k2, r.seq LIMIT ",
-            $limit,
-            ") UNION ALL \
-               (SELECT r.ctid, r.k1, r.k2, r.seq FROM ready r \
-                WHERE ",
-            floor::aging!("fl.band"),
-            " AND r.queue = $1 AND r.aging_band IS NOT NULL AND r.aging_band = fl.band \
-                  AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
-                ORDER BY r.aging_band, r.k1, r.k2, r.seq LIMIT ",
-            $limit,
-            ")) c WHERE ",
+            "SELECT DISTINCT ON (c.k1, c.k2, c.seq) c.ctid, c.k1, c.k2, c.seq FROM fl CROSS JOIN LATERAL (",
+            floor::band_rows!("r.ctid, r.k1, r.k2, r.seq", $limit),
+            ") c WHERE ",
             $when,
             " ORDER BY c.k1, c.k2, c.seq LIMIT ",
             $limit

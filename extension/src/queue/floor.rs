@@ -45,7 +45,35 @@ macro_rules! aging {
     };
 }
 pub(crate) use aging;
+
+/// The ready rows of band `fl.band` of queue `$1` from its floor (`fl`:
+/// band, k1, k2, seq), in claim order, at most `$limit`, as `$cols` of
+/// `ready r`: on ready_claim (`k1 <= band`) for a band of priorities, on
+/// ready_aging for an aging band. Under `LATERAL`.
+macro_rules! band_rows {
+    ($cols:expr, $limit:expr) => {
+        concat!(
+            "(SELECT ",
+            $cols,
+            " FROM ready r WHERE NOT ",
+            $crate::queue::floor::aging!("fl.band"),
+            " AND r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
+               ORDER BY r.k1, r.k2, r.seq LIMIT ",
+            $limit,
+            ") UNION ALL (SELECT ",
+            $cols,
+            " FROM ready r WHERE ",
+            $crate::queue::floor::aging!("fl.band"),
+            " AND r.queue = $1 AND r.aging_band IS NOT NULL AND r.aging_band = fl.band \
+               AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
+             ORDER BY r.aging_band, r.k1, r.k2, r.seq LIMIT ",
+            $limit,
+            ")"
+        )
+    };
+}
 pub(crate) use band;
+pub(crate) use band_rows;
 
 /// A recursive CTE `w` (under `WITH RECURSIVE`): the rows of `ready_floors`
 /// that make the floors of queue `$1`, each band's from its newest row down
@@ -156,19 +184,9 @@ const ADVANCE: Stmt = Stmt::write(
         aging!("fl.band"),
         ") <> (SELECT q.aging_secs IS NOT NULL FROM queues q WHERE q.name = $1)) AS dropped \
                FROM fl \
-               LEFT JOIN LATERAL (\
-                 (SELECT r.k1, r.k2, r.seq FROM ready r \
-                  WHERE NOT ",
-        aging!("fl.band"),
-        " AND r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
-                    AND r.k1 <= fl.band ORDER BY r.k1, r.k2, r.seq LIMIT 1) \
-                 UNION ALL \
-                 (SELECT r.k1, r.k2, r.seq FROM ready r \
-                  WHERE ",
-        aging!("fl.band"),
-        " AND r.queue = $1 AND r.aging_band IS NOT NULL AND r.aging_band = fl.band \
-                    AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
-                  ORDER BY r.aging_band, r.k1, r.k2, r.seq LIMIT 1)) p ON true \
+               LEFT JOIN LATERAL (",
+        band_rows!("r.k1, r.k2, r.seq", "1"),
+        ") p ON true \
                LEFT JOIN h ON h.band = fl.band AND p.k1 IS NULL), \
          up AS (SELECT *, (k1, k2, seq) > (fk1, fk2, fseq) AS moved FROM n), \
          m AS (SELECT band, \
