@@ -234,10 +234,34 @@ RETURN CASE WHEN aging_secs IS NULL THEN NULL
 -- Per-key caps. `admitted` counts the key's tasks holding a slot: ready plus
 -- running. Admission keeps admitted <= max_running (lowering a cap can leave
 -- running tasks above it; they finish and no slot is handed out until below).
+--
+-- Wait floors: a key's waiting line is read in promotion order (priority
+-- descending, then seq) on tasks_waiting, and every task promoted leaves a
+-- dead entry at its head that a snapshot held open elsewhere keeps (see
+-- ready_floors); a saturated key promotes one task per release. So each
+-- promotion seeks from the key's wait floor (wait_priority, wait_seq),
+-- NULL for the line's head: the tasks of that priority from that seq, then
+-- the lower priorities, two seeks that step over what was promoted.
+-- Invariant: every waiting task of the key sorts at or after its floor.
+-- Every write to a key's waiting line (enqueue, promotion of due tasks, a
+-- redrive or a resume, a put-back over a lowered cap) is made holding the
+-- key's row here, locked until the transaction ends (queue::caps), so the
+-- protocol is local to that row: a transaction that puts tasks in the line
+-- lowers the floor to (their highest priority, their lowest seq) if that
+-- sorts before it; a promotion under READ COMMITTED (which sees every task
+-- put in the line before it took the row) moves the floor to the first task
+-- still waiting after the old floor, locked by another transaction or not
+-- (a promotion skips those, and one that rolls back leaves its task
+-- there), else to the last task it promoted; a lowered cap sending ready
+-- tasks back to the line resets it to the head. Removing a task from the
+-- line never breaks the invariant.
 CREATE TABLE concurrency_limits (
     key         text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 1024),
     max_running integer NOT NULL CHECK (max_running >= 0),
-    admitted    integer NOT NULL DEFAULT 0 CHECK (admitted >= 0)
+    admitted    integer NOT NULL DEFAULT 0 CHECK (admitted >= 0),
+    wait_priority integer,
+    wait_seq    bigint,
+    CHECK ((wait_priority IS NULL) = (wait_seq IS NULL))
 );
 
 -- Fairness: the finish tag of each key's last task, per queue.

@@ -121,6 +121,11 @@ INSERT INTO ready_floors (queue, band, ngen, base, k1, k2, seq)
 SELECT name, 'NaN', -nextval('ready_floor_gen'), false, '-Infinity', '-Infinity', -9223372036854775808
 FROM queues;
 --
+-- Wait floors (see concurrency_limits in schema.sql): every line is read
+-- from its head until its first promotion.
+ALTER TABLE @extschema@.concurrency_limits ADD COLUMN wait_priority integer, ADD COLUMN wait_seq bigint,
+    ADD CHECK ((wait_priority IS NULL) = (wait_seq IS NULL));
+--
 -- Mutex waiters hold their place for a third of their lease, renewed by
 -- each acquire, so a waiter whose process died no longer stays in line
 -- forever. The waiters of the moment get a whole lease from the upgrade (no

@@ -11,6 +11,11 @@
 //! lock per key, taken by every admission and release, lets
 //! `set_concurrency_limit` (which takes it exclusively) count a key's tasks
 //! while no admission or release of that key is in flight.
+//!
+//! Every write to a key's waiting line is made under that row lock, which is
+//! what keeps its wait floor (the protocol is in `sql/schema.sql` beside
+//! `concurrency_limits`) true: a path that puts tasks in the line calls
+//! `waited`, and only a promotion moves the floor up.
 
 use pgrx::prelude::*;
 
@@ -21,22 +26,133 @@ use sheaf_core::state::TaskState;
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
-use crate::queue::{ready, tasks};
+use crate::queue::{floor, ready, tasks};
 
-const LIMIT_FOR_UPDATE: Stmt = Stmt::write(
-    "SELECT max_running, admitted FROM concurrency_limits WHERE key = $1 FOR NO KEY UPDATE",
-    &[PgBuiltInOids::TEXTOID],
+// Statements that name the wait floor's columns come in two forms, indexed
+// by `floor::enabled()`: a 0.1.0 catalog (a 0.2.0 library before `ALTER
+// EXTENSION sheaf UPDATE`) has no wait floor, and its lines are read from
+// their heads.
+const LIMIT_FOR_UPDATE: [Stmt; 2] = [
+    Stmt::write(
+        "SELECT max_running, admitted, NULL::integer, NULL::bigint FROM concurrency_limits \
+         WHERE key = $1 FOR NO KEY UPDATE",
+        &[PgBuiltInOids::TEXTOID],
+    ),
+    Stmt::write(
+        "SELECT max_running, admitted, wait_priority, wait_seq FROM concurrency_limits \
+         WHERE key = $1 FOR NO KEY UPDATE",
+        &[PgBuiltInOids::TEXTOID],
+    ),
+];
+const SET_ADMITTED: [Stmt; 2] = [
+    Stmt::write(
+        "UPDATE concurrency_limits SET admitted = $2 WHERE key = $1",
+        &[
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::INT8OID,
+        ],
+    ),
+    Stmt::write(
+        "UPDATE concurrency_limits SET admitted = $2, wait_priority = $3, wait_seq = $4 WHERE key = $1",
+        &[
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::INT4OID,
+            PgBuiltInOids::INT8OID,
+        ],
+    ),
+];
+// A key's waiting line in promotion order (priority descending, then
+// enqueue sequence), from its head or from its wait floor ($3, $4): from
+// the floor, two seeks on tasks_waiting, the floor's priority from its
+// sequence, then the lower priorities, so the promoted tasks' dead entries
+// a held snapshot keeps are stepped over, not walked.
+macro_rules! line_from {
+    (head) => {
+        "FROM tasks WHERE concurrency_key = $1 AND state = 'waiting' ORDER BY priority DESC, seq"
+    };
+    (floor) => {
+        "FROM tasks WHERE concurrency_key = $1 AND state = 'waiting' AND priority = $3 AND seq >= $4 \
+         ORDER BY priority DESC, seq"
+    };
+    (below) => {
+        "FROM tasks WHERE concurrency_key = $1 AND state = 'waiting' AND priority < $3 \
+         ORDER BY priority DESC, seq"
+    };
+}
+const LINE_ARGS: &[PgBuiltInOids] = &[
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::INT8OID,
+    PgBuiltInOids::INT4OID,
+    PgBuiltInOids::INT8OID,
+];
+/// The next `$2` waiting tasks to promote, locked, skipping those other
+/// transactions hold; `[from the head, from the floor]`.
+const NEXT_WAITING: [Stmt; 2] = [
+    Stmt::write(
+        concat!(
+            "SELECT id, priority, seq ",
+            line_from!(head),
+            " LIMIT $2 FOR UPDATE SKIP LOCKED"
+        ),
+        LINE_ARGS,
+    ),
+    Stmt::write(
+        concat!(
+            "WITH a AS (SELECT id, priority, seq ",
+            line_from!(floor),
+            " LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             b AS (SELECT id, priority, seq ",
+            line_from!(below),
+            " LIMIT $2 - (SELECT count(*) FROM a) FOR UPDATE SKIP LOCKED) \
+             SELECT * FROM a UNION ALL SELECT * FROM b"
+        ),
+        LINE_ARGS,
+    ),
+];
+/// The first task still waiting, whether another transaction holds it or
+/// not (a promotion skips it, and it stays in the line if that transaction
+/// rolls back); `[from the head, from the floor]`.
+const FIRST_WAITING: [Stmt; 2] = [
+    Stmt::write(
+        concat!("SELECT id, priority, seq ", line_from!(head), " LIMIT 1"),
+        LINE_ARGS,
+    ),
+    Stmt::write(
+        concat!(
+            "SELECT * FROM ((SELECT id, priority, seq ",
+            line_from!(floor),
+            " LIMIT 1) UNION ALL (SELECT id, priority, seq ",
+            line_from!(below),
+            " LIMIT 1)) w LIMIT 1"
+        ),
+        LINE_ARGS,
+    ),
+];
+// Lowers the wait floor to the first of tasks `$2` just put in the line, if
+// they sort before it: (their highest priority, their lowest sequence) is at
+// or before each of them.
+const LOWER_WAIT_FLOOR: Stmt = Stmt::write(
+    "UPDATE concurrency_limits c SET wait_priority = n.p, wait_seq = n.s \
+     FROM (SELECT max(priority) AS p, min(seq) AS s FROM tasks WHERE id = ANY($2)) n \
+     WHERE c.key = $1 AND c.wait_priority IS NOT NULL AND n.p IS NOT NULL \
+       AND (n.p > c.wait_priority OR (n.p = c.wait_priority AND n.s < c.wait_seq))",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::UUIDARRAYOID],
 );
-const ADD_ADMITTED: Stmt = Stmt::write(
-    "UPDATE concurrency_limits SET admitted = greatest(admitted + $2, 0) WHERE key = $1 \
-     RETURNING max_running, admitted",
-    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
-);
-const NEXT_WAITING: Stmt = Stmt::write(
-    "SELECT id FROM tasks WHERE concurrency_key = $1 AND state = 'waiting' \
-     ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
-    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
-);
+
+/// Where a key's waiting line starts: every task in it sorts at or after
+/// `(priority, seq)` in promotion order; `None`, from its head.
+type WaitFloor = Option<(i32, i64)>;
+
+/// A capped key's row: its cap, its slots held, its wait floor.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    max: i32,
+    admitted: i32,
+    floor: WaitFloor,
+}
 
 fn lock(key: &str, exclusive: bool) {
     if exclusive {
@@ -46,80 +162,137 @@ fn lock(key: &str, exclusive: bool) {
     }
 }
 
-/// `(max_running, admitted)` of a capped key, row-locked; `None` if uncapped.
-fn limit_for_update(key: &str) -> Option<(i32, i32)> {
+/// A capped key's row, locked; `None` if uncapped.
+fn limit_for_update(key: &str) -> Option<Limit> {
     Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &LIMIT_FOR_UPDATE, &[key.into()]),
+        rows::first::<(i32, i32, Option<i32>, Option<i64>)>(
+            run(
+                client,
+                &LIMIT_FOR_UPDATE[floor::enabled() as usize],
+                &[key.into()],
+            ),
             "reading a concurrency limit",
         )
     })
-}
-
-fn add_admitted(key: &str, delta: i32) -> Option<(i32, i32)> {
-    Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &ADD_ADMITTED, &[key.into(), delta.into()]),
-            "updating a concurrency limit",
-        )
+    .map(|(max, admitted, p, s)| Limit {
+        max,
+        admitted,
+        floor: p.zip(s),
     })
 }
 
+/// Writes a key's slots held (never below 0) and wait floor, in one row
+/// version.
+fn set_admitted(key: &str, admitted: i32, floor: WaitFloor) {
+    exec(
+        &SET_ADMITTED[floor::enabled() as usize],
+        &[
+            key.into(),
+            admitted.max(0).into(),
+            floor.map(|f| f.0).into(),
+            floor.map(|f| f.1).into(),
+        ],
+    );
+}
+
 /// Admits up to `n` tasks of `key` into free slots; returns how many may
-/// become ready now. The rest must wait. Uncapped keys admit everything.
+/// become ready now. The rest must wait, and the caller says so with
+/// `waited` once they are in the line. Uncapped keys admit everything.
 pub fn admit(key: &str, n: i32) -> i32 {
     lock(key, false);
     match limit_for_update(key) {
         None => n,
-        Some((max, admitted)) => {
-            let k = n.min((max - admitted).max(0));
+        Some(l) => {
+            let k = n.min((l.max - l.admitted).max(0));
             if k > 0 {
-                add_admitted(key, k);
+                set_admitted(key, l.admitted + k, l.floor);
             }
             k
         }
     }
 }
 
+/// Tasks `ids` of `key` were just put in its waiting line (by a caller
+/// holding the key since `admit` or `give_up_slot_if_over_cap`): lowers the
+/// wait floor to them if they sort before it.
+pub fn waited(key: &str, ids: &[pgrx::Uuid]) {
+    if !ids.is_empty() && floor::enabled() {
+        exec(&LOWER_WAIT_FLOOR, &[key.into(), ids.to_vec().into()]);
+    }
+}
+
 /// Frees `n` slots of `key` and fills free slots from its waiting line.
 pub fn release(key: &str, n: i32) {
     lock(key, false);
-    if let Some((max, admitted)) = add_admitted(key, -n) {
-        promote_waiting(key, max - admitted);
+    if let Some(l) = limit_for_update(key) {
+        let admitted = (l.admitted - n).max(0);
+        let (promoted, floor) = promote_waiting(key, l.floor, l.max - admitted);
+        set_admitted(key, admitted + promoted, floor);
     }
 }
 
 /// Whether a running task of `key` going back to ready would exceed the cap
 /// (it was lowered while the task ran). If so, its slot is given up here and
-/// the caller must make the task wait.
+/// the caller must make the task wait (and call `waited`).
 pub fn give_up_slot_if_over_cap(key: &str) -> bool {
     lock(key, false);
     match limit_for_update(key) {
-        Some((max, admitted)) if admitted > max => {
-            add_admitted(key, -1);
+        Some(l) if l.admitted > l.max => {
+            set_admitted(key, l.admitted - 1, l.floor);
             true
         }
         _ => false,
     }
 }
 
-/// Moves up to `room` waiting tasks of `key` into the ready set.
-fn promote_waiting(key: &str, room: i32) {
+/// Moves up to `room` waiting tasks of `key` into the ready set, from its
+/// wait floor; returns how many, and the floor to keep. The floor moves up
+/// to the first task still waiting (or past the last one promoted) only in
+/// a transaction that takes a snapshot per statement: it then sees every
+/// task put in the line before it took the key, where an older snapshot
+/// could miss one and leave it behind the floor.
+fn promote_waiting(key: &str, floor: WaitFloor, room: i32) -> (i32, WaitFloor) {
     if room <= 0 {
-        return;
+        return (0, floor);
     }
-    let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
-        rows::values(
-            run(client, &NEXT_WAITING, &[key.into(), (room as i64).into()]),
+    let args = |from: WaitFloor, n: i64| {
+        [
+            key.into(),
+            n.into(),
+            from.map(|f| f.0).into(),
+            from.map(|f| f.1).into(),
+        ]
+    };
+    let promoted: Vec<(pgrx::Uuid, i32, i64)> = Spi::connect_mut(|client| {
+        rows::all(
+            run(
+                client,
+                &NEXT_WAITING[floor.is_some() as usize],
+                &args(floor, room as i64),
+            ),
             "reading waiting tasks",
         )
     });
-    if ids.is_empty() {
-        return;
+    let ids: Vec<pgrx::Uuid> = promoted.iter().map(|p| p.0).collect();
+    if !ids.is_empty() {
+        tasks::set_ready(&ids);
+        ready::insert(&ids);
     }
-    add_admitted(key, ids.len() as i32);
-    tasks::set_ready(&ids);
-    ready::insert(&ids);
+    let Some(last) = promoted.last().map(|p| (p.1, p.2)) else {
+        return (0, floor);
+    };
+    if !floor::enabled() || !floor::read_committed() {
+        return (ids.len() as i32, floor);
+    }
+    // From the old floor again: a task the promotion skipped (another
+    // transaction holds it) may come before the ones it took.
+    let still: Option<(pgrx::Uuid, i32, i64)> = Spi::connect_mut(|client| {
+        rows::first(
+            run(client, &FIRST_WAITING[floor.is_some() as usize], &args(floor, 1)),
+            "reading the waiting line",
+        )
+    });
+    (ids.len() as i32, Some(still.map_or(last, |s| (s.1, s.2))))
 }
 
 // A key's ready rows, locked as a claim locks them (ready row first).
@@ -199,7 +372,16 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
             exec(&REMOVE, &[key.into()]);
             let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
                 rows::values(
-                    run(client, &NEXT_WAITING, &[key.into(), i64::MAX.into()]),
+                    run(
+                        client,
+                        &NEXT_WAITING[0],
+                        &[
+                            key.into(),
+                            i64::MAX.into(),
+                            None::<i32>.into(),
+                            None::<i64>.into(),
+                        ],
+                    ),
                     "reading waiting tasks",
                 )
             });
@@ -207,30 +389,39 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
             ready::insert(&ids);
         }
         (Some(max), current) => {
-            let admitted = match current {
-                Some((_, admitted)) => {
+            let (admitted, floor) = match current {
+                Some(l) => {
                     exec(&CHANGE, &[key.into(), max.into()]);
-                    admitted
+                    (l.admitted, l.floor)
                 }
                 None => {
                     let held: i32 = Spi::connect_mut(|client| {
                         rows::only_value(run(client, &HELD, &[key.into()]), "counting a key's tasks")
                     });
                     exec(&ADD, &[key.into(), max.into(), held.into()]);
-                    held
+                    (held, None)
                 }
             };
             if admitted < max {
-                promote_waiting(key, max - admitted);
+                let (promoted, floor) = promote_waiting(key, floor, max - admitted);
+                if promoted > 0 {
+                    set_admitted(key, admitted + promoted, floor);
+                }
             } else if admitted > max {
-                demote_ready(key, admitted - max);
+                let demoted = demote_ready(key, admitted - max);
+                if demoted > 0 {
+                    // They go back at their old places, maybe before the
+                    // floor: the line is read from its head again.
+                    set_admitted(key, admitted - demoted, None);
+                }
             }
         }
     }
 }
 
 /// Sends up to `excess` of a key's ready tasks back to waiting, the ones that
-/// would be claimed last first, and frees their slots. Locks their ready rows
+/// would be claimed last first; returns how many (the caller frees their
+/// slots). Locks their ready rows
 /// first, as a claim does, and waits for a claim in flight: skipping it would
 /// let that claim commit after the lowered cap and run over it. A task a
 /// claim took meanwhile is running (it was claimed before the cap changed)
@@ -242,16 +433,13 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
 /// so the only rows it can wait for here became ready in between; if a
 /// terminal transition of their execution holds them and waits for this
 /// key, PostgreSQL aborts one of the two (40P01, retry).
-fn demote_ready(key: &str, excess: i32) {
-    let demoted: i32 = Spi::connect_mut(|client| {
+fn demote_ready(key: &str, excess: i32) -> i32 {
+    Spi::connect_mut(|client| {
         rows::only_value(
             run(client, &DEMOTE, &[key.into(), (excess as i64).into()]),
             "demoting ready tasks",
         )
-    });
-    if demoted > 0 {
-        add_admitted(key, -demoted);
-    }
+    })
 }
 
 /// Frees the slots of tasks that held one (ready or running), given as
@@ -396,6 +584,71 @@ mod tests {
         enqueue("q", json!({"n": 2}), json!({"concurrency_key": "k"}));
         cap("k", Some(2));
         assert_eq!(ns(&claim("q", 10)), vec![1, 0]);
+    }
+
+    /// The key's wait floor as (priority, n of the task it is at), if set.
+    fn wait_floor(key: &str) -> Option<(i32, i64)> {
+        Spi::connect(|client| {
+            let row = client
+                .select(
+                    "SELECT c.wait_priority, (SELECT (t.payload->>'n')::bigint FROM sheaf.tasks t \
+                                              WHERE t.concurrency_key = c.key AND t.seq = c.wait_seq) \
+                     FROM sheaf.concurrency_limits c WHERE c.key = $1",
+                    None,
+                    &[key.into()],
+                )
+                .expect("wait floor")
+                .first();
+            row.get::<i32>(1).unwrap().zip(row.get::<i64>(2).unwrap())
+        })
+    }
+
+    #[pg_test]
+    fn the_wait_floor_moves_up_with_promotions_and_down_for_tasks_put_before_it() {
+        init();
+        cap("k", Some(1));
+        for n in 0..4 {
+            enqueue("q", json!({"n": n}), json!({"concurrency_key": "k"}));
+        }
+        assert_eq!(wait_floor("k"), None, "read from the head until a promotion");
+        complete(&claim("q", 1)[0]);
+        assert_eq!(wait_floor("k"), Some((0, 2)), "at the first task still waiting");
+        // A task of a higher priority goes before the floor: it lowers it.
+        enqueue(
+            "q",
+            json!({"n": 10}),
+            json!({"concurrency_key": "k", "priority": 5}),
+        );
+        assert_eq!(wait_floor("k").map(|f| f.0), Some(5));
+        let running = claim("q", 1);
+        assert_eq!(ns(&running), vec![1]);
+        complete(&running[0]);
+        assert_eq!(ns(&claim("q", 1)), vec![10], "promoted before the floor it had");
+        assert_eq!(wait_floor("k"), Some((0, 2)));
+    }
+
+    #[pg_test]
+    fn a_task_put_back_over_a_lowered_cap_lowers_the_wait_floor() {
+        init();
+        cap("k", Some(2));
+        for n in 0..5 {
+            enqueue("q", json!({"n": n}), json!({"concurrency_key": "k"}));
+        }
+        let running = claim("q", 2);
+        complete(&running[0]);
+        assert_eq!(wait_floor("k"), Some((0, 3)));
+        let second = claim("q", 1);
+        assert_eq!(ns(&second), vec![2]);
+        cap("k", Some(1));
+        // Over the lowered cap, task 2 goes back to the line, before task 3.
+        Spi::run_with_args(
+            "SELECT sheaf.release($1, $2)",
+            &[second[0].0.into(), second[0].1.into()],
+        )
+        .expect("release");
+        assert_eq!(wait_floor("k"), Some((0, 2)));
+        complete(&running[1]);
+        assert_eq!(ns(&claim("q", 1)), vec![2]);
     }
 
     #[pg_test(error = "invalid max_running: must be >= 0 (or NULL to remove the cap), got -1")]

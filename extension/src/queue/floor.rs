@@ -227,7 +227,7 @@ pub type Key = (f64, f64, i64);
 /// Whether this transaction takes a new snapshot for each statement: an
 /// older snapshot may predate an advance, so it cannot compare with the
 /// floor.
-fn read_committed() -> bool {
+pub fn read_committed() -> bool {
     // SAFETY: a plain read of the GUC's variable in a single-threaded backend.
     unsafe { pg_sys::XactIsoLevel == pg_sys::XACT_READ_COMMITTED as std::ffi::c_int }
 }

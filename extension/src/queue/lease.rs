@@ -102,8 +102,9 @@ pub fn put_back(task_id: pgrx::Uuid, key: Option<&str>, refund: bool, error: Opt
             error.into(),
         ],
     );
-    if !wait {
-        ready::insert(&[task_id]);
+    match key {
+        Some(key) if wait => caps::waited(key, &[task_id]),
+        _ => ready::insert(&[task_id]),
     }
 }
 

@@ -40,7 +40,7 @@ pub fn place(tasks: Vec<(pgrx::Uuid, Option<String>)>) {
         return;
     }
     let mut ready_ids = Vec::new();
-    let mut waiting_ids = Vec::new();
+    let mut waiting: Vec<(String, Vec<pgrx::Uuid>)> = Vec::new();
     // Keys in a fixed order, so two transactions never lock two keys'
     // rows in opposite orders.
     let mut by_key: BTreeMap<String, Vec<pgrx::Uuid>> = BTreeMap::new();
@@ -50,13 +50,20 @@ pub fn place(tasks: Vec<(pgrx::Uuid, Option<String>)>) {
             Some(k) => by_key.entry(k).or_default().push(id),
         }
     }
-    for (key, ids) in by_key {
+    for (key, mut ids) in by_key {
         let admitted = caps::admit(&key, ids.len() as i32) as usize;
-        ready_ids.extend_from_slice(&ids[..admitted]);
-        waiting_ids.extend_from_slice(&ids[admitted..]);
+        let rest = ids.split_off(admitted);
+        ready_ids.extend(ids);
+        if !rest.is_empty() {
+            waiting.push((key, rest));
+        }
     }
-    if !waiting_ids.is_empty() {
-        exec(&SET_WAITING, &[waiting_ids.into()]);
+    if !waiting.is_empty() {
+        let all: Vec<pgrx::Uuid> = waiting.iter().flat_map(|w| w.1.iter().copied()).collect();
+        exec(&SET_WAITING, &[all.into()]);
+        for (key, ids) in &waiting {
+            caps::waited(key, ids);
+        }
     }
     tasks::set_ready(&ready_ids);
     ready::insert(&ready_ids);

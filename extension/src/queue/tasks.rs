@@ -406,6 +406,12 @@ pub fn insert(
         }
         return vec![existing];
     }
+    if let Some(ckey) = &o.concurrency_key
+        && due
+        && admitted < n
+    {
+        caps::waited(ckey, &new_ids[admitted..]);
+    }
     // Only an idle queue's workers can be asleep on LISTEN (see ready.rs).
     if admitted > 0 && q.notify && was_idle {
         exec(&NOTIFY, &[name.into()]);
