@@ -617,7 +617,7 @@ async fn dead_tuples(admin: &Client) -> Result<String, tokio_postgres::Error> {
     let rows = admin
         .query(
             "SELECT schemaname || '.' || relname, n_dead_tup FROM pg_stat_user_tables \
-             WHERE (schemaname = 'sheaf' AND relname IN ('ready', 'tasks', 'ready_floors', 'queues', \
+             WHERE (schemaname = 'sheaf' AND relname IN ('ready', 'tasks', 'ready_floors', 'queues', 'concurrency_limits', \
                                                          'fairness_keys')) \
                 OR (schemaname = 'textbook' AND relname = 'jobs') \
              ORDER BY 1",
