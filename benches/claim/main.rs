@@ -631,6 +631,43 @@ async fn dead_tuples(admin: &Client) -> Result<String, tokio_postgres::Error> {
         .join(", "))
 }
 
+/// What the claim's sweep probe (promotion and reaping, `SWEEP_PROBE` in
+/// extension/src/queue/claim.rs) costs now: its two seeks on the heads of
+/// tasks_scheduled and tasks_running, planned as sheaf plans them, in
+/// milliseconds and buffers read.
+async fn sweep_probe_cost(admin: &Client, queue: &str) -> Result<String, tokio_postgres::Error> {
+    admin
+        .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        .await?;
+    let mut parts = Vec::new();
+    for (name, cond) in [
+        ("scheduled", "state = 'scheduled' AND run_at <= now()"),
+        ("running", "state = 'running' AND lease_expires_at < now()"),
+    ] {
+        let plan: serde_json::Value = admin
+            .query_one(
+                &format!(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) \
+                     SELECT EXISTS (SELECT 1 FROM sheaf.tasks WHERE queue = $1 AND {cond})"
+                ),
+                &[&queue],
+            )
+            .await?
+            .get(0);
+        let top = &plan[0];
+        parts.push(format!(
+            "{name} {:.2} ms / {} buffers",
+            top["Execution Time"].as_f64().unwrap_or(f64::NAN),
+            top["Plan"]["Shared Hit Blocks"].as_i64().unwrap_or(0)
+                + top["Plan"]["Shared Read Blocks"].as_i64().unwrap_or(0)
+        ));
+    }
+    admin
+        .batch_execute("RESET enable_seqscan; RESET enable_bitmapscan")
+        .await?;
+    Ok(parts.join(", "))
+}
+
 /// Dead tuples of the system's hot table.
 async fn hot_dead(admin: &Client, system: System) -> Result<i64, tokio_postgres::Error> {
     let (schema, table) = match system {
@@ -675,6 +712,10 @@ async fn run_snapshot(
                         .await?;
                     let held = pool.window(window).await?;
                     let dead = dead_tuples(admin).await?;
+                    let probe = match system {
+                        System::Sheaf => Some(sweep_probe_cost(admin, &queue_name(mode, 0)).await?),
+                        System::Textbook => None,
+                    };
                     holder.batch_execute("ROLLBACK").await?;
                     let released = Instant::now();
                     let mut settled = None;
@@ -698,6 +739,9 @@ async fn run_snapshot(
                         held.rate() / free.rate(),
                         held.percentile_ms(0.99) / free.percentile_ms(0.99),
                     );
+                    if let Some(probe) = probe {
+                        println!("         sweep probe at the end of the held window: {probe}");
+                    }
                     println!(
                         "         dead tuples at the end of the held window: {dead}; back to steady {}",
                         settled.map_or_else(

@@ -19,7 +19,8 @@
 
 use pgrx::prelude::*;
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 
 use sheaf_core::state::TaskState;
 
@@ -142,6 +143,38 @@ const LOWER_WAIT_FLOOR: Stmt = Stmt::write(
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::UUIDARRAYOID],
 );
 
+/// Tasks a backend promotes from a key between two moves of its wait floor:
+/// a move writes the key's row, whose versions every lookup of the key
+/// walks while a snapshot is held (a saturated key's release writes nothing
+/// else: its slot goes to the promoted task), and in between a promotion
+/// steps over at most about this many dead entries per backend.
+const WAIT_FLOOR_EVERY: u32 = 64;
+/// Keys counted per backend; past this the counts start over.
+const COUNTED_KEYS: usize = 10_000;
+
+thread_local! {
+    static SINCE_FLOOR_MOVE: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
+}
+
+/// Counts `n` promotions of `key` by this backend; whether its floor is due
+/// to move.
+fn floor_move_due(key: &str, n: u32) -> bool {
+    SINCE_FLOOR_MOVE.with(|since| {
+        let mut since = since.borrow_mut();
+        if since.len() >= COUNTED_KEYS && !since.contains_key(key) {
+            since.clear();
+        }
+        let count = since.entry(key.to_owned()).or_default();
+        *count = count.saturating_add(n);
+        if *count >= WAIT_FLOOR_EVERY {
+            *count = 0;
+            true
+        } else {
+            false
+        }
+    })
+}
+
 /// Where a key's waiting line starts: every task in it sorts at or after
 /// `(priority, seq)` in promotion order; `None`, from its head.
 type WaitFloor = Option<(i32, i64)>;
@@ -227,7 +260,9 @@ pub fn release(key: &str, n: i32) {
     if let Some(l) = limit_for_update(key) {
         let admitted = (l.admitted - n).max(0);
         let (promoted, floor) = promote_waiting(key, l.floor, l.max - admitted);
-        set_admitted(key, admitted + promoted, floor);
+        if admitted + promoted != l.admitted || floor != l.floor {
+            set_admitted(key, admitted + promoted, floor);
+        }
     }
 }
 
@@ -247,10 +282,11 @@ pub fn give_up_slot_if_over_cap(key: &str) -> bool {
 
 /// Moves up to `room` waiting tasks of `key` into the ready set, from its
 /// wait floor; returns how many, and the floor to keep. The floor moves up
-/// to the first task still waiting (or past the last one promoted) only in
-/// a transaction that takes a snapshot per statement: it then sees every
-/// task put in the line before it took the key, where an older snapshot
-/// could miss one and leave it behind the floor.
+/// to the first task still waiting (or to the last one promoted) when it
+/// reads the line from its head, or every `WAIT_FLOOR_EVERY` promotions;
+/// and only in a transaction that takes a snapshot per statement: it then
+/// sees every task put in the line before it took the key, where an older
+/// snapshot could miss one and leave it behind the floor.
 fn promote_waiting(key: &str, floor: WaitFloor, room: i32) -> (i32, WaitFloor) {
     if room <= 0 {
         return (0, floor);
@@ -281,7 +317,8 @@ fn promote_waiting(key: &str, floor: WaitFloor, room: i32) -> (i32, WaitFloor) {
     let Some(last) = promoted.last().map(|p| (p.1, p.2)) else {
         return (0, floor);
     };
-    if !floor::enabled() || !floor::read_committed() {
+    let due = floor_move_due(key, ids.len() as u32) || floor.is_none();
+    if !due || !floor::enabled() || !floor::read_committed() {
         return (ids.len() as i32, floor);
     }
     // From the old floor again: a task the promotion skipped (another
@@ -623,8 +660,13 @@ mod tests {
         let running = claim("q", 1);
         assert_eq!(ns(&running), vec![1]);
         complete(&running[0]);
-        assert_eq!(ns(&claim("q", 1)), vec![10], "promoted before the floor it had");
-        assert_eq!(wait_floor("k"), Some((0, 2)));
+        let ten = claim("q", 1);
+        assert_eq!(ns(&ten), vec![10], "promoted before the floor it had");
+        // The floor moves again after WAIT_FLOOR_EVERY promotions; until
+        // then the next promotion steps over task 10, running now.
+        assert_eq!(wait_floor("k"), Some((5, 10)));
+        complete(&ten[0]);
+        assert_eq!(ns(&claim("q", 1)), vec![2]);
     }
 
     #[pg_test]
