@@ -26,7 +26,7 @@ fn maintain() -> pgrx::JsonB {
         if promoted >= PROMOTE_MAX {
             break;
         }
-        promoted += promote::due(&q, PROMOTE_MAX - promoted);
+        promoted += promote::due(&q, PROMOTE_MAX - promoted, None);
     }
     let reaped = lease::reap_all(REAP_MAX, &EXECUTIONS);
     let woken = lifecycle::wake_due(WAKE_MAX);

@@ -24,6 +24,18 @@ const SWEEP_REAP: i64 = 100;
 /// one (the claim came up short) on every claim. A worker cycling over many
 /// queues sweeps each of them this often, so it is not much shorter.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// A sweep reads the heads of tasks_scheduled and tasks_running whole at
+/// most this often per backend and queue, and no more than once per this
+/// many times what that last cost: while a snapshot is held open elsewhere,
+/// the heads keep the dead entries of every task promoted, completed or
+/// reaped since it began, and a whole read steps over all of them. The
+/// sweeps in between read only what came due or expired since the last
+/// sweep began, less `SWEEP_SLACK`: a task that came due earlier but was
+/// committed after that sweep waits for the next whole read.
+const SWEEP_WHOLE_SHARE: u32 = 100;
+const SWEEP_SLACK: f64 = 1.0;
+/// Queues whose last sweep a backend keeps; past this it starts over.
+const COUNTED_SWEEPS: usize = 10_000;
 
 // The claim, band by band from the queue's floors (`queue::floor`), or, with
 // a catalog older than 0.2.0, from the head of the queue's range. Bands of
@@ -143,12 +155,21 @@ const CLAIMS: [Stmt; 2] = [
     ),
 ];
 // Whether a sweep has anything to do: one read, where promotion and reaping
-// would each run a locking scan.
-const SWEEP_PROBE: Stmt = Stmt::read(
-    "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'scheduled' AND run_at <= now()), \
-            EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'running' AND lease_expires_at < now())",
-    &[PgBuiltInOids::TEXTOID],
-);
+// would each run a locking scan. `[whole, since $2]` (epoch seconds).
+const SWEEP_PROBE: [Stmt; 2] = [
+    Stmt::read(
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'scheduled' AND run_at <= now()), \
+                EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'running' AND lease_expires_at < now())",
+        &[PgBuiltInOids::TEXTOID, PgBuiltInOids::FLOAT8OID],
+    ),
+    Stmt::read(
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'scheduled' AND run_at <= now() \
+                          AND run_at >= to_timestamp($2)), \
+                EXISTS (SELECT 1 FROM tasks WHERE queue = $1 AND state = 'running' AND lease_expires_at < now() \
+                          AND lease_expires_at >= to_timestamp($2))",
+        &[PgBuiltInOids::TEXTOID, PgBuiltInOids::FLOAT8OID],
+    ),
+];
 // Moves the fairness virtual time forward, unless another claim is doing it
 // right now: a claim never waits on the queue row.
 const ADVANCE_VTIME: Stmt = Stmt::write(
@@ -157,8 +178,23 @@ const ADVANCE_VTIME: Stmt = Stmt::write(
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::FLOAT8OID],
 );
 
+/// What a backend's last sweep of a queue left for the next one.
+#[derive(Debug, Clone, Copy)]
+struct Swept {
+    /// When it began.
+    at: Instant,
+    /// When the last whole read of the heads began, and what its probe
+    /// cost.
+    whole_at: Instant,
+    whole_cost: Duration,
+    /// Epoch seconds from which the next sweep may read instead of whole:
+    /// `None` after a sweep that stopped at its bounds (more is due before
+    /// its window's end than it took).
+    window_from: Option<f64>,
+}
+
 thread_local! {
-    static LAST_SWEEP: RefCell<HashMap<String, Instant>> = RefCell::new(HashMap::new());
+    static LAST_SWEEP: RefCell<HashMap<String, Swept>> = RefCell::new(HashMap::new());
 }
 
 /// A claimed task: id, token, payload, attempt, execution id, concurrency
@@ -241,32 +277,75 @@ fn sweep_due(queue: &str) -> bool {
     LAST_SWEEP.with(|last| {
         last.borrow()
             .get(queue)
-            .is_none_or(|t| t.elapsed() >= SWEEP_EVERY)
+            .is_none_or(|s| s.at.elapsed() >= SWEEP_EVERY)
     })
 }
 
+/// Seconds since the epoch, by this host's clock (the server's: the
+/// extension runs in it).
+fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Promotes due scheduled tasks and reaps expired leases of one queue;
-/// returns how many tasks became claimable or waiting.
+/// returns how many tasks became claimable or waiting. Reads the heads
+/// whole or from the last sweep's window (`SWEEP_WHOLE_SHARE`).
 fn sweep(queue: &str, hooks: &dyn ExecutionHooks) -> i64 {
-    LAST_SWEEP.with(|last| {
-        last.borrow_mut().insert(queue.to_owned(), Instant::now());
+    let began = Instant::now();
+    let began_wall = epoch_now();
+    let last = LAST_SWEEP.with(|l| l.borrow().get(queue).copied());
+    let since = last.and_then(|s| {
+        let whole_due = s.whole_at.elapsed() >= SWEEP_EVERY.max(s.whole_cost * SWEEP_WHOLE_SHARE);
+        s.window_from.filter(|_| !whole_due)
     });
     let (due, expired) = Spi::connect_mut(|client| {
         rows::only::<(bool, bool)>(
-            run(client, &SWEEP_PROBE, &[queue.into()]),
+            run(
+                client,
+                &SWEEP_PROBE[since.is_some() as usize],
+                &[queue.into(), since.into()],
+            ),
             "probing for due tasks",
         )
     });
+    let probe_cost = began.elapsed();
     let promoted = if due {
-        promote::due(queue, SWEEP_PROMOTE)
+        promote::due(queue, SWEEP_PROMOTE, since)
     } else {
         0
     };
     let reaped = if expired {
-        lease::reap_queue(queue, SWEEP_REAP, hooks)
+        lease::reap_queue(queue, SWEEP_REAP, hooks, since)
     } else {
         0
     };
+    let stopped_at_bounds = promoted >= SWEEP_PROMOTE || reaped >= SWEEP_REAP;
+    let swept = Swept {
+        at: began,
+        whole_at: if since.is_none() {
+            began
+        } else {
+            last.map_or(began, |s| s.whole_at)
+        },
+        whole_cost: if since.is_none() {
+            probe_cost
+        } else {
+            last.map_or(probe_cost, |s| s.whole_cost)
+        },
+        window_from: match (stopped_at_bounds, since) {
+            (false, _) => Some(began_wall - SWEEP_SLACK),
+            (true, since) => since,
+        },
+    };
+    LAST_SWEEP.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.len() >= COUNTED_SWEEPS && !l.contains_key(queue) {
+            l.clear();
+        }
+        l.insert(queue.to_owned(), swept);
+    });
     promoted + reaped
 }
 
@@ -337,9 +416,37 @@ mod tests {
         assert_eq!(ns(&claim("q", 10)), vec![2]);
         assert!(claim("q", 10).is_empty());
         assert_eq!(count("SELECT scheduled FROM sheaf.queue_stats('q')"), 1);
-        // Time passes: the task is due, and the next claim promotes it.
-        Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '1 second'").expect("time passes");
+        // Time passes: the task is due (since the last sweep), and the next
+        // claim promotes it.
+        Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '100 milliseconds'").expect("time passes");
         assert_eq!(ns(&claim("q", 10)), vec![1]);
+    }
+
+    /// Between two whole reads of the heads (`SWEEP_WHOLE_SHARE`), a sweep
+    /// reads only what came due or expired since the last sweep; what came
+    /// due earlier but was written later waits for the next whole read.
+    #[pg_test]
+    fn a_sweep_reads_its_window_and_the_whole_heads_every_second() {
+        init();
+        enqueue(
+            "q",
+            json!({"n": 1}),
+            json!({"run_at": "2999-01-01T00:00:00Z", "max_attempts": 5}),
+        );
+        assert!(claim("q", 10).is_empty(), "a whole read: nothing due");
+        // Due an hour ago, but written only now (a late writer).
+        Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '1 hour'").expect("due");
+        assert!(claim("q", 10).is_empty(), "before the window");
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let first = claim("q", 10);
+        assert_eq!(ns(&first), vec![1], "the next whole read");
+        // The same for a lease that expired an hour ago.
+        Spi::run("UPDATE sheaf.tasks SET lease_expires_at = now() - interval '1 hour'").expect("expired");
+        assert!(claim("q", 10).is_empty(), "before the window");
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let again = claim("q", 10);
+        assert_eq!(ns(&again), vec![1], "reaped by the next whole read");
+        assert_ne!(again[0].1, first[0].1, "under a new token");
     }
 
     #[pg_test]

@@ -45,12 +45,31 @@ const HEARTBEAT: Stmt = Stmt::write(
         PgBuiltInOids::TEXTOID,
     ],
 );
-const EXPIRED: Stmt = Stmt::write(
-    "SELECT id, concurrency_key, attempts >= max_attempts FROM tasks \
-     WHERE queue = $1 AND state = 'running' AND lease_expires_at < now() \
-     ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
-);
+// Expired leases, oldest first: `[all of them, those expired since $3]`
+// (epoch seconds; `claim::sweep` says when the window is enough).
+const EXPIRED: [Stmt; 2] = [
+    Stmt::write(
+        "SELECT id, concurrency_key, attempts >= max_attempts FROM tasks \
+         WHERE queue = $1 AND state = 'running' AND lease_expires_at < now() \
+         ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        &[
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT8OID,
+            PgBuiltInOids::FLOAT8OID,
+        ],
+    ),
+    Stmt::write(
+        "SELECT id, concurrency_key, attempts >= max_attempts FROM tasks \
+         WHERE queue = $1 AND state = 'running' AND lease_expires_at < now() \
+           AND lease_expires_at >= to_timestamp($3) \
+         ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        &[
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT8OID,
+            PgBuiltInOids::FLOAT8OID,
+        ],
+    ),
+];
 
 /// Locks a task that must be running under `token`; its concurrency key.
 pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
@@ -132,11 +151,16 @@ pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> Time
 /// Reaps up to `max` expired leases of `queue`: each task goes back in line
 /// (its attempt spent), or to the dead letters if that was its last attempt,
 /// which its execution hears of (`hooks`: a dead-lettered workflow task
-/// fails its execution).
-pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks) -> i64 {
+/// fails its execution). With `since` (epoch seconds), only leases that
+/// expired since then.
+pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Option<f64>) -> i64 {
     let expired: Vec<(pgrx::Uuid, Option<String>, bool)> = Spi::connect_mut(|client| {
         rows::all(
-            run(client, &EXPIRED, &[queue.into(), max.into()]),
+            run(
+                client,
+                &EXPIRED[since.is_some() as usize],
+                &[queue.into(), max.into(), since.into()],
+            ),
             "reading expired leases",
         )
     });
@@ -163,7 +187,7 @@ pub fn reap_all(max: i64, hooks: &dyn ExecutionHooks) -> i64 {
         if left <= 0 {
             break;
         }
-        left -= reap_queue(&queue, left, hooks);
+        left -= reap_queue(&queue, left, hooks, None);
     }
     max - left
 }

@@ -8,22 +8,45 @@ use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::queue::{caps, ready, tasks};
 
-const DUE: Stmt = Stmt::write(
-    "SELECT id, concurrency_key FROM tasks \
-     WHERE queue = $1 AND state = 'scheduled' AND run_at <= now() \
-     ORDER BY run_at, priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
-    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
-);
+// Due tasks in promotion order: `[all of them, those due since $3]` (epoch
+// seconds; `claim::sweep` says when the window is enough).
+const DUE: [Stmt; 2] = [
+    Stmt::write(
+        "SELECT id, concurrency_key FROM tasks \
+         WHERE queue = $1 AND state = 'scheduled' AND run_at <= now() \
+         ORDER BY run_at, priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+        &[
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT8OID,
+            PgBuiltInOids::FLOAT8OID,
+        ],
+    ),
+    Stmt::write(
+        "SELECT id, concurrency_key FROM tasks \
+         WHERE queue = $1 AND state = 'scheduled' AND run_at <= now() AND run_at >= to_timestamp($3) \
+         ORDER BY run_at, priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+        &[
+            PgBuiltInOids::TEXTOID,
+            PgBuiltInOids::INT8OID,
+            PgBuiltInOids::FLOAT8OID,
+        ],
+    ),
+];
 const SET_WAITING: Stmt = Stmt::write(
     "UPDATE tasks SET state = 'waiting' WHERE id = ANY($1)",
     &[PgBuiltInOids::UUIDARRAYOID],
 );
 
-/// Promotes up to `max` due scheduled tasks of `queue`; returns how many.
-pub fn due(queue: &str, max: i64) -> i64 {
+/// Promotes up to `max` due scheduled tasks of `queue`, of those due since
+/// `since` (epoch seconds) if given; returns how many.
+pub fn due(queue: &str, max: i64, since: Option<f64>) -> i64 {
     let rows: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
         rows::all(
-            run(client, &DUE, &[queue.into(), max.into()]),
+            run(
+                client,
+                &DUE[since.is_some() as usize],
+                &[queue.into(), max.into(), since.into()],
+            ),
             "reading due tasks",
         )
     });
