@@ -634,15 +634,25 @@ async fn dead_tuples(admin: &Client) -> Result<String, tokio_postgres::Error> {
 /// What the claim's sweep probe (promotion and reaping, `SWEEP_PROBE` in
 /// extension/src/queue/claim.rs) costs now: its two seeks on the heads of
 /// tasks_scheduled and tasks_running, planned as sheaf plans them, in
-/// milliseconds and buffers read.
+/// milliseconds and buffers read; whole (at most once a second, and once
+/// per 100 times its cost) and over a window of the last 2 s (the sweeps
+/// in between).
 async fn sweep_probe_cost(admin: &Client, queue: &str) -> Result<String, tokio_postgres::Error> {
     admin
         .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
         .await?;
     let mut parts = Vec::new();
     for (name, cond) in [
-        ("scheduled", "state = 'scheduled' AND run_at <= now()"),
-        ("running", "state = 'running' AND lease_expires_at < now()"),
+        ("scheduled whole", "state = 'scheduled' AND run_at <= now()"),
+        (
+            "2 s",
+            "state = 'scheduled' AND run_at <= now() AND run_at >= now() - interval '2 s'",
+        ),
+        ("running whole", "state = 'running' AND lease_expires_at < now()"),
+        (
+            "2 s",
+            "state = 'running' AND lease_expires_at < now() AND lease_expires_at >= now() - interval '2 s'",
+        ),
     ] {
         let plan: serde_json::Value = admin
             .query_one(
