@@ -49,7 +49,12 @@ pub(crate) use aging;
 /// The ready rows of band `fl.band` of queue `$1` from its floor (`fl`:
 /// band, k1, k2, seq), in claim order, at most `$limit`, as `$cols` of
 /// `ready r`: on ready_claim (`k1 <= band`) for a band of priorities, on
-/// ready_aging for an aging band. Under `LATERAL`.
+/// ready_aging for an aging band. Under `LATERAL`. The aging band is bounded
+/// by one row comparison from (band, floor) and `aging_band <= band`, not by
+/// `aging_band = band`: an equality with the outer row makes ready_claim's
+/// order look as good to the planner, which then picked it and walked every
+/// priority's rows and dead entries in the band's key range (the interleaving
+/// the aging bands exist to avoid).
 macro_rules! band_rows {
     ($cols:expr, $limit:expr) => {
         concat!(
@@ -64,8 +69,8 @@ macro_rules! band_rows {
             $cols,
             " FROM ready r WHERE ",
             $crate::queue::floor::aging!("fl.band"),
-            " AND r.queue = $1 AND r.aging_band IS NOT NULL AND r.aging_band = fl.band \
-               AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) \
+            " AND r.queue = $1 AND r.aging_band IS NOT NULL \
+               AND (r.aging_band, r.k1, r.k2, r.seq) >= (fl.band, fl.k1, fl.k2, fl.seq) AND r.aging_band <= fl.band \
              ORDER BY r.aging_band, r.k1, r.k2, r.seq LIMIT ",
             $limit,
             ")"
