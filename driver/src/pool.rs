@@ -22,8 +22,11 @@ pub struct PoolOptions {
     pub acquire_timeout: Duration,
     /// How long opening a new connection may take.
     pub connect_timeout: Duration,
-    /// How long one statement may run before the call gives up, cancels it
-    /// on the server and discards the connection.
+    /// How long a call's statement may take, its retries after transient
+    /// conflicts (deadlock, serialization failure) and the pauses between
+    /// them included, before the call gives up, cancels it on the server
+    /// and discards the connection. Getting a connection is bounded apart
+    /// (`acquire_timeout`, and `connect_timeout` for a new one).
     pub query_timeout: Duration,
     /// Consecutive connection failures that open a shard's breaker.
     pub breaker_threshold: u32,

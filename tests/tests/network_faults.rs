@@ -4,7 +4,9 @@
 //! work on that shard returns within its timeout with a typed error naming
 //! that shard, its breaker opens, the other shards keep serving, a worker
 //! keeps draining them and recovers the faulty shard's work once the proxy
-//! heals, and an exhausted pool answers within its acquire timeout. Every
+//! heals, and an exhausted pool answers within its acquire timeout. A call
+//! whose statement keeps meeting deadlocks is retried only within its one
+//! query timeout. Every
 //! connection carries the TCP keepalive time the options ask for (read
 //! back from the kernel's `/proc/net/tcp`).
 //!
@@ -691,5 +693,57 @@ async fn shard_connections_carry_tcp_keepalives() {
     assert!(
         refused.to_string().contains("keepalive_idle is 2s: at least 3s"),
         "{refused}"
+    );
+}
+
+/// A statement that keeps meeting a transient conflict (here a trigger on
+/// this test's queue, 400 ms and then 40P01, every attempt) is retried
+/// within one query timeout for the whole call, not one per attempt: five
+/// attempts of 400 ms each would take over 2 s.
+#[tokio::test]
+async fn retries_after_conflicts_share_one_query_timeout() {
+    let queue = unique("netfault-conflicts");
+    let shard = fleet().shards().next().expect("a fleet").clone();
+    let admin = sheaf_tests::connect(&shard).await;
+    let trigger = queue.replace('-', "_");
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.{trigger}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               PERFORM pg_sleep(0.4); RAISE EXCEPTION 'a conflict, on purpose' USING ERRCODE = '40P01'; \
+             END $$; \
+             CREATE TRIGGER {trigger} BEFORE INSERT ON sheaf.tasks FOR EACH ROW \
+               WHEN (NEW.queue = '{queue}') EXECUTE FUNCTION public.{trigger}()"
+        ))
+        .await
+        .expect("the trigger");
+    let budget = Duration::from_secs(1);
+    let topology = Topology::builder()
+        .shard(u32::from(shard.id.get()), shard.url.clone())
+        .build()
+        .expect("topology");
+    let client = Client::new(
+        topology,
+        PoolOptions {
+            query_timeout: budget,
+            ..options()
+        },
+    )
+    .expect("client");
+    let (res, took) = timed(
+        "an enqueue that keeps conflicting",
+        client.enqueue(&queue, json!({}), on(shard.id)),
+    )
+    .await;
+    admin
+        .batch_execute(&format!(
+            "DROP TRIGGER {trigger} ON sheaf.tasks; DROP FUNCTION public.{trigger}()"
+        ))
+        .await
+        .expect("dropping the trigger");
+    eprintln!("conflicting enqueue: {took:?} {:?}", res.as_ref().err().map(kind));
+    assert!(res.is_err(), "{res:?}");
+    assert!(
+        took <= budget + MARGIN,
+        "took {took:?}, over its query timeout {budget:?}"
     );
 }

@@ -57,9 +57,14 @@ const BACKOFF_BASE: Duration = Duration::from_millis(10);
 /// [`BACKOFF_BASE`], with jitter in its upper half so two sides of a
 /// deadlock do not collide again in lockstep.
 fn backoff(attempt: u32) -> Duration {
-    let full = BACKOFF_BASE.as_micros() as u64 * (1 << attempt.saturating_sub(1).min(10));
+    let full = backoff_cap(attempt).as_micros() as u64;
     let random = uuid::Uuid::new_v4().as_u64_pair().1;
     Duration::from_micros(full / 2 + random % (full / 2 + 1))
+}
+
+/// The longest pause [`backoff`] may take before attempt `attempt + 1`.
+fn backoff_cap(attempt: u32) -> Duration {
+    BACKOFF_BASE * (1 << attempt.saturating_sub(1).min(10))
 }
 
 /// One call's destination and what it is about, for its errors.
@@ -247,18 +252,26 @@ impl Client {
             .await
             .map_err(|e| call.unavailable(e))?;
         let limit = self.pools.options().query_timeout;
+        // One budget for the statement, every retry and pause included: a
+        // call answers within its query timeout however many conflicts it
+        // meets.
+        let deadline = tokio::time::Instant::now() + limit;
         let mut attempt = 1;
         loop {
             let run = async {
                 let statement = conn.prepare_cached(sql).await?;
                 conn.query(&statement, params).await
             };
-            match tokio::time::timeout(limit, run).await {
+            match tokio::time::timeout_at(deadline, run).await {
                 Ok(Ok(rows)) => {
                     self.pools.record_success(call.shard);
                     return Ok(rows);
                 }
-                Ok(Err(e)) if attempt < MAX_ATTEMPTS && e.code().is_some_and(|c| is_transient(c.code())) => {
+                Ok(Err(e))
+                    if attempt < MAX_ATTEMPTS
+                        && e.code().is_some_and(|c| is_transient(c.code()))
+                        && tokio::time::Instant::now() + backoff_cap(attempt) < deadline =>
+                {
                     tracing::debug!(shard = %call.shard, attempt, error = %e, "transient conflict; retrying");
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
