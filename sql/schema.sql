@@ -231,9 +231,12 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN aging_secs IS NULL THEN NULL
             ELSE -1e15::double precision - priority::double precision END;
 
--- Per-key caps. `admitted` counts the key's tasks holding a slot: ready plus
--- running. Admission keeps admitted <= max_running (lowering a cap can leave
--- running tasks above it; they finish and no slot is handed out until below).
+-- Per-key caps. A key's slots held (`admitted`, in concurrency_slots) count
+-- its tasks holding a slot: ready plus running. Admission keeps admitted <=
+-- max_running (lowering a cap can leave running tasks above it; they finish
+-- and no slot is handed out until below). The row here is written only when
+-- the cap or the wait floor changes: every admission and release of the key
+-- locks it (queue::caps), and a row lock writes no new version.
 --
 -- Wait floors: a key's waiting line is read in promotion order (priority
 -- descending, then seq) on tasks_waiting, and every task promoted leaves a
@@ -258,11 +261,31 @@ RETURN CASE WHEN aging_secs IS NULL THEN NULL
 CREATE TABLE concurrency_limits (
     key         text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 1024),
     max_running integer NOT NULL CHECK (max_running >= 0),
-    admitted    integer NOT NULL DEFAULT 0 CHECK (admitted >= 0),
     wait_priority integer,
     wait_seq    bigint,
     CHECK ((wait_priority IS NULL) = (wait_seq IS NULL))
 );
+
+-- Slots held per capped key, rotated: each change of a key's count inserts
+-- a row with a new generation (from concurrency_slot_gen) and deletes the
+-- one it replaces, so the key's live row is the newest, and a lookup
+-- (newest first on the primary key) reads it first. An update in place
+-- would leave one version per admission and per release that every lookup
+-- of the key walks while a snapshot is held open elsewhere (see
+-- ready_floors). A capped key has exactly one live row here, written with
+-- its concurrency_limits row held, and none once uncapped. Under
+-- REPEATABLE READ a writer locks the row it read, so a count another
+-- transaction replaced since the snapshot is a serialization failure, not
+-- a stale count. No foreign key: its check would lock the limit row again
+-- on every change.
+CREATE SEQUENCE concurrency_slot_gen;
+CREATE TABLE concurrency_slots (
+    key         text NOT NULL,
+    gen         bigint NOT NULL,
+    admitted    integer NOT NULL CHECK (admitted >= 0),
+    PRIMARY KEY (key, gen)
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
 
 -- Fairness: the finish tag of each key's last task, per queue.
 CREATE TABLE fairness_keys (

@@ -126,6 +126,22 @@ FROM queues;
 ALTER TABLE @extschema@.concurrency_limits ADD COLUMN wait_priority integer, ADD COLUMN wait_seq bigint,
     ADD CHECK ((wait_priority IS NULL) = (wait_seq IS NULL));
 --
+-- Slots held, rotated (see concurrency_slots in schema.sql): each capped
+-- key's count moves to its first row there.
+CREATE SEQUENCE concurrency_slot_gen;
+CREATE TABLE concurrency_slots (
+    key         text NOT NULL,
+    gen         bigint NOT NULL,
+    admitted    integer NOT NULL CHECK (admitted >= 0),
+    PRIMARY KEY (key, gen)
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        vacuum_index_cleanup = on, autovacuum_vacuum_cost_delay = 0);
+REVOKE ALL ON concurrency_slots FROM PUBLIC;
+REVOKE ALL ON SEQUENCE concurrency_slot_gen FROM PUBLIC;
+INSERT INTO concurrency_slots (key, gen, admitted)
+SELECT key, nextval('concurrency_slot_gen'), admitted FROM @extschema@.concurrency_limits;
+ALTER TABLE @extschema@.concurrency_limits DROP COLUMN admitted;
+--
 -- Mutex waiters hold their place for a third of their lease, renewed by
 -- each acquire, so a waiter whose process died no longer stays in line
 -- forever. The waiters of the moment get a whole lease from the upgrade (no

@@ -34,6 +34,9 @@ pub enum Mode {
     Queues64,
     /// A key capped at 1 holding 100K rows at the head of the queue.
     Saturated,
+    /// Every task under one of 4 keys capped far above the backlog: each
+    /// enqueue takes a slot and each completion frees one.
+    Capped,
     /// Priority aging (60 s per step).
     Aging,
     /// Fairness over 5,000 keys.
@@ -337,7 +340,10 @@ impl Pool {
                     let queue = queue_name(mode, i);
                     let fkey = format!("f{}", i % systems::FAIR_KEYS as usize);
                     let fairness_key = (mode == Mode::Fairness).then_some(fkey.as_str());
-                    ops.enqueue(db, &queue, (i % 4) as i32, fairness_key).await?;
+                    let ckey = systems::capped_key(i as i64);
+                    let concurrency_key = (mode == Mode::Capped).then_some(ckey.as_str());
+                    ops.enqueue(db, &queue, (i % 4) as i32, fairness_key, concurrency_key)
+                        .await?;
                     let t = Instant::now();
                     let claimed = ops.claim(db, &queue, 1).await?;
                     lat.push(t.elapsed());
@@ -618,7 +624,7 @@ async fn dead_tuples(admin: &Client) -> Result<String, tokio_postgres::Error> {
         .query(
             "SELECT schemaname || '.' || relname, n_dead_tup FROM pg_stat_user_tables \
              WHERE (schemaname = 'sheaf' AND relname IN ('ready', 'tasks', 'ready_floors', 'queues', 'concurrency_limits', \
-                                                         'fairness_keys')) \
+                                                         'concurrency_slots', 'fairness_keys')) \
                 OR (schemaname = 'textbook' AND relname = 'jobs') \
              ORDER BY 1",
             &[],

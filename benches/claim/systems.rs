@@ -10,6 +10,15 @@ pub const QUEUES: usize = 64;
 pub const HOT_ROWS: i64 = 100_000;
 pub const FUTURE_ROWS: i64 = 1_000_000;
 pub const FAIR_KEYS: i64 = 5_000;
+/// Keys of `Mode::Capped`, each capped at `CAPPED_MAX`, which no backlog
+/// here reaches.
+pub const CAPPED_KEYS: i64 = 4;
+pub const CAPPED_MAX: i32 = 10_000_000;
+
+/// The capped key of the `i`-th task of `Mode::Capped`.
+pub fn capped_key(i: i64) -> String {
+    format!("c{}", i % CAPPED_KEYS)
+}
 const CHUNK: i64 = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -79,6 +88,15 @@ pub async fn reset(db: &Client, mode: Mode, shrink: i64) -> Result<(), tokio_pos
             )
             .await?;
         }
+        Mode::Capped => {
+            for k in 0..CAPPED_KEYS {
+                db.execute(
+                    "SELECT sheaf.set_concurrency_limit($1, $2)",
+                    &[&capped_key(k), &CAPPED_MAX],
+                )
+                .await?;
+            }
+        }
         Mode::Future => {
             for i in 0..(future_rows + CHUNK - 1) / CHUNK {
                 db.execute(
@@ -123,10 +141,16 @@ pub async fn fill(db: &Client, mode: Mode, n: i64) -> Result<(), tokio_postgres:
                 let queues = if mode == Mode::Queues64 { QUEUES as i64 } else { 1 };
                 let per_queue = (size / queues).max(1);
                 for q in 0..queues.min(size) {
+                    let ckey = (mode == Mode::Capped).then(|| capped_key(chunk_no + q));
                     db.execute(
                         "SELECT count(*) FROM sheaf.enqueue_batch($1, array_fill('{}'::jsonb, ARRAY[$2::int]), \
-                         jsonb_build_object('priority', $3::int))",
-                        &[&queue_name(mode, q as usize), &(per_queue as i32), &(((chunk_no + q) % 4) as i32)],
+                         jsonb_strip_nulls(jsonb_build_object('priority', $3::int, 'concurrency_key', $4::text)))",
+                        &[
+                            &queue_name(mode, q as usize),
+                            &(per_queue as i32),
+                            &(((chunk_no + q) % 4) as i32),
+                            &ckey,
+                        ],
                     )
                     .await?;
                 }
@@ -134,10 +158,11 @@ pub async fn fill(db: &Client, mode: Mode, n: i64) -> Result<(), tokio_postgres:
         }
         let queues = if mode == Mode::Queues64 { QUEUES as i64 } else { 1 };
         db.execute(
-            "INSERT INTO textbook.jobs (queue, priority, payload, fkey) \
-             SELECT CASE WHEN $2::bigint > 1 THEN 'bench-' || (i % $2::bigint) ELSE 'bench' END, i % 4, '{}', 'f' || (i % $3::bigint) \
+            "INSERT INTO textbook.jobs (queue, priority, payload, fkey, ckey) \
+             SELECT CASE WHEN $2::bigint > 1 THEN 'bench-' || (i % $2::bigint) ELSE 'bench' END, i % 4, '{}', 'f' || (i % $3::bigint), \
+                    CASE WHEN $4 THEN 'c' || (i % $5::bigint) END \
              FROM generate_series(1, $1::bigint) i",
-            &[&size, &queues, &FAIR_KEYS],
+            &[&size, &queues, &FAIR_KEYS, &(mode == Mode::Capped), &CAPPED_KEYS],
         )
         .await?;
         left -= size;
@@ -165,13 +190,14 @@ impl Ops {
     pub async fn prepare(db: &Client, system: System, mode: Mode) -> Result<Ops, tokio_postgres::Error> {
         let (enqueue, claim, complete, complete_batch) = match system {
             System::Sheaf => (
-                "SELECT sheaf.enqueue($1, '{}', jsonb_build_object('priority', $2::int, 'fairness_key', $3::text))",
+                "SELECT sheaf.enqueue($1, '{}', jsonb_strip_nulls(jsonb_build_object('priority', $2::int, \
+                 'fairness_key', $3::text, 'concurrency_key', $4::text)))",
                 "SELECT task_id::text, token FROM sheaf.claim($1, 'bench', $2)",
                 "SELECT sheaf.complete($1::text::uuid, $2)",
                 "SELECT count(*) FROM sheaf.complete_batch($1::text[]::uuid[], $2) WHERE completed",
             ),
             System::Textbook => (
-                "INSERT INTO textbook.jobs (queue, priority, payload, fkey) VALUES ($1, $2, '{}', $3)",
+                "INSERT INTO textbook.jobs (queue, priority, payload, fkey, ckey) VALUES ($1, $2, '{}', $3, $4)",
                 textbook_claim(mode),
                 "UPDATE textbook.jobs SET state = 'done' WHERE id = $1::text::bigint AND $2::bigint = 0",
                 "WITH d AS (UPDATE textbook.jobs SET state = 'done' \
@@ -194,9 +220,13 @@ impl Ops {
         queue: &str,
         priority: i32,
         fairness_key: Option<&str>,
+        concurrency_key: Option<&str>,
     ) -> Result<(), tokio_postgres::Error> {
-        db.execute(&self.enqueue, &[&queue, &priority, &fairness_key])
-            .await?;
+        db.execute(
+            &self.enqueue,
+            &[&queue, &priority, &fairness_key, &concurrency_key],
+        )
+        .await?;
         Ok(())
     }
 
@@ -245,6 +275,15 @@ fn textbook_claim(mode: Mode) -> &'static str {
              WHERE id IN (SELECT id FROM textbook.jobs j WHERE queue = $1 AND state = 'pending' AND run_at <= now() \
                             AND (ckey IS NULL OR (SELECT count(*) FROM textbook.jobs r \
                                                   WHERE r.ckey = j.ckey AND r.state = 'running') < 1) \
+                          ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             RETURNING id::text, 0::bigint"
+        }
+        Mode::Capped => {
+            // Saturated's gate, at CAPPED_MAX.
+            "UPDATE textbook.jobs SET state = 'running', locked_by = 'bench', locked_at = now() \
+             WHERE id IN (SELECT id FROM textbook.jobs j WHERE queue = $1 AND state = 'pending' AND run_at <= now() \
+                            AND (ckey IS NULL OR (SELECT count(*) FROM textbook.jobs r \
+                                                  WHERE r.ckey = j.ckey AND r.state = 'running') < 10000000) \
                           ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
              RETURNING id::text, 0::bigint"
         }

@@ -293,7 +293,7 @@ async fn caps_hold_and_every_task_ends_exactly_once_under_8_claimers() {
     assert_eq!(ended, all);
     let drift: i64 = admin
         .query_one(
-            "SELECT coalesce(sum(admitted), 0) FROM sheaf.concurrency_limits WHERE key LIKE $1 || '-k%'",
+            "SELECT coalesce(sum(admitted), 0) FROM sheaf.concurrency_slots WHERE key LIKE $1 || '-k%'",
             &[&queue],
         )
         .await
@@ -306,4 +306,53 @@ async fn caps_hold_and_every_task_ends_exactly_once_under_8_claimers() {
         outcome.dead.len(),
         outcome.stale_refused
     );
+}
+
+/// A key's count is rotated (`concurrency_slots`), so locking the key's
+/// limit row no longer tells a REPEATABLE READ transaction that the count
+/// changed since its snapshot. An enqueue whose snapshot predates another
+/// transaction's change of the count is a serialization failure either
+/// way: when it would admit (the count's row it replaces is gone), and when
+/// it would wait because the key looks full while a slot was freed since
+/// (it locks the row it read), which would leave its task waiting with a
+/// slot free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_changed_since_a_repeatable_read_snapshot_is_a_serialization_failure() {
+    let shard = fleet().shards().next().unwrap();
+    for freed in [false, true] {
+        let queue = unique("rr-cap");
+        let key = format!("{queue}-k");
+        let opts = serde_json::json!({ "concurrency_key": key }).to_string();
+        let (a, b) = (connect(shard).await, connect(shard).await);
+        b.execute("SELECT sheaf.set_concurrency_limit($1, 1)", &[&key])
+            .await
+            .unwrap();
+        let enqueue = "SELECT sheaf.enqueue($1, '{}', $2::text::jsonb)";
+        if freed {
+            b.execute(enqueue, &[&queue, &opts]).await.unwrap();
+        }
+        a.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+            .await
+            .unwrap();
+        // After a's snapshot: takes the key's only slot, or frees it.
+        if freed {
+            let t = b
+                .query_one("SELECT task_id, token FROM sheaf.claim($1, 'rr', 1)", &[&queue])
+                .await
+                .unwrap();
+            let (id, token): (Uuid, i64) = (t.get(0), t.get(1));
+            b.execute("SELECT sheaf.complete($1, $2)", &[&id, &token])
+                .await
+                .unwrap();
+        } else {
+            b.execute(enqueue, &[&queue, &opts]).await.unwrap();
+        }
+        match a.execute(enqueue, &[&queue, &opts]).await {
+            Err(e) => assert_eq!(code(&e), Some("40001"), "{e}"),
+            Ok(_) => panic!(
+                "an enqueue under a snapshot older than the key's count went through (slot freed since: {freed})"
+            ),
+        }
+        a.batch_execute("ROLLBACK").await.unwrap();
+    }
 }

@@ -526,12 +526,13 @@ fn usage_of(rows: &[tokio_postgres::Row]) -> (i64, i64, i64) {
 /// 2. The live state carries on under HEAD. `Err` says what did not.
 async fn data_carries_on(db: &Client, live: &Live) -> Result<(), String> {
     tasks_carry_on(db, live).await?;
+    cap_carries_on(db, live).await?;
     quota_and_dead_letters_carry_on(db, live).await?;
     mutex_carries_on(db, live).await?;
     executions_carry_on(db, live).await
 }
 
-/// Held tokens, the ready order, the scheduled task, the capped key.
+/// Held tokens, the ready order, the scheduled task.
 async fn tasks_carry_on(db: &Client, live: &Live) -> Result<(), String> {
     // The held tokens still fence their tasks: heartbeat, then complete.
     for (task, token) in &live.running {
@@ -576,7 +577,12 @@ async fn tasks_carry_on(db: &Client, live: &Live) -> Result<(), String> {
         "a task scheduled for 2999 was claimable after the upgrade"
     );
 
-    // The capped key still holds its cap, and a freed slot goes to the next in line.
+    Ok(())
+}
+
+/// The capped key still holds its cap, and its count of slots held.
+async fn cap_carries_on(db: &Client, live: &Live) -> Result<(), String> {
+    // A freed slot goes to the next in line.
     let over_cap = q!(
         db,
         "SELECT task_id FROM sheaf.claim('q_cap', 'upgrade-worker', 10, '1 hour')",
@@ -585,6 +591,21 @@ async fn tasks_carry_on(db: &Client, live: &Live) -> Result<(), String> {
         over_cap.is_empty(),
         "cap_k (cap 1, one running) let {} more task(s) run",
         over_cap.len()
+    );
+    // A task enqueued now waits too: the key's count of slots held carried
+    // over (0.2.0 moved it to concurrency_slots).
+    let late: Uuid = q!(
+        db,
+        "SELECT sheaf.enqueue('q_cap', '{\"late\": true}', '{\"concurrency_key\": \"cap_k\"}')",
+    )[0]
+    .get(0);
+    let over_cap = q!(
+        db,
+        "SELECT task_id FROM sheaf.claim('q_cap', 'upgrade-worker', 10, '1 hour')",
+    );
+    ensure!(
+        over_cap.is_empty(),
+        "a task enqueued after the upgrade ran beside cap_k's running one (cap 1): the count of slots held was lost"
     );
     let (task, token) = live.cap_running;
     q!(db, "SELECT sheaf.complete($1, $2, NULL)", &task, &token);
@@ -602,6 +623,18 @@ async fn tasks_carry_on(db: &Client, live: &Live) -> Result<(), String> {
         );
         q!(db, "SELECT sheaf.complete($1, $2, NULL)", &next[0].0, &next[0].1);
     }
+    let last: Vec<(Uuid, i64)> = q!(
+        db,
+        "SELECT task_id, token FROM sheaf.claim('q_cap', 'upgrade-worker', 10, '1 hour')",
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    ensure!(
+        last.len() == 1 && last[0].0 == late,
+        "after cap_k's line drained, the claim got {last:?}, expected the late task {late}"
+    );
+    q!(db, "SELECT sheaf.complete($1, $2, NULL)", &last[0].0, &last[0].1);
 
     Ok(())
 }

@@ -7,7 +7,12 @@
 //! moves a task from ready to running, which leaves `admitted` unchanged, so
 //! the claim never touches a key and claimers never serialize on one.
 //!
-//! Writers of a key's `admitted` serialize on its row lock. A shared advisory
+//! A key's count lives in `concurrency_slots`, rotated (a new row per
+//! change, `sql/schema.sql`), and its `concurrency_limits` row is written
+//! only when the cap or the wait floor changes: a snapshot held open
+//! elsewhere then keeps no version of it per admission or release.
+//!
+//! Writers of a key's count serialize on its limit row's lock. A shared advisory
 //! lock per key, taken by every admission and release, lets
 //! `set_concurrency_limit` (which takes it exclusively) count a key's tasks
 //! while no admission or release of that key is in flight.
@@ -24,15 +29,17 @@ use std::collections::{BTreeMap, HashMap};
 
 use sheaf_core::state::TaskState;
 
+use crate::base::errors::internal;
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::queue::{floor, ready, tasks};
 
-// Statements that name the wait floor's columns come in two forms, indexed
-// by `floor::enabled()`: a 0.1.0 catalog (a 0.2.0 library before `ALTER
-// EXTENSION sheaf UPDATE`) has no wait floor, and its lines are read from
-// their heads.
+// Statements that name the wait floor's columns or `concurrency_slots`
+// come in two forms, indexed by `floor::enabled()`: a 0.1.0 catalog (a
+// 0.2.0 library before `ALTER EXTENSION sheaf UPDATE`) keeps a key's count
+// in `concurrency_limits.admitted` and has no wait floor, and its lines are
+// read from their heads.
 const LIMIT_FOR_UPDATE: [Stmt; 2] = [
     Stmt::write(
         "SELECT max_running, admitted, NULL::integer, NULL::bigint FROM concurrency_limits \
@@ -40,31 +47,54 @@ const LIMIT_FOR_UPDATE: [Stmt; 2] = [
         &[PgBuiltInOids::TEXTOID],
     ),
     Stmt::write(
-        "SELECT max_running, admitted, wait_priority, wait_seq FROM concurrency_limits \
+        "SELECT max_running, NULL::integer, wait_priority, wait_seq FROM concurrency_limits \
          WHERE key = $1 FOR NO KEY UPDATE",
         &[PgBuiltInOids::TEXTOID],
     ),
 ];
-const SET_ADMITTED: [Stmt; 2] = [
+/// A key's live count, newest first; `[locked, unlocked]`. A transaction
+/// that takes a snapshot per statement reads it after taking the key, so it
+/// sees the last writer's row. One with an older snapshot locks the row it
+/// sees: one another transaction replaced since is a serialization failure
+/// (40001), as the update in place of a 0.1.0 catalog is.
+const SLOTS: [Stmt; 2] = [
+    Stmt::write(
+        "SELECT gen, admitted FROM concurrency_slots WHERE key = $1 ORDER BY gen DESC LIMIT 1 FOR KEY SHARE",
+        &[PgBuiltInOids::TEXTOID],
+    ),
+    Stmt::write(
+        "SELECT gen, admitted FROM concurrency_slots WHERE key = $1 ORDER BY gen DESC LIMIT 1",
+        &[PgBuiltInOids::TEXTOID],
+    ),
+];
+/// Writes a key's count `$2`, replacing its row of generation `$3`.
+const SET_SLOTS: [Stmt; 2] = [
     Stmt::write(
         "UPDATE concurrency_limits SET admitted = $2 WHERE key = $1",
         &[
             PgBuiltInOids::TEXTOID,
             PgBuiltInOids::INT4OID,
-            PgBuiltInOids::INT4OID,
             PgBuiltInOids::INT8OID,
         ],
     ),
     Stmt::write(
-        "UPDATE concurrency_limits SET admitted = $2, wait_priority = $3, wait_seq = $4 WHERE key = $1",
+        "WITH gone AS (DELETE FROM concurrency_slots WHERE key = $1 AND gen = $3) \
+         INSERT INTO concurrency_slots (key, gen, admitted) VALUES ($1, nextval('concurrency_slot_gen'), $2)",
         &[
             PgBuiltInOids::TEXTOID,
-            PgBuiltInOids::INT4OID,
             PgBuiltInOids::INT4OID,
             PgBuiltInOids::INT8OID,
         ],
     ),
 ];
+const SET_WAIT_FLOOR: Stmt = Stmt::write(
+    "UPDATE concurrency_limits SET wait_priority = $2, wait_seq = $3 WHERE key = $1",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::INT8OID,
+    ],
+);
 // A key's waiting line in promotion order (priority descending, then
 // enqueue sequence), from its head or from its wait floor ($3, $4): from
 // the floor, two seeks on tasks_waiting, the floor's priority from its
@@ -179,11 +209,13 @@ fn floor_move_due(key: &str, n: u32) -> bool {
 /// `(priority, seq)` in promotion order; `None`, from its head.
 type WaitFloor = Option<(i32, i64)>;
 
-/// A capped key's row: its cap, its slots held, its wait floor.
+/// A capped key's row: its cap, its slots held (and the generation of the
+/// row they were read from), its wait floor.
 #[derive(Debug, Clone, Copy)]
 struct Limit {
     max: i32,
     admitted: i32,
+    generation: Option<i64>,
     floor: WaitFloor,
 }
 
@@ -195,37 +227,51 @@ fn lock(key: &str, exclusive: bool) {
     }
 }
 
-/// A capped key's row, locked; `None` if uncapped.
+/// A capped key's row, locked, and its count; `None` if uncapped.
 fn limit_for_update(key: &str) -> Option<Limit> {
-    Spi::connect_mut(|client| {
-        rows::first::<(i32, i32, Option<i32>, Option<i64>)>(
-            run(
-                client,
-                &LIMIT_FOR_UPDATE[floor::enabled() as usize],
-                &[key.into()],
-            ),
+    let enabled = floor::enabled();
+    let (max, admitted, p, s) = Spi::connect_mut(|client| {
+        rows::first::<(i32, Option<i32>, Option<i32>, Option<i64>)>(
+            run(client, &LIMIT_FOR_UPDATE[enabled as usize], &[key.into()]),
             "reading a concurrency limit",
         )
-    })
-    .map(|(max, admitted, p, s)| Limit {
+    })?;
+    let (generation, admitted) = if enabled {
+        let slots = Spi::connect_mut(|client| {
+            rows::first::<(i64, i32)>(
+                run(client, &SLOTS[floor::read_committed() as usize], &[key.into()]),
+                "reading a key's slots held",
+            )
+        });
+        (slots.map(|s| s.0), slots.map_or(0, |s| s.1))
+    } else {
+        (None, admitted.unwrap_or(0))
+    };
+    Some(Limit {
         max,
         admitted,
+        generation,
         floor: p.zip(s),
     })
 }
 
-/// Writes a key's slots held (never below 0) and wait floor, in one row
-/// version.
-fn set_admitted(key: &str, admitted: i32, floor: WaitFloor) {
+/// Writes a key's slots held (never below 0), replacing the count `l` was
+/// read with.
+fn set_slots(key: &str, l: &Limit, admitted: i32) {
     exec(
-        &SET_ADMITTED[floor::enabled() as usize],
-        &[
-            key.into(),
-            admitted.max(0).into(),
-            floor.map(|f| f.0).into(),
-            floor.map(|f| f.1).into(),
-        ],
+        &SET_SLOTS[floor::enabled() as usize],
+        &[key.into(), admitted.max(0).into(), l.generation.into()],
     );
+}
+
+/// Writes a key's wait floor if it changed (a 0.1.0 catalog has none).
+fn set_wait_floor(key: &str, l: &Limit, floor: WaitFloor) {
+    if floor != l.floor && floor::enabled() {
+        exec(
+            &SET_WAIT_FLOOR,
+            &[key.into(), floor.map(|f| f.0).into(), floor.map(|f| f.1).into()],
+        );
+    }
 }
 
 /// Admits up to `n` tasks of `key` into free slots; returns how many may
@@ -238,7 +284,7 @@ pub fn admit(key: &str, n: i32) -> i32 {
         Some(l) => {
             let k = n.min((l.max - l.admitted).max(0));
             if k > 0 {
-                set_admitted(key, l.admitted + k, l.floor);
+                set_slots(key, &l, l.admitted + k);
             }
             k
         }
@@ -260,9 +306,10 @@ pub fn release(key: &str, n: i32) {
     if let Some(l) = limit_for_update(key) {
         let admitted = (l.admitted - n).max(0);
         let (promoted, floor) = promote_waiting(key, l.floor, l.max - admitted);
-        if admitted + promoted != l.admitted || floor != l.floor {
-            set_admitted(key, admitted + promoted, floor);
+        if admitted + promoted != l.admitted {
+            set_slots(key, &l, admitted + promoted);
         }
+        set_wait_floor(key, &l, floor);
     }
 }
 
@@ -273,7 +320,7 @@ pub fn give_up_slot_if_over_cap(key: &str) -> bool {
     lock(key, false);
     match limit_for_update(key) {
         Some(l) if l.admitted > l.max => {
-            set_admitted(key, l.admitted - 1, l.floor);
+            set_slots(key, &l, l.admitted - 1);
             true
         }
         _ => false,
@@ -338,10 +385,16 @@ const LOCK_READY: Stmt = Stmt::write(
      WHERE t.concurrency_key = $1 AND t.state = 'ready' FOR UPDATE OF r",
     &[PgBuiltInOids::TEXTOID],
 );
-const REMOVE: Stmt = Stmt::write(
-    "DELETE FROM concurrency_limits WHERE key = $1",
-    &[PgBuiltInOids::TEXTOID],
-);
+const REMOVE: [Stmt; 2] = [
+    Stmt::write(
+        "DELETE FROM concurrency_limits WHERE key = $1",
+        &[PgBuiltInOids::TEXTOID],
+    ),
+    Stmt::write(
+        "WITH s AS (DELETE FROM concurrency_slots WHERE key = $1) DELETE FROM concurrency_limits WHERE key = $1",
+        &[PgBuiltInOids::TEXTOID],
+    ),
+];
 const CHANGE: Stmt = Stmt::write(
     "UPDATE concurrency_limits SET max_running = $2 WHERE key = $1",
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT4OID],
@@ -350,14 +403,22 @@ const HELD: Stmt = Stmt::write(
     "SELECT count(*)::int FROM tasks WHERE concurrency_key = $1 AND state IN ('ready', 'running')",
     &[PgBuiltInOids::TEXTOID],
 );
-const ADD: Stmt = Stmt::write(
-    "INSERT INTO concurrency_limits (key, max_running, admitted) VALUES ($1, $2, $3)",
-    &[
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::INT4OID,
-        PgBuiltInOids::INT4OID,
-    ],
-);
+const ADD_ARGS: &[PgBuiltInOids] = &[
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::INT4OID,
+    PgBuiltInOids::INT4OID,
+];
+const ADD: [Stmt; 2] = [
+    Stmt::write(
+        "INSERT INTO concurrency_limits (key, max_running, admitted) VALUES ($1, $2, $3)",
+        ADD_ARGS,
+    ),
+    Stmt::write(
+        "WITH l AS (INSERT INTO concurrency_limits (key, max_running) VALUES ($1, $2)) \
+         INSERT INTO concurrency_slots (key, gen, admitted) VALUES ($1, nextval('concurrency_slot_gen'), $3)",
+        ADD_ARGS,
+    ),
+];
 const DEMOTE: Stmt = Stmt::write(
     "WITH d AS (\
        SELECT t.id FROM tasks t JOIN ready r ON r.task_id = t.id \
@@ -406,7 +467,7 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
     match (max_running, current) {
         (None, None) => {}
         (None, Some(_)) => {
-            exec(&REMOVE, &[key.into()]);
+            exec(&REMOVE[floor::enabled() as usize], &[key.into()]);
             let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
                 rows::values(
                     run(
@@ -426,30 +487,34 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
             ready::insert(&ids);
         }
         (Some(max), current) => {
-            let (admitted, floor) = match current {
-                Some(l) => {
-                    exec(&CHANGE, &[key.into(), max.into()]);
-                    (l.admitted, l.floor)
-                }
-                None => {
-                    let held: i32 = Spi::connect_mut(|client| {
-                        rows::only_value(run(client, &HELD, &[key.into()]), "counting a key's tasks")
-                    });
-                    exec(&ADD, &[key.into(), max.into(), held.into()]);
-                    (held, None)
-                }
+            if current.is_some() {
+                exec(&CHANGE, &[key.into(), max.into()]);
+            } else {
+                let held: i32 = Spi::connect_mut(|client| {
+                    rows::only_value(run(client, &HELD, &[key.into()]), "counting a key's tasks")
+                });
+                exec(
+                    &ADD[floor::enabled() as usize],
+                    &[key.into(), max.into(), held.into()],
+                );
+            }
+            // Read again: the count's row is new after ADD.
+            let Some(l) = limit_for_update(key) else {
+                internal("reading a concurrency limit just written");
             };
-            if admitted < max {
-                let (promoted, floor) = promote_waiting(key, floor, max - admitted);
+            if l.admitted < max {
+                let (promoted, floor) = promote_waiting(key, l.floor, max - l.admitted);
                 if promoted > 0 {
-                    set_admitted(key, admitted + promoted, floor);
+                    set_slots(key, &l, l.admitted + promoted);
                 }
-            } else if admitted > max {
-                let demoted = demote_ready(key, admitted - max);
+                set_wait_floor(key, &l, floor);
+            } else if l.admitted > max {
+                let demoted = demote_ready(key, l.admitted - max);
                 if demoted > 0 {
+                    set_slots(key, &l, l.admitted - demoted);
                     // They go back at their old places, maybe before the
                     // floor: the line is read from its head again.
-                    set_admitted(key, admitted - demoted, None);
+                    set_wait_floor(key, &l, None);
                 }
             }
         }
@@ -588,7 +653,7 @@ mod tests {
         cap("k", Some(2));
         assert_eq!(stats("k"), (Some(2), 2, 0, 2));
         assert_eq!(
-            count("SELECT admitted::bigint FROM sheaf.concurrency_limits WHERE key = 'k'"),
+            count("SELECT admitted::bigint FROM sheaf.concurrency_slots WHERE key = 'k'"),
             2
         );
         complete(&running[0]);
@@ -606,6 +671,7 @@ mod tests {
         cap("k", None);
         assert_eq!(ns(&claim("q", 10)), vec![0, 1, 2]);
         assert_eq!(count("SELECT count(*) FROM sheaf.concurrency_limits"), 0);
+        assert_eq!(count("SELECT count(*) FROM sheaf.concurrency_slots"), 0);
     }
 
     #[pg_test]
@@ -691,6 +757,47 @@ mod tests {
         assert_eq!(wait_floor("k"), Some((0, 2)));
         complete(&running[1]);
         assert_eq!(ns(&claim("q", 1)), vec![2]);
+    }
+
+    /// The key's count rows: (generation, admitted), oldest first.
+    fn slots(key: &str) -> Vec<(i64, i32)> {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT gen, admitted FROM sheaf.concurrency_slots WHERE key = $1 ORDER BY gen",
+                    None,
+                    &[key.into()],
+                )
+                .expect("slots")
+                .map(|row| {
+                    (
+                        row.get::<i64>(1).unwrap().unwrap(),
+                        row.get::<i32>(2).unwrap().unwrap(),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    #[pg_test]
+    fn a_keys_count_is_one_row_replaced_by_a_newer_one_on_each_change() {
+        init();
+        cap("k", Some(2));
+        let first = slots("k");
+        assert_eq!(first.iter().map(|s| s.1).collect::<Vec<_>>(), vec![0]);
+        enqueue("q", json!({"n": 0}), json!({"concurrency_key": "k"}));
+        let admitted = slots("k");
+        assert_eq!(admitted.len(), 1, "the row it replaced is deleted");
+        assert!(admitted[0].0 > first[0].0, "a newer generation");
+        assert_eq!(admitted[0].1, 1);
+        // A change of the cap alone, or a claim, leaves the count's row.
+        cap("k", Some(3));
+        let t = claim("q", 1);
+        assert_eq!(slots("k"), admitted);
+        complete(&t[0]);
+        let freed = slots("k");
+        assert!(freed[0].0 > admitted[0].0);
+        assert_eq!(freed.iter().map(|s| s.1).collect::<Vec<_>>(), vec![0]);
     }
 
     #[pg_test(error = "invalid max_running: must be >= 0 (or NULL to remove the cap), got -1")]

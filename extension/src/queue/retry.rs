@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 0);
         assert_eq!(count("SELECT dead FROM sheaf.queue_stats('q')"), 1);
         assert_eq!(
-            count("SELECT admitted::bigint FROM sheaf.concurrency_limits"),
+            count("SELECT admitted::bigint FROM sheaf.concurrency_slots"),
             0,
             "its slot was freed"
         );

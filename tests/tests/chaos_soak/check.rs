@@ -307,8 +307,8 @@ pub async fn leftovers(db: &tokio_postgres::Client) -> Result<String, tokio_post
                     (SELECT string_agg(format('%s %s %s%s:%s/%s/%s', queue, band, CASE WHEN base THEN 'base' ELSE 'low' END, \
                                               -ngen, k1, k2, seq), '; ' ORDER BY queue, band, ngen) \
                      FROM sheaf.ready_floors WHERE queue IN (SELECT queue FROM sheaf.ready)), \
-                    (SELECT string_agg(format('%s: admitted %s of %s', key, admitted, max_running), ', ' ORDER BY key) \
-                     FROM sheaf.concurrency_limits WHERE admitted > 0), \
+                    (SELECT string_agg(format('%s: admitted %s of %s', l.key, s.admitted, l.max_running), ', ' ORDER BY l.key) \
+                     FROM sheaf.concurrency_limits l JOIN sheaf.concurrency_slots s ON s.key = l.key WHERE s.admitted > 0), \
                     (SELECT count(*) FROM sheaf.tasks t WHERE t.state = 'ready' \
                        AND NOT EXISTS (SELECT 1 FROM sheaf.ready r WHERE r.task_id = t.id)), \
                     (SELECT count(*) FROM sheaf.ready r WHERE NOT EXISTS ( \
