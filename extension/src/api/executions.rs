@@ -45,7 +45,7 @@ fn start_workflow(
     require_read_committed("start_workflow");
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    let input = required(input, "input").parse("input");
+    let input = required(input, "input").checked("input");
     let opts = required(opts, "opts").parse("opts");
     let o = match StartOptions::parse(&opts) {
         Ok(o) => o,

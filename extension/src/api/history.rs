@@ -15,14 +15,14 @@ use crate::workflow::history::{self, MAX_EVENT_BYTES, MAX_PAGE};
 fn append_event(execution_id: Option<pgrx::Uuid>, event_type: Option<&str>, payload: Option<Jsonb>) -> i64 {
     let id = required(execution_id, "execution_id");
     let event_type = required(event_type, "event_type");
-    let payload = required(payload, "payload").parse("payload");
+    let payload = required(payload, "payload").checked("payload");
     if event_type.is_empty() || event_type.len() > 128 {
         bad_argument(
             "event_type",
             format!("must be 1 to 128 bytes, got {}", event_type.len()),
         );
     }
-    let size = payload.to_string().len();
+    let size = payload.compact_len();
     if size > MAX_EVENT_BYTES {
         bad_argument(
             "payload",

@@ -58,6 +58,55 @@ impl Jsonb {
             .unwrap_or_else(|e| internal(format!("reading back the jsonb value of {arg}: {e}")))
     }
 
+    /// The length in bytes of the value's JSON text without whitespace, as
+    /// serde_json's `to_string` writes it (history bytes are counted so).
+    /// PostgreSQL prints a jsonb with one space after each `:` and after each
+    /// `,` between two members or elements, and otherwise writes the same
+    /// text (the same escapes, the same digits), so this is the printed
+    /// length less one per key and one per separator: no serde pass over a
+    /// large value.
+    pub fn compact_len(&self) -> usize {
+        self.with_palloc(|jb| {
+            // SAFETY: `jb` is a valid jsonb; JsonbToCString with no buffer
+            // pallocs a NUL-terminated string, and the iterator walks the
+            // value and frees each level's frame as it leaves it.
+            unsafe {
+                let cstr = pg_sys::JsonbToCString(std::ptr::null_mut(), &raw mut (*jb).root, 0);
+                let printed = std::ffi::CStr::from_ptr(cstr).to_bytes().len();
+                pg_sys::pfree(cstr.cast());
+                let mut it = pg_sys::JsonbIteratorInit(&raw mut (*jb).root);
+                let mut value: pg_sys::JsonbValue = std::mem::zeroed();
+                // Per open container: whether it is an object, its members so far.
+                let mut open: Vec<(bool, usize)> = Vec::new();
+                let mut spaces = 0usize;
+                loop {
+                    use pg_sys::JsonbIteratorToken::*;
+                    match pg_sys::JsonbIteratorNext(&raw mut it, &raw mut value, false) {
+                        WJB_DONE => break,
+                        token @ (WJB_BEGIN_ARRAY | WJB_BEGIN_OBJECT) => {
+                            if let Some((false, n)) = open.last_mut() {
+                                *n += 1;
+                            }
+                            open.push((token == WJB_BEGIN_OBJECT, 0));
+                        }
+                        WJB_KEY | WJB_ELEM => {
+                            if let Some((_, n)) = open.last_mut() {
+                                *n += 1;
+                            }
+                        }
+                        WJB_END_ARRAY | WJB_END_OBJECT => {
+                            if let Some((object, n)) = open.pop() {
+                                spaces += n.saturating_sub(1) + if object { n } else { 0 };
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                printed - spaces
+            }
+        })
+    }
+
     /// How deep the value nests arrays and objects (a scalar is 0).
     pub fn depth(&self) -> usize {
         self.with_palloc(|jb| {
@@ -184,3 +233,32 @@ unsafe impl BoxRet for Jsonb {
 }
 
 pgrx::impl_sql_translatable!(Jsonb, "jsonb");
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::Jsonb;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn the_compact_length_is_serde_jsons() {
+        let values = [
+            r#"{}"#,
+            r#"[]"#,
+            r#"7"#,
+            r#""a, b: c""#,
+            r#"{"a": 1, "b": [1, 2, {"c": "d, e"}], "f": {}, "g": [[]], "h": null}"#,
+            r#"[{"k": "\n\t\u0001 \" \\ é 😀"}, 12345678901234567890.10, -0.0, 1e400, true]"#,
+            r#"{"nested": {"deeper": {"deepest": [1, [2, [3, []]]]}}}"#,
+        ];
+        for text in values {
+            let jb = Spi::get_one_with_args::<Jsonb>("SELECT $1::jsonb", &[text.into()])
+                .expect("a jsonb")
+                .expect("not null");
+            let serde = serde_json::to_string(&jb.clone().parse("v"))
+                .expect("serialized")
+                .len();
+            assert_eq!(jb.compact_len(), serde, "{text}");
+        }
+    }
+}

@@ -116,7 +116,7 @@ pub fn lock_active(id: pgrx::Uuid, doing: &str) -> Locked {
 }
 
 /// Enqueues a workflow task for an execution (its first, or after a wake).
-pub fn enqueue_workflow_task(e: &Locked, payload: serde_json::Value, priority: i32, run_at: Option<String>) {
+pub fn enqueue_workflow_task(e: &Locked, payload: Jsonb, priority: i32, run_at: Option<String>) {
     let o = EnqueueOptions {
         priority,
         run_at,
@@ -125,7 +125,7 @@ pub fn enqueue_workflow_task(e: &Locked, payload: serde_json::Value, priority: i
         kind: TaskKind::Workflow,
         ..EnqueueOptions::default()
     };
-    tasks::insert(&e.queue, vec![Jsonb::from_value(payload)], &o, &EXECUTIONS);
+    tasks::insert(&e.queue, vec![payload], &o, &EXECUTIONS);
 }
 
 /// An execution as `get_execution` returns it.

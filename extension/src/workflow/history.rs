@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::unknown_execution;
+use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::workflow::{executions, quota};
@@ -42,21 +43,34 @@ const PAGE: Stmt = Stmt::read(
 );
 
 /// Appends an event to an execution's history and returns its seq; `None`
-/// if the execution is not on this shard. The bytes count toward the
-/// execution's quota key while it is active.
+/// if the execution is not on this shard. The bytes (of its JSON text
+/// without whitespace) count toward the execution's quota key while it is
+/// active.
 pub fn append(execution_id: pgrx::Uuid, event_type: &str, payload: serde_json::Value) -> Option<i64> {
     let bytes = payload.to_string().len();
+    write(execution_id, event_type, pgrx::JsonB(payload).into(), bytes)
+}
+
+/// `append` for a payload held as Postgres stored it (a caller's data, maybe
+/// large): it goes into the history as it is, and its bytes are counted
+/// without a serde pass (`Jsonb::compact_len`).
+pub fn append_jsonb(execution_id: pgrx::Uuid, event_type: &str, payload: Jsonb) -> Option<i64> {
+    let bytes = payload.compact_len();
+    write(execution_id, event_type, payload.into(), bytes)
+}
+
+fn write(
+    execution_id: pgrx::Uuid,
+    event_type: &str,
+    payload: pgrx::datum::DatumWithOid<'_>,
+    bytes: usize,
+) -> Option<i64> {
     let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
     let (seq, quota_key, state): (i64, Option<String>, ExecutionState) = Spi::connect_mut(|client| {
         let table = run(
             client,
             &APPEND,
-            &[
-                execution_id.into(),
-                event_type.into(),
-                pgrx::JsonB(payload).into(),
-                bytes.into(),
-            ],
+            &[execution_id.into(), event_type.into(), payload, bytes.into()],
         );
         rows::first(table, "appending an event")
     })?;
@@ -70,10 +84,10 @@ pub fn append(execution_id: pgrx::Uuid, event_type: &str, payload: serde_json::V
 
 /// Appends a caller's event to an active execution's history; returns its
 /// seq. A closed history (terminal execution) refuses with 55000.
-pub fn append_to_active(id: pgrx::Uuid, event_type: &str, payload: serde_json::Value) -> i64 {
+pub fn append_to_active(id: pgrx::Uuid, event_type: &str, payload: Jsonb) -> i64 {
     // Locked, so no terminal transition slips in between the check and the append.
     executions::lock_active(id, "append to its history");
-    match append(id, event_type, payload) {
+    match append_jsonb(id, event_type, payload) {
         Some(seq) => seq,
         None => unknown_execution(id),
     }

@@ -13,6 +13,7 @@ use pgrx::prelude::*;
 use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{not_ready, unknown_execution};
+use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::mutex;
@@ -287,7 +288,9 @@ pub fn wake(id: pgrx::Uuid) -> bool {
     }
     executions::enqueue_workflow_task(
         &e,
-        serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "woken": true}),
+        Jsonb::from_value(
+            serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "woken": true}),
+        ),
         0,
         None,
     );

@@ -11,6 +11,7 @@ use sheaf_core::policy::{ConcurrencyPolicy, QuotaPolicy, StartOptions, WorkflowP
 use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
@@ -29,6 +30,18 @@ const HOLDING_ID: Stmt = Stmt::write(
 const ID_TAKEN: Stmt = Stmt::write(
     "SELECT EXISTS (SELECT 1 FROM executions WHERE id = $1)",
     &[PgBuiltInOids::UUIDOID],
+);
+// The documents a start writes around the caller's input, built by
+// Postgres from the input as it stored it: the `WorkflowStarted` event's
+// payload and the first workflow task's.
+const DOCUMENTS: Stmt = Stmt::read(
+    "SELECT jsonb_build_object('workflow_id', $2::text, 'input', $3::jsonb), \
+            jsonb_build_object('workflow_name', $1::text, 'workflow_id', $2::text, 'input', $3::jsonb)",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+    ],
 );
 const INSERT: Stmt = Stmt::write(
     "INSERT INTO executions (id, workflow_name, workflow_id, state, seq, queue, input, concurrency_key, quota_key) \
@@ -55,8 +68,17 @@ struct Gates<'p> {
     quota: Option<(&'p QuotaPolicy, String)>,
 }
 
-fn resolve_gates<'p>(p: &'p WorkflowPolicy, input: &serde_json::Value) -> Gates<'p> {
-    let resolve = |segments: &[String], field: &str| match resolve_key(input, segments, field) {
+/// The input is read into a `serde_json::Value` only for a policy with a
+/// gate, whose key it names.
+fn resolve_gates<'p>(p: &'p WorkflowPolicy, input: &Jsonb) -> Gates<'p> {
+    if p.concurrency.is_none() && p.quota.is_none() {
+        return Gates {
+            concurrency: None,
+            quota: None,
+        };
+    }
+    let input = input.clone().parse("input");
+    let resolve = |segments: &[String], field: &str| match resolve_key(&input, segments, field) {
         Ok(k) => k,
         Err(e) => bad_argument(&format!("input (for {})", e.option), e.why),
     };
@@ -120,7 +142,7 @@ fn refuse_taken(new_id: pgrx::Uuid) {
 /// Starts an execution of workflow `name` with `workflow_id` (validated)
 /// unless one is active: then returns it with `created = false`, changing
 /// nothing. Refusals: 53400 (quota), 55006 (concurrency gate `reject`).
-pub fn start(name: &str, workflow_id: &str, input: serde_json::Value, o: &StartOptions) -> Started {
+pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions) -> Started {
     let p = policy::load(name);
     let gates = resolve_gates(&p, &input);
     let new_id = new_execution_id(o.execution_id);
@@ -165,7 +187,21 @@ pub fn start(name: &str, workflow_id: &str, input: serde_json::Value, o: &StartO
 
 /// Writes a new execution, its `WorkflowStarted` event and its first
 /// workflow task.
-fn insert(e: &Locked, input: serde_json::Value, o: &StartOptions) {
+fn insert(e: &Locked, input: Jsonb, o: &StartOptions) {
+    let (event, task): (Jsonb, Jsonb) = Spi::connect_mut(|client| {
+        rows::only(
+            run(
+                client,
+                &DOCUMENTS,
+                &[
+                    e.workflow_name.as_str().into(),
+                    e.workflow_id.as_str().into(),
+                    input.clone().into(),
+                ],
+            ),
+            "building a start's documents",
+        )
+    });
     exec(
         &INSERT,
         &[
@@ -173,22 +209,13 @@ fn insert(e: &Locked, input: serde_json::Value, o: &StartOptions) {
             e.workflow_name.as_str().into(),
             e.workflow_id.as_str().into(),
             e.queue.as_str().into(),
-            pgrx::JsonB(input.clone()).into(),
+            input.into(),
             e.concurrency_key.clone().into(),
             e.quota_key.clone().into(),
         ],
     );
-    history::append(
-        e.id,
-        "WorkflowStarted",
-        serde_json::json!({"workflow_id": e.workflow_id, "input": input}),
-    );
-    enqueue_workflow_task(
-        e,
-        serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "input": input}),
-        o.priority,
-        o.run_at.clone(),
-    );
+    history::append_jsonb(e.id, "WorkflowStarted", event);
+    enqueue_workflow_task(e, task, o.priority, o.run_at.clone());
 }
 
 #[cfg(any(test, feature = "pg_test"))]
