@@ -7,6 +7,7 @@
 
 pub mod catalog;
 pub mod hostile;
+pub mod ledger;
 pub mod proxy;
 pub mod source_check;
 pub mod valid_calls;

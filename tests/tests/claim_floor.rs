@@ -29,9 +29,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
+use sheaf_tests::ledger::{self, Books, Ledger, OnDeadlock};
 use sheaf_tests::{Rng, code, connect, fleet, unique};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
@@ -41,8 +42,7 @@ const CHAOS: Duration = Duration::from_secs(8);
 
 #[derive(Default)]
 struct Record {
-    enqueued: Vec<Uuid>,
-    completed: HashMap<Uuid, u32>,
+    ledger: Ledger,
     mismatches: Vec<String>,
     below_floor: Vec<i64>,
     reference_claims: u64,
@@ -51,25 +51,14 @@ struct Record {
 
 type Shared = Arc<Mutex<Record>>;
 
-async fn claim(db: &Client, queue: &str, worker: &str, n: i32) -> Vec<(Uuid, i64)> {
-    db.query(
-        "SELECT task_id, token FROM sheaf.claim($1, $2, $3)",
-        &[&queue, &worker, &n],
-    )
-    .await
-    .unwrap_or_else(|e| panic!("claim: {e}"))
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect()
+impl Books for Record {
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
 }
 
-async fn complete(db: &Client, rec: &Shared, tasks: &[(Uuid, i64)]) {
-    for (id, token) in tasks {
-        db.execute("SELECT sheaf.complete($1, $2)", &[id, token])
-            .await
-            .unwrap_or_else(|e| panic!("complete: {e}"));
-        *rec.lock().await.completed.entry(*id).or_default() += 1;
-    }
+async fn claim(db: &Client, queue: &str, worker: &str, n: i32) -> Vec<(Uuid, i64)> {
+    ledger::claim(db, queue, worker, n, OnDeadlock::Fail).await
 }
 
 async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
@@ -122,7 +111,7 @@ async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBoo
                         .unwrap();
                 }
             }
-            _ => complete(&db, &rec, &got).await,
+            _ => ledger::complete(&db, &*rec, &got).await,
         }
     }
 }
@@ -175,7 +164,7 @@ async fn enqueuer(queue: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) 
             tokio::time::sleep(Duration::from_micros(rng.below(5000))).await;
             db.batch_execute("COMMIT").await.unwrap();
         }
-        rec.lock().await.enqueued.extend(ids);
+        rec.lock().await.ledger.enqueued.extend(ids);
         tokio::time::sleep(Duration::from_micros(rng.below(1500))).await;
     }
 }
@@ -197,7 +186,7 @@ async fn reference_claimer(queue: String, rec: Shared, stop: Arc<AtomicBool>, se
                     rec.lock().await.mismatches.push(wrong);
                 }
                 rec.lock().await.reference_claims += 1;
-                complete(&db, &rec, &claimed).await;
+                ledger::complete(&db, &*rec, &claimed).await;
             }
             // A row changed since the snapshot (a concurrent claim or
             // completion): nothing to compare.
@@ -379,33 +368,8 @@ async fn the_claim_order_holds_while_the_floor_moves() {
         t.await.unwrap();
     }
 
-    drain(&db, &queue, &rec, seed).await;
+    ledger::drain(&db, &queue, &*rec, seed, OnDeadlock::Fail).await;
     check(&*rec.lock().await, seed);
-}
-
-/// Claims and completes every task left (scheduled ones come due within a
-/// second).
-async fn drain(db: &Client, queue: &str, rec: &Shared, seed: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = claim(db, queue, "drain", 100).await;
-        complete(db, rec, &got).await;
-        let left: i64 = db
-            .query_one("SELECT count(*) FROM sheaf.tasks WHERE queue = $1", &[&queue])
-            .await
-            .unwrap()
-            .get(0);
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} tasks never drained (seed {seed})"
-        );
-        if got.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
 }
 
 /// Everything the run recorded, against the invariants (see the top).
@@ -432,25 +396,10 @@ fn check(rec: &Record, seed: u64) {
         moves > 10,
         "the floor moved only {moves} time(s): the test proves nothing"
     );
-    let twice: Vec<_> = rec.completed.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "completed more than once: {twice:?} (seed {seed})"
-    );
-    let mut missing = rec
-        .enqueued
-        .iter()
-        .filter(|id| !rec.completed.contains_key(id))
-        .peekable();
-    assert!(
-        missing.peek().is_none(),
-        "never completed: {:?} (seed {seed})",
-        missing.collect::<Vec<_>>()
-    );
-    assert_eq!(rec.completed.len(), rec.enqueued.len(), "seed {seed}");
+    rec.ledger.check_exactly_once(seed);
     println!(
         "{} tasks, {} reference claims, the floor seen at {moves} places",
-        rec.enqueued.len(),
+        rec.ledger.enqueued.len(),
         rec.reference_claims
     );
 }

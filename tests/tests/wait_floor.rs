@@ -25,12 +25,12 @@
 //! a task before its floor, the floors did move, and every task enqueued was
 //! completed exactly once.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
+use sheaf_tests::ledger::{self, Books, Ledger, OnDeadlock};
 use sheaf_tests::{Rng, code, connect, fleet, unique};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
@@ -41,8 +41,7 @@ const KEYS: u64 = 3;
 
 #[derive(Default)]
 struct Record {
-    enqueued: Vec<Uuid>,
-    completed: HashMap<Uuid, u32>,
+    ledger: Ledger,
     before_floor: Vec<String>,
     floor_moves: u64,
     skipped_held: u64,
@@ -50,34 +49,21 @@ struct Record {
 
 type Shared = Arc<Mutex<Record>>;
 
-fn key(queue: &str, k: u64) -> String {
-    format!("{queue}-k{k}")
+impl Books for Record {
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
 }
 
 /// A claim; one that deadlocks with a cap cut (README, "Deadlocks": its
 /// sweep promotes due tasks of the key whose ready tasks the cut waits for)
 /// took nothing, and the caller claims again.
 async fn claim(db: &Client, queue: &str, worker: &str, n: i32) -> Vec<(Uuid, i64)> {
-    match db
-        .query(
-            "SELECT task_id, token FROM sheaf.claim($1, $2, $3)",
-            &[&queue, &worker, &n],
-        )
-        .await
-    {
-        Ok(rows) => rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
-        Err(e) if code(&e) == Some("40P01") => Vec::new(),
-        Err(e) => panic!("claim: {e}"),
-    }
+    ledger::claim(db, queue, worker, n, OnDeadlock::TakeNothing).await
 }
 
-async fn complete(db: &Client, rec: &Shared, tasks: &[(Uuid, i64)]) {
-    for (id, token) in tasks {
-        db.execute("SELECT sheaf.complete($1, $2)", &[id, token])
-            .await
-            .unwrap_or_else(|e| panic!("complete: {e}"));
-        *rec.lock().await.completed.entry(*id).or_default() += 1;
-    }
+fn key(queue: &str, k: u64) -> String {
+    format!("{queue}-k{k}")
 }
 
 /// Runs `sql` on each task; a deadlock with a cap change (README,
@@ -125,7 +111,7 @@ async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBoo
                 // A deadlock with a cap change ends it early: as good.
                 let _ = db.execute("SELECT sheaf.complete($1, $2)", &[id, token]).await;
                 db.batch_execute("ROLLBACK").await.unwrap();
-                complete(&db, &rec, &got).await;
+                ledger::complete(&db, &*rec, &got).await;
             }
             20..32 => each(&db, "SELECT sheaf.release($1, $2)", &got).await,
             32..40 => {
@@ -144,7 +130,7 @@ async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBoo
                         .unwrap();
                 }
             }
-            _ => complete(&db, &rec, &got).await,
+            _ => ledger::complete(&db, &*rec, &got).await,
         }
     }
 }
@@ -199,7 +185,7 @@ async fn enqueuer(queue: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) 
             tokio::time::sleep(Duration::from_micros(rng.below(4000))).await;
             db.batch_execute("COMMIT").await.unwrap();
         }
-        rec.lock().await.enqueued.extend(ids);
+        rec.lock().await.ledger.enqueued.extend(ids);
         tokio::time::sleep(Duration::from_micros(rng.below(2000))).await;
     }
 }
@@ -340,33 +326,8 @@ async fn every_waiting_task_stays_at_or_after_its_keys_wait_floor() {
         .await
         .unwrap();
     }
-    drain(&db, &queue, &rec, seed).await;
+    ledger::drain(&db, &queue, &*rec, seed, OnDeadlock::TakeNothing).await;
     check(&*rec.lock().await, seed);
-}
-
-/// Claims and completes every task left (scheduled ones come due within a
-/// second).
-async fn drain(db: &Client, queue: &str, rec: &Shared, seed: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = claim(db, queue, "drain", 100).await;
-        complete(db, rec, &got).await;
-        let left: i64 = db
-            .query_one("SELECT count(*) FROM sheaf.tasks WHERE queue = $1", &[&queue])
-            .await
-            .unwrap()
-            .get(0);
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} tasks never drained (seed {seed})"
-        );
-        if got.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
 }
 
 /// Everything the run recorded, against the invariants (see the top).
@@ -387,25 +348,10 @@ fn check(rec: &Record, seed: u64) {
         "a waiting task was held only {} time(s)",
         rec.skipped_held
     );
-    let twice: Vec<_> = rec.completed.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "completed more than once: {twice:?} (seed {seed})"
-    );
-    let mut missing = rec
-        .enqueued
-        .iter()
-        .filter(|id| !rec.completed.contains_key(id))
-        .peekable();
-    assert!(
-        missing.peek().is_none(),
-        "never completed: {:?} (seed {seed})",
-        missing.collect::<Vec<_>>()
-    );
-    assert_eq!(rec.completed.len(), rec.enqueued.len(), "seed {seed}");
+    rec.ledger.check_exactly_once(seed);
     println!(
         "{} tasks, the floors seen at {moves} places, a waiting task held {} times",
-        rec.enqueued.len(),
+        rec.ledger.enqueued.len(),
         rec.skipped_held
     );
 }

@@ -1,0 +1,106 @@
+//! The books of a live claim test (`claim_floor.rs`, `wait_floor.rs`): the
+//! tasks it enqueued and the completions it saw, the claim and complete
+//! calls that keep them, the drain at the end, and its check that every
+//! task enqueued was completed exactly once.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::code;
+
+#[derive(Default)]
+pub struct Ledger {
+    pub enqueued: Vec<Uuid>,
+    pub completed: HashMap<Uuid, u32>,
+}
+
+/// A test's record, which keeps a ledger besides what that test checks.
+pub trait Books {
+    fn ledger(&mut self) -> &mut Ledger;
+}
+
+/// What a claim that meets a deadlock (40P01) means to the test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDeadlock {
+    /// A failure: nothing in the test should deadlock a claim.
+    Fail,
+    /// A claim that took nothing (the README's "Deadlocks" names the case),
+    /// and the caller claims again.
+    TakeNothing,
+}
+
+/// Claims up to `n` of `queue`; (id, token) pairs.
+pub async fn claim(db: &Client, queue: &str, worker: &str, n: i32, on: OnDeadlock) -> Vec<(Uuid, i64)> {
+    match db
+        .query(
+            "SELECT task_id, token FROM sheaf.claim($1, $2, $3)",
+            &[&queue, &worker, &n],
+        )
+        .await
+    {
+        Ok(rows) => rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        Err(e) if on == OnDeadlock::TakeNothing && code(&e) == Some("40P01") => Vec::new(),
+        Err(e) => panic!("claim: {e}"),
+    }
+}
+
+/// Completes `tasks`, each booked as completed once more.
+pub async fn complete<R: Books>(db: &Client, rec: &Mutex<R>, tasks: &[(Uuid, i64)]) {
+    for (id, token) in tasks {
+        db.execute("SELECT sheaf.complete($1, $2)", &[id, token])
+            .await
+            .unwrap_or_else(|e| panic!("complete: {e}"));
+        *rec.lock().await.ledger().completed.entry(*id).or_default() += 1;
+    }
+}
+
+/// Claims and completes every task left in `queue` (scheduled ones come due
+/// within a second); fails after 30 s naming the seed.
+pub async fn drain<R: Books>(db: &Client, queue: &str, rec: &Mutex<R>, seed: u64, on: OnDeadlock) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = claim(db, queue, "drain", 100, on).await;
+        complete(db, rec, &got).await;
+        let left: i64 = db
+            .query_one("SELECT count(*) FROM sheaf.tasks WHERE queue = $1", &[&queue])
+            .await
+            .unwrap_or_else(|e| panic!("counting tasks left: {e}"))
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} tasks never drained (seed {seed})"
+        );
+        if got.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Ledger {
+    /// Every task enqueued was completed, and none more than once.
+    pub fn check_exactly_once(&self, seed: u64) {
+        let twice: Vec<_> = self.completed.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "completed more than once: {twice:?} (seed {seed})"
+        );
+        let mut missing = self
+            .enqueued
+            .iter()
+            .filter(|id| !self.completed.contains_key(id))
+            .peekable();
+        assert!(
+            missing.peek().is_none(),
+            "never completed: {:?} (seed {seed})",
+            missing.collect::<Vec<_>>()
+        );
+        assert_eq!(self.completed.len(), self.enqueued.len(), "seed {seed}");
+    }
+}
