@@ -57,6 +57,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.get_execution(uuid),
     @extschema@.history(uuid, bigint, integer),
     @extschema@.append_event(uuid, text, jsonb),
+    @extschema@.upsert_search_attrs(uuid, jsonb),
+    @extschema@.list_executions(jsonb, jsonb, integer, text),
     @extschema@.complete_execution(uuid, jsonb),
     @extschema@.fail_execution(uuid, text),
     @extschema@.cancel_execution(uuid, text),

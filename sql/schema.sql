@@ -375,6 +375,14 @@ CREATE INDEX executions_gate ON executions (workflow_name, concurrency_key, seq 
 CREATE INDEX executions_quota ON executions (quota_key) WHERE quota_key IS NOT NULL;
 -- Timers: suspended executions whose wake time has come.
 CREATE INDEX executions_wake ON executions (wake_at) WHERE state = 'SUSPENDED' AND wake_at IS NOT NULL;
+-- Listing (sheaf.list_executions): keyset pages in (created_at, id) order,
+-- over every execution, within states, within workflow names; search
+-- attributes by containment (=, in) and key existence (the filter's index
+-- rule, sheaf_core::search::Filter::uses_index).
+CREATE INDEX executions_created ON executions (created_at, id);
+CREATE INDEX executions_state ON executions (state, created_at, id);
+CREATE INDEX executions_name ON executions (workflow_name, created_at, id);
+CREATE INDEX executions_search ON executions USING gin (search_attrs);
 
 -- Append-only history. Never updated.
 CREATE TABLE events (

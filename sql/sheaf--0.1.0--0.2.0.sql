@@ -151,3 +151,41 @@ ALTER TABLE @extschema@.concurrency_limits DROP COLUMN admitted;
 ALTER TABLE @extschema@.mutex_waiters ADD COLUMN expires_at timestamptz;
 UPDATE @extschema@.mutex_waiters SET expires_at = now() + make_interval(secs => lease_secs);
 ALTER TABLE @extschema@.mutex_waiters ALTER COLUMN expires_at SET NOT NULL;
+--
+-- Search attributes and listing executions: keyset pages in (created_at,
+-- id) order, overall, within states and workflow names, and by attribute.
+CREATE INDEX executions_created ON @extschema@.executions (created_at, id);
+CREATE INDEX executions_state ON @extschema@.executions (state, created_at, id);
+CREATE INDEX executions_name ON @extschema@.executions (workflow_name, created_at, id);
+CREATE INDEX executions_search ON @extschema@.executions USING gin (search_attrs);
+CREATE FUNCTION "upsert_search_attrs"(
+	"execution_id" uuid,
+	"attrs" jsonb
+) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'upsert_search_attrs_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.upsert_search_attrs(uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.upsert_search_attrs(uuid, jsonb) TO sheaf_worker;
+CREATE FUNCTION "list_executions"(
+	"filter" jsonb DEFAULT '{}',
+	"after" jsonb DEFAULT NULL,
+	"max_rows" INT DEFAULT 50,
+	"sort_order" TEXT DEFAULT 'desc'
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"workflow_name" TEXT,
+	"workflow_id" TEXT,
+	"state" TEXT,
+	"created_at" timestamp with time zone,
+	"closed_at" timestamp with time zone,
+	"parent_id" uuid,
+	"search_attrs" jsonb
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_executions_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_executions(jsonb, jsonb, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_executions(jsonb, jsonb, integer, text) TO sheaf_worker;

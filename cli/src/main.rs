@@ -6,6 +6,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use sheaf_driver::{Client, PoolOptions, Topology};
 
+mod executions;
+mod exit;
+
 #[derive(Parser)]
 #[command(
     name = "sheaf",
@@ -33,6 +36,42 @@ enum Command {
         /// How long one probe may take.
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
         timeout: Duration,
+    },
+    /// List executions across every shard, newest first, a page at a time.
+    /// Filters are and-ed; a partial page (a shard did not answer) exits 3.
+    List {
+        /// Only this workflow (repeatable: any of them).
+        #[arg(long = "workflow", value_name = "W")]
+        workflows: Vec<String>,
+        /// Only this state, e.g. running (repeatable: any of them).
+        #[arg(long = "state", value_name = "S")]
+        states: Vec<String>,
+        /// Only executions whose search attribute K equals V (repeatable).
+        /// V is read as JSON when it parses (5 a number, "5" a string,
+        /// true a boolean), else as a string.
+        #[arg(long = "attr", value_name = "K=V")]
+        attrs: Vec<String>,
+        /// A filter tree as JSON (and, or, not, attr tests: see the README).
+        #[arg(long, value_name = "JSON")]
+        filter: Option<String>,
+        /// Executions per page (1 to 999).
+        #[arg(long, default_value_t = 50)]
+        page_size: usize,
+        /// Where to go on from: the `more:` cursor of the page before.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// desc (newest first) or asc.
+        #[arg(long, default_value = "desc")]
+        order: String,
+    },
+    /// Find an execution by its business key on whichever shard holds it:
+    /// its active run, else its latest ended one. Exits 4 when no shard has
+    /// it, 3 when a shard that may have it did not answer.
+    Find {
+        /// The workflow's name.
+        name: String,
+        /// The workflow id it was started with.
+        workflow_id: String,
     },
 }
 
@@ -63,15 +102,36 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let client = match Client::new(topology, PoolOptions::default()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sheaf: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match cli.command {
-        Command::Status { timeout } => {
-            let client = match Client::new(topology, PoolOptions::default()) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("sheaf: {e}");
-                    return ExitCode::from(2);
-                }
+        Command::List {
+            workflows,
+            states,
+            attrs,
+            filter,
+            page_size,
+            cursor,
+            order,
+        } => {
+            let args = executions::ListArgs {
+                workflows,
+                states,
+                attrs,
+                filter,
+                page_size,
+                cursor,
+                order,
             };
+            executions::list(&client, args, cli.json).await
+        }
+        Command::Find { name, workflow_id } => executions::find(&client, &name, &workflow_id, cli.json).await,
+        Command::Status { timeout } => {
             let status = client.topology_status(timeout).await;
             if cli.json {
                 match serde_json::to_string_pretty(&status) {

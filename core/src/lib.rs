@@ -8,7 +8,10 @@ pub mod nesting;
 #[cfg(feature = "exact-json")]
 pub mod options;
 pub mod ordering;
+pub mod page;
 #[cfg(feature = "exact-json")]
 pub mod policy;
+#[cfg(feature = "exact-json")]
+pub mod search;
 pub mod sqlstate;
 pub mod state;

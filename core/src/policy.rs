@@ -364,11 +364,17 @@ pub struct StartOptions {
     pub priority: i32,
     /// Unparsed: the extension parses it as a timestamptz.
     pub run_at: Option<String>,
+    /// Checked by `search::check_attrs`.
+    pub search_attrs: Option<Value>,
 }
 
 impl StartOptions {
     pub fn parse(opts: &Value) -> Result<Self, OptionError> {
-        let map = object("opts", opts, &["execution_id", "queue", "priority", "run_at"])?;
+        let map = object(
+            "opts",
+            opts,
+            &["execution_id", "queue", "priority", "run_at", "search_attrs"],
+        )?;
         let mut o = StartOptions::default();
         for (name, value) in map {
             if value.is_null() {
@@ -401,6 +407,10 @@ impl StartOptions {
                         })?;
                 }
                 "run_at" => o.run_at = Some(string()?.to_owned()),
+                "search_attrs" => {
+                    crate::search::check_attrs(&opt, value)?;
+                    o.search_attrs = Some(value.clone());
+                }
                 _ => unreachable!("object() refuses unknown options"),
             }
         }

@@ -168,6 +168,31 @@ async fn main() -> Result<(), Error> {
             println!("  {line}");
         }
     }
+    start_orders(&client).await?;
+    Ok(())
+}
+
+/// Workflow runs for `sheaf list` and `sheaf find` in `scripts/demo`:
+/// `demo-order` runs placed across the shards by (name, workflow id), each
+/// with a tenant search attribute; a third of them completed.
+async fn start_orders(client: &Client) -> Result<(), Error> {
+    let mut per_shard: BTreeMap<ShardId, usize> = BTreeMap::new();
+    for n in 0..24 {
+        let tenant = TENANTS[n % TENANTS.len()].0;
+        let opts = sheaf_driver::StartOptions::new()
+            .search_attr("tenant", tenant)
+            .search_attr("amount", 10 * n as i64);
+        let s = client
+            .start_workflow("demo-order", &format!("order-{n}"), json!({"n": n}), opts)
+            .await?;
+        *per_shard.entry(s.shard).or_default() += 1;
+        if n % 3 == 0 {
+            client
+                .complete_execution(s.execution_id, json!({"ok": true}))
+                .await?;
+        }
+    }
+    println!("24 demo-order runs started, per shard: {per_shard:?}");
     Ok(())
 }
 

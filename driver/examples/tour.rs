@@ -14,8 +14,9 @@ use futures::TryStreamExt;
 use serde_json::json;
 use sheaf_driver::{
     Acquired, Client, ClientError, EnqueueOptions, ExecutionState, Json, LockOptions, MutexKey, OnShard,
-    Placement, PoolOptions, QueueOptions, ShardId, StartOptions, TaskKind, Topology,
+    Placement, PoolOptions, QueueOptions, Resolution, ShardId, StartOptions, TaskKind, Topology,
 };
+use sheaf_driver::{AttrOp, ExecutionFilter, PageStatus, SortOrder};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -290,13 +291,34 @@ async fn executions(t: &Tour) -> Result<(), Error> {
         !again.created && again.execution_id == s.execution_id,
         "a second start attaches"
     );
-    let found = c
-        .find_execution(&name, "a", &opts)
-        .await?
-        .ok_or("find_execution found nothing")?;
+    let Resolution::Found { execution: found, .. } = c.find_execution(&name, "a").await? else {
+        return Err("find_execution did not find it".into());
+    };
     ensure!(
         found.execution_id == s.execution_id,
         "find_execution found another"
+    );
+    let tag = t.name("tag");
+    let attrs = c
+        .upsert_search_attrs(s.execution_id, json!({ "tour": tag }))
+        .await?;
+    ensure!(
+        attrs.to_value()?["tour"] == json!(tag),
+        "upsert_search_attrs: {attrs}"
+    );
+    let page = c
+        .list_executions(
+            &ExecutionFilter::new().attr("tour", AttrOp::Eq, tag.as_str()),
+            None,
+            10,
+            SortOrder::Desc,
+        )
+        .await?;
+    ensure!(
+        page.items.len() == 1
+            && page.items[0].execution_id == s.execution_id
+            && page.status == PageStatus::Complete,
+        "list_executions by attribute: {page:?}"
     );
     let e = c
         .get_execution(s.execution_id)
@@ -322,7 +344,9 @@ async fn executions(t: &Tour) -> Result<(), Error> {
         !c.cancel_execution(d.execution_id, None).await?,
         "a second cancel changes nothing"
     );
-    println!("  start_workflow, find_execution, get_execution, complete/fail/cancel_execution: ok");
+    println!(
+        "  start_workflow, find_execution, upsert_search_attrs, list_executions, get_execution, complete/fail/cancel_execution: ok"
+    );
     Ok(())
 }
 

@@ -79,10 +79,11 @@ pub mod worker;
 
 pub use breaker::{Breaker, BreakerState};
 pub use client::{
-    Acquired, ClaimedTask, Client, ClientError, ConcurrencyStat, EnqueueOptions, Enqueued, EnqueuedBatch,
-    Event, Execution, FailOutcome, FleetError, FleetReport, HistoryPage, LockOptions, MutexGuard, MutexKey,
-    MutexStatus, OnShard, Owned, QueueConfig, QueueOptions, QueueStats, QuotaDetail, QuotaUsage,
-    RegisteredWorker, ShardConnection, ShardInfo, StartOptions, Started, StrandedWork,
+    Acquired, AttrOp, ClaimedTask, Client, ClientError, ConcurrencyStat, EnqueueOptions, Enqueued,
+    EnqueuedBatch, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome, FleetError, FleetReport,
+    HistoryPage, ListedExecution, LockOptions, MAX_LIST_PAGE, MutexGuard, MutexKey, MutexStatus, OnShard,
+    Owned, PageStatus, QueueConfig, QueueOptions, QueueStats, QuotaDetail, QuotaUsage, RegisteredWorker,
+    Resolution, ShardConnection, ShardInfo, SortOrder, StartOptions, Started, StrandedWork,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use id::{ExecutionId, IdError, TaskId};

@@ -231,7 +231,7 @@ pub const VALID_CALLS: &[ValidCall] = &[
             "'vc_wf'",
             "'vc-start'",
             r#"'{"tenant": "vc_t"}'"#,
-            r#"'{"priority": 2}'"#,
+            r#"'{"priority": 2, "search_attrs": {"vc_tier": "gold"}}'"#,
         ],
     ),
     call(
@@ -251,6 +251,24 @@ pub const VALID_CALLS: &[ValidCall] = &[
             "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))",
             "'VcNote'",
             r#"'{"note": 1}'"#,
+        ],
+    ),
+    call(
+        "sheaf.upsert_search_attrs(uuid, jsonb)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))",
+            r#"'{"vc_n": 3, "vc_tier": null}'"#,
+        ],
+    ),
+    call(
+        "sheaf.list_executions(jsonb, jsonb, integer, text)",
+        &[],
+        &[
+            r#"'{"and": [{"workflow_name": ["vc_wf"]}, {"attr": "vc_n", "op": ">=", "value": 3}]}'"#,
+            r#"'{"created_at": "2999-01-01T00:00:00Z", "execution_id": "00000000-0000-0000-0000-000000000000"}'"#,
+            "10",
+            "'desc'",
         ],
     ),
     call(

@@ -798,6 +798,9 @@ async fn rounds_of_faults_under_a_working_worker() {
             _ => Fault::Reset,
         };
         let lasts = Duration::from_millis(2000 + rng.below(6000));
+        // Pooled connections to the faulty shard exist before the fault, so
+        // the probes meet it on recycled connections, not only on new ones.
+        warm(&r.client, r.faulty, &queue).await;
         r.proxy.set(fault);
         let began = Instant::now();
         while began.elapsed() < lasts {

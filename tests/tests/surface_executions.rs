@@ -1,6 +1,6 @@
 //! The typed execution surface against live shards: lifecycle calls and
 //! what they return, history paged across pages and streamed, append_event,
-//! find_execution routed like a start, batches.
+//! find_execution across every shard, batches.
 
 use std::time::{Duration, SystemTime};
 
@@ -8,7 +8,7 @@ use futures::TryStreamExt;
 use serde_json::json;
 use sheaf_driver::{
     Client, ClientError, EnqueueOptions, ExecutionId, ExecutionState, Json, Placement, PoolOptions,
-    StartOptions,
+    Resolution, StartOptions,
 };
 use sheaf_tests::{fleet, unique};
 
@@ -132,7 +132,7 @@ async fn history_pages_across_pages_and_streams_in_order() {
 }
 
 #[tokio::test]
-async fn find_execution_looks_where_the_start_went() {
+async fn find_execution_asks_every_shard() {
     let c = client();
     let name = unique("find");
     let options = StartOptions::new().placement(Placement::RoutingKey(unique("rk")));
@@ -140,22 +140,21 @@ async fn find_execution_looks_where_the_start_went() {
         .start_workflow(&name, "order-7", json!({}), options.clone())
         .await
         .expect("start");
-    let found = c
-        .find_execution(&name, "order-7", &options)
-        .await
-        .expect("find")
-        .expect("found");
-    assert_eq!((found.execution_id, found.shard), (s.execution_id, s.shard));
-    assert!(
-        c.find_execution(&name, "order-8", &options)
-            .await
-            .expect("find")
-            .is_none()
-    );
+    let Resolution::Found { execution, shard } = c.find_execution(&name, "order-7").await.expect("find")
+    else {
+        panic!("not found");
+    };
+    assert_eq!((execution.execution_id, shard), (s.execution_id, s.shard));
+    assert!(matches!(
+        c.find_execution(&name, "order-8").await.expect("find"),
+        Resolution::Absent
+    ));
     // Ended: still found, as the most recent ended one.
     c.cancel_execution(s.execution_id, None).await.expect("cancel");
-    let ended = c.find_execution(&name, "order-7", &options).await.expect("find");
-    assert_eq!(ended.map(|e| e.state), Some(ExecutionState::Cancelled));
+    let Resolution::Found { execution, .. } = c.find_execution(&name, "order-7").await.expect("find") else {
+        panic!("the ended run is not found");
+    };
+    assert_eq!(execution.state, ExecutionState::Cancelled);
 }
 
 #[tokio::test]

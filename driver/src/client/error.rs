@@ -37,6 +37,8 @@ pub enum Owned {
     Mutex(String),
     /// Shard-wide work (worker registry, maintenance, policies, stats).
     Shard,
+    /// This shard's part of a read across shards (a listing, a report).
+    Listing(&'static str),
 }
 
 impl fmt::Display for Owned {
@@ -50,6 +52,7 @@ impl fmt::Display for Owned {
             Owned::Queue(name) => write!(f, "queue {name:?}"),
             Owned::Mutex(key) => write!(f, "mutex {key:?}"),
             Owned::Shard => write!(f, "shard maintenance"),
+            Owned::Listing(what) => f.write_str(what),
         }
     }
 }

@@ -1,22 +1,16 @@
-//! History and lookup by business key: an execution's append-only events,
-//! read in pages (keyset on `seq`) or as a stream; appending an event; and
-//! finding the execution of (name, workflow id).
+//! History: an execution's append-only events, read in pages (keyset on
+//! `seq`) or as a stream; appending an event.
 
 use std::time::SystemTime;
 
 use futures::{Stream, TryStreamExt};
 
-use super::executions::execution_from_row;
-use super::{Call, Client, ClientError, Execution, Owned, StartOptions, first_column};
+use super::{Call, Client, ClientError, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
-use crate::router::Placement;
 
 const HISTORY: &str = "SELECT seq, event_type, payload, created_at FROM sheaf.history($1, $2, $3)";
 const APPEND_EVENT: &str = "SELECT sheaf.append_event($1, $2, $3)";
-const FIND_EXECUTION: &str = "SELECT execution_id, workflow_name, workflow_id, state, input, result, error, \
-     concurrency_key, quota_key, history_bytes, created_at, closed_at, wake_at \
-     FROM sheaf.find_execution($1, $2)";
 
 /// The most events one page may hold (the shard's `max_rows` bound).
 pub const MAX_HISTORY_PAGE: usize = 10_000;
@@ -113,33 +107,6 @@ impl Client {
             .query(&call, APPEND_EVENT, &[&id.as_uuid(), &event_type, &payload])
             .await?;
         first_column(&call, &rows)
-    }
-
-    /// The active execution of (`name`, `workflow_id`), else its most recent
-    /// ended one, else `None`. Asked on the shard a start with the same
-    /// placement and tenant (`options`; the rest of it is ignored) would go
-    /// to now, which is where such a start would attach to it. After the
-    /// writable set changed, an execution started before may live elsewhere:
-    /// its id still routes to it ([`Client::get_execution`]).
-    pub async fn find_execution(
-        &self,
-        name: &str,
-        workflow_id: &str,
-        options: &StartOptions,
-    ) -> Result<Option<Execution>, ClientError> {
-        let placement = options.placement.clone().unwrap_or(Placement::Auto);
-        let shard = self
-            .topology
-            .place(name, workflow_id, &placement, options.tenant.as_deref())?;
-        let call = Call {
-            shard,
-            owned: Owned::Workflow {
-                name: name.to_owned(),
-                workflow_id: workflow_id.to_owned(),
-            },
-        };
-        let rows = self.query(&call, FIND_EXECUTION, &[&name, &workflow_id]).await?;
-        rows.first().map(|row| execution_from_row(&call, row)).transpose()
     }
 }
 

@@ -16,6 +16,7 @@ mod lifecycle;
 mod mutex;
 mod options;
 mod policy;
+mod search;
 mod shard;
 mod tasks;
 mod tx;
@@ -39,6 +40,9 @@ pub use fleet::{
 pub use history::{Event, HistoryPage, MAX_HISTORY_PAGE};
 pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
+pub use search::{
+    AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution, SortOrder,
+};
 pub use tx::{OnShard, ShardConnection};
 
 use crate::id::{ExecutionId, TaskId};

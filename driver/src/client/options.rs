@@ -120,6 +120,7 @@ pub struct StartOptions {
     pub(crate) queue: Option<String>,
     pub(crate) priority: Option<i32>,
     pub(crate) run_at: Option<SystemTime>,
+    pub(crate) search_attrs: Map<String, Value>,
 }
 
 impl StartOptions {
@@ -148,6 +149,14 @@ impl StartOptions {
         self
     }
 
+    /// A search attribute set at the start (a string, number or boolean;
+    /// at most 64 per execution, 16 KB in all), for
+    /// [`Client::list_executions`](crate::Client::list_executions) filters.
+    pub fn search_attr(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.search_attrs.insert(key.into(), value.into());
+        self
+    }
+
     /// The priority of its first workflow task.
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = Some(priority);
@@ -167,6 +176,9 @@ impl StartOptions {
         m.insert("execution_id".into(), execution_id.to_string().into());
         put(&mut m, "queue", self.queue.clone());
         put(&mut m, "priority", self.priority);
+        if !self.search_attrs.is_empty() {
+            m.insert("search_attrs".into(), Value::Object(self.search_attrs.clone()));
+        }
         Value::Object(m)
     }
 }

@@ -24,6 +24,7 @@ mod policy;
 mod queues;
 mod quota;
 mod retry;
+mod search;
 mod shard;
 mod stats;
 mod workers;

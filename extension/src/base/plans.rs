@@ -62,7 +62,7 @@ pub fn run<'conn>(
             };
             prepared.or_internal("preparing a statement").keep()
         });
-        let _settings = PlannerSettings::apply();
+        let _settings = PlannerSettings::apply(false);
         let result = if stmt.writes {
             client.update(plan, None, args)
         } else {
@@ -70,6 +70,19 @@ pub fn run<'conn>(
         };
         result.or_internal("running a statement")
     })
+}
+
+/// Runs a read built for one call (a listing's filter decides its shape):
+/// planned for its values and not kept. Sequential scans and JIT stay off as
+/// for every sheaf statement; bitmap scans are allowed, as a GIN lookup on
+/// search attributes and the branches of an `or` come only as bitmaps.
+pub fn select_once<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &str,
+    args: &[DatumWithOid<'_>],
+) -> SpiTupleTable<'conn> {
+    let _settings = PlannerSettings::apply(true);
+    client.select(sql, None, args).or_internal("running a listing")
 }
 
 /// Runs a statement inside its own SPI connection.
@@ -114,7 +127,7 @@ struct PlannerSettings {
 }
 
 impl PlannerSettings {
-    fn apply() -> PlannerSettings {
+    fn apply(bitmaps: bool) -> PlannerSettings {
         // SAFETY: a backend is single-threaded; these are the GUCs' own
         // variables, which the planner reads and no assign hook mirrors.
         unsafe {
@@ -127,7 +140,7 @@ impl PlannerSettings {
             pg_sys::plan_cache_mode =
                 pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_GENERIC_PLAN as std::ffi::c_int;
             pg_sys::enable_seqscan = false;
-            pg_sys::enable_bitmapscan = false;
+            pg_sys::enable_bitmapscan = bitmaps;
             pg_sys::jit_enabled = false;
             previous
         }

@@ -9,4 +9,5 @@ pub mod hooks;
 pub mod lifecycle;
 pub mod policy;
 pub mod quota;
+pub mod search;
 pub mod start;

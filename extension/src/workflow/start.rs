@@ -44,8 +44,9 @@ const DOCUMENTS: Stmt = Stmt::read(
     ],
 );
 const INSERT: Stmt = Stmt::write(
-    "INSERT INTO executions (id, workflow_name, workflow_id, state, seq, queue, input, concurrency_key, quota_key) \
-     VALUES ($1, $2, $3, 'RUNNING', nextval('execution_seq'), $4, $5, $6, $7)",
+    "INSERT INTO executions (id, workflow_name, workflow_id, state, seq, queue, input, concurrency_key, quota_key, \
+                             search_attrs) \
+     VALUES ($1, $2, $3, 'RUNNING', nextval('execution_seq'), $4, $5, $6, $7, $8)",
     &[
         PgBuiltInOids::UUIDOID,
         PgBuiltInOids::TEXTOID,
@@ -54,6 +55,7 @@ const INSERT: Stmt = Stmt::write(
         PgBuiltInOids::JSONBOID,
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
     ],
 );
 
@@ -212,6 +214,7 @@ fn insert(e: &Locked, input: Jsonb, o: &StartOptions) {
             input.into(),
             e.concurrency_key.clone().into(),
             e.quota_key.clone().into(),
+            pgrx::JsonB(o.search_attrs.clone().unwrap_or_else(|| serde_json::json!({}))).into(),
         ],
     );
     history::append_jsonb(e.id, "WorkflowStarted", event);

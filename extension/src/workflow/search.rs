@@ -1,0 +1,271 @@
+//! Search attributes and listing executions: one page of a shard's
+//! executions in `(created_at, id)` order, under a filter
+//! (`sheaf_core::search::Filter`), after a keyset anchor.
+
+use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
+use pgrx::prelude::*;
+use serde_json::{Value, json};
+
+use sheaf_core::excerpt::quoted;
+use sheaf_core::page::SortOrder;
+use sheaf_core::search::{Filter, Param, merge_attrs};
+
+use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, exec, run, select_once};
+use crate::base::rows;
+use crate::workflow::{executions, history};
+
+/// The most rows one page of `list_executions` holds.
+pub const MAX_PAGE: i32 = 1000;
+
+const ATTRS: Stmt = Stmt::read(
+    "SELECT search_attrs FROM executions WHERE id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+const SET_ATTRS: Stmt = Stmt::write(
+    "UPDATE executions SET search_attrs = $2 WHERE id = $1",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::JSONBOID],
+);
+
+/// Merges `update` into an active execution's attributes (a null removes a
+/// key) and records the change in its history; the merged attributes.
+pub fn upsert(id: pgrx::Uuid, update: Value) -> Value {
+    executions::lock_active(id, "change its search attributes");
+    let current: Jsonb = Spi::connect_mut(|client| {
+        rows::only_value(run(client, &ATTRS, &[id.into()]), "reading search attributes")
+    });
+    let merged = match merge_attrs("attrs", &current.parse("search_attrs"), &update) {
+        Ok(merged) => merged,
+        Err(e) => bad_argument(&e.option, e.why),
+    };
+    exec(&SET_ATTRS, &[id.into(), Jsonb::from_value(merged.clone()).into()]);
+    history::append(id, "SearchAttrsUpserted", json!({ "attrs": update }));
+    merged
+}
+
+/// One listed execution, in `list_executions`' column order.
+pub type Listed = (
+    pgrx::Uuid,
+    String,
+    String,
+    String,
+    TimestampWithTimeZone,
+    Option<TimestampWithTimeZone>,
+    Option<pgrx::Uuid>,
+    pgrx::JsonB,
+);
+
+/// A keyset anchor: the page starts after this `(created_at, id)`.
+pub struct Anchor {
+    pub created_at: TimestampWithTimeZone,
+    pub id: pgrx::Uuid,
+}
+
+/// Up to `max_rows` executions matching `filter`, after `after` in `order`.
+/// The statement is built for this call (its shape follows the filter) with
+/// every key and value bound, and seeks `executions_created` (or the index
+/// its filter names) from the anchor: a deep page costs what the first does.
+pub fn list(filter: &Filter, after: Option<Anchor>, max_rows: i32, order: SortOrder) -> Vec<Listed> {
+    let (condition, params) = filter.compile(1);
+    let mut args: Vec<DatumWithOid<'static>> = params.into_iter().map(datum).collect();
+    let (cmp, dir) = match order {
+        SortOrder::Desc => ("<", "DESC"),
+        SortOrder::Asc => (">", "ASC"),
+    };
+    let mut sql = format!(
+        "SELECT id, workflow_name, workflow_id, state, created_at, closed_at, parent_id, search_attrs \
+         FROM executions WHERE {condition}"
+    );
+    if let Some(anchor) = after {
+        let n = args.len();
+        sql.push_str(&format!(
+            " AND (created_at, id) {cmp} (${}::timestamptz, ${}::uuid)",
+            n + 1,
+            n + 2
+        ));
+        args.push(anchor.created_at.into());
+        args.push(anchor.id.into());
+    }
+    sql.push_str(&format!(
+        " ORDER BY created_at {dir}, id {dir} LIMIT ${}::int8",
+        args.len() + 1
+    ));
+    args.push(i64::from(max_rows).into());
+    Spi::connect(|client| rows::all(select_once(client, &sql, &args), "listing executions"))
+}
+
+fn datum(param: Param) -> DatumWithOid<'static> {
+    match param {
+        Param::Text(s) => s.into(),
+        Param::TextArray(items) => items.into(),
+        Param::Jsonb(v) => Jsonb::from_value(v).into(),
+        Param::JsonbArray(items) => items.into_iter().map(pgrx::JsonB).collect::<Vec<_>>().into(),
+        Param::Timestamp(at) => timestamp(&at.option, &at.text).into(),
+    }
+}
+
+/// A timestamp argument of a filter or an anchor, refused (naming where it
+/// was) unless it reads as a `timestamptz`.
+pub fn timestamp(option: &str, text: &str) -> TimestampWithTimeZone {
+    text.parse::<TimestampWithTimeZone>().unwrap_or_else(|_| {
+        bad_argument(
+            option,
+            format!("must be a timestamp with time zone, got {}", quoted(text)),
+        )
+    })
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{init, start};
+    use pgrx::prelude::*;
+    use serde_json::{Value, json};
+
+    fn list(filter: Value, after: Option<Value>, max_rows: i32, order: &str) -> Vec<(pgrx::Uuid, Value)> {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT execution_id, search_attrs FROM sheaf.list_executions($1, $2, $3, $4)",
+                    None,
+                    &[
+                        pgrx::JsonB(filter).into(),
+                        after.map(pgrx::JsonB).into(),
+                        max_rows.into(),
+                        order.into(),
+                    ],
+                )
+                .expect("list")
+                .map(|row| {
+                    let id = row.get::<pgrx::Uuid>(1).expect("id").expect("not null");
+                    let attrs = row.get::<pgrx::JsonB>(2).expect("attrs").expect("not null").0;
+                    (id, attrs)
+                })
+                .collect()
+        })
+    }
+
+    fn start_with(name: &str, key: &str, attrs: Value) -> pgrx::Uuid {
+        Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT execution_id FROM sheaf.start_workflow($1, $2, '{}', $3)",
+            &[
+                name.into(),
+                key.into(),
+                pgrx::JsonB(json!({"search_attrs": attrs})).into(),
+            ],
+        )
+        .expect("start")
+        .expect("an id")
+    }
+
+    #[pg_test]
+    fn attrs_set_at_start_are_listed_and_merged_by_upsert() {
+        init();
+        let id = start_with("w", "a", json!({"tenant": "acme", "n": 1}));
+        assert_eq!(
+            list(json!({}), None, 10, "desc"),
+            vec![(id, json!({"tenant": "acme", "n": 1}))]
+        );
+        let merged = Spi::get_one_with_args::<pgrx::JsonB>(
+            "SELECT sheaf.upsert_search_attrs($1, $2)",
+            &[id.into(), pgrx::JsonB(json!({"n": null, "vip": true})).into()],
+        )
+        .expect("upsert")
+        .expect("merged");
+        assert_eq!(merged.0, json!({"tenant": "acme", "vip": true}));
+        let events = Spi::get_one_with_args::<i64>(
+            "SELECT count(*) FROM sheaf.history($1) WHERE event_type = 'SearchAttrsUpserted'",
+            &[id.into()],
+        )
+        .expect("history");
+        assert_eq!(events, Some(1));
+    }
+
+    #[pg_test]
+    fn pages_follow_the_keyset_in_both_orders() {
+        init();
+        let ids: Vec<pgrx::Uuid> = (0..5)
+            .map(|i| start("w", &format!("k{i}"), json!({})).0)
+            .collect();
+        let all: Vec<pgrx::Uuid> = list(json!({}), None, 10, "asc")
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(all.len(), 5);
+        let mut sorted = ids.clone();
+        sorted.sort_by_key(|id| all.iter().position(|x| x == id));
+        assert_eq!(sorted, all, "every start listed once");
+        let anchor = |id: pgrx::Uuid| {
+            let at = Spi::get_one_with_args::<String>(
+                "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+                 FROM sheaf.executions WHERE id = $1",
+                &[id.into()],
+            )
+            .expect("created_at")
+            .expect("a time");
+            json!({"created_at": at, "execution_id": id.to_string()})
+        };
+        let next: Vec<_> = list(json!({}), Some(anchor(all[1])), 2, "asc")
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(next, all[2..4].to_vec());
+        let back: Vec<_> = list(json!({}), Some(anchor(all[3])), 10, "desc")
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(back, vec![all[2], all[1], all[0]]);
+    }
+
+    #[pg_test]
+    fn filters_are_typed() {
+        init();
+        let five = start_with("w", "a", json!({"n": 5, "s": "5"}));
+        let text = start_with("w", "b", json!({"n": "5", "s": "b"}));
+        let ids = |filter: Value| -> Vec<pgrx::Uuid> {
+            let mut ids: Vec<_> = list(filter, None, 10, "desc").into_iter().map(|r| r.0).collect();
+            ids.sort_by_key(|id| *id.as_bytes());
+            ids
+        };
+        assert_eq!(ids(json!({"attr": "n", "op": "=", "value": 5})), vec![five]);
+        assert_eq!(ids(json!({"attr": "n", "op": "=", "value": "5"})), vec![text]);
+        assert_eq!(ids(json!({"attr": "n", "op": ">", "value": 4.5})), vec![five]);
+        assert_eq!(ids(json!({"attr": "s", "op": ">", "value": "a"})), vec![text]);
+        assert_eq!(ids(json!({"attr": "n", "op": "!=", "value": 4})), vec![five]);
+        assert_eq!(
+            ids(json!({"not": {"attr": "n", "op": "<", "value": 9}})),
+            vec![text]
+        );
+        assert_eq!(
+            ids(json!({"attr": "n", "op": "in", "value": [1, "5"]})),
+            vec![text]
+        );
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "invalid filter.or[1]")]
+    fn an_or_that_would_scan_is_refused() {
+        init();
+        list(
+            json!({"or": [{"state": ["RUNNING"]}, {"created_after": "2026-01-01"}]}),
+            None,
+            10,
+            "desc",
+        );
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "invalid filter.created_after")]
+    fn a_bad_timestamp_is_named() {
+        init();
+        list(json!({"created_after": "yesterday-ish"}), None, 10, "desc");
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "invalid opts.search_attrs")]
+    fn nested_attrs_are_refused_at_start() {
+        init();
+        start_with("w", "a", json!({"deep": {"x": 1}}));
+    }
+}
