@@ -59,6 +59,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.append_event(uuid, text, jsonb),
     @extschema@.upsert_search_attrs(uuid, jsonb),
     @extschema@.list_executions(jsonb, jsonb, integer, text),
+    @extschema@.record_usage(uuid, jsonb),
     @extschema@.complete_execution(uuid, jsonb),
     @extschema@.fail_execution(uuid, text),
     @extschema@.cancel_execution(uuid, text),
@@ -82,5 +83,6 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.terminate_execution(uuid, text),
     @extschema@.pause_execution(uuid),
     @extschema@.resume_execution(uuid),
-    @extschema@.quota_recompute(text)
+    @extschema@.quota_recompute(text),
+    @extschema@.usage_report(timestamp with time zone, timestamp with time zone, text)
 TO sheaf_admin;

@@ -67,7 +67,10 @@ CREATE TABLE tasks (
     lease_secs      double precision,
     lease_expires_at timestamptz,
     token           bigint,
-    last_error      text
+    last_error      text,
+    -- When the running attempt was claimed, set by the claim's own update:
+    -- an attempt's compute seconds for sheaf.usage_report, at no extra write.
+    claimed_at      timestamptz
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05, vacuum_index_cleanup = on);
 CREATE UNIQUE INDEX tasks_idempotency ON tasks (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
@@ -394,6 +397,21 @@ CREATE TABLE events (
     created_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (execution_id, seq)
 );
+-- The usage report's events (sheaf.usage_report, workflow::usage): the
+-- durable ends of executions and of their task attempts, by when they
+-- happened, so a report reads the rows of its window only.
+CREATE INDEX events_usage ON events (created_at)
+    WHERE event_type IN ('WorkflowCompleted', 'WorkflowFailed', 'WorkflowCancelled', 'WorkflowTimedOut',
+                         'TaskCompleted', 'TaskFailed', 'TaskDeadLettered', 'TaskReaped');
+
+-- The cost ledger: metrics an application records against an execution
+-- (sheaf.record_usage), summed per group by sheaf.usage_report.
+CREATE TABLE usage_records (
+    execution_id    uuid NOT NULL REFERENCES executions (id),
+    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    metrics         jsonb NOT NULL
+);
+CREATE INDEX usage_records_window ON usage_records (recorded_at);
 
 -- Per-tenant quota usage, one row per quota key, kept by the same
 -- transactions that change what it counts (quota_recompute recounts it):

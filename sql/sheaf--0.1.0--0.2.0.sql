@@ -189,3 +189,49 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'list_executions_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.list_executions(jsonb, jsonb, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.list_executions(jsonb, jsonb, integer, text) TO sheaf_worker;
+--
+-- The usage report: an attempt's claim time (set by the claim's update),
+-- an index over the events it counts, and the cost ledger.
+ALTER TABLE @extschema@.tasks ADD COLUMN claimed_at timestamptz;
+CREATE INDEX events_usage ON @extschema@.events (created_at)
+    WHERE event_type IN ('WorkflowCompleted', 'WorkflowFailed', 'WorkflowCancelled', 'WorkflowTimedOut',
+                         'TaskCompleted', 'TaskFailed', 'TaskDeadLettered', 'TaskReaped');
+CREATE TABLE usage_records (
+    execution_id    uuid NOT NULL REFERENCES executions (id),
+    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    metrics         jsonb NOT NULL
+);
+CREATE INDEX usage_records_window ON usage_records (recorded_at);
+REVOKE ALL ON usage_records FROM PUBLIC;
+CREATE FUNCTION "usage_report"(
+	"from_ts" timestamp with time zone,
+	"to_ts" timestamp with time zone,
+	"group_by" TEXT DEFAULT 'workflow_name'
+) RETURNS TABLE (
+	"grp" TEXT,
+	"workflow_starts" bigint,
+	"completed" bigint,
+	"failed" bigint,
+	"cancelled" bigint,
+	"timed_out" bigint,
+	"activity_executions" bigint,
+	"activity_executions_failed" bigint,
+	"activity_compute_seconds" double precision,
+	"metered" jsonb
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'usage_report_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.usage_report(timestamptz, timestamptz, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.usage_report(timestamptz, timestamptz, text) TO sheaf_admin;
+CREATE FUNCTION "record_usage"(
+	"execution_id" uuid,
+	"metrics" jsonb
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'record_usage_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.record_usage(uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.record_usage(uuid, jsonb) TO sheaf_worker;

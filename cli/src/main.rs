@@ -8,6 +8,7 @@ use sheaf_driver::{Client, PoolOptions, Topology};
 
 mod executions;
 mod exit;
+mod reports;
 
 #[derive(Parser)]
 #[command(
@@ -73,6 +74,24 @@ enum Command {
         /// The workflow id it was started with.
         workflow_id: String,
     },
+    /// What the executions of every shard used in a window (at most 90
+    /// days), per workflow or per search attribute: starts, ends, activity
+    /// attempts and compute seconds, metered units. Exits 3 when partial.
+    Usage {
+        /// Where the window starts: a duration back from now (24h, 7days)
+        /// or a timestamp (2026-11-01T00:00:00Z).
+        #[arg(long)]
+        from: String,
+        /// Where it ends (exclusive), the same forms.
+        #[arg(long, default_value = "0s")]
+        to: String,
+        /// workflow_name, or a search attribute (tenant or search_attr:tenant).
+        #[arg(long, default_value = "workflow_name")]
+        group_by: String,
+    },
+    /// Every concurrency key of every shard: running, ready and waiting
+    /// tasks added up, and each shard's cap. Exits 3 when partial.
+    Concurrency,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -131,6 +150,10 @@ async fn main() -> ExitCode {
             executions::list(&client, args, cli.json).await
         }
         Command::Find { name, workflow_id } => executions::find(&client, &name, &workflow_id, cli.json).await,
+        Command::Usage { from, to, group_by } => {
+            reports::usage(&client, &from, &to, &group_by, cli.json).await
+        }
+        Command::Concurrency => reports::concurrency(&client, cli.json).await,
         Command::Status { timeout } => {
             let status = client.topology_status(timeout).await;
             if cli.json {

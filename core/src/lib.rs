@@ -15,3 +15,5 @@ pub mod policy;
 pub mod search;
 pub mod sqlstate;
 pub mod state;
+#[cfg(feature = "exact-json")]
+pub mod usage;

@@ -174,7 +174,7 @@ async fn main() -> Result<(), Error> {
 
 /// Workflow runs for `sheaf list` and `sheaf find` in `scripts/demo`:
 /// `demo-order` runs placed across the shards by (name, workflow id), each
-/// with a tenant search attribute; a third of them completed.
+/// with a tenant search attribute and metered units; a third completed.
 async fn start_orders(client: &Client) -> Result<(), Error> {
     let mut per_shard: BTreeMap<ShardId, usize> = BTreeMap::new();
     for n in 0..24 {
@@ -186,6 +186,9 @@ async fn start_orders(client: &Client) -> Result<(), Error> {
             .start_workflow("demo-order", &format!("order-{n}"), json!({"n": n}), opts)
             .await?;
         *per_shard.entry(s.shard).or_default() += 1;
+        client
+            .record_usage(s.execution_id, json!({"llm_calls": 1, "tokens": 100 + n}))
+            .await?;
         if n % 3 == 0 {
             client
                 .complete_execution(s.execution_id, json!({"ok": true}))

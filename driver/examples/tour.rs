@@ -16,7 +16,7 @@ use sheaf_driver::{
     Acquired, Client, ClientError, EnqueueOptions, ExecutionState, Json, LockOptions, MutexKey, OnShard,
     Placement, PoolOptions, QueueOptions, Resolution, ShardId, StartOptions, TaskKind, Topology,
 };
-use sheaf_driver::{AttrOp, ExecutionFilter, PageStatus, SortOrder};
+use sheaf_driver::{AttrOp, ExecutionFilter, GroupBy, PageStatus, SortOrder};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -298,28 +298,7 @@ async fn executions(t: &Tour) -> Result<(), Error> {
         found.execution_id == s.execution_id,
         "find_execution found another"
     );
-    let tag = t.name("tag");
-    let attrs = c
-        .upsert_search_attrs(s.execution_id, json!({ "tour": tag }))
-        .await?;
-    ensure!(
-        attrs.to_value()?["tour"] == json!(tag),
-        "upsert_search_attrs: {attrs}"
-    );
-    let page = c
-        .list_executions(
-            &ExecutionFilter::new().attr("tour", AttrOp::Eq, tag.as_str()),
-            None,
-            10,
-            SortOrder::Desc,
-        )
-        .await?;
-    ensure!(
-        page.items.len() == 1
-            && page.items[0].execution_id == s.execution_id
-            && page.status == PageStatus::Complete,
-        "list_executions by attribute: {page:?}"
-    );
+    attrs_and_usage(t, s.execution_id).await?;
     let e = c
         .get_execution(s.execution_id)
         .await?
@@ -345,7 +324,7 @@ async fn executions(t: &Tour) -> Result<(), Error> {
         "a second cancel changes nothing"
     );
     println!(
-        "  start_workflow, find_execution, upsert_search_attrs, list_executions, get_execution, complete/fail/cancel_execution: ok"
+        "  start_workflow, find_execution, upsert_search_attrs, list_executions, record_usage, usage_report, get_execution, complete/fail/cancel_execution: ok"
     );
     Ok(())
 }
@@ -449,6 +428,44 @@ async fn fleet_policies(t: &Tour) -> Result<(), Error> {
     Ok(())
 }
 
+/// Search attributes, a listing by one, and the usage report's metered units.
+async fn attrs_and_usage(t: &Tour, id: sheaf_driver::ExecutionId) -> Result<(), Error> {
+    let c = &t.client;
+    let tag = t.name("tag");
+    let attrs = c.upsert_search_attrs(id, json!({ "tour": tag })).await?;
+    ensure!(
+        attrs.to_value()?["tour"] == json!(tag),
+        "upsert_search_attrs: {attrs}"
+    );
+    let page = c
+        .list_executions(
+            &ExecutionFilter::new().attr("tour", AttrOp::Eq, tag.as_str()),
+            None,
+            10,
+            SortOrder::Desc,
+        )
+        .await?;
+    ensure!(
+        page.items.len() == 1 && page.items[0].execution_id == id && page.status == PageStatus::Complete,
+        "list_executions by attribute: {page:?}"
+    );
+    c.record_usage(id, json!({"tour_calls": 2})).await?;
+    let day = Duration::from_secs(86_400);
+    let now = SystemTime::now();
+    let usage = c
+        .usage_report(now - day, now + day, &GroupBy::SearchAttr("tour".into()))
+        .await?;
+    let mine = usage
+        .groups
+        .get(&tag)
+        .ok_or("usage_report: the tour's group is missing")?;
+    ensure!(
+        mine.metered.get("tour_calls").and_then(|n| n.as_i64()) == Some(2),
+        "usage_report: {mine:?}"
+    );
+    Ok(())
+}
+
 async fn fleet_reads(t: &Tour) -> Result<(), Error> {
     let c = &t.client;
     let key = t.name("cap");
@@ -464,6 +481,12 @@ async fn fleet_reads(t: &Tour) -> Result<(), Error> {
             mine.max_running
         );
     }
+    let merged = c.concurrency_report().await?;
+    let caps = merged.groups.get(&key).map(|k| k.caps.len());
+    ensure!(
+        caps == Some(t.shards.len()),
+        "concurrency_report: the cap on {caps:?} shards"
+    );
     let stranded = c.stranded_work().await.into_result()?;
     let queue = t.name("batch");
     let waiting: i64 = stranded
@@ -480,7 +503,7 @@ async fn fleet_reads(t: &Tour) -> Result<(), Error> {
         c.set_concurrency_limit(&key, None).await.is_complete(),
         "cap removed"
     );
-    println!("  concurrency_stats, stranded_work, live_workers (fan-out): ok");
+    println!("  concurrency_stats, concurrency_report, stranded_work, live_workers (fan-out): ok");
     Ok(())
 }
 

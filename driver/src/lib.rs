@@ -81,9 +81,10 @@ pub use breaker::{Breaker, BreakerState};
 pub use client::{
     Acquired, AttrOp, ClaimedTask, Client, ClientError, ConcurrencyStat, EnqueueOptions, Enqueued,
     EnqueuedBatch, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome, FleetError, FleetReport,
-    HistoryPage, ListedExecution, LockOptions, MAX_LIST_PAGE, MutexGuard, MutexKey, MutexStatus, OnShard,
-    Owned, PageStatus, QueueConfig, QueueOptions, QueueStats, QuotaDetail, QuotaUsage, RegisteredWorker,
-    Resolution, ShardConnection, ShardInfo, SortOrder, StartOptions, Started, StrandedWork,
+    GroupBy, HistoryPage, KeyConcurrency, ListedExecution, LockOptions, MAX_LIST_PAGE, MutexGuard, MutexKey,
+    MutexStatus, OnShard, Owned, PageStatus, QueueConfig, QueueOptions, QueueStats, QuotaDetail, QuotaUsage,
+    RegisteredWorker, Report, Resolution, ShardConnection, ShardInfo, SortOrder, StartOptions, Started,
+    StrandedWork, Usage,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use id::{ExecutionId, IdError, TaskId};

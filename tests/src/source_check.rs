@@ -16,6 +16,12 @@
 //!    SQL: `EXECUTE` (other than `GRANT`/`REVOKE EXECUTE`), `format(`,
 //!    `quote_ident`/`quote_literal`/`quote_nullable`, `PREPARE`, `dblink`,
 //!    `query_to_xml`.
+//! 4. The one statement composed at run time is a listing's: its shape
+//!    follows the caller's filter tree, its text is sheaf's own fragments
+//!    (`sheaf_core::search::Filter::compile`, whose tests check that no
+//!    caller text reaches it) and every caller value is a bound parameter.
+//!    It runs through `plans::select_once`, called from
+//!    `workflow/search.rs` alone.
 
 use std::path::{Path, PathBuf};
 
@@ -228,6 +234,11 @@ pub fn check_file(rel: &str, code: &str, strings: &[String]) -> Vec<String> {
         if squeezed.contains(banned) {
             problems.push(format!("{rel}: `{banned}` (a statement must be a constant)"));
         }
+    }
+    if !plans && rel != "workflow/search.rs" && squeezed.contains("select_once(") {
+        problems.push(format!(
+            "{rel}: `select_once` outside workflow/search.rs (the listing is the one statement composed at run time)"
+        ));
     }
     if !plans && squeezed.contains("Stmt {") {
         problems.push(format!("{rel}: a `Stmt {{ .. }}` literal outside base/plans.rs"));

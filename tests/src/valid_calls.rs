@@ -262,6 +262,23 @@ pub const VALID_CALLS: &[ValidCall] = &[
         ],
     ),
     call(
+        "sheaf.record_usage(uuid, jsonb)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))",
+            r#"'{"vc_llm_calls": 1, "vc_tokens": 812}'"#,
+        ],
+    ),
+    call(
+        "sheaf.usage_report(timestamp with time zone, timestamp with time zone, text)",
+        &[],
+        &[
+            "now() - interval '1 day'",
+            "now() + interval '1 day'",
+            "'search_attr:vc_n'",
+        ],
+    ),
+    call(
         "sheaf.list_executions(jsonb, jsonb, integer, text)",
         &[],
         &[

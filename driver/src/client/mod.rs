@@ -16,6 +16,7 @@ mod lifecycle;
 mod mutex;
 mod options;
 mod policy;
+mod reports;
 mod search;
 mod shard;
 mod tasks;
@@ -40,6 +41,7 @@ pub use fleet::{
 pub use history::{Event, HistoryPage, MAX_HISTORY_PAGE};
 pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
+pub use reports::{GroupBy, KeyConcurrency, Report, Usage};
 pub use search::{
     AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution, SortOrder,
 };

@@ -27,4 +27,5 @@ mod retry;
 mod search;
 mod shard;
 mod stats;
+mod usage;
 mod workers;

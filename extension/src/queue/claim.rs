@@ -53,7 +53,7 @@ const COUNTED_SWEEPS: usize = 10_000;
 // Each row comes back with the band it was taken from: its aging band, or
 // the smallest band at or above its k1.
 macro_rules! claim {
-    ($with:expr, $picked:expr, $gone:expr, $band:expr) => {
+    ($with:expr, $picked:expr, $gone:expr, $band:expr, $claimed:expr) => {
         concat!(
             "WITH RECURSIVE ",
             $with,
@@ -66,8 +66,9 @@ macro_rules! claim {
             $gone,
             ") \
              UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, token = nextval('fence_token'), \
-                    lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4) \
-             FROM gone g WHERE t.id = g.task_id \
+                    lease_owner = $3, lease_secs = $4, lease_expires_at = now() + make_interval(secs => $4)",
+            $claimed,
+            " FROM gone g WHERE t.id = g.task_id \
              RETURNING t.id, t.token, t.payload, t.attempts, t.execution_id, t.concurrency_key, t.kind, \
                        g.k1, g.k2, g.seq, ",
             $band
@@ -118,7 +119,8 @@ const CLAIMS: [Stmt; 2] = [
             "",
             "SELECT ctid FROM ready WHERE queue = $1 ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
             "",
-            "g.k1"
+            "g.k1",
+            ""
         ),
         CLAIM_ARGS,
     ),
@@ -149,7 +151,9 @@ const CLAIMS: [Stmt; 2] = [
                 ") LIMIT $2"
             ),
             ", aging_band",
-            "coalesce(g.aging_band, (SELECT min(fl.band) FROM fl WHERE fl.band >= g.k1))"
+            "coalesce(g.aging_band, (SELECT min(fl.band) FROM fl WHERE fl.band >= g.k1))",
+            // A catalog with floors has the claim time too (both 0.2.0).
+            ", claimed_at = now()"
         ),
         CLAIM_ARGS,
     ),

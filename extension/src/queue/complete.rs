@@ -11,29 +11,46 @@ use crate::base::rows;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::lease::not_running;
-use crate::queue::tasks::RUNNING;
+use crate::queue::tasks::{RUNNING, attempt_secs, claim_times};
 
 pub const MAX_BATCH: usize = 10_000;
 
-const COMPLETE: Stmt = Stmt::write(
-    "DELETE FROM tasks WHERE id = $1 AND token = $2 AND state = $3 \
-     RETURNING concurrency_key, execution_id, kind",
-    &[
-        PgBuiltInOids::UUIDOID,
-        PgBuiltInOids::INT8OID,
-        PgBuiltInOids::TEXTOID,
-    ],
-);
+const COMPLETE_ARGS: &[PgBuiltInOids] = &[
+    PgBuiltInOids::UUIDOID,
+    PgBuiltInOids::INT8OID,
+    PgBuiltInOids::TEXTOID,
+];
+macro_rules! complete {
+    ($catalog:tt) => {
+        concat!(
+            "DELETE FROM tasks WHERE id = $1 AND token = $2 AND state = $3 \
+             RETURNING concurrency_key, execution_id, kind, ",
+            attempt_secs!($catalog, "now()")
+        )
+    };
+}
+const COMPLETE: [Stmt; 2] = [
+    Stmt::write(complete!(0), COMPLETE_ARGS),
+    Stmt::write(complete!(1), COMPLETE_ARGS),
+];
 // Two steps, so every statement is a primary-key seek whatever the batch:
 // lock the entries still running, then delete those whose token matches.
 const RUNNING_TOKENS: Stmt = Stmt::write(
     "SELECT id, token FROM tasks WHERE id = ANY($1) AND state = $2 FOR UPDATE",
     &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::TEXTOID],
 );
-const DELETE_BATCH: Stmt = Stmt::write(
-    "DELETE FROM tasks WHERE id = ANY($1) RETURNING id, concurrency_key, execution_id, kind",
-    &[PgBuiltInOids::UUIDARRAYOID],
-);
+macro_rules! delete_batch {
+    ($catalog:tt) => {
+        concat!(
+            "DELETE FROM tasks WHERE id = ANY($1) RETURNING id, concurrency_key, execution_id, kind, ",
+            attempt_secs!($catalog, "now()")
+        )
+    };
+}
+const DELETE_BATCH: [Stmt; 2] = [
+    Stmt::write(delete_batch!(0), &[PgBuiltInOids::UUIDARRAYOID]),
+    Stmt::write(delete_batch!(1), &[PgBuiltInOids::UUIDARRAYOID]),
+];
 
 /// Completes a task claimed under `token`; its execution (if any) hears of
 /// it with `result`. A stale token (the lease was lost) raises 55P03, a
@@ -48,10 +65,11 @@ pub fn complete(
         key,
         execution_id,
         kind,
+        secs,
     } = take(task_id, token);
     // The execution row before the concurrency key (`base::locks`).
     if let Some(execution_id) = execution_id {
-        record(hooks, execution_id, task_id, &kind, result);
+        record(hooks, execution_id, task_id, &kind, result, secs);
     }
     if let Some(key) = key {
         caps::release(&key, 1);
@@ -66,6 +84,8 @@ pub struct Taken {
     pub execution_id: Option<pgrx::Uuid>,
     /// `workflow` or `activity`.
     pub kind: String,
+    /// The attempt's seconds since its claim (`TaskEvent::secs`).
+    pub secs: Option<f64>,
 }
 
 /// Removes a task claimed under `token` from the table, and nothing else:
@@ -73,18 +93,23 @@ pub struct Taken {
 /// raises 55P03 and changes nothing.
 pub fn take(task_id: pgrx::Uuid, token: i64) -> Taken {
     let done = Spi::connect_mut(|client| {
-        rows::first::<(Option<String>, Option<pgrx::Uuid>, String)>(
-            run(client, &COMPLETE, &[task_id.into(), token.into(), RUNNING.into()]),
+        rows::first::<(Option<String>, Option<pgrx::Uuid>, String, Option<f64>)>(
+            run(
+                client,
+                &COMPLETE[claim_times()],
+                &[task_id.into(), token.into(), RUNNING.into()],
+            ),
             "completing a task",
         )
     });
-    let Some((key, execution_id, kind)) = done else {
+    let Some((key, execution_id, kind, secs)) = done else {
         not_running(task_id, token);
     };
     Taken {
         key,
         execution_id,
         kind,
+        secs,
     }
 }
 
@@ -96,7 +121,7 @@ pub fn complete_batch(
     hooks: &dyn ExecutionHooks,
 ) -> Vec<(pgrx::Uuid, bool)> {
     let wanted: HashSet<(pgrx::Uuid, i64)> = ids.iter().copied().zip(tokens).collect();
-    let done: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>, String)> = Spi::connect_mut(|client| {
+    let done: Vec<Deleted> = Spi::connect_mut(|client| {
         let matching: Vec<pgrx::Uuid> = rows::all::<(pgrx::Uuid, i64)>(
             run(client, &RUNNING_TOKENS, &[ids.clone().into(), RUNNING.into()]),
             "completing tasks",
@@ -108,17 +133,20 @@ pub fn complete_batch(
         if matching.is_empty() {
             return Vec::new();
         }
-        rows::all(run(client, &DELETE_BATCH, &[matching.into()]), "completing tasks")
+        rows::all(
+            run(client, &DELETE_BATCH[claim_times()], &[matching.into()]),
+            "completing tasks",
+        )
     });
     // Execution rows before concurrency keys (`base::locks`); keys in a
     // fixed order, so no two batches lock two keys in opposite orders.
-    for (id, _, execution_id, kind) in &done {
+    for (id, _, execution_id, kind, secs) in &done {
         if let Some(execution_id) = execution_id {
-            record(hooks, *execution_id, *id, kind, None);
+            record(hooks, *execution_id, *id, kind, None, *secs);
         }
     }
     let mut per_key: BTreeMap<&str, i32> = BTreeMap::new();
-    for (_, key, _, _) in &done {
+    for (_, key, _, _, _) in &done {
         if let Some(key) = key {
             *per_key.entry(key.as_str()).or_default() += 1;
         }
@@ -132,18 +160,29 @@ pub fn complete_batch(
         .collect()
 }
 
+/// A task a batch completed: id, key, execution, kind, attempt seconds.
+type Deleted = (
+    pgrx::Uuid,
+    Option<String>,
+    Option<pgrx::Uuid>,
+    String,
+    Option<f64>,
+);
+
 fn record(
     hooks: &dyn ExecutionHooks,
     execution_id: pgrx::Uuid,
     task_id: pgrx::Uuid,
     kind: &str,
     result: Option<serde_json::Value>,
+    secs: Option<f64>,
 ) {
     hooks.task_outcome(TaskEvent {
         execution_id,
         task_id,
         kind,
         outcome: Outcome::Completed { result },
+        secs,
     });
 }
 

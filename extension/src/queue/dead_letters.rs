@@ -6,29 +6,45 @@ use crate::base::errors::not_ready;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
+use crate::queue::tasks::{attempt_secs, claim_times};
 use crate::queue::{caps, promote};
 
-const BURY: Stmt = Stmt::write(
-    "WITH t AS (DELETE FROM tasks WHERE id = $1 RETURNING *) \
-     INSERT INTO dead_letters (id, queue, kind, payload, priority, attempts, max_attempts, execution_id, \
-                               concurrency_key, fairness_key, fairness_weight, idempotency_key, \
-                               last_error, enqueued_at) \
-     SELECT id, queue, kind, payload, priority, attempts, max_attempts, execution_id, concurrency_key, \
-            fairness_key, fairness_weight, idempotency_key, $2, enqueued_at FROM t \
-     RETURNING concurrency_key, execution_id, kind, attempts",
-    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID],
-);
+// The attempt ends now, or at its lease's end if that came first (a reaped
+// task's last attempt).
+macro_rules! bury {
+    ($catalog:tt) => {
+        concat!(
+                "WITH t AS (DELETE FROM tasks WHERE id = $1 RETURNING *), \
+                 d AS (INSERT INTO dead_letters (id, queue, kind, payload, priority, attempts, max_attempts, \
+                                                 execution_id, concurrency_key, fairness_key, fairness_weight, \
+                                                 idempotency_key, last_error, enqueued_at) \
+                       SELECT id, queue, kind, payload, priority, attempts, max_attempts, execution_id, \
+                              concurrency_key, fairness_key, fairness_weight, idempotency_key, $2, enqueued_at \
+                       FROM t) \
+                 SELECT concurrency_key, execution_id, kind, attempts, ",
+                attempt_secs!($catalog, "least(now(), lease_expires_at)"),
+                " FROM t"
+        )
+    };
+}
+const BURY: [Stmt; 2] = [
+    Stmt::write(bury!(0), &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID]),
+    Stmt::write(bury!(1), &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID]),
+];
+
+/// A buried task's key, execution, kind, attempts and last attempt's seconds.
+type Buried = (Option<String>, Option<pgrx::Uuid>, String, i32, Option<f64>);
 
 /// Moves a running task to the dead letters and frees its slot; its
 /// execution hears of it through `hooks` (a workflow task's execution fails).
 pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
-    let row: Option<(Option<String>, Option<pgrx::Uuid>, String, i32)> = Spi::connect_mut(|client| {
+    let row: Option<Buried> = Spi::connect_mut(|client| {
         rows::first(
-            run(client, &BURY, &[task_id.into(), error.into()]),
+            run(client, &BURY[claim_times()], &[task_id.into(), error.into()]),
             "burying a task",
         )
     });
-    let Some((key, execution_id, kind, attempts)) = row else {
+    let Some((key, execution_id, kind, attempts, secs)) = row else {
         return;
     };
     // The execution row before the concurrency key (`base::locks`).
@@ -38,6 +54,7 @@ pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
             task_id,
             kind: &kind,
             outcome: Outcome::DeadLettered { attempts, error },
+            secs,
         });
     }
     if let Some(key) = key {

@@ -17,6 +17,9 @@ pub enum Outcome<'a> {
     /// Its attempts ran out (a failure or an expired lease): it is a dead
     /// letter now.
     DeadLettered { attempts: i32, error: &'a str },
+    /// Its lease expired with attempts left (its worker crashed or
+    /// stalled): the attempt is spent and the task back in line.
+    Reaped { attempt: i32 },
 }
 
 /// One task's outcome, reported to its execution.
@@ -26,6 +29,10 @@ pub struct TaskEvent<'a> {
     /// `workflow` or `activity`.
     pub kind: &'a str,
     pub outcome: Outcome<'a>,
+    /// The attempt's seconds from its claim to this outcome (for a reaped
+    /// one, to its lease's end); `None` for a task claimed by a library
+    /// older than its catalog's `claimed_at` (`tasks::claim_times`).
+    pub secs: Option<f64>,
 }
 
 /// How an execution takes a new task.

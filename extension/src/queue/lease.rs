@@ -8,8 +8,8 @@ use sheaf_core::state::TaskState;
 use crate::base::errors::{stale_token, unknown_task};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, Column};
-use crate::queue::hooks::ExecutionHooks;
-use crate::queue::tasks::RUNNING;
+use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
+use crate::queue::tasks::{RUNNING, attempt_secs, claim_times};
 use crate::queue::{caps, dead_letters, queues, ready};
 
 const RUNNING_FOR_UPDATE: Stmt = Stmt::write(
@@ -45,30 +45,40 @@ const HEARTBEAT: Stmt = Stmt::write(
         PgBuiltInOids::TEXTOID,
     ],
 );
-// Expired leases, oldest first: `[all of them, those expired since $3]`
+const EXPIRED_ARGS: &[PgBuiltInOids] = &[
+    PgBuiltInOids::TEXTOID,
+    PgBuiltInOids::INT8OID,
+    PgBuiltInOids::FLOAT8OID,
+];
+// Expired leases, oldest first, with what their execution hears of:
+// `[catalog (tasks::claim_times)][all of them, those expired since $3]`
 // (epoch seconds; `claim::sweep` says when the window is enough).
-const EXPIRED: [Stmt; 2] = [
-    Stmt::write(
-        "SELECT id, concurrency_key, attempts >= max_attempts FROM tasks \
-         WHERE queue = $1 AND state = 'running' AND lease_expires_at < now() \
-         ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-        &[
-            PgBuiltInOids::TEXTOID,
-            PgBuiltInOids::INT8OID,
-            PgBuiltInOids::FLOAT8OID,
-        ],
-    ),
-    Stmt::write(
-        "SELECT id, concurrency_key, attempts >= max_attempts FROM tasks \
-         WHERE queue = $1 AND state = 'running' AND lease_expires_at < now() \
-           AND lease_expires_at >= to_timestamp($3) \
-         ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-        &[
-            PgBuiltInOids::TEXTOID,
-            PgBuiltInOids::INT8OID,
-            PgBuiltInOids::FLOAT8OID,
-        ],
-    ),
+macro_rules! expired {
+    ($catalog:tt, $since:expr) => {
+        concat!(
+            "SELECT id, concurrency_key, attempts >= max_attempts, execution_id, kind, attempts, ",
+            attempt_secs!($catalog, "lease_expires_at"),
+            " FROM tasks WHERE queue = $1 AND state = 'running' AND lease_expires_at < now()",
+            $since,
+            " ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
+const EXPIRED: [[Stmt; 2]; 2] = [
+    [
+        Stmt::write(expired!(0, ""), EXPIRED_ARGS),
+        Stmt::write(
+            expired!(0, " AND lease_expires_at >= to_timestamp($3)"),
+            EXPIRED_ARGS,
+        ),
+    ],
+    [
+        Stmt::write(expired!(1, ""), EXPIRED_ARGS),
+        Stmt::write(
+            expired!(1, " AND lease_expires_at >= to_timestamp($3)"),
+            EXPIRED_ARGS,
+        ),
+    ],
 ];
 
 /// Locks a task that must be running under `token`; its concurrency key.
@@ -154,11 +164,11 @@ pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> Time
 /// fails its execution). With `since` (epoch seconds), only leases that
 /// expired since then.
 pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Option<f64>) -> i64 {
-    let expired: Vec<(pgrx::Uuid, Option<String>, bool)> = Spi::connect_mut(|client| {
+    let expired: Vec<Expired> = Spi::connect_mut(|client| {
         rows::all(
             run(
                 client,
-                &EXPIRED[since.is_some() as usize],
+                &EXPIRED[claim_times()][since.is_some() as usize],
                 &[queue.into(), max.into(), since.into()],
             ),
             "reading expired leases",
@@ -170,15 +180,37 @@ pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Opti
     let mut expired = expired;
     expired.sort_by(|a, b| a.1.cmp(&b.1));
     let error = "lease expired before the task was completed (worker crashed or stalled)";
-    for (id, key, last_attempt) in expired {
+    for (id, key, last_attempt, execution_id, kind, attempt, secs) in expired {
         if last_attempt {
             dead_letters::bury(id, error, hooks);
-        } else {
-            put_back(id, key.as_deref(), false, Some(error));
+            continue;
         }
+        // The execution row before the concurrency key (`base::locks`).
+        if let Some(execution_id) = execution_id {
+            hooks.task_outcome(TaskEvent {
+                execution_id,
+                task_id: id,
+                kind: &kind,
+                outcome: Outcome::Reaped { attempt },
+                secs,
+            });
+        }
+        put_back(id, key.as_deref(), false, Some(error));
     }
     n
 }
+
+/// An expired lease: task, key, whether it was the last attempt, its
+/// execution, kind, attempt and the attempt's seconds.
+type Expired = (
+    pgrx::Uuid,
+    Option<String>,
+    bool,
+    Option<pgrx::Uuid>,
+    String,
+    i32,
+    Option<f64>,
+);
 
 /// Reaps up to `max` expired leases across all queues; returns how many.
 pub fn reap_all(max: i64, hooks: &dyn ExecutionHooks) -> i64 {

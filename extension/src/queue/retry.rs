@@ -9,6 +9,7 @@ use crate::base::errors::internal;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
+use crate::queue::tasks::attempt_secs;
 use crate::queue::{caps, dead_letters, lease, tasks};
 
 /// The longest explicit `retry_in`.
@@ -16,15 +17,24 @@ pub const MAX_RETRY_SECS: f64 = 365.0 * 86_400.0;
 /// The longest error text kept; longer ones are cut (and say so).
 pub const MAX_ERROR_BYTES: usize = 8_192;
 
-const RUNNING: Stmt = Stmt::write(
-    "SELECT concurrency_key, attempts, max_attempts, execution_id, kind FROM tasks \
-     WHERE id = $1 AND token = $2 AND state = $3 FOR UPDATE",
-    &[
-        PgBuiltInOids::UUIDOID,
-        PgBuiltInOids::INT8OID,
-        PgBuiltInOids::TEXTOID,
-    ],
-);
+macro_rules! running {
+    ($catalog:tt) => {
+        concat!(
+            "SELECT concurrency_key, attempts, max_attempts, execution_id, kind, ",
+            attempt_secs!($catalog, "now()"),
+            " FROM tasks WHERE id = $1 AND token = $2 AND state = $3 FOR UPDATE"
+        )
+    };
+}
+const RUNNING_ARGS: &[PgBuiltInOids] = &[
+    PgBuiltInOids::UUIDOID,
+    PgBuiltInOids::INT8OID,
+    PgBuiltInOids::TEXTOID,
+];
+const RUNNING: [Stmt; 2] = [
+    Stmt::write(running!(0), RUNNING_ARGS),
+    Stmt::write(running!(1), RUNNING_ARGS),
+];
 const BACK_OFF: Stmt = Stmt::write(
     "UPDATE tasks SET state = 'scheduled', run_at = now() + make_interval(secs => $2), last_error = $3, \
             lease_owner = NULL, lease_secs = NULL, lease_expires_at = NULL \
@@ -51,6 +61,7 @@ struct Running {
     max_attempts: i32,
     execution_id: Option<pgrx::Uuid>,
     kind: String,
+    secs: Option<f64>,
 }
 
 fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
@@ -58,13 +69,13 @@ fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
         rows::first(
             run(
                 client,
-                &RUNNING,
+                &RUNNING[tasks::claim_times()],
                 &[task_id.into(), token.into(), tasks::RUNNING.into()],
             ),
             "failing a task",
         )
     });
-    let Some((key, attempts, max_attempts, execution_id, kind)) = row else {
+    let Some((key, attempts, max_attempts, execution_id, kind, secs)) = row else {
         lease::not_running(task_id, token)
     };
     Running {
@@ -73,6 +84,7 @@ fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
         max_attempts,
         execution_id,
         kind,
+        secs,
     }
 }
 
@@ -142,6 +154,7 @@ pub fn fail(
                 attempt: task.attempts,
                 error,
             },
+            secs: task.secs,
         });
     }
     match retry_at {

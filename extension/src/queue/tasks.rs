@@ -29,6 +29,27 @@ pub const MAX_BATCH: usize = 10_000;
 /// does.
 pub const RUNNING: &str = "running";
 
+/// Which form of a statement that reads `tasks.claimed_at` runs: 1 on a
+/// 0.2.0 catalog, 0 on an older one (between installing this library and
+/// `ALTER EXTENSION sheaf UPDATE`), where the column is missing. The claim
+/// floors arrived in the same release, so their check answers for both.
+pub fn claim_times() -> usize {
+    floor::enabled() as usize
+}
+
+/// An attempt's seconds since its claim, as a statement's output column
+/// (`$end` is when the attempt ended), and its stand-in on an older
+/// catalog ([`claim_times`]).
+macro_rules! attempt_secs {
+    (0, $end:expr) => {
+        "NULL::float8"
+    };
+    (1, $end:expr) => {
+        concat!("extract(epoch FROM ", $end, " - claimed_at)::float8")
+    };
+}
+pub(crate) use attempt_secs;
+
 // One statement inserts the tasks (in input order, so `seq` keeps the batch's
 // order) and the ready rows of those admitted now, and answers whether the
 // queue had no ready task before (its workers may be asleep on LISTEN; see

@@ -15,6 +15,26 @@ use crate::workflow::{executions, quota};
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
 /// The most events one page of history holds.
 pub const MAX_PAGE: i32 = 10_000;
+/// The event types sheaf itself appends: a caller's `append_event` may not
+/// use them, so what the usage report counts (`workflow::usage`) and what
+/// a history says happened are sheaf's own record.
+pub const OWN_EVENT_TYPES: &[&str] = &[
+    "WorkflowStarted",
+    "WorkflowCompleted",
+    "WorkflowFailed",
+    "WorkflowCancelled",
+    "WorkflowTerminated",
+    "WorkflowTimedOut",
+    "WorkflowPaused",
+    "WorkflowResumed",
+    "WorkflowSuspended",
+    "WorkflowWoken",
+    "TaskCompleted",
+    "TaskFailed",
+    "TaskDeadLettered",
+    "TaskReaped",
+    "SearchAttrsUpserted",
+];
 
 // Updating the execution row serializes appends to one execution, and the
 // update reads the row's latest version after any wait: `seq` is gap-free

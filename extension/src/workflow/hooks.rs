@@ -32,21 +32,39 @@ impl ExecutionHooks for Executions {
             task_id,
             kind,
             outcome,
+            secs,
         } = event;
         let task = task_id.to_string();
+        // Every attempt-ending event carries the attempt's seconds, which
+        // the usage report sums (`workflow::usage`).
+        let with_secs = |mut payload: serde_json::Value| {
+            if let Some(secs) = secs {
+                payload["secs"] = serde_json::json!(secs.max(0.0));
+            }
+            payload
+        };
         match outcome {
             Outcome::Completed { result } => {
                 history::append(
                     execution_id,
                     "TaskCompleted",
-                    serde_json::json!({"task_id": task, "kind": kind, "result": result}),
+                    with_secs(serde_json::json!({"task_id": task, "kind": kind, "result": result})),
                 );
             }
             Outcome::Failed { attempt, error } => {
                 history::append(
                     execution_id,
                     "TaskFailed",
-                    serde_json::json!({"task_id": task, "kind": kind, "attempt": attempt, "error": error}),
+                    with_secs(
+                        serde_json::json!({"task_id": task, "kind": kind, "attempt": attempt, "error": error}),
+                    ),
+                );
+            }
+            Outcome::Reaped { attempt } => {
+                history::append(
+                    execution_id,
+                    "TaskReaped",
+                    with_secs(serde_json::json!({"task_id": task, "kind": kind, "attempt": attempt})),
                 );
             }
             Outcome::DeadLettered { attempts, error } => {
@@ -54,7 +72,9 @@ impl ExecutionHooks for Executions {
                     history::append(
                         execution_id,
                         "TaskDeadLettered",
-                        serde_json::json!({"task_id": task, "kind": kind, "attempts": attempts, "error": error}),
+                        with_secs(
+                            serde_json::json!({"task_id": task, "kind": kind, "attempts": attempts, "error": error}),
+                        ),
                     );
                     if let Some(quota_key) = executions::quota_key_of(execution_id) {
                         quota::add(&quota_key, 0, 0, 1);

@@ -146,6 +146,7 @@ pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_jso
         key,
         execution_id,
         kind,
+        secs,
     } = complete::take(task_id, token);
     let Some(execution_id) = execution_id else {
         not_ready(format!(
@@ -161,6 +162,7 @@ pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_jso
             task_id,
             kind: &kind,
             outcome: Outcome::Completed { result },
+            secs,
         });
     };
     close_after(execution_id, how, record);

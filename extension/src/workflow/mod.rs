@@ -11,3 +11,4 @@ pub mod policy;
 pub mod quota;
 pub mod search;
 pub mod start;
+pub mod usage;

@@ -1,0 +1,235 @@
+//! The usage report and the cost ledger: what a window of this shard's
+//! executions used, per workflow name or per search attribute.
+//!
+//! Each unit is counted once, in the window it happened, from durable
+//! rows that never change: a start from its execution's `created_at`; an
+//! execution's end from its `Workflow*` event (not from the mutable state);
+//! an activity attempt from the event that ended it (`TaskCompleted`,
+//! `TaskFailed`, `TaskDeadLettered`, `TaskReaped`), whose `secs` are its
+//! compute seconds; metered units from `usage_records`. Every read seeks an
+//! index by time (`executions_created`, `events_usage`,
+//! `usage_records_window`): the cost follows the rows in the window.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+
+use sheaf_core::usage::{GroupBy, UNATTRIBUTED};
+
+use crate::base::errors::unknown_execution;
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
+use crate::workflow::executions;
+
+/// The events the report counts; `events_usage` is the partial index of
+/// exactly these (sql/schema.sql), which the statement's predicate repeats.
+macro_rules! usage_events {
+    () => {
+        "('WorkflowCompleted', 'WorkflowFailed', 'WorkflowCancelled', 'WorkflowTimedOut', \
+          'TaskCompleted', 'TaskFailed', 'TaskDeadLettered', 'TaskReaped')"
+    };
+}
+/// An execution's group: `$3` NULL groups by workflow name, else by the
+/// text of search attribute `$3` (`$4` when it has none).
+macro_rules! group {
+    () => {
+        "CASE WHEN $3::text IS NULL THEN e.workflow_name ELSE coalesce(e.search_attrs ->> $3::text, $4::text) END"
+    };
+}
+macro_rules! attempt {
+    ($events:expr) => {
+        concat!(
+            "v.event_type IN ",
+            $events,
+            " AND v.payload ->> 'kind' = 'activity'"
+        )
+    };
+}
+
+const REPORT: Stmt = Stmt::read(
+    concat!(
+        "WITH s AS (SELECT ",
+        group!(),
+        " AS grp, count(*) AS starts FROM executions e WHERE e.created_at >= $1 AND e.created_at < $2 GROUP BY 1), \
+         v AS (SELECT ",
+        group!(),
+        " AS grp, \
+                count(*) FILTER (WHERE v.event_type = 'WorkflowCompleted') AS completed, \
+                count(*) FILTER (WHERE v.event_type = 'WorkflowFailed') AS failed, \
+                count(*) FILTER (WHERE v.event_type = 'WorkflowCancelled') AS cancelled, \
+                count(*) FILTER (WHERE v.event_type = 'WorkflowTimedOut') AS timed_out, \
+                count(*) FILTER (WHERE ",
+        attempt!("('TaskCompleted', 'TaskFailed', 'TaskDeadLettered', 'TaskReaped')"),
+        ") AS attempts, \
+                count(*) FILTER (WHERE ",
+        attempt!("('TaskFailed', 'TaskDeadLettered', 'TaskReaped')"),
+        ") AS attempts_failed, \
+                coalesce(sum(CASE WHEN jsonb_typeof(v.payload -> 'secs') = 'number' \
+                                  THEN (v.payload ->> 'secs')::float8 END) FILTER (WHERE ",
+        attempt!("('TaskCompleted', 'TaskFailed', 'TaskDeadLettered', 'TaskReaped')"),
+        "), 0) AS secs \
+              FROM events v JOIN executions e ON e.id = v.execution_id \
+              WHERE v.created_at >= $1 AND v.created_at < $2 AND v.event_type IN ",
+        usage_events!(),
+        " GROUP BY 1), \
+         m AS (SELECT grp, jsonb_object_agg(metric, total) AS metered FROM (\
+                 SELECT ",
+        group!(),
+        " AS grp, k.key AS metric, sum(k.value::numeric) AS total \
+                 FROM usage_records u JOIN executions e ON e.id = u.execution_id \
+                      CROSS JOIN LATERAL jsonb_each_text(u.metrics) k \
+                 WHERE u.recorded_at >= $1 AND u.recorded_at < $2 GROUP BY 1, 2) t GROUP BY grp) \
+         SELECT g.grp, coalesce(s.starts, 0), coalesce(v.completed, 0), coalesce(v.failed, 0), \
+                coalesce(v.cancelled, 0), coalesce(v.timed_out, 0), coalesce(v.attempts, 0), \
+                coalesce(v.attempts_failed, 0), coalesce(v.secs, 0)::float8, coalesce(m.metered, '{}') \
+         FROM (SELECT grp FROM s UNION SELECT grp FROM v UNION SELECT grp FROM m) g \
+              LEFT JOIN s ON s.grp = g.grp LEFT JOIN v ON v.grp = g.grp LEFT JOIN m ON m.grp = g.grp \
+         ORDER BY g.grp"
+    ),
+    &[
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+const RECORD: Stmt = Stmt::write(
+    "INSERT INTO usage_records (execution_id, metrics) VALUES ($1, $2)",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::JSONBOID],
+);
+
+/// One group's row of the report, in `usage_report`'s column order.
+pub type UsageRow = (String, i64, i64, i64, i64, i64, i64, i64, f64, pgrx::JsonB);
+
+/// The report of `[from, to)`, one row per group, in group order.
+pub fn report(from: TimestampWithTimeZone, to: TimestampWithTimeZone, group_by: &GroupBy) -> Vec<UsageRow> {
+    let key = match group_by {
+        GroupBy::WorkflowName => None,
+        GroupBy::SearchAttr(key) => Some(key.as_str()),
+    };
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(
+                client,
+                &REPORT,
+                &[from.into(), to.into(), key.into(), UNATTRIBUTED.into()],
+            ),
+            "reading a usage report",
+        )
+    })
+}
+
+/// Records `metrics` (checked: `sheaf_core::usage::check_metrics`)
+/// against an execution of this shard, now; P0002 if it is not here.
+pub fn record(id: pgrx::Uuid, metrics: Jsonb) {
+    if executions::state_of(id).is_none() {
+        unknown_execution(id);
+    }
+    exec(&RECORD, &[id.into(), metrics.into()]);
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, init, start};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    type Row = (String, i64, i64, i64, i64, i64, i64, i64, f64, serde_json::Value);
+
+    fn report(group_by: &str) -> Vec<Row> {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT * FROM sheaf.usage_report(now() - interval '1 hour', now() + interval '1 hour', $1)",
+                    None,
+                    &[group_by.into()],
+                )
+                .expect("report")
+                .map(|r| {
+                    (
+                        r.get::<String>(1).unwrap().unwrap(),
+                        r.get::<i64>(2).unwrap().unwrap(),
+                        r.get::<i64>(3).unwrap().unwrap(),
+                        r.get::<i64>(4).unwrap().unwrap(),
+                        r.get::<i64>(5).unwrap().unwrap(),
+                        r.get::<i64>(6).unwrap().unwrap(),
+                        r.get::<i64>(7).unwrap().unwrap(),
+                        r.get::<i64>(8).unwrap().unwrap(),
+                        r.get::<f64>(9).unwrap().unwrap(),
+                        r.get::<pgrx::JsonB>(10).unwrap().unwrap().0,
+                    )
+                })
+                .collect()
+        })
+    }
+
+    #[pg_test]
+    fn starts_ends_attempts_and_metered_units_per_group() {
+        init();
+        let a = Spi::get_one::<pgrx::Uuid>(
+            "SELECT execution_id FROM sheaf.start_workflow('w', 'a', '{}', '{\"search_attrs\": {\"tenant\": \"acme\"}}')",
+        )
+        .unwrap()
+        .unwrap();
+        let b = start("w", "b", json!({})).0;
+        Spi::run_with_args(
+            "SELECT sheaf.enqueue('acts', '{}', jsonb_build_object('execution_id', $1::text))",
+            &[a.into()],
+        )
+        .unwrap();
+        let t = claim("acts", 1).remove(0);
+        Spi::run_with_args("SELECT sheaf.complete($1, $2, '{}')", &[t.0.into(), t.1.into()]).unwrap();
+        Spi::run_with_args(
+            "SELECT sheaf.record_usage($1, '{\"llm_calls\": 2, \"tokens\": 10}')",
+            &[a.into()],
+        )
+        .unwrap();
+        Spi::run_with_args("SELECT sheaf.record_usage($1, '{\"tokens\": 5}')", &[a.into()]).unwrap();
+        Spi::run_with_args("SELECT sheaf.cancel_execution($1, 'x')", &[b.into()]).unwrap();
+        let rows = report("workflow_name");
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let (grp, starts, completed, _, cancelled, _, attempts, failed, secs, metered) = rows[0].clone();
+        assert_eq!(
+            (grp.as_str(), starts, completed, cancelled, attempts, failed),
+            ("w", 2, 0, 1, 1, 0)
+        );
+        assert!(secs >= 0.0);
+        assert_eq!(metered, json!({"llm_calls": 2, "tokens": 15}));
+        let by_tenant: Vec<(String, i64)> = report("search_attr:tenant")
+            .into_iter()
+            .map(|r| (r.0, r.1))
+            .collect();
+        assert_eq!(
+            by_tenant,
+            vec![("(unattributed)".to_owned(), 1), ("acme".to_owned(), 1)]
+        );
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "at most 90 days")]
+    fn a_window_over_90_days_is_refused() {
+        init();
+        Spi::run("SELECT * FROM sheaf.usage_report(now() - interval '91 days', now())").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "must be a finite number")]
+    fn a_metric_must_be_a_number() {
+        init();
+        let b = start("w", "b", json!({})).0;
+        Spi::run_with_args("SELECT sheaf.record_usage($1, '{\"x\": \"1\"}')", &[b.into()]).unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "is one of sheaf's own event types")]
+    fn sheafs_own_event_types_are_reserved() {
+        init();
+        let b = start("w", "b", json!({})).0;
+        Spi::run_with_args(
+            "SELECT sheaf.append_event($1, 'TaskCompleted', '{\"secs\": \"x\"}')",
+            &[b.into()],
+        )
+        .unwrap();
+    }
+}
