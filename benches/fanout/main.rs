@@ -104,7 +104,7 @@ const FILL: &str = "\
 INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state, seq, queue, input, search_attrs, \
                               created_at, closed_at, last_event_seq) \
 SELECT sheaf.new_id(), 'bench-' || (g % 5), 'b-' || g, s.state, nextval('sheaf.execution_seq'), 'default', '{}', \
-       jsonb_build_object('tenant', 't' || (g % 100)) || CASE WHEN g % 100 = 7 THEN '{\"rare\": true}' ELSE '{}' END, \
+       jsonb_build_object('tenant', 't' || (g % 100)) || CASE WHEN g % 100 = 7 THEN '{\"rare\": true}'::jsonb ELSE '{}'::jsonb END, \
        t.at, CASE WHEN s.state <> 'RUNNING' THEN t.at + interval '1 minute' END, 3 \
 FROM generate_series(1, $1::int) g, \
      LATERAL (SELECT now() - random() * interval '60 days' + g * interval '0 seconds' AS at) t, \
@@ -136,8 +136,10 @@ async fn fill(url: &str, per_shard: u32) -> Result<(), Error> {
         .await?;
     db.execute(FILL, &[&(per_shard as i32)]).await?;
     db.execute(FILL_EVENTS, &[]).await?;
-    db.batch_execute("VACUUM ANALYZE sheaf.executions; VACUUM ANALYZE sheaf.events")
-        .await?;
+    // One statement each: a multi-statement string runs as one transaction,
+    // which VACUUM refuses.
+    db.batch_execute("VACUUM ANALYZE sheaf.executions").await?;
+    db.batch_execute("VACUUM ANALYZE sheaf.events").await?;
     Ok(())
 }
 
