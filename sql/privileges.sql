@@ -60,6 +60,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.upsert_search_attrs(uuid, jsonb),
     @extschema@.list_executions(jsonb, jsonb, integer, text),
     @extschema@.record_usage(uuid, jsonb),
+    @extschema@.signal(uuid, text, jsonb, jsonb),
     @extschema@.complete_execution(uuid, jsonb),
     @extschema@.fail_execution(uuid, text),
     @extschema@.cancel_execution(uuid, text),

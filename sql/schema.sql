@@ -404,6 +404,14 @@ CREATE INDEX events_usage ON events (created_at)
     WHERE event_type IN ('WorkflowCompleted', 'WorkflowFailed', 'WorkflowCancelled', 'WorkflowTimedOut',
                          'TaskCompleted', 'TaskFailed', 'TaskDeadLettered', 'TaskReaped');
 
+-- Signal ids already delivered to an execution (sheaf.signal's
+-- opts.signal_id): a sender's retry delivers nothing more.
+CREATE TABLE signals_seen (
+    execution_id    uuid NOT NULL REFERENCES executions (id),
+    signal_id       text NOT NULL CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
+    PRIMARY KEY (execution_id, signal_id)
+);
+
 -- The cost ledger: metrics an application records against an execution
 -- (sheaf.record_usage), summed per group by sheaf.usage_report.
 CREATE TABLE usage_records (

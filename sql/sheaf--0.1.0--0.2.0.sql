@@ -235,3 +235,23 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'record_usage_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.record_usage(uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.record_usage(uuid, jsonb) TO sheaf_worker;
+--
+-- Signals to one execution, deduplicated by the sender's signal id.
+CREATE TABLE signals_seen (
+    execution_id    uuid NOT NULL REFERENCES executions (id),
+    signal_id       text NOT NULL CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
+    PRIMARY KEY (execution_id, signal_id)
+);
+REVOKE ALL ON signals_seen FROM PUBLIC;
+CREATE FUNCTION "signal"(
+	"execution_id" uuid,
+	"signal" TEXT,
+	"payload" jsonb,
+	"opts" jsonb DEFAULT '{}'
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'signal_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.signal(uuid, text, jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.signal(uuid, text, jsonb, jsonb) TO sheaf_worker;

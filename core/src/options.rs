@@ -213,6 +213,32 @@ pub fn check_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `sheaf.signal` options.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SignalOptions {
+    /// Deduplicates a sender's retries: a second signal with the same id to
+    /// the same execution is not delivered again.
+    pub signal_id: Option<String>,
+}
+
+impl SignalOptions {
+    pub fn parse(opts: &Value) -> Result<Self, OptionError> {
+        let map = object(opts, &["signal_id"])?;
+        let mut o = SignalOptions::default();
+        for (name, value) in map {
+            if value.is_null() {
+                continue;
+            }
+            let opt = format!("opts.{name}");
+            match name.as_str() {
+                "signal_id" => o.signal_id = Some(key(&opt, value)?),
+                _ => unreachable!("object() refuses unknown options"),
+            }
+        }
+        Ok(o)
+    }
+}
+
 fn object<'a>(opts: &'a Value, accepted: &[&str]) -> Result<&'a Map<String, Value>, OptionError> {
     let map = opts
         .as_object()
@@ -372,5 +398,24 @@ mod tests {
         assert!(check_queue_name("a\nb").is_err());
         assert!(check_key(&"k".repeat(256)).is_ok());
         assert!(check_key(&"k".repeat(257)).is_err());
+    }
+
+    #[test]
+    fn a_signal_takes_only_a_signal_id() {
+        let o = SignalOptions::parse(&json!({"signal_id": "s-1"})).unwrap();
+        assert_eq!(o.signal_id.as_deref(), Some("s-1"));
+        assert_eq!(
+            SignalOptions::parse(&json!({})).unwrap(),
+            SignalOptions::default()
+        );
+        for bad in [
+            json!({"signal_id": ""}),
+            json!({"signal_id": 5}),
+            json!({"signal_id": "x".repeat(257)}),
+            json!({"other": 1}),
+            json!([]),
+        ] {
+            assert!(SignalOptions::parse(&bad).is_err(), "{bad}");
+        }
     }
 }

@@ -324,7 +324,7 @@ async fn executions(t: &Tour) -> Result<(), Error> {
         "a second cancel changes nothing"
     );
     println!(
-        "  start_workflow, find_execution, upsert_search_attrs, list_executions, record_usage, usage_report, get_execution, complete/fail/cancel_execution: ok"
+        "  start_workflow, find_execution, upsert_search_attrs, list_executions, signal, record_usage, usage_report, get_execution, complete/fail/cancel_execution: ok"
     );
     Ok(())
 }
@@ -428,7 +428,8 @@ async fn fleet_policies(t: &Tour) -> Result<(), Error> {
     Ok(())
 }
 
-/// Search attributes, a listing by one, and the usage report's metered units.
+/// Search attributes, a listing by one, a signal, and the usage report's
+/// metered units.
 async fn attrs_and_usage(t: &Tour, id: sheaf_driver::ExecutionId) -> Result<(), Error> {
     let c = &t.client;
     let tag = t.name("tag");
@@ -448,6 +449,11 @@ async fn attrs_and_usage(t: &Tour, id: sheaf_driver::ExecutionId) -> Result<(), 
     ensure!(
         page.items.len() == 1 && page.items[0].execution_id == id && page.status == PageStatus::Complete,
         "list_executions by attribute: {page:?}"
+    );
+    ensure!(
+        c.signal(id, "tour", json!({"n": 1}), Some("tour-1")).await?
+            && c.signal(id, "tour", json!({"n": 1}), Some("tour-1")).await?,
+        "signal, and its retry, read as delivered"
     );
     c.record_usage(id, json!({"tour_calls": 2})).await?;
     let day = Duration::from_secs(86_400);

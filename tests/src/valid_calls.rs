@@ -254,6 +254,16 @@ pub const VALID_CALLS: &[ValidCall] = &[
         ],
     ),
     call(
+        "sheaf.signal(uuid, text, jsonb, jsonb)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-start'))",
+            "'vc_approve'",
+            r#"'{"by": "vc"}'"#,
+            r#"'{"signal_id": "vc-signal-1"}'"#,
+        ],
+    ),
+    call(
         "sheaf.upsert_search_attrs(uuid, jsonb)",
         &[],
         &[

@@ -203,7 +203,8 @@ async fn the_report_counts_each_unit_once_in_its_window() {
     // b: a lease reaped, then completed; the run terminated.
     let t = claimed(&c, b, &format!("{queue}-3"), Duration::from_secs(1), 3).await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    assert_eq!(c.reap_expired(t.shard, 100).await.expect("reap"), 1);
+    // Other suites' expired leases on the shard may be reaped with it.
+    assert!(c.reap_expired(t.shard, 100).await.expect("reap") >= 1);
     let t = claim_one(&c, t.shard, &format!("{queue}-3"), Duration::from_secs(60)).await;
     c.complete(t.task_id, t.token, None)
         .await

@@ -1,5 +1,5 @@
 //! History: an execution's append-only events, read in pages (keyset on
-//! `seq`) or as a stream; appending an event.
+//! `seq`) or as a stream; appending an event; signalling an execution.
 
 use std::time::SystemTime;
 
@@ -11,6 +11,8 @@ use crate::json::Json;
 
 const HISTORY: &str = "SELECT seq, event_type, payload, created_at FROM sheaf.history($1, $2, $3)";
 const APPEND_EVENT: &str = "SELECT sheaf.append_event($1, $2, $3)";
+const SIGNAL: &str =
+    "SELECT sheaf.signal($1, $2, $3, jsonb_strip_nulls(jsonb_build_object('signal_id', $4::text)))";
 
 /// The most events one page may hold (the shard's `max_rows` bound).
 pub const MAX_HISTORY_PAGE: usize = 10_000;
@@ -105,6 +107,28 @@ impl Client {
         let payload = payload.into();
         let rows = self
             .query(&call, APPEND_EVENT, &[&id.as_uuid(), &event_type, &payload])
+            .await?;
+        first_column(&call, &rows)
+    }
+}
+
+impl Client {
+    /// Delivers `signal` (1 to 128 bytes) with `payload` to an execution,
+    /// routed by its id: `SignalReceived` in its history, and a wake (a new
+    /// workflow task) if it is suspended. A `signal_id` makes a retry
+    /// deliver nothing more (it returns `true`, as delivered). `false` if
+    /// the execution has ended.
+    pub async fn signal(
+        &self,
+        id: ExecutionId,
+        signal: &str,
+        payload: impl Into<Json>,
+        signal_id: Option<&str>,
+    ) -> Result<bool, ClientError> {
+        let call = self.by_execution(id);
+        let payload = payload.into();
+        let rows = self
+            .query(&call, SIGNAL, &[&id.as_uuid(), &signal, &payload, &signal_id])
             .await?;
         first_column(&call, &rows)
     }

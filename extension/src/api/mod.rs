@@ -26,6 +26,7 @@ mod quota;
 mod retry;
 mod search;
 mod shard;
+mod signals;
 mod stats;
 mod usage;
 mod workers;

@@ -34,6 +34,7 @@ pub const OWN_EVENT_TYPES: &[&str] = &[
     "TaskDeadLettered",
     "TaskReaped",
     "SearchAttrsUpserted",
+    "SignalReceived",
 ];
 
 // Updating the execution row serializes appends to one execution, and the

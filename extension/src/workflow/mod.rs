@@ -10,5 +10,6 @@ pub mod lifecycle;
 pub mod policy;
 pub mod quota;
 pub mod search;
+pub mod signals;
 pub mod start;
 pub mod usage;
