@@ -304,6 +304,31 @@ async fn the_report_counts_each_unit_once_in_its_window() {
         .expect("a report");
     assert_eq!(by_name.groups[&name].workflow_starts, 5);
 
+    // An event at the edge: a window that ends at a's WorkflowCompleted
+    // leaves it out, one that starts there counts it.
+    let shard = fleet()
+        .shards()
+        .find(|s| Some(s.id) == a.shard())
+        .expect("a's shard");
+    let ended: SystemTime = connect(shard)
+        .await
+        .query_one(
+            "SELECT created_at FROM sheaf.events WHERE execution_id = $1 AND event_type = 'WorkflowCompleted'",
+            &[&a.as_uuid()],
+        )
+        .await
+        .expect("a's end")
+        .get(0);
+    let completed = async |f: SystemTime, t: SystemTime| {
+        let r = c
+            .usage_report(f, t, &GroupBy::SearchAttr(key.clone()))
+            .await
+            .expect("a report");
+        r.groups.get("a").map_or(0, |u| u.completed)
+    };
+    assert_eq!(completed(from, ended).await, 0, "an event at `to` is out");
+    assert_eq!(completed(ended, to).await, 1, "an event at `from` is in");
+
     // Refusals: a window over 90 days, a backwards one, a bad metric.
     let day = Duration::from_secs(86_400);
     for (f, t) in [(to - day * 91, to), (to, from)] {
