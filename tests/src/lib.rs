@@ -35,6 +35,27 @@ pub fn fleet() -> &'static Topology {
     })
 }
 
+/// Runs `scripts/shards <args>` on a suite's own clusters: under
+/// `/tmp/sheaf-test-<name>/pg<major>` (major from `SHEAF_TEST_PG`, default
+/// 15), ports from `base_port + 10 * major`. Its stdout (for `up`, the
+/// `SHEAF_SHARDS` lines); fails the test when the script does.
+pub fn own_shards(name: &str, base_port: u32, args: &[&str]) -> String {
+    let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
+    let port = (base_port + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string();
+    let dir = format!("/tmp/sheaf-test-{name}/pg{major}");
+    let out = Command::new(repo_root().join("scripts/shards"))
+        .args(args)
+        .args(["--pg", &major, "--dir", &dir, "--base-port", &port])
+        .output()
+        .expect("scripts/shards runs");
+    assert!(
+        out.status.success(),
+        "scripts/shards {args:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
 /// The repository's root. Read when the test runs, not when it is compiled:
 /// a shared target directory can hand a checkout binaries built in another
 /// one, whose compiled-in path may be gone.

@@ -8,7 +8,6 @@
 //! others, an `Indeterminate` find. Runs its own four shards.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -25,21 +24,7 @@ const PER_SHARD: usize = 2_500;
 const WORKFLOWS: [&str; 5] = ["billing", "ingest", "report", "sync", "mail"];
 
 fn shards(args: &[&str]) -> String {
-    let root = sheaf_tests::repo_root();
-    let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
-    let port = (25600 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string();
-    let dir = format!("/tmp/sheaf-test-listing/pg{major}");
-    let out = Command::new(root.join("scripts/shards"))
-        .args(args)
-        .args(["--pg", &major, "--dir", &dir, "--base-port", &port])
-        .output()
-        .expect("scripts/shards runs");
-    assert!(
-        out.status.success(),
-        "scripts/shards {args:?}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
+    sheaf_tests::own_shards("listing", 25600, args)
 }
 
 /// One execution as its shard holds it: the ground truth.

@@ -3,7 +3,6 @@
 //! them), status and metrics show it down, and the shard is back after it
 //! restarts. Runs its own three shards (a real cluster is stopped here).
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,21 +13,7 @@ use sheaf_driver::{
 };
 
 fn shards(args: &[&str]) -> String {
-    let root = sheaf_tests::repo_root();
-    let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
-    let port = (25500 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string();
-    let dir = format!("/tmp/sheaf-test-outage/pg{major}");
-    let out = Command::new(root.join("scripts/shards"))
-        .args(args)
-        .args(["--pg", &major, "--dir", &dir, "--base-port", &port])
-        .output()
-        .expect("scripts/shards runs");
-    assert!(
-        out.status.success(),
-        "scripts/shards {args:?}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
+    sheaf_tests::own_shards("outage", 25500, args)
 }
 
 async fn shard_id(pools: &ShardPools, shard: ShardId) -> Result<i32, ShardError> {

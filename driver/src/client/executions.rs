@@ -160,19 +160,25 @@ impl Client {
     }
 }
 
-/// An execution row of `get_execution`'s shape.
-pub(crate) fn execution_from_row(call: &Call, row: &tokio_postgres::Row) -> Result<Execution, ClientError> {
+/// A row's `state` column; a state this driver does not know is an error
+/// saying to upgrade it.
+pub(crate) fn read_state(call: &Call, row: &tokio_postgres::Row) -> Result<ExecutionState, ClientError> {
     let state: String = row.try_get("state").map_err(|e| call.error(e, 1))?;
-    let Ok(state) = state.parse::<ExecutionState>() else {
-        return Err(ClientError::Database {
+    state
+        .parse::<ExecutionState>()
+        .map_err(|_| ClientError::Database {
             shard: call.shard,
             code: None,
             message: format!(
                 "the shard returned execution state {}, which this driver does not know: upgrade the driver",
                 sheaf_core::excerpt::quoted(&state)
             ),
-        });
-    };
+        })
+}
+
+/// An execution row of `get_execution`'s shape.
+pub(crate) fn execution_from_row(call: &Call, row: &tokio_postgres::Row) -> Result<Execution, ClientError> {
+    let state = read_state(call, row)?;
     let read = || -> Result<Execution, tokio_postgres::Error> {
         Ok(Execution {
             execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use serde_json::{Number, Value};
 
-use super::search::PageStatus;
+use super::search::{PageStatus, refused_argument};
 use super::{Call, Client, ClientError, Owned};
 use crate::id::ExecutionId;
 use crate::json::Json;
@@ -201,13 +201,7 @@ fn merged<T: Default + Clone>(
     report: super::FleetReport<BTreeMap<String, T>>,
     add: impl Fn(&mut T, ShardId, &T),
 ) -> Result<Report<T>, ClientError> {
-    if let Some(e) = report
-        .failed
-        .values()
-        .find(|e| matches!(e, ClientError::InvalidArgument { .. }))
-    {
-        return Err(ClientError::BadRequest(e.to_string()));
-    }
+    refused_argument(&report.failed)?;
     let mut groups: BTreeMap<String, T> = BTreeMap::new();
     for (shard, rows) in &report.ok {
         for (group, value) in rows {

@@ -12,7 +12,7 @@ use sheaf_core::state::ExecutionState;
 
 pub use sheaf_core::page::SortOrder;
 
-use super::executions::execution_from_row;
+use super::executions::{execution_from_row, read_state};
 use super::{Call, Client, ClientError, Execution, Owned};
 use crate::id::ExecutionId;
 use crate::json::Json;
@@ -267,13 +267,7 @@ impl Client {
                 }
             })
             .await;
-        if let Some(e) = report
-            .failed
-            .values()
-            .find(|e| matches!(e, ClientError::InvalidArgument { .. }))
-        {
-            return Err(ClientError::BadRequest(e.to_string()));
-        }
+        refused_argument(&report.failed)?;
         let runs: Vec<Vec<ListedExecution>> = report.ok.into_values().collect();
         let mut items = merge_sorted(runs, order, page_size + 1, sort_key);
         let more = items.len() > page_size;
@@ -314,13 +308,7 @@ impl Client {
                 rows.first().map(|row| execution_from_row(&call, row)).transpose()
             })
             .await;
-        if let Some(e) = report
-            .failed
-            .values()
-            .find(|e| matches!(e, ClientError::InvalidArgument { .. }))
-        {
-            return Err(ClientError::BadRequest(e.to_string()));
-        }
+        refused_argument(&report.failed)?;
         let best = report
             .ok
             .into_values()
@@ -337,6 +325,18 @@ impl Client {
                 unavailable_shards: report.failed,
             },
         })
+    }
+}
+
+/// A fan-out read's argument that a shard refused (22023, 22004) is the
+/// caller's mistake, the same on every shard: an error, not a missing shard.
+pub(crate) fn refused_argument(failed: &BTreeMap<ShardId, ClientError>) -> Result<(), ClientError> {
+    match failed
+        .values()
+        .find(|e| matches!(e, ClientError::InvalidArgument { .. }))
+    {
+        Some(e) => Err(ClientError::BadRequest(e.to_string())),
+        None => Ok(()),
     }
 }
 
@@ -396,17 +396,7 @@ fn anchor(text: &str, order: SortOrder, hash: u64) -> Result<Json, ClientError> 
 }
 
 fn listed_from_row(call: &Call, row: &tokio_postgres::Row) -> Result<ListedExecution, ClientError> {
-    let state: String = row.try_get("state").map_err(|e| call.error(e, 1))?;
-    let state = state
-        .parse::<ExecutionState>()
-        .map_err(|_| ClientError::Database {
-            shard: call.shard,
-            code: None,
-            message: format!(
-                "the shard returned execution state {}, which this driver does not know: upgrade the driver",
-                sheaf_core::excerpt::quoted(&state)
-            ),
-        })?;
+    let state = read_state(call, row)?;
     let read = || -> Result<ListedExecution, tokio_postgres::Error> {
         Ok(ListedExecution {
             execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
