@@ -61,6 +61,21 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.list_executions(jsonb, jsonb, integer, text),
     @extschema@.record_usage(uuid, jsonb),
     @extschema@.signal(uuid, text, jsonb, jsonb),
+    @extschema@.start_child(uuid, text, text, jsonb, jsonb),
+    @extschema@.cancel_child(uuid, uuid, text),
+    @extschema@.list_children(uuid, uuid, integer),
+    @extschema@.relay_take(integer, interval, uuid[]),
+    @extschema@.relay_report(uuid, bigint, jsonb),
+    @extschema@.relay_start_child(uuid, uuid, text, text, jsonb),
+    @extschema@.relay_close_child(uuid, uuid, text, text),
+    @extschema@.relay_backlog(),
+    @extschema@.signal_external(uuid, text, text, text, jsonb, jsonb),
+    @extschema@.cancel_external(uuid, text, text, text, jsonb),
+    @extschema@.outbox_take(integer, interval),
+    @extschema@.outbox_report(uuid, bigint, jsonb),
+    @extschema@.outbox_backlog(),
+    @extschema@.published_topology(),
+    @extschema@.fleet_config(),
     @extschema@.complete_execution(uuid, jsonb),
     @extschema@.fail_execution(uuid, text),
     @extschema@.cancel_execution(uuid, text),
@@ -69,9 +84,14 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.quota_usage(text),
     @extschema@.mutex_acquire(text, uuid, interval),
     @extschema@.mutex_release(text, uuid, bigint),
+    @extschema@.mutex_leave(text, uuid),
     @extschema@.mutex_renew(text, uuid, bigint, interval),
     @extschema@.mutex_reclaim(integer),
-    @extschema@.mutex_status(text)
+    @extschema@.mutex_status(text),
+    @extschema@.migration_activate(uuid),
+    @extschema@.migration_report(bigint, text, text),
+    @extschema@.migration_stalled(interval, integer, integer[]),
+    @extschema@.migration_repoint(uuid, integer)
 TO sheaf_worker;
 
 -- Admin surface.
@@ -85,5 +105,19 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.pause_execution(uuid),
     @extschema@.resume_execution(uuid),
     @extschema@.quota_recompute(text),
-    @extschema@.usage_report(timestamp with time zone, timestamp with time zone, text)
+    @extschema@.usage_report(timestamp with time zone, timestamp with time zone, text),
+    @extschema@.list_child_links(uuid, uuid, integer),
+    @extschema@.known_children(uuid[]),
+    @extschema@.publish_topology(text, boolean),
+    @extschema@.audit_log(bigint, integer),
+    @extschema@.rebalance_candidates(uuid, integer),
+    @extschema@.migration_begin(uuid, integer),
+    @extschema@.migration_stage(jsonb),
+    @extschema@.migration_verify(bigint, text),
+    @extschema@.migration_cutover(bigint),
+    @extschema@.migration_discard(uuid),
+    @extschema@.migrations(boolean, integer),
+    @extschema@.erase_payloads(uuid),
+    @extschema@.migration_seals(uuid, integer),
+    @extschema@.migration_adopt_seal(jsonb)
 TO sheaf_admin;

@@ -255,3 +255,567 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'signal_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.signal(uuid, text, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.signal(uuid, text, jsonb, jsonb) TO sheaf_worker;
+--
+-- Child workflows and the relay that carries their effects across shards
+-- (see children and cross_shard_children in sql/schema.sql).
+CREATE TABLE children (
+    parent_id       uuid NOT NULL REFERENCES executions (id),
+    workflow_name   text NOT NULL,
+    workflow_id     text NOT NULL,
+    child_id        uuid NOT NULL UNIQUE,
+    target_shard    integer NOT NULL CHECK (target_shard BETWEEN 0 AND 65534),
+    parent_close    text NOT NULL CHECK (parent_close IN ('terminate', 'request_cancel', 'abandon')),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (parent_id, workflow_name, workflow_id)
+);
+REVOKE ALL ON children FROM PUBLIC;
+CREATE INDEX executions_parent ON executions (parent_id, id) WHERE parent_id IS NOT NULL;
+CREATE TABLE cross_shard_children (
+    child_id        uuid PRIMARY KEY REFERENCES children (child_id),
+    parent_id       uuid NOT NULL,
+    target_shard    integer NOT NULL CHECK (target_shard BETWEEN 0 AND 65534),
+    state           text NOT NULL CHECK (state IN ('STARTING', 'RUNNING')),
+    input           jsonb,
+    close_requested text CHECK (close_requested IN ('cancel', 'terminate')),
+    close_reason    text,
+    close_delivered boolean NOT NULL DEFAULT false,
+    parent_ended    boolean NOT NULL DEFAULT false,
+    attempts        integer NOT NULL DEFAULT 0,
+    last_attempt_at timestamptz,
+    last_error      text,
+    due_at          timestamptz NOT NULL DEFAULT now(),
+    lease_token     bigint,
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON cross_shard_children FROM PUBLIC;
+CREATE INDEX cross_shard_children_due ON cross_shard_children (due_at);
+CREATE INDEX cross_shard_children_parent ON cross_shard_children (parent_id);
+CREATE FUNCTION "start_child"(
+	"parent_id" uuid,
+	"name" TEXT,
+	"workflow_id" TEXT,
+	"input" jsonb,
+	"opts" jsonb DEFAULT '{}'
+) RETURNS TABLE (
+	"child_id" uuid,
+	"target_shard" INT,
+	"created" bool
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'start_child_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.start_child(uuid, text, text, jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.start_child(uuid, text, text, jsonb, jsonb) TO sheaf_worker;
+CREATE FUNCTION "cancel_child"(
+	"parent_id" uuid,
+	"child_id" uuid,
+	"reason" TEXT DEFAULT NULL
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'cancel_child_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cancel_child(uuid, uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.cancel_child(uuid, uuid, text) TO sheaf_worker;
+CREATE FUNCTION "list_children"(
+	"parent_id" uuid,
+	"after" uuid DEFAULT NULL,
+	"max_rows" INT DEFAULT 1000
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"workflow_name" TEXT,
+	"workflow_id" TEXT,
+	"state" TEXT,
+	"shard" INT,
+	"created_at" timestamp with time zone,
+	"closed_at" timestamp with time zone
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_children_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_children(uuid, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_children(uuid, uuid, integer) TO sheaf_worker;
+CREATE FUNCTION "relay_take"(
+	"max_rows" INT DEFAULT 100,
+	"lease" interval DEFAULT '30 seconds',
+	"child_ids" uuid[] DEFAULT NULL
+) RETURNS TABLE (
+	"child_id" uuid,
+	"parent_id" uuid,
+	"target_shard" INT,
+	"state" TEXT,
+	"workflow_name" TEXT,
+	"workflow_id" TEXT,
+	"input" jsonb,
+	"close_requested" TEXT,
+	"close_reason" TEXT,
+	"close_delivered" bool,
+	"parent_ended" bool,
+	"attempts" INT,
+	"lease_token" bigint
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_take_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_take(integer, interval, uuid[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_take(integer, interval, uuid[]) TO sheaf_worker;
+CREATE FUNCTION "relay_report"(
+	"child_id" uuid,
+	"lease_token" bigint,
+	"outcome" jsonb
+) RETURNS TEXT
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_report_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_report(uuid, bigint, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_report(uuid, bigint, jsonb) TO sheaf_worker;
+CREATE FUNCTION "relay_start_child"(
+	"child_id" uuid,
+	"parent_id" uuid,
+	"name" TEXT,
+	"workflow_id" TEXT,
+	"input" jsonb
+) RETURNS TABLE (
+	"outcome" TEXT,
+	"execution_id" uuid
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_start_child_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_start_child(uuid, uuid, text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_start_child(uuid, uuid, text, text, jsonb) TO sheaf_worker;
+CREATE FUNCTION "relay_close_child"(
+	"child_id" uuid,
+	"parent_id" uuid,
+	"how" TEXT,
+	"reason" TEXT DEFAULT NULL
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_close_child_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_close_child(uuid, uuid, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_close_child(uuid, uuid, text, text) TO sheaf_worker;
+CREATE FUNCTION "relay_backlog"() RETURNS TABLE (
+	"target_shard" INT,
+	"state" TEXT,
+	"close_requested" TEXT,
+	"rows" bigint,
+	"failing" bigint,
+	"oldest" timestamp with time zone,
+	"max_attempts" INT,
+	"last_error" TEXT
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_backlog_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_backlog() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_backlog() TO sheaf_worker;
+--
+-- Signals and cancels addressed by business key: the outbox the relay
+-- delivers (see outbox in sql/schema.sql).
+CREATE TABLE outbox (
+    outbox_id       uuid PRIMARY KEY,
+    sender_id       uuid NOT NULL,
+    kind            text NOT NULL CHECK (kind IN ('signal', 'cancel')),
+    workflow_name   text NOT NULL,
+    workflow_id     text NOT NULL,
+    signal          text,
+    payload         jsonb,
+    reason          text,
+    signal_id       text CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
+    state           text NOT NULL DEFAULT 'PENDING' CHECK (state IN ('PENDING', 'CONFIRMING', 'DONE')),
+    delivered_to    uuid,
+    attempts        integer NOT NULL DEFAULT 0,
+    indeterminate   integer NOT NULL DEFAULT 0,
+    indeterminate_since timestamptz,
+    last_attempt_at timestamptz,
+    last_error      text,
+    due_at          timestamptz DEFAULT now(),
+    lease_token     bigint,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (sender_id, kind, signal_id)
+);
+REVOKE ALL ON outbox FROM PUBLIC;
+CREATE INDEX outbox_due ON outbox (due_at) WHERE due_at IS NOT NULL;
+CREATE FUNCTION "signal_external"(
+	"sender" uuid,
+	"name" TEXT,
+	"workflow_id" TEXT,
+	"signal" TEXT,
+	"payload" jsonb,
+	"opts" jsonb DEFAULT '{}'
+) RETURNS uuid
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'signal_external_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.signal_external(uuid, text, text, text, jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.signal_external(uuid, text, text, text, jsonb, jsonb) TO sheaf_worker;
+CREATE FUNCTION "cancel_external"(
+	"sender" uuid,
+	"name" TEXT,
+	"workflow_id" TEXT,
+	"reason" TEXT DEFAULT NULL,
+	"opts" jsonb DEFAULT '{}'
+) RETURNS uuid
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'cancel_external_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cancel_external(uuid, text, text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.cancel_external(uuid, text, text, text, jsonb) TO sheaf_worker;
+CREATE FUNCTION "outbox_take"(
+	"max_rows" INT DEFAULT 100,
+	"lease" interval DEFAULT '30 seconds'
+) RETURNS TABLE (
+	"outbox_id" uuid,
+	"sender_id" uuid,
+	"kind" TEXT,
+	"state" TEXT,
+	"workflow_name" TEXT,
+	"workflow_id" TEXT,
+	"signal" TEXT,
+	"payload" jsonb,
+	"reason" TEXT,
+	"delivered_to" uuid,
+	"attempts" INT,
+	"indeterminate" INT,
+	"lease_token" bigint
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'outbox_take_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.outbox_take(integer, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_take(integer, interval) TO sheaf_worker;
+CREATE FUNCTION "outbox_report"(
+	"outbox_id" uuid,
+	"lease_token" bigint,
+	"outcome" jsonb
+) RETURNS TEXT
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'outbox_report_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.outbox_report(uuid, bigint, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_report(uuid, bigint, jsonb) TO sheaf_worker;
+CREATE FUNCTION "outbox_backlog"() RETURNS TABLE (
+	"kind" TEXT,
+	"state" TEXT,
+	"rows" bigint,
+	"failing" bigint,
+	"indeterminate" bigint,
+	"oldest" timestamp with time zone,
+	"indeterminate_since" timestamp with time zone,
+	"max_attempts" INT,
+	"last_error" TEXT
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'outbox_backlog_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.outbox_backlog() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_backlog() TO sheaf_worker;
+CREATE FUNCTION "list_child_links"(
+	"after_parent" uuid DEFAULT NULL,
+	"after_child" uuid DEFAULT NULL,
+	"max_rows" INT DEFAULT 1000
+) RETURNS TABLE (
+	"parent_id" uuid,
+	"child_id" uuid,
+	"workflow_name" TEXT,
+	"workflow_id" TEXT,
+	"state" TEXT,
+	"created_at" timestamp with time zone
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_child_links_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_child_links(uuid, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_child_links(uuid, uuid, integer) TO sheaf_admin;
+CREATE FUNCTION "known_children"(
+	"child_ids" uuid[]
+) RETURNS SETOF uuid
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'known_children_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.known_children(uuid[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.known_children(uuid[]) TO sheaf_admin;
+--
+-- The fleet's topology digest (see topology_digest in sql/schema.sql).
+CREATE TABLE topology_digest (
+    one             boolean PRIMARY KEY DEFAULT true CHECK (one),
+    digest          text NOT NULL CHECK (digest ~ '^sha256:[0-9a-f]{64}$'),
+    previous        text CHECK (previous ~ '^sha256:[0-9a-f]{64}$'),
+    published_at    timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON topology_digest FROM PUBLIC;
+CREATE FUNCTION "publish_topology"(
+	"topology_digest" TEXT,
+	"keep_previous" bool DEFAULT true
+) RETURNS TABLE (
+	"digest" TEXT,
+	"previous" TEXT
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'publish_topology_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.publish_topology(text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.publish_topology(text, boolean) TO sheaf_admin;
+CREATE FUNCTION "published_topology"() RETURNS TABLE (
+	"digest" TEXT,
+	"previous" TEXT,
+	"published_at" timestamp with time zone
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'published_topology_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.published_topology() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.published_topology() TO sheaf_worker;
+CREATE FUNCTION "fleet_config"() RETURNS jsonb
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'fleet_config_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.fleet_config() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.fleet_config() TO sheaf_worker;
+--
+-- sheaf's audit log (see audit_log in sql/schema.sql).
+CREATE TABLE audit_log (
+    id              bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    at              timestamptz NOT NULL DEFAULT now(),
+    actor           text NOT NULL,
+    action          text NOT NULL,
+    target          text,
+    outcome         text NOT NULL,
+    detail          jsonb
+);
+REVOKE ALL ON audit_log FROM PUBLIC;
+REVOKE ALL ON SEQUENCE audit_log_id_seq FROM PUBLIC;
+CREATE FUNCTION "audit_log"(
+	"before_id" bigint DEFAULT NULL,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"id" bigint,
+	"at" timestamp with time zone,
+	"actor" TEXT,
+	"action" TEXT,
+	"target" TEXT,
+	"outcome" TEXT,
+	"detail" jsonb
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'audit_log_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.audit_log(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.audit_log(bigint, integer) TO sheaf_admin;
+--
+-- Rebalancing (see migrations in sql/schema.sql).
+ALTER TABLE executions ADD COLUMN migrated_to_shard integer CHECK (migrated_to_shard BETWEEN 0 AND 65534);
+ALTER TABLE executions ADD COLUMN migrated_from_shards integer[] NOT NULL DEFAULT '{}';
+ALTER TABLE executions ADD COLUMN replaced_seal jsonb;
+CREATE TABLE migrations (
+    id              bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    execution_id    uuid NOT NULL REFERENCES executions (id),
+    target_shard    integer NOT NULL CHECK (target_shard BETWEEN 0 AND 65534),
+    phase           text NOT NULL DEFAULT 'STARTED'
+                    CHECK (phase IN ('STARTED', 'VERIFIED', 'COMMITTED', 'DONE', 'ABORTED')),
+    attempts        integer NOT NULL DEFAULT 0,
+    last_error      text,
+    verified_event_seq bigint,
+    verified_fingerprint text,
+    bytes           bigint NOT NULL DEFAULT 0,
+    actor           text NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX migrations_open ON migrations (execution_id) WHERE phase NOT IN ('DONE', 'ABORTED');
+CREATE INDEX migrations_pending ON migrations (phase, updated_at) WHERE phase NOT IN ('DONE', 'ABORTED');
+REVOKE ALL ON migrations FROM PUBLIC;
+REVOKE ALL ON SEQUENCE migrations_id_seq FROM PUBLIC;
+CREATE FUNCTION "rebalance_candidates"(
+	"after_id" uuid DEFAULT NULL,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"workflow_name" TEXT,
+	"workflow_id" TEXT,
+	"state" TEXT,
+	"history_bytes" bigint,
+	"blockers" TEXT[]
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'rebalance_candidates_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) TO sheaf_admin;
+CREATE FUNCTION "migration_begin"(
+	"execution_id" uuid,
+	"target_shard" INT
+) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_begin_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_begin(uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_begin(uuid, integer) TO sheaf_admin;
+CREATE FUNCTION "migration_stage"(
+	"export" jsonb
+) RETURNS TEXT
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_stage_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_stage(jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_stage(jsonb) TO sheaf_admin;
+CREATE FUNCTION "migration_verify"(
+	"migration_id" bigint,
+	"staged_digest" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_verify_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_verify(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_verify(bigint, text) TO sheaf_admin;
+CREATE FUNCTION "migration_cutover"(
+	"migration_id" bigint
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_cutover_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_cutover(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_cutover(bigint) TO sheaf_admin;
+CREATE FUNCTION "migration_activate"(
+	"execution_id" uuid
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_activate_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_activate(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_activate(uuid) TO sheaf_worker;
+CREATE FUNCTION "migration_discard"(
+	"execution_id" uuid
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_discard_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_discard(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_discard(uuid) TO sheaf_admin;
+CREATE FUNCTION "migration_report"(
+	"migration_id" bigint,
+	"outcome" TEXT,
+	"error" TEXT DEFAULT NULL
+) RETURNS TEXT
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_report_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_report(bigint, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_report(bigint, text, text) TO sheaf_worker;
+CREATE FUNCTION "migration_stalled"(
+	"grace" interval DEFAULT '30 seconds',
+	"max_rows" INT DEFAULT 10,
+	"target_shards" INT[] DEFAULT NULL
+) RETURNS TABLE (
+	"migration_id" bigint,
+	"execution_id" uuid,
+	"target_shard" INT,
+	"attempts" INT
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_stalled_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_stalled(interval, integer, integer[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_stalled(interval, integer, integer[]) TO sheaf_worker;
+CREATE FUNCTION "migration_repoint"(
+	"execution_id" uuid,
+	"home_shard" INT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_repoint_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_repoint(uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_repoint(uuid, integer) TO sheaf_worker;
+CREATE FUNCTION "migrations"(
+	"open_only" bool DEFAULT true,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"migration_id" bigint,
+	"execution_id" uuid,
+	"target_shard" INT,
+	"phase" TEXT,
+	"attempts" INT,
+	"last_error" TEXT,
+	"verified_event_seq" bigint,
+	"bytes" bigint,
+	"actor" TEXT,
+	"created_at" timestamp with time zone,
+	"updated_at" timestamp with time zone
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migrations_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migrations(boolean, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migrations(boolean, integer) TO sheaf_admin;
+CREATE FUNCTION "erase_payloads"(
+	"execution_id" uuid
+) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'erase_payloads_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.erase_payloads(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.erase_payloads(uuid) TO sheaf_admin;
+CREATE FUNCTION "migration_seals"(
+	"after_id" uuid DEFAULT NULL,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"moved_to" INT,
+	"seal" jsonb
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_seals_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_seals(uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_seals(uuid, integer) TO sheaf_admin;
+CREATE FUNCTION "migration_adopt_seal"(
+	"seal" jsonb
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_adopt_seal_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_adopt_seal(jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_adopt_seal(jsonb) TO sheaf_admin;
+CREATE FUNCTION "mutex_leave"(
+	"key" TEXT,
+	"owner" uuid
+) RETURNS uuid
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'mutex_leave_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.mutex_leave(text, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.mutex_leave(text, uuid) TO sheaf_worker;

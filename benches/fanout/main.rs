@@ -12,7 +12,6 @@
 //! side by side, alternating, so the noise of the machine hits both; the
 //! figures are p50 and p99 over `--reps` calls.
 
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
@@ -40,17 +39,17 @@ struct Cli {
     pg: u32,
 }
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[path = "../support.rs"]
+mod support;
+use support::{Error, pct};
 
 /// Latencies of one figure.
 struct Timings(Vec<Duration>);
 
 impl Timings {
     fn ms(&self, p: f64) -> f64 {
-        let mut v = self.0.clone();
-        v.sort();
-        let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-        v.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+        let mut v: Vec<f64> = self.0.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        pct(&mut v, p)
     }
 }
 
@@ -84,18 +83,6 @@ fn report(what: &str, a: &str, ta: &Timings, b: &str, tb: &Timings) {
         tb.ms(0.5) / ta.ms(0.5),
         tb.ms(0.99) / ta.ms(0.99)
     );
-}
-
-fn shards(cli: &Cli) -> Result<String, Error> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(root.join("scripts/shards"))
-        .args(["up", "--count", "4", "--release", "--pg", &cli.pg.to_string()])
-        .args(["--dir", "/tmp/sheaf-bench-fanout", "--base-port", "25950"])
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("scripts/shards: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// `per_shard` executions created over the last 60 days (5 workflows, 100
@@ -197,7 +184,7 @@ async fn main() -> Result<(), Error> {
     let cli = Cli::parse();
     let text = match std::env::var("SHEAF_SHARDS") {
         Ok(t) => t,
-        Err(_) => shards(&cli)?,
+        Err(_) => support::release_shards(4, cli.pg, "/tmp/sheaf-bench-fanout", 25950)?,
     };
     let topology = Topology::parse(&text)?;
     let started = Instant::now();

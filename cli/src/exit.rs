@@ -2,7 +2,9 @@
 //!
 //! 0: done. 1: the call failed. 2: bad arguments or topology. 3: a partial
 //! answer (a shard did not answer; the output names it). 4: `find` found
-//! nothing on any shard.
+//! nothing on any shard. 5: an audit found what it looks for (`orphans`,
+//! `topology diff`, `config diff`; `shard drain`: executions stayed).
+//! 6: `shard health` found a shard that is not ready.
 
 use std::process::ExitCode;
 
@@ -12,6 +14,8 @@ use crate::executions::Failures;
 
 pub const PARTIAL: u8 = 3;
 pub const NOT_FOUND: u8 = 4;
+pub const FOUND: u8 = 5;
+pub const NOT_READY: u8 = 6;
 
 pub fn usage(why: String) -> ExitCode {
     eprintln!("sheaf: {why}");

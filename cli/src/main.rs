@@ -6,9 +6,14 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use sheaf_driver::{Client, PoolOptions, Topology};
 
+mod config;
 mod executions;
 mod exit;
+mod rebalance;
+mod relay;
 mod reports;
+mod shard;
+mod topology;
 
 #[derive(Parser)]
 #[command(
@@ -25,6 +30,10 @@ struct Cli {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// Who is acting, for the shards' audit logs (default: $USER, else the
+    /// database login role).
+    #[arg(long, global = true, env = "USER", value_name = "WHO")]
+    actor: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -92,6 +101,156 @@ enum Command {
     /// Every concurrency key of every shard: running, ready and waiting
     /// tasks added up, and each shard's cap. Exits 3 when partial.
     Concurrency,
+    /// Every descendant of an execution, across every shard, indented under
+    /// its parent with the shard it runs on. Exits 3 when partial.
+    Tree {
+        /// The root execution's id.
+        execution_id: String,
+    },
+    /// Children whose parent's shard has no record of them (shards restored
+    /// to different instants: see the README). Exits 5 when it finds any,
+    /// 3 when partial.
+    Orphans,
+    /// Run the relay alone (every Worker runs one for its shards): child
+    /// workflows across shards and the outbox of signals and cancels by
+    /// key. Runs until SIGINT or SIGTERM, printing each shard's backlog.
+    /// The fleet's workflow policies, queue options and caps, declared once
+    /// in a JSON file ({"workflows": {...}, "queues": {...}, "caps": {...}}).
+    Config {
+        #[command(subcommand)]
+        what: ConfigCommand,
+    },
+    /// What operators did, newest first, from every shard's audit log
+    /// (configuration, topology digests, redrives, terminations).
+    Audit {
+        /// Entries per shard.
+        #[arg(long, default_value_t = 50)]
+        limit: i32,
+    },
+    /// Move quiescent executions from one shard to another, one at a time
+    /// (copy, byte-for-byte verify, one cutover transaction, activation),
+    /// with a progress bar, then a table of what moved and what stayed with
+    /// its blockers. Ids keep working: the source keeps a seal that points
+    /// at the new home. Every move writes an audit entry (--actor). Exits 1
+    /// when a move failed (run rebalance-resume).
+    Rebalance {
+        /// The shard to move from.
+        #[arg(long)]
+        from: u32,
+        /// The shard to move to.
+        #[arg(long)]
+        to: u32,
+        /// Move at most this many executions.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Report what would move and why the rest would not; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Finish the moves a crash or an interruption left on a shard: before
+    /// the cutover, discard the staged copy and move it again; after it,
+    /// activate the copy on its target (a worker does that on its own
+    /// after 30 s).
+    RebalanceResume {
+        /// The shard the moves are from.
+        #[arg(long)]
+        from: u32,
+    },
+    /// A shard's lifecycle: its readiness (the pre-flip checklist).
+    Shard {
+        #[command(subcommand)]
+        what: ShardCommand,
+    },
+    /// The topology's digest (what to pin in SHEAF_TOPOLOGY_DIGEST) and
+    /// comparing two deployments' topologies.
+    Topology {
+        #[command(subcommand)]
+        what: TopologyCommand,
+    },
+    Relay {
+        /// Only this shard's rows (repeatable; default: every shard).
+        #[arg(long = "shard", value_name = "N")]
+        shards: Vec<u32>,
+        /// How often the backlog is printed.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        report_every: Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Apply the file to every shard (entries it does not name stay as they
+    /// are; a cap of null removes it). Exits 3 when a shard did not take it.
+    Apply {
+        /// The configuration file.
+        file: String,
+    },
+    /// Show each shard whose configuration differs from most shards'.
+    /// Exits 5 when one does.
+    Diff,
+    /// Print one shard's configuration as the file `apply` takes (JSON).
+    Show {
+        /// The shard to read.
+        #[arg(long, default_value_t = 0)]
+        shard: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum ShardCommand {
+    /// Move every quiescent execution off SHARD, each to its rendezvous
+    /// winner among the other writable shards, hand its seals to the shard
+    /// its ids will forward to, then list what stayed (with blockers) and
+    /// the SHEAF_FORWARDS entry to add before the shard is retired. Take
+    /// SHARD out of SHEAF_WRITABLE first. Exits 5 while executions stay.
+    Drain {
+        /// The shard to drain.
+        shard: u32,
+        /// Move at most this many.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Report what would move and why the rest would not; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Each shard `ready` or `degraded` with reason codes (unreachable,
+    /// identity_mismatch, schema_incompatible, schema_behind_fleet,
+    /// no_live_worker, stranded_work, topology_digest_mismatch): run it
+    /// before a new shard is made writable. Exits 6 unless every shard
+    /// reported is ready.
+    Health {
+        /// Only this shard (the one about to be made writable).
+        #[arg(long, value_name = "SHARD")]
+        candidate: Option<u32>,
+        /// How long one probe may take.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopologyCommand {
+    /// The `sha256:` digest of this environment's topology (--json: with
+    /// its projection: ids, roles, residency, forwards; never URLs).
+    Digest,
+    /// Compare two topologies: each file an environment file of SHEAF_*
+    /// lines, or the JSON `topology digest --json` prints. Exits 5 when
+    /// they differ, naming each differing field.
+    Diff {
+        /// The first file.
+        a: String,
+        /// The second file.
+        b: String,
+    },
+    /// Record this environment's digest on every shard: from then on a
+    /// client configured otherwise is refused on placed work. The digest
+    /// it replaces stays accepted (a rolling change) unless --replace.
+    /// Exits 3 when a shard did not take it.
+    Publish {
+        /// Accept only this digest from now on (the rollout is done).
+        #[arg(long)]
+        replace: bool,
+    },
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -112,6 +271,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Comparing files needs no shards.
+    if let Command::Topology {
+        what: TopologyCommand::Diff { a, b },
+    } = &cli.command
+    {
+        return topology::diff(a, b, cli.json);
+    }
     // Connection strings carry credentials: they come from the environment
     // alone, never from an argument every process on the host can read.
     let topology = match Topology::from_env() {
@@ -121,7 +287,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let client = match Client::new(topology, PoolOptions::default()) {
+    let options = PoolOptions {
+        actor: cli.actor.clone(),
+        ..PoolOptions::default()
+    };
+    let client = match Client::new(topology, options) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sheaf: {e}");
@@ -154,6 +324,42 @@ async fn main() -> ExitCode {
             reports::usage(&client, &from, &to, &group_by, cli.json).await
         }
         Command::Concurrency => reports::concurrency(&client, cli.json).await,
+        Command::Tree { execution_id } => relay::tree(&client, &execution_id, cli.json).await,
+        Command::Orphans => relay::orphans(&client, cli.json).await,
+        Command::Audit { limit } => config::audit(&client, limit, cli.json).await,
+        Command::Rebalance {
+            from,
+            to,
+            limit,
+            dry_run,
+        } => rebalance::rebalance(&client, from, to, limit, dry_run, cli.json).await,
+        Command::RebalanceResume { from } => rebalance::resume(&client, from, cli.json).await,
+        Command::Config {
+            what: ConfigCommand::Apply { file },
+        } => config::apply(&client, &file, cli.json).await,
+        Command::Config {
+            what: ConfigCommand::Diff,
+        } => config::diff(&client, cli.json).await,
+        Command::Config {
+            what: ConfigCommand::Show { shard },
+        } => config::show(&client, shard).await,
+        Command::Shard {
+            what: ShardCommand::Health { candidate, timeout },
+        } => shard::health(&client, candidate, timeout, cli.json).await,
+        Command::Shard {
+            what:
+                ShardCommand::Drain {
+                    shard,
+                    limit,
+                    dry_run,
+                },
+        } => rebalance::drain(&client, shard, limit, dry_run, cli.json).await,
+        Command::Topology { what } => match what {
+            TopologyCommand::Digest => topology::digest(client.topology(), cli.json),
+            TopologyCommand::Diff { a, b } => topology::diff(&a, &b, cli.json),
+            TopologyCommand::Publish { replace } => topology::publish(&client, !replace, cli.json).await,
+        },
+        Command::Relay { shards, report_every } => relay::run(client, shards, report_every, cli.json).await,
         Command::Status { timeout } => {
             let status = client.topology_status(timeout).await;
             if cli.json {
@@ -166,7 +372,7 @@ async fn main() -> ExitCode {
                 }
             } else {
                 println!(
-                    "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} problem",
+                    "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} {:<12} {:<7} problem",
                     "shard",
                     "reachable",
                     "db says",
@@ -176,7 +382,9 @@ async fn main() -> ExitCode {
                     "postgres",
                     "roles",
                     "workers",
-                    "stranded"
+                    "stranded",
+                    "relay",
+                    "digest"
                 );
                 for s in &status.shards {
                     let p = &s.probe;
@@ -186,8 +394,21 @@ async fn main() -> ExitCode {
                         .and_then(|v| v.split_whitespace().next());
                     let roles = s.roles();
                     let stranded = s.stranded_ready();
+                    // Lifecycle rows + outbox rows still to carry.
+                    let relay = p
+                        .relay
+                        .as_ref()
+                        .map_or("-".into(), |r| format!("{}+{}", r.children, r.outbox));
+                    // This client's digest against what the shard accepts.
+                    let mine = client.topology().digest();
+                    let digest = match p.accepted_digests.iter().position(|d| *d == mine) {
+                        _ if p.accepted_digests.is_empty() => "-",
+                        Some(0) => "ok",
+                        Some(_) => "prev",
+                        None => "OTHER",
+                    };
                     println!(
-                        "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} {}",
+                        "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} {:<12} {:<7} {}",
                         p.shard,
                         if p.reachable { "yes" } else { "NO" },
                         p.reported_shard_id.map_or("-".into(), |id| id.to_string()),
@@ -198,8 +419,23 @@ async fn main() -> ExitCode {
                         roles,
                         p.live_workers.len(),
                         stranded,
+                        relay,
+                        digest,
                         p.problem.as_deref().unwrap_or("")
                     );
+                    if let Some(r) = p
+                        .relay
+                        .as_ref()
+                        .filter(|r| r.children_failing > 0 || r.outbox_indeterminate > 0)
+                    {
+                        println!(
+                            "         relay: {} child row(s) failing, {} outbox row(s) waiting on a shard that cannot be read{}",
+                            r.children_failing,
+                            r.outbox_indeterminate,
+                            r.oldest_indeterminate_secs
+                                .map_or(String::new(), |s| format!(" (for {s:.0}s)"))
+                        );
+                    }
                     for q in &p.stranded {
                         println!(
                             "         stranded: queue {:?} has {} ready tasks and no live worker",
@@ -207,7 +443,9 @@ async fn main() -> ExitCode {
                         );
                     }
                 }
-                println!("roles: r readable, w writable, R reserved, d default");
+                println!(
+                    "roles: r readable, w writable, R reserved, d default; relay: child rows + outbox rows to carry"
+                );
             }
             // Unreachable or misidentified shards fail the command; stranded
             // work is reported but is not a probe failure.

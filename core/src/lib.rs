@@ -1,7 +1,12 @@
 //! Pure logic shared by the sheaf extension and driver. No I/O, no Postgres.
 
 pub mod backoff;
+#[cfg(feature = "exact-json")]
+pub mod children;
+pub mod digest;
 pub mod excerpt;
+#[cfg(feature = "exact-json")]
+pub mod external;
 pub mod hrw;
 pub mod id;
 pub mod nesting;

@@ -17,6 +17,8 @@ use sheaf_driver::{
     Placement, PoolOptions, QueueOptions, Resolution, ShardId, StartOptions, TaskKind, Topology,
 };
 use sheaf_driver::{AttrOp, ExecutionFilter, GroupBy, PageStatus, SortOrder};
+use sheaf_driver::{ByKey, ChildPlacement, ChildStart, CloseKind, OutboxOutcome, RelayOutcome, ReportStatus};
+use sheaf_driver::{FleetConfig, config_drift};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -72,7 +74,10 @@ async fn run() -> Result<(), Error> {
     task_outcomes(&tour).await?;
     executions(&tour).await?;
     lifecycle_and_history(&tour).await?;
+    children_and_relay(&tour).await?;
+    by_key(&tour).await?;
     fleet_policies(&tour).await?;
+    fleet_admin(&tour).await?;
     fleet_reads(&tour).await?;
     mutex(&tour).await?;
     in_transaction(&tour).await?;
@@ -374,6 +379,225 @@ async fn lifecycle_and_history(t: &Tour) -> Result<(), Error> {
         other => return Err(format!("an append to an ended execution: {other:?}").into()),
     }
     println!("  pause/resume/suspend/wake/terminate, append_event, history pages and stream: ok");
+    Ok(())
+}
+
+/// Children across shards, driven by hand through the relay's primitives.
+async fn children_and_relay(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let (home, away) = (t.shards[0], t.shards[1]);
+    let parent = c
+        .start_workflow(
+            &t.name("parent"),
+            "p",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(home)),
+        )
+        .await?
+        .execution_id;
+    let kid = c
+        .start_child(
+            parent,
+            &t.name("kid"),
+            "k",
+            json!({}),
+            ChildPlacement::Shard(away),
+        )
+        .await?;
+    ensure!(kid.created && kid.shard == away, "a child elsewhere: {kid:?}");
+    let local = c
+        .start_child(
+            parent,
+            &t.name("kid"),
+            "local",
+            json!({}),
+            ChildPlacement::ParentShard,
+        )
+        .await?;
+    ensure!(local.shard == home, "a child at home");
+    ensure!(
+        c.relay_backlog(home)
+            .await?
+            .iter()
+            .any(|b| !b.started && b.target_shard == away),
+        "the lifecycle row in the backlog"
+    );
+    relay_by_hand(c, home, parent, kid.child_id).await?;
+    let kids = c.children(parent).await?;
+    ensure!(kids.items.len() == 2, "two children: {:?}", kids.items);
+    let tree = c.tree(parent).await?;
+    ensure!(
+        tree.nodes.len() == 2 && tree.status == PageStatus::Complete,
+        "the tree"
+    );
+    ensure!(
+        c.cancel_child(parent, local.child_id, Some("tour")).await?,
+        "a local cancel"
+    );
+    let orphans = c.orphan_children().await?;
+    ensure!(
+        orphans.items.iter().all(|o| o.parent_id != parent),
+        "no orphan of the tour's parent"
+    );
+    println!(
+        "  start_child, relay_take/start_child/report/close_child, backlog, children, tree, cancel_child, orphan_children: ok"
+    );
+    Ok(())
+}
+
+/// One lifecycle row through its start and close edges, as the relay drives it.
+async fn relay_by_hand(
+    c: &Client,
+    home: ShardId,
+    parent: sheaf_driver::ExecutionId,
+    child: sheaf_driver::ExecutionId,
+) -> Result<(), Error> {
+    let rows = c
+        .relay_take(home, 10, Duration::from_secs(30), Some(&[child]))
+        .await?;
+    let row = rows.first().ok_or("the named row taken")?;
+    let input = row.input.clone().unwrap_or_else(Json::null);
+    ensure!(
+        c.relay_start_child(child, parent, &row.workflow_name, &row.workflow_id, &input)
+            .await?
+            == ChildStart::Started,
+        "started by its id"
+    );
+    ensure!(
+        c.relay_report(home, child, row.lease_token, &RelayOutcome::Started)
+            .await?
+            == ReportStatus::Held,
+        "the start recorded"
+    );
+    ensure!(
+        c.relay_close_child(child, parent, CloseKind::Cancel, Some("tour"))
+            .await?,
+        "closed on its shard"
+    );
+    Ok(())
+}
+
+/// Signals and cancels addressed by business key.
+async fn by_key(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let target = c
+        .start_workflow(
+            &t.name("keyed"),
+            "k",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(t.shards[1])),
+        )
+        .await?
+        .execution_id;
+    match c
+        .signal_by_key(&t.name("keyed"), "k", "hello", json!(1), None)
+        .await?
+    {
+        ByKey::Delivered {
+            execution_id,
+            complete: true,
+            ..
+        } if execution_id == target => {}
+        other => return Err(format!("signal_by_key: {other:?}").into()),
+    }
+    let sender = c
+        .start_workflow(
+            &t.name("sender"),
+            "s",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(t.shards[0])),
+        )
+        .await?
+        .execution_id;
+    let outbox = c
+        .signal_external(sender, &t.name("keyed"), "k", "hi", json!(2), Some("tour-1"))
+        .await?;
+    ensure!(
+        c.signal_external(sender, &t.name("keyed"), "k", "hi", json!(2), Some("tour-1"))
+            .await?
+            == outbox,
+        "deduplicated by signal id"
+    );
+    c.cancel_external(sender, &t.name("nobody"), "k", Some("tour"), None)
+        .await?;
+    ensure!(
+        c.outbox_backlog(t.shards[0])
+            .await?
+            .iter()
+            .map(|b| b.rows)
+            .sum::<i64>()
+            >= 2,
+        "two rows to deliver"
+    );
+    for row in c.outbox_take(t.shards[0], 1000, Duration::from_secs(30)).await? {
+        if row.sender == sender {
+            let status = c
+                .outbox_report(
+                    t.shards[0],
+                    row.outbox_id,
+                    row.lease_token,
+                    &OutboxOutcome::Unknown,
+                )
+                .await?;
+            ensure!(status == ReportStatus::Settled, "reported: {status:?}");
+        }
+    }
+    match c.cancel_by_key(&t.name("keyed"), "k", Some("tour")).await? {
+        ByKey::Delivered { execution_id, .. } if execution_id == target => {}
+        other => return Err(format!("cancel_by_key: {other:?}").into()),
+    }
+    ensure!(
+        matches!(
+            c.cancel_by_key(&t.name("keyed"), "k", None).await?,
+            ByKey::Ended { .. }
+        ),
+        "an ended key"
+    );
+    println!(
+        "  signal_by_key, cancel_by_key, signal_external, cancel_external, outbox_take/report/backlog: ok"
+    );
+    Ok(())
+}
+
+/// One configuration for the fleet, the audit log, readiness and the
+/// published topology (read only: publishing would bind the shared shards).
+async fn fleet_admin(t: &Tour) -> Result<(), Error> {
+    let c = &t.client;
+    let key = t.name("admin-cap");
+    let config = FleetConfig::parse(&json!({"caps": {key.clone(): 2}}).to_string())?;
+    let applied = c.apply_config(&config).await;
+    ensure!(applied.is_complete(), "apply_config: {:?}", applied.failed);
+    let held = c.fleet_config().await;
+    ensure!(
+        held.ok.values().all(|cfg| cfg.caps.get(&key) == Some(&Some(2))),
+        "the cap on every shard"
+    );
+    let _ = config_drift(&held);
+    let audit = c.fleet_audit_log(50).await;
+    ensure!(
+        audit
+            .ok
+            .values()
+            .all(|entries| entries.iter().any(|e| e.target.as_deref() == Some(key.as_str()))),
+        "the cap in every audit log"
+    );
+    let one = c.audit_log(t.shards[0], None, 1).await?;
+    ensure!(one.len() == 1, "one entry");
+    let verdicts = c.shard_health(None, Duration::from_secs(5)).await;
+    ensure!(verdicts.len() == t.shards.len(), "a verdict per shard");
+    let published = c.published_topology().await;
+    ensure!(
+        published.is_complete(),
+        "published_topology: {:?}",
+        published.failed
+    );
+    let removed = c
+        .apply_config(&FleetConfig::parse(&json!({"caps": {key: null}}).to_string())?)
+        .await;
+    ensure!(removed.is_complete(), "a cap removed");
+    println!(
+        "  apply_config, fleet_config, config_drift, audit_log, fleet_audit_log, shard_health, published_topology: ok"
+    );
     Ok(())
 }
 

@@ -67,10 +67,13 @@
 pub mod breaker;
 pub mod client;
 pub mod handler;
+pub mod health;
 pub mod id;
 pub mod json;
+mod listen;
 pub mod metrics;
 pub mod pool;
+pub mod relay;
 pub mod router;
 pub mod schema;
 pub mod status;
@@ -79,21 +82,29 @@ pub mod worker;
 
 pub use breaker::{Breaker, BreakerState};
 pub use client::{
-    Acquired, AttrOp, ClaimedTask, Client, ClientError, ConcurrencyStat, EnqueueOptions, Enqueued,
-    EnqueuedBatch, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome, FleetError, FleetReport,
-    GroupBy, HistoryPage, KeyConcurrency, ListedExecution, LockOptions, MAX_LIST_PAGE, MutexGuard, MutexKey,
-    MutexStatus, OnShard, Owned, PageStatus, QueueConfig, QueueOptions, QueueStats, QuotaDetail, QuotaUsage,
-    RegisteredWorker, Report, Resolution, ShardConnection, ShardInfo, SortOrder, StartOptions, Started,
-    StrandedWork, Usage,
+    Acquired, AttrOp, AuditEntry, ByKey, Candidate, Child, ChildOptions, ChildPlacement, ChildStart,
+    Children, ClaimedTask, Client, ClientError, CloseKind, ConcurrencyStat, Drain, EnqueueOptions, Enqueued,
+    EnqueuedBatch, Erasure, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome, FleetConfig,
+    FleetError, FleetReport, GroupBy, HistoryPage, KeyConcurrency, ListedExecution, LockOptions,
+    MAX_FORWARDS, MAX_LIST_PAGE, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport, MutexGuard, MutexKey,
+    MutexStatus, OnShard, Orphan, Orphans, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow, Owned,
+    PageStatus, ParentClose, Phase, PhaseHook, Progress, PublishedTopology, QueueConfig, QueueOptions,
+    QueueStats, QuotaDetail, QuotaUsage, RebalanceOptions, RegisteredWorker, RelayBacklog, RelayOutcome,
+    RelayRow, Report, ReportStatus, Resolution, STALL_AFTER, ShardConnection, ShardInfo, SortOrder,
+    StalledMove, StartOptions, Started, StartedChild, StrandedWork, Tree, TreeNode, Usage, config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
+pub use health::{HealthReason, Readiness};
 pub use id::{ExecutionId, IdError, TaskId};
 pub use json::Json;
-pub use metrics::{Metrics, Outcome, TaskOutcome};
+pub use metrics::{Metrics, Outcome, RelayEdge, TaskOutcome};
 pub use pool::{PoolOptions, ShardError, ShardPools};
+pub use relay::{Relay, RelayOptions, Sweep};
 pub use router::{Placement, RouteError};
 pub use schema::COMPATIBLE_SCHEMAS;
 pub use sheaf_core::state::{ExecutionState, TaskKind};
-pub use status::{LiveWorker, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard};
+pub use status::{
+    LiveWorker, RelayBacklogSummary, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard,
+};
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
 pub use worker::{Coverage, DrainReport, Worker, WorkerError, WorkerOptions, WorkerStats};

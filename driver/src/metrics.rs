@@ -15,6 +15,18 @@
 //! - `sheaf_claim_duration_seconds{shard,queue}`: how long one claim call took.
 //! - `sheaf_task_duration_seconds{shard,queue}`: from a worker's claim to the
 //!   task's outcome being recorded.
+//! - The relay's (`crate::relay`), `shard` being the shard whose rows it
+//!   drives: `sheaf_relay_taken_total{shard}`,
+//!   `sheaf_relay_attempts_total{target_shard,edge,outcome}`, and, refreshed
+//!   from `relay_backlog()`, `sheaf_relay_in_flight{shard,target_shard,state}`
+//!   (lifecycle rows: `STARTING`, `RUNNING`) and
+//!   `sheaf_relay_oldest_unsettled_seconds{shard,target_shard}`.
+//! - The outbox's: `sheaf_outbox_deliveries_total{shard,kind,outcome}`,
+//!   `sheaf_outbox_indeterminate_total{shard,kind}` (`shard`: the one that
+//!   could not be inspected), `sheaf_outbox_found_over_incomplete_fanout_total{kind}`,
+//!   and, from `outbox_backlog()`, `sheaf_outbox_pending{shard,kind}` and
+//!   `sheaf_outbox_oldest_indeterminate_seconds{shard,kind}` (how long a row
+//!   has waited on a shard that cannot be read: what to alert on).
 
 use std::time::Duration;
 
@@ -82,12 +94,103 @@ impl TaskOutcome {
     }
 }
 
+/// A relay edge (`sheaf_relay_attempts_total`'s `edge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RelayEdge {
+    /// Starting a child on its shard.
+    Start,
+    /// Delivering a cancel or terminate.
+    Close,
+    /// Reading a child's end back into its parent's history.
+    Pull,
+}
+
+impl RelayEdge {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            RelayEdge::Start => "start",
+            RelayEdge::Close => "close",
+            RelayEdge::Pull => "pull",
+        }
+    }
+}
+
 /// Claims are a seek: most take milliseconds.
 const CLAIM_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 /// Handlers run from milliseconds to the longest leases.
 const TASK_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
+
+/// The relay's and the outbox's metrics.
+struct RelayMetrics {
+    taken: IntCounterVec,
+    attempts: IntCounterVec,
+    in_flight: IntGaugeVec,
+    oldest_unsettled: IntGaugeVec,
+    deliveries: IntCounterVec,
+    indeterminate: IntCounterVec,
+    over_incomplete: IntCounterVec,
+    outbox_pending: IntGaugeVec,
+    oldest_indeterminate: IntGaugeVec,
+}
+
+impl RelayMetrics {
+    fn new(
+        counter: &dyn Fn(&str, &str, &[&str]) -> IntCounterVec,
+        gauge: &dyn Fn(&str, &str, &[&str]) -> IntGaugeVec,
+    ) -> RelayMetrics {
+        RelayMetrics {
+            taken: counter(
+                "sheaf_relay_taken_total",
+                "Lifecycle rows a relay took from the shard (parent side)",
+                &["shard"],
+            ),
+            attempts: counter(
+                "sheaf_relay_attempts_total",
+                "Relay edges run against a child's shard, by edge (start, close, pull) and outcome (ok, failed)",
+                &["target_shard", "edge", "outcome"],
+            ),
+            in_flight: gauge(
+                "sheaf_relay_in_flight",
+                "Lifecycle rows on the shard by child's shard and state (STARTING, RUNNING)",
+                &["shard", "target_shard", "state"],
+            ),
+            oldest_unsettled: gauge(
+                "sheaf_relay_oldest_unsettled_seconds",
+                "Age of the oldest lifecycle row on the shard, by child's shard",
+                &["shard", "target_shard"],
+            ),
+            deliveries: counter(
+                "sheaf_outbox_deliveries_total",
+                "Outbox rows the relay drove, by kind and outcome",
+                &["shard", "kind", "outcome"],
+            ),
+            indeterminate: counter(
+                "sheaf_outbox_indeterminate_total",
+                "By-key resolutions left indeterminate, by the shard that could not be inspected",
+                &["shard", "kind"],
+            ),
+            over_incomplete: counter(
+                "sheaf_outbox_found_over_incomplete_fanout_total",
+                "Deliveries to a live run found while some shard could not answer",
+                &["kind"],
+            ),
+            outbox_pending: gauge(
+                "sheaf_outbox_pending",
+                "Undelivered outbox rows on the shard, by kind",
+                &["shard", "kind"],
+            ),
+            oldest_indeterminate: gauge(
+                "sheaf_outbox_oldest_indeterminate_seconds",
+                "How long the shard's longest-indeterminate outbox row has been so, by kind",
+                &["shard", "kind"],
+            ),
+        }
+    }
+}
 
 /// One client's metrics.
 pub struct Metrics {
@@ -101,6 +204,7 @@ pub struct Metrics {
     tasks: IntCounterVec,
     claim_seconds: HistogramVec,
     task_seconds: HistogramVec,
+    relay: RelayMetrics,
 }
 
 impl Metrics {
@@ -167,8 +271,10 @@ impl Metrics {
             "From a worker's claim of a task to its outcome being recorded",
             TASK_BUCKETS,
         );
+        let relay = RelayMetrics::new(&counter, &gauge);
         Metrics {
             registry,
+            relay,
             up,
             requests,
             breaker,
@@ -227,6 +333,124 @@ impl Metrics {
         self.requests
             .with_label_values(&[&shard.to_string(), outcome.label()])
             .inc();
+    }
+
+    pub(crate) fn relay_taken(&self, shard: ShardId, n: usize) {
+        self.relay
+            .taken
+            .with_label_values(&[&shard.to_string()])
+            .inc_by(n as u64);
+    }
+
+    pub(crate) fn relay_attempt(&self, target: ShardId, edge: RelayEdge, failed: bool) {
+        let outcome = if failed { "failed" } else { "ok" };
+        self.relay
+            .attempts
+            .with_label_values(&[&target.to_string(), edge.label(), outcome])
+            .inc();
+    }
+
+    /// Relay edges run against `target` by edge and outcome.
+    pub fn relay_attempts_total(&self, target: ShardId, edge: RelayEdge, failed: bool) -> u64 {
+        let outcome = if failed { "failed" } else { "ok" };
+        self.relay
+            .attempts
+            .with_label_values(&[&target.to_string(), edge.label(), outcome])
+            .get()
+    }
+
+    /// Sets `shard`'s relay gauges from its backlogs (every shard of the
+    /// topology as a child's shard, so a group that emptied reads 0).
+    pub(crate) fn relay_backlog(
+        &self,
+        shard: ShardId,
+        targets: &[ShardId],
+        children: &[crate::client::RelayBacklog],
+        outbox: &[crate::client::OutboxBacklog],
+        now: std::time::SystemTime,
+    ) {
+        let age = |t: std::time::SystemTime| now.duration_since(t).map_or(0, |d| d.as_secs() as i64);
+        let s = shard.to_string();
+        for target in targets {
+            let t = target.to_string();
+            let of = |started: Option<bool>| {
+                children
+                    .iter()
+                    .filter(move |b| b.target_shard == *target && started.is_none_or(|s| b.started == s))
+            };
+            for (state, started) in [("STARTING", false), ("RUNNING", true)] {
+                let n: i64 = of(Some(started)).map(|b| b.rows).sum();
+                self.relay.in_flight.with_label_values(&[&s, &t, state]).set(n);
+            }
+            let oldest = of(None).map(|b| b.oldest).min().map_or(0, age);
+            self.relay
+                .oldest_unsettled
+                .with_label_values(&[&s, &t])
+                .set(oldest);
+        }
+        for kind in ["signal", "cancel"] {
+            let of = || outbox.iter().filter(|b| b.kind == kind);
+            self.relay
+                .outbox_pending
+                .with_label_values(&[&s, kind])
+                .set(of().map(|b| b.rows).sum());
+            let stuck = of().filter_map(|b| b.indeterminate_since).min().map_or(0, age);
+            self.relay
+                .oldest_indeterminate
+                .with_label_values(&[&s, kind])
+                .set(stuck);
+        }
+    }
+
+    pub(crate) fn outbox_delivery(&self, shard: ShardId, kind: &str, outcome: &str) {
+        self.relay
+            .deliveries
+            .with_label_values(&[&shard.to_string(), kind, outcome])
+            .inc();
+    }
+
+    pub(crate) fn outbox_indeterminate(&self, uninspected: ShardId, kind: &str) {
+        self.relay
+            .indeterminate
+            .with_label_values(&[&uninspected.to_string(), kind])
+            .inc();
+    }
+
+    pub(crate) fn outbox_over_incomplete(&self, kind: &str) {
+        self.relay.over_incomplete.with_label_values(&[kind]).inc();
+    }
+
+    /// Outbox rows of `shard` the relay drove to `outcome`.
+    pub fn outbox_deliveries_total(&self, shard: ShardId, kind: &str, outcome: &str) -> u64 {
+        self.relay
+            .deliveries
+            .with_label_values(&[&shard.to_string(), kind, outcome])
+            .get()
+    }
+
+    /// By-key resolutions of `kind` left indeterminate because `shard`
+    /// could not be inspected.
+    pub fn outbox_indeterminate_total(&self, shard: ShardId, kind: &str) -> u64 {
+        self.relay
+            .indeterminate
+            .with_label_values(&[&shard.to_string(), kind])
+            .get()
+    }
+
+    /// The last `sheaf_outbox_pending` of `shard` for `kind`.
+    pub fn outbox_pending(&self, shard: ShardId, kind: &str) -> i64 {
+        self.relay
+            .outbox_pending
+            .with_label_values(&[&shard.to_string(), kind])
+            .get()
+    }
+
+    /// The last `sheaf_relay_in_flight` of `shard`'s rows for `target`.
+    pub fn relay_in_flight(&self, shard: ShardId, target: ShardId, state: &str) -> i64 {
+        self.relay
+            .in_flight
+            .with_label_values(&[&shard.to_string(), &target.to_string(), state])
+            .get()
     }
 
     pub(crate) fn claimed(&self, shard: ShardId, n: usize) {

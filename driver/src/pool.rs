@@ -42,6 +42,15 @@ pub struct PoolOptions {
     /// counts whole seconds); `None` leaves the connections as the system
     /// makes them.
     pub keepalive_idle: Option<Duration>,
+    /// Declare the topology's digest ([`crate::Topology::digest`]) on every
+    /// connection (the startup option `-c sheaf.topology_digest=…`), so a
+    /// shard that published the fleet's digest refuses placed work from a
+    /// client configured otherwise. Off for a proxy that refuses startup
+    /// options (the shard then checks nothing for this client).
+    pub declare_topology: bool,
+    /// Who this client acts for, recorded as `actor` in each shard's audit
+    /// log (the session setting `sheaf.actor`); `None`: the login role.
+    pub actor: Option<String>,
 }
 
 impl Default for PoolOptions {
@@ -54,6 +63,8 @@ impl Default for PoolOptions {
             breaker_threshold: 3,
             breaker_cooldown: Duration::from_secs(5),
             keepalive_idle: Some(Duration::from_secs(30)),
+            declare_topology: true,
+            actor: None,
         }
     }
 }
@@ -147,6 +158,19 @@ const MIN_KEEPALIVE_IDLE: Duration = Duration::from_secs(3);
 /// an `ALTER EXTENSION sheaf UPDATE` is noticed within this long.
 const SCHEMA_RECHECK: Duration = Duration::from_secs(10);
 
+/// A value in the startup `options` string: Postgres splits it on spaces,
+/// which a backslash escapes (and a backslash itself).
+fn escape_option(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars().filter(|c| !c.is_control()) {
+        if c == ' ' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The pools of every shard in a topology.
 pub struct ShardPools {
     pools: BTreeMap<ShardId, ShardPool>,
@@ -168,6 +192,19 @@ impl ShardPools {
                         cause: format!("bad connection string: {e}"),
                     })?;
             config.connect_timeout(options.connect_timeout);
+            let mut settings = Vec::new();
+            if options.declare_topology {
+                settings.push(format!("-c sheaf.topology_digest={}", topology.digest()));
+            }
+            if let Some(actor) = &options.actor {
+                settings.push(format!("-c sheaf.actor={}", escape_option(actor)));
+            }
+            if !settings.is_empty() {
+                if let Some(given) = config.get_options().filter(|g| !g.trim().is_empty()) {
+                    settings.insert(0, given.to_owned());
+                }
+                config.options(settings.join(" "));
+            }
             if let Some(idle) = options.keepalive_idle {
                 if idle < MIN_KEEPALIVE_IDLE {
                     return Err(ShardError::Unreachable {
@@ -368,4 +405,17 @@ impl ShardPools {
 /// the state is still usable.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_option;
+
+    #[test]
+    fn startup_option_values_escape_spaces_and_backslashes() {
+        assert_eq!(escape_option("ann"), "ann");
+        assert_eq!(escape_option("ann smith"), "ann\\ smith");
+        assert_eq!(escape_option("a\\b"), "a\\\\b");
+        assert_eq!(escape_option("a\nb"), "ab", "control characters are dropped");
+    }
 }

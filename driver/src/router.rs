@@ -149,6 +149,32 @@ impl Topology {
         }
     }
 
+    /// Where a drain of `leaving` sends an execution of (`workflow_name`,
+    /// `workflow_id`): its rendezvous winner among the placeable shards
+    /// other than `leaving`, where a new start of its key would go once
+    /// `leaving` is retired.
+    pub fn drain_target(
+        &self,
+        workflow_name: &str,
+        workflow_id: &str,
+        leaving: ShardId,
+    ) -> Result<ShardId, RouteError> {
+        self.winner_without(&hrw::workflow_key(workflow_name, workflow_id), leaving)
+    }
+
+    /// The shard a retired `leaving` forwards its ids to: the rendezvous
+    /// winner of `drain:<id>` among the placeable shards other than it.
+    pub fn drain_forward(&self, leaving: ShardId) -> Result<ShardId, RouteError> {
+        self.winner_without(&hrw::routing_key(&format!("drain:{leaving}")), leaving)
+    }
+
+    fn winner_without(&self, key: &[u8], leaving: ShardId) -> Result<ShardId, RouteError> {
+        let h = hrw::key_hash(key);
+        let winner = hrw::pick(h, self.placeable().filter(|s| *s != leaving).map(|s| s.get()))
+            .ok_or(RouteError::NoWritableShard)?;
+        ShardId::new(u32::from(winner)).map_err(|_| RouteError::NoWritableShard)
+    }
+
     fn writable_or_refuse(&self, id: ShardId) -> Result<ShardId, RouteError> {
         if self.is_writable(id) {
             Ok(id)

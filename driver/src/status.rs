@@ -134,8 +134,31 @@ pub struct ShardStatus {
     pub live_workers: Vec<LiveWorker>,
     /// Queues with ready tasks and no live worker (`sheaf.stranded_work()`).
     pub stranded: Vec<StrandedQueue>,
+    /// The relay's backlog on this shard (`None` on a schema without one).
+    pub relay: Option<RelayBacklogSummary>,
+    /// The topology digests the shard accepts (`sheaf.published_topology()`:
+    /// the published one, then the previous one); empty if none was published.
+    pub accepted_digests: Vec<String>,
     /// Why the probe failed or what is wrong with the shard, if anything.
     pub problem: Option<String>,
+}
+
+/// What the relay has yet to carry from one shard (`sheaf.relay_backlog()`
+/// and `sheaf.outbox_backlog()`, added up).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RelayBacklogSummary {
+    /// Lifecycle rows: children elsewhere not yet settled.
+    pub children: i64,
+    /// Of them, those whose last edge failed.
+    pub children_failing: i64,
+    /// The oldest one's age, in seconds.
+    pub oldest_child_secs: Option<f64>,
+    /// Outbox rows not yet delivered.
+    pub outbox: i64,
+    /// Of them, those a shard could not be inspected for, last time.
+    pub outbox_indeterminate: i64,
+    /// How long the longest-indeterminate one has been so, in seconds.
+    pub oldest_indeterminate_secs: Option<f64>,
 }
 
 /// A live worker and the queues it serves.
@@ -175,6 +198,8 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
         server_version: None,
         live_workers: Vec::new(),
         stranded: Vec::new(),
+        relay: None,
+        accepted_digests: Vec::new(),
         problem: None,
     };
     match tokio::time::timeout(timeout, read_identity(&shard.url, timeout)).await {
@@ -188,6 +213,8 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
             status.reported_shard_id = identity.shard_id;
             status.live_workers = identity.live_workers;
             status.stranded = identity.stranded;
+            status.relay = identity.relay;
+            status.accepted_digests = identity.accepted_digests;
             status.schema_compatible = status
                 .schema_version
                 .as_deref()
@@ -215,6 +242,90 @@ struct Identity {
     shard_id: Option<i32>,
     live_workers: Vec<LiveWorker>,
     stranded: Vec<StrandedQueue>,
+    relay: Option<RelayBacklogSummary>,
+    accepted_digests: Vec<String>,
+}
+
+/// The relay's backlog, added up; nothing before schema 0.2.0.
+const RELAY_BACKLOG: &str = "SELECT c.rows, c.failing, c.oldest, o.rows, o.indeterminate, o.since \
+     FROM (SELECT coalesce(sum(rows), 0)::bigint AS rows, coalesce(sum(failing), 0)::bigint AS failing, \
+                  extract(epoch FROM now() - min(oldest))::float8 AS oldest FROM sheaf.relay_backlog()) c, \
+          (SELECT coalesce(sum(rows), 0)::bigint AS rows, coalesce(sum(indeterminate), 0)::bigint AS indeterminate, \
+                  extract(epoch FROM now() - min(indeterminate_since))::float8 AS since FROM sheaf.outbox_backlog()) o";
+
+async fn read_relay_backlog(client: &tokio_postgres::Client) -> Result<RelayBacklogSummary, String> {
+    let r = client
+        .query_one(RELAY_BACKLOG, &[])
+        .await
+        .map_err(|e| format!("the relay's backlog failed: {e}"))?;
+    let read = || -> Result<RelayBacklogSummary, tokio_postgres::Error> {
+        Ok(RelayBacklogSummary {
+            children: r.try_get(0)?,
+            children_failing: r.try_get(1)?,
+            oldest_child_secs: r.try_get(2)?,
+            outbox: r.try_get(3)?,
+            outbox_indeterminate: r.try_get(4)?,
+            oldest_indeterminate_secs: r.try_get(5)?,
+        })
+    };
+    read().map_err(|e| format!("unexpected reply: {e}"))
+}
+
+async fn read_accepted_digests(client: &tokio_postgres::Client) -> Result<Vec<String>, String> {
+    let rows = client
+        .query("SELECT digest, previous FROM sheaf.published_topology()", &[])
+        .await
+        .map_err(|e| format!("sheaf.published_topology() failed: {e}"))?;
+    let mut accepted = Vec::new();
+    for r in &rows {
+        let (digest, previous): (String, Option<String>) = (
+            r.try_get(0).map_err(|e| format!("unexpected reply: {e}"))?,
+            r.try_get(1).map_err(|e| format!("unexpected reply: {e}"))?,
+        );
+        accepted.push(digest);
+        accepted.extend(previous);
+    }
+    Ok(accepted)
+}
+
+/// What an initialized shard reports beyond its identity: live workers,
+/// stranded work, and (from schema 0.2.0) the relay's backlog and the
+/// topology digests it accepts.
+async fn read_work(client: &tokio_postgres::Client, identity: &mut Identity) -> Result<(), String> {
+    let unreadable = |e: tokio_postgres::Error| format!("unexpected reply: {e}");
+    let workers = client
+        .query("SELECT worker, queues FROM sheaf.live_workers()", &[])
+        .await
+        .map_err(|e| format!("sheaf.live_workers() failed: {e}"))?;
+    identity.live_workers = workers
+        .iter()
+        .map(|r| {
+            Ok(LiveWorker {
+                name: r.try_get(0)?,
+                queues: r.try_get(1)?,
+            })
+        })
+        .collect::<Result<_, tokio_postgres::Error>>()
+        .map_err(unreadable)?;
+    let stranded = client
+        .query("SELECT queue, ready FROM sheaf.stranded_work()", &[])
+        .await
+        .map_err(|e| format!("sheaf.stranded_work() failed: {e}"))?;
+    identity.stranded = stranded
+        .iter()
+        .map(|r| {
+            Ok(StrandedQueue {
+                queue: r.try_get(0)?,
+                ready: r.try_get(1)?,
+            })
+        })
+        .collect::<Result<_, tokio_postgres::Error>>()
+        .map_err(unreadable)?;
+    if identity.schema_version.as_deref() != Some("0.1.0") {
+        identity.relay = Some(read_relay_backlog(client).await?);
+        identity.accepted_digests = read_accepted_digests(client).await?;
+    }
+    Ok(())
 }
 
 async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String> {
@@ -242,6 +353,8 @@ async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String>
         shard_id: None,
         live_workers: Vec::new(),
         stranded: Vec::new(),
+        relay: None,
+        accepted_digests: Vec::new(),
     };
     // sheaf's functions are called only on a schema this driver knows has them.
     if identity
@@ -261,34 +374,7 @@ async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String>
             Err(e) => return Err(format!("sheaf.shard_id() failed: {e}")),
         };
         if identity.shard_id.is_some() {
-            let workers = client
-                .query("SELECT worker, queues FROM sheaf.live_workers()", &[])
-                .await
-                .map_err(|e| format!("sheaf.live_workers() failed: {e}"))?;
-            identity.live_workers = workers
-                .iter()
-                .map(|r| {
-                    Ok(LiveWorker {
-                        name: r.try_get(0)?,
-                        queues: r.try_get(1)?,
-                    })
-                })
-                .collect::<Result<_, tokio_postgres::Error>>()
-                .map_err(unreadable)?;
-            let stranded = client
-                .query("SELECT queue, ready FROM sheaf.stranded_work()", &[])
-                .await
-                .map_err(|e| format!("sheaf.stranded_work() failed: {e}"))?;
-            identity.stranded = stranded
-                .iter()
-                .map(|r| {
-                    Ok(StrandedQueue {
-                        queue: r.try_get(0)?,
-                        ready: r.try_get(1)?,
-                    })
-                })
-                .collect::<Result<_, tokio_postgres::Error>>()
-                .map_err(unreadable)?;
+            read_work(&client, &mut identity).await?;
         }
     }
     drop(client);
@@ -325,6 +411,8 @@ mod tests {
             schema_compatible: true,
             server_version: None,
             live_workers: Vec::new(),
+            relay: None,
+            accepted_digests: Vec::new(),
             stranded: vec![
                 StrandedQueue {
                     queue: "a".into(),

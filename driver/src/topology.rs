@@ -126,6 +126,21 @@ pub enum TopologyError {
     /// Forwards that loop.
     #[error("shard {0} forwards to itself, directly or through other forwards")]
     ForwardCycle(u16),
+    /// A pinned digest (`SHEAF_TOPOLOGY_DIGEST`, [`TopologyBuilder::expect_digest`])
+    /// that is not of the form `sha256:<64 hex digits>`.
+    #[error("the pinned topology digest is not of the form sha256:<64 lowercase hex digits>")]
+    BadDigest,
+    /// The topology hashes to another digest than the one pinned: this
+    /// client would disagree with the fleet about where work goes.
+    #[error(
+        "this topology's digest is {actual}, but {expected} is pinned: the configuration differs from the fleet's"
+    )]
+    DigestMismatch {
+        /// The pinned digest.
+        expected: String,
+        /// This topology's.
+        actual: String,
+    },
 }
 
 /// The shards and their roles, keyed by id. Order of configuration never matters.
@@ -151,6 +166,7 @@ pub struct TopologyBuilder {
     default: Option<u32>,
     residency: Vec<(String, u32)>,
     forwards: Vec<(u32, u32)>,
+    digest: Option<String>,
 }
 
 impl TopologyBuilder {
@@ -227,9 +243,33 @@ impl TopologyBuilder {
         self
     }
 
+    /// Pins the topology's digest ([`Topology::digest`]): building a
+    /// topology that hashes differently fails, so a replica configured
+    /// unlike its fleet never starts.
+    pub fn expect_digest(mut self, digest: impl Into<String>) -> Self {
+        self.digest = Some(digest.into());
+        self
+    }
+
     /// Validates everything and builds the topology: a bad map is an error
     /// here, never at the first request.
     pub fn build(self) -> Result<Topology, TopologyError> {
+        let pinned = self.digest.clone();
+        let topology = self.build_unpinned()?;
+        if let Some(expected) = pinned {
+            let expected = expected.trim().to_owned();
+            if !sheaf_core::digest::is_digest(&expected) {
+                return Err(TopologyError::BadDigest);
+            }
+            let actual = topology.digest();
+            if actual != expected {
+                return Err(TopologyError::DigestMismatch { expected, actual });
+            }
+        }
+        Ok(topology)
+    }
+
+    fn build_unpinned(self) -> Result<Topology, TopologyError> {
         let shards = collect_shards(self.shards)?;
         let all: BTreeSet<ShardId> = shards.keys().copied().collect();
         let readable = match &self.readable {
@@ -421,7 +461,8 @@ impl Topology {
     /// `SHEAF_WRITABLE` and `SHEAF_RESERVED` (comma-separated ids; an empty
     /// `SHEAF_WRITABLE` is a drained fleet), `SHEAF_DEFAULT_SHARD` (an id),
     /// `SHEAF_RESIDENCY` (`key=id` pairs) and `SHEAF_FORWARDS` (`from=to`
-    /// pairs). Checked like a built topology, now.
+    /// pairs), and `SHEAF_TOPOLOGY_DIGEST` (the fleet's digest: a topology
+    /// that hashes otherwise fails). Checked like a built topology, now.
     pub fn from_env() -> Result<Self, TopologyError> {
         Topology::from_vars(|name| std::env::var(name).ok())
     }
@@ -462,6 +503,9 @@ impl Topology {
                 };
                 builder = builder.forward(parse(&from)?, parse(&to)?);
             }
+        }
+        if let Some(v) = var("SHEAF_TOPOLOGY_DIGEST") {
+            builder = builder.expect_digest(v);
         }
         builder.build()
     }
@@ -558,6 +602,13 @@ impl Topology {
             forwards: self.forwards.iter().map(|(k, v)| (k.get(), v.get())).collect(),
         };
         serde_json::to_string(&projection).expect("a projection of plain values serializes")
+    }
+
+    /// `sha256:` and the hex SHA-256 of [`Topology::projection`]: equal
+    /// exactly when two topologies route alike (connection strings and the
+    /// order of configuration play no part).
+    pub fn digest(&self) -> String {
+        sheaf_core::digest::of(self.projection().as_bytes())
     }
 }
 
@@ -751,5 +802,63 @@ mod tests {
     fn debug_output_hides_connection_strings() {
         let t = Topology::parse("0=postgres://u:secret@h/d").unwrap();
         assert!(!format!("{t:?}").contains("secret"));
+    }
+
+    #[test]
+    fn the_digest_follows_routing_and_nothing_else() {
+        let base = four().residency("eu", 1).build().unwrap();
+        let reordered = (0..4)
+            .rev()
+            .fold(Topology::builder(), |b, i| {
+                b.shard(i, format!("postgres://other@h{i}/d"))
+            })
+            .residency("eu", 1)
+            .build()
+            .unwrap();
+        assert_eq!(base.digest(), reordered.digest(), "order and urls play no part");
+        assert!(sheaf_core::digest::is_digest(&base.digest()));
+        for other in [
+            four().residency("eu", 2).build().unwrap(),
+            four().build().unwrap(),
+            four().residency("eu", 1).reserved([3]).build().unwrap(),
+            four().residency("eu", 1).forward(2, 0).build().unwrap(),
+            four().residency("eu", 1).writable([0, 1]).build().unwrap(),
+        ] {
+            assert_ne!(base.digest(), other.digest(), "{}", other.projection());
+        }
+        let pinned = four().residency("eu", 1).expect_digest(base.digest()).build();
+        assert_eq!(pinned.unwrap().digest(), base.digest());
+        match four().residency("eu", 2).expect_digest(base.digest()).build() {
+            Err(TopologyError::DigestMismatch { expected, actual }) => {
+                assert_eq!(expected, base.digest());
+                assert_ne!(actual, expected);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            four().expect_digest("sha256:nope").build().unwrap_err(),
+            TopologyError::BadDigest
+        );
+        let text = four()
+            .residency("eu", 2)
+            .expect_digest(base.digest())
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(!text.contains("secret"), "{text}");
+        // From the environment: SHEAF_TOPOLOGY_DIGEST pins it.
+        let vars = |digest: String| {
+            move |name: &str| match name {
+                "SHEAF_SHARDS" => Some("0=postgres://a/x,1=postgres://b/y".to_owned()),
+                "SHEAF_TOPOLOGY_DIGEST" => Some(digest.clone()),
+                _ => None,
+            }
+        };
+        let plain = Topology::parse("0=postgres://a/x,1=postgres://b/y").unwrap();
+        assert_eq!(Topology::from_vars(vars(plain.digest())).unwrap(), plain);
+        assert!(matches!(
+            Topology::from_vars(vars(base.digest())),
+            Err(TopologyError::DigestMismatch { .. })
+        ));
     }
 }

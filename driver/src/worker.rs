@@ -18,14 +18,15 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client::{ClaimedTask, Client, ClientError};
 use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure, lease_lost};
+use crate::listen::{self, Heard};
 use crate::metrics::TaskOutcome;
 use crate::pool::ShardError;
+use crate::relay::{self, RelayOptions};
 use crate::topology::ShardId;
 
 /// The longest worker name the registry takes.
@@ -67,6 +68,14 @@ pub struct WorkerOptions {
     pub drain_timeout: Duration,
     /// Sleep on `LISTEN sheaf_ready` between polls.
     pub listen: bool,
+    /// Run a relay for the lifecycle rows of its shards (`None`: not).
+    pub relay: Option<RelayOptions>,
+    /// Auto-resume of rebalancing: with each maintenance pass, activate the
+    /// moves off its shards whose cutover committed and then stalled this
+    /// long (at least 5 s; default 30 s), each recorded with an audit entry
+    /// (`Client::settle_stalled`). `None`: only `sheaf rebalance-resume`
+    /// settles them.
+    pub rebalance_resume: Option<Duration>,
 }
 
 impl WorkerOptions {
@@ -88,6 +97,8 @@ impl WorkerOptions {
             maintain_every: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(10),
             listen: true,
+            relay: Some(RelayOptions::default()),
+            rebalance_resume: Some(crate::client::STALL_AFTER),
         }
     }
 
@@ -124,6 +135,12 @@ impl WorkerOptions {
     /// Sets [`WorkerOptions::maintain_every`].
     pub fn maintain_every(mut self, every: Duration) -> Self {
         self.maintain_every = every;
+        self
+    }
+
+    /// Sets [`WorkerOptions::rebalance_resume`].
+    pub fn rebalance_resume(mut self, grace: Option<Duration>) -> Self {
+        self.rebalance_resume = grace;
         self
     }
 
@@ -216,6 +233,8 @@ struct Ctx {
     slots: Arc<Semaphore>,
     /// Per shard: its listener wakes that shard's claim loop.
     wake: BTreeMap<ShardId, Notify>,
+    /// Its relay's wakes, when it runs one.
+    relay: Option<Arc<relay::Shared>>,
     stop: CancellationToken,
     abandon: CancellationToken,
     /// The task runners. Not a `JoinSet`: dropping the worker must not
@@ -290,7 +309,9 @@ impl Worker {
                 warnings.push(text);
             }
         }
+        let relay = options.relay.as_ref().map(|_| relay::Shared::new(&shards));
         let ctx = Arc::new(Ctx {
+            relay,
             slots: Arc::new(Semaphore::new(options.concurrency)),
             client,
             options,
@@ -312,7 +333,18 @@ impl Worker {
         } else {
             Vec::new()
         };
-        let background = listeners;
+        let mut background: Vec<JoinHandle<()>> = listeners;
+        if let (Some(shared), Some(relay_options)) = (&ctx.relay, &ctx.options.relay) {
+            for &shard in &ctx.shards {
+                background.push(tokio::spawn(relay::run_shard(
+                    ctx.client.clone(),
+                    shard,
+                    relay_options.clone(),
+                    shared.clone(),
+                    ctx.stop.clone(),
+                )));
+            }
+        }
         let housekeeping = Some(tokio::spawn(housekeep(ctx.clone())));
         let coordinator = tokio::spawn(coordinate(ctx.clone(), Arc::new(handler)));
         Ok(Worker {
@@ -455,6 +487,14 @@ fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, Worke
     if options.register_every >= Duration::from_secs(60) {
         return Err(WorkerError::BadOption(
             "register_every must be under 60 s, or the worker drops out of the live registry",
+        ));
+    }
+    if options
+        .rebalance_resume
+        .is_some_and(|g| !(crate::client::MIN_STALL_AFTER..=Duration::from_secs(86_400)).contains(&g))
+    {
+        return Err(WorkerError::BadOption(
+            "rebalance_resume's grace must be from 5 s to 1 day",
         ));
     }
     let topology = client.topology();
@@ -657,7 +697,17 @@ async fn register(ctx: &Ctx) {
 async fn maintain(ctx: &Ctx) {
     let calls = ctx.shards.iter().map(|&shard| async move {
         if let Err(e) = ctx.client.maintain(shard).await {
+            // A shard that cannot be maintained now is not asked for more:
+            // every call to it would hold a connection until its timeout.
             log_failure(ctx, shard, "maintenance", &e);
+            return;
+        }
+        if let Some(grace) = ctx.options.rebalance_resume {
+            match ctx.client.settle_stalled(shard, grace).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(%shard, settled = n, "auto-resume activated stalled moves"),
+                Err(e) => log_failure(ctx, shard, "rebalance auto-resume", &e),
+            }
         }
     });
     futures::future::join_all(calls).await;
@@ -826,112 +876,50 @@ async fn release(ctx: &Ctx, task: &ClaimedTask) {
     }
 }
 
-/// How often a quiet listening connection is checked (`SELECT 1`, bounded
-/// by the query timeout): a connection whose peer went away without a
-/// word (half-open) would otherwise wait for notifications forever.
-const LISTEN_PING: Duration = Duration::from_secs(5);
-/// The longest pause between two attempts to listen again.
-const LISTEN_MAX_PAUSE: Duration = Duration::from_secs(10);
-
-/// Wakes the claim loop when one of its queues gets work on `shard`.
-/// Reconnects with backoff (from the start again after a connection that
-/// listened); polling covers the gaps.
+/// Wakes the claim loop when one of its queues gets work on `shard`, and
+/// hands `sheaf_relay` notifications to the worker's relay (on the same
+/// connection). Polling covers the gaps.
 async fn listen(ctx: Arc<Ctx>, shard: ShardId, url: String) {
     let queues: HashSet<String> = ctx.options.queues.iter().cloned().collect();
-    let first = Duration::from_millis(500);
-    let mut pause = first;
-    loop {
-        match listen_once(&ctx, shard, &queues, &url).await {
-            Ok(()) => return,
-            Err((listened, e)) => {
-                tracing::debug!(%shard, error = %e, "listener connection ended");
-                if listened {
-                    pause = first;
-                }
-            }
-        }
-        tokio::select! {
-            _ = ctx.stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(LISTEN_MAX_PAUSE);
-    }
-}
-
-/// One listening connection; `Ok` once the worker stops, `Err` when the
-/// connection is lost or stops answering (with whether it got to listen).
-/// Connecting is bounded by the connect timeout (the handshake included),
-/// every statement by the query timeout.
-async fn listen_once(
-    ctx: &Ctx,
-    shard: ShardId,
-    queues: &HashSet<String>,
-    url: &str,
-) -> Result<(), (bool, String)> {
     let wake = || {
         if let Some(w) = ctx.wake.get(&shard) {
             w.notify_one();
         }
     };
-    let options = ctx.client.pools().options();
-    let (connect_timeout, query_timeout) = (options.connect_timeout, options.query_timeout);
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| (false, format!("{e}")))?;
-    config.connect_timeout(connect_timeout);
-    let connecting = tokio::select! {
-        _ = ctx.stop.cancelled() => return Ok(()),
-        c = tokio::time::timeout(connect_timeout, config.connect(NoTls)) => c,
+    let channels: &[&str] = if ctx.relay.is_some() {
+        &["sheaf_ready", "sheaf_relay"]
+    } else {
+        &["sheaf_ready"]
     };
-    let (client, mut connection) = match connecting {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err((false, format!("{e}"))),
-        Err(_) => return Err((false, format!("no connection within {connect_timeout:?}"))),
-    };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let driver = AbortOnDrop(tokio::spawn(async move {
-        while let Some(message) = futures::future::poll_fn(|cx| connection.poll_message(cx)).await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if tx.send(n.payload().to_owned()).is_err() {
-                        return;
-                    }
+    listen::listen(
+        &ctx.client,
+        shard,
+        &url,
+        channels,
+        &ctx.stop,
+        |heard| match heard {
+            Heard::Connected => {
+                wake();
+                if let Some(relay) = &ctx.relay {
+                    relay.heard(shard, None);
                 }
-                Ok(_) => {}
-                Err(_) => return,
             }
-        }
-    }));
-    let bounded = |sql: &'static str| {
-        let client = &client;
-        async move {
-            match tokio::time::timeout(query_timeout, client.batch_execute(sql)).await {
-                Ok(result) => result.map_err(|e| format!("{e}")),
-                Err(_) => Err(format!("{sql}: no answer within {query_timeout:?}")),
+            Heard::Notification {
+                channel: "sheaf_relay",
+                payload,
+            } => {
+                if let Some(relay) = &ctx.relay {
+                    relay.heard(shard, Some(payload));
+                }
             }
-        }
-    };
-    bounded("LISTEN sheaf_ready").await.map_err(|e| (false, e))?;
-    // Whatever was notified while this shard had no listener: poll now.
-    wake();
-    let mut ping = tokio::time::interval_at(Instant::now() + LISTEN_PING, LISTEN_PING);
-    let result = loop {
-        tokio::select! {
-            _ = ctx.stop.cancelled() => break Ok(()),
-            message = rx.recv() => match message {
-                Some(queue) if queues.contains(&queue) => wake(),
-                Some(_) => {}
-                None => break Err((true, "the connection closed".to_owned())),
-            },
-            _ = ping.tick() => {
-                if let Err(e) = bounded("SELECT 1").await {
-                    // Notifications may have been missed meanwhile: poll now.
+            Heard::Notification { payload, .. } => {
+                if queues.contains(payload) {
                     wake();
-                    break Err((true, e));
                 }
             }
-        }
-    };
-    drop(driver);
-    result
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

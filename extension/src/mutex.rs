@@ -326,6 +326,19 @@ pub fn reclaim(max: i64) -> i64 {
     n
 }
 
+/// `owner` gives up waiting for `key`: it leaves the line, and a lock it
+/// holds (a grant handed to it that it never saw, as a rule) goes to the
+/// next waiter, returned (NULL if none). Without it, a waiter that gave up
+/// had to keep asking until its grant came, to hand it on at once.
+pub fn leave(key: &str, owner: pgrx::Uuid) -> Option<pgrx::Uuid> {
+    lock(key);
+    exec(&LEAVE_LINE, &[key.into(), owner.into()]);
+    match holder(key) {
+        Some((h, _, _)) if h == owner => hand_off(key),
+        _ => None,
+    }
+}
+
 /// Releases every lock `owner` holds and removes it from every waiting line
 /// (an execution reaching a terminal state). Each key under its lock, keys
 /// in order.
@@ -437,6 +450,44 @@ mod tests {
         let (granted, b_token, _) = acquire(B);
         assert!(granted && b_token > token);
         assert_eq!(acquire(C), (false, None, 1));
+    }
+
+    #[pg_test]
+    fn a_waiter_that_leaves_gives_up_its_place_and_an_unseen_grant() {
+        init();
+        let leave = |owner: &str| {
+            Spi::get_one_with_args::<pgrx::Uuid>("SELECT sheaf.mutex_leave('k', $1::uuid)", &[owner.into()])
+                .unwrap()
+                .map(|u| u.to_string())
+        };
+        let (_, token, _) = acquire(A);
+        acquire(B);
+        acquire(C);
+        acquire(D);
+        assert_eq!(leave(C), None, "a waiter in the middle only leaves");
+        assert_eq!(line(), [B, D]);
+        Spi::run_with_args(
+            "SELECT sheaf.mutex_release('k', $1::uuid, $2)",
+            &[A.into(), token.into()],
+        )
+        .unwrap();
+        assert_eq!(
+            leave(B).as_deref(),
+            Some(D),
+            "the grant B never picked up goes straight to D"
+        );
+        assert!(acquire(D).0);
+        assert_eq!(
+            leave(A),
+            None,
+            "an owner neither waiting nor holding changes nothing"
+        );
+        assert_eq!(waiting(), Some(0));
+        assert_eq!(leave(D), None, "the last holder leaving frees the key");
+        assert_eq!(
+            Spi::get_one::<pgrx::Uuid>("SELECT holder FROM sheaf.mutex_status('k')").unwrap(),
+            None
+        );
     }
 
     #[pg_test(

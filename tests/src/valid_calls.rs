@@ -370,6 +370,225 @@ pub const VALID_CALLS: &[ValidCall] = &[
             "'vc: failed on purpose'",
         ],
     ),
+    // Children and the relay.
+    call(
+        "sheaf.start_child(uuid, text, text, jsonb, jsonb)",
+        &["SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-parent', '{\"tenant\": \"vc_t\"}', '{}')"],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent'))",
+            "'vc_child'",
+            "'vc-child-1'",
+            r#"'{"tenant": "vc_t"}'"#,
+            r#"'{"parent_close": "abandon"}'"#,
+        ],
+    ),
+    call(
+        "sheaf.list_children(uuid, uuid, integer)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent'))",
+            "NULL",
+            "100",
+        ],
+    ),
+    call(
+        "sheaf.cancel_child(uuid, uuid, text)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent'))",
+            "(SELECT execution_id FROM sheaf.find_execution('vc_child', 'vc-child-1'))",
+            "'vc: not needed'",
+        ],
+    ),
+    call(
+        "sheaf.relay_take(integer, interval, uuid[])",
+        &[
+            r#"SELECT * FROM sheaf.start_child((SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent')), 'vc_child', 'vc-child-2', '{}', '{"target_shard": 8}')"#,
+        ],
+        &["10", "'1 second'", "NULL"],
+    ),
+    call(
+        "sheaf.relay_report(uuid, bigint, jsonb)",
+        &[
+            r#"SELECT * FROM sheaf.start_child((SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent')), 'vc_child', 'vc-child-3', '{}', '{"target_shard": 8}')"#,
+            "CREATE TEMP TABLE vc_relay AS SELECT child_id, lease_token FROM sheaf.relay_take(1, '30 seconds', \
+             ARRAY(SELECT execution_id FROM sheaf.list_children((SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent')), NULL, 100) WHERE workflow_id = 'vc-child-3'))",
+        ],
+        &[
+            "(SELECT child_id FROM vc_relay)",
+            "(SELECT lease_token FROM vc_relay)",
+            r#"'{"started": true}'"#,
+        ],
+    ),
+    call(
+        "sheaf.relay_start_child(uuid, uuid, text, text, jsonb)",
+        &[],
+        &[
+            "'00070000-0000-8000-8000-0000000000c1'",
+            "'00080000-0000-8000-8000-0000000000a1'",
+            "'vc_child'",
+            "'vc-remote-1'",
+            r#"'{"tenant": "vc_t"}'"#,
+        ],
+    ),
+    call(
+        "sheaf.relay_close_child(uuid, uuid, text, text)",
+        &[],
+        &[
+            "'00070000-0000-8000-8000-0000000000c1'",
+            "'00080000-0000-8000-8000-0000000000a1'",
+            "'cancel'",
+            "'vc: done'",
+        ],
+    ),
+    call("sheaf.relay_backlog()", &[], &[]),
+    // Signals and cancels by business key, through the outbox.
+    call(
+        "sheaf.signal_external(uuid, text, text, text, jsonb, jsonb)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent'))",
+            "'vc_wf'",
+            "'vc-start'",
+            "'vc_sig'",
+            r#"'{"n": 1}'"#,
+            r#"'{"signal_id": "vc-ext-1"}'"#,
+        ],
+    ),
+    call(
+        "sheaf.cancel_external(uuid, text, text, text, jsonb)",
+        &[],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent'))",
+            "'vc_wf'",
+            "'vc-nobody'",
+            "'vc: not needed'",
+            "'{}'",
+        ],
+    ),
+    call("sheaf.outbox_take(integer, interval)", &[], &["10", "'1 second'"]),
+    call(
+        "sheaf.outbox_report(uuid, bigint, jsonb)",
+        &[
+            "SELECT sheaf.signal_external((SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent')), 'vc_wf', 'vc-report', 'vc_sig', '{}')",
+            "CREATE TEMP TABLE vc_outbox AS SELECT outbox_id, lease_token FROM sheaf.outbox_take(1000, '30 seconds') WHERE workflow_id = 'vc-report'",
+        ],
+        &[
+            "(SELECT outbox_id FROM vc_outbox)",
+            "(SELECT lease_token FROM vc_outbox)",
+            r#"'{"unknown": true}'"#,
+        ],
+    ),
+    call("sheaf.outbox_backlog()", &[], &[]),
+    call(
+        "sheaf.list_child_links(uuid, uuid, integer)",
+        &[],
+        &["NULL", "NULL", "100"],
+    ),
+    call(
+        "sheaf.known_children(uuid[])",
+        &[],
+        &[
+            "ARRAY(SELECT execution_id FROM sheaf.list_children((SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-parent')), NULL, 100))",
+        ],
+    ),
+    // The topology digest. These calls declare none, so a published one
+    // checks nothing they do.
+    call(
+        "sheaf.publish_topology(text, boolean)",
+        &[],
+        &[
+            "'sha256:0000000000000000000000000000000000000000000000000000000000000000'",
+            "true",
+        ],
+    ),
+    call("sheaf.published_topology()", &[], &[]),
+    call("sheaf.fleet_config()", &[], &[]),
+    call("sheaf.audit_log(bigint, integer)", &[], &["NULL", "10"]),
+    call("sheaf.rebalance_candidates(uuid, integer)", &[], &["NULL", "100"]),
+    call(
+        "sheaf.migration_begin(uuid, integer)",
+        &[
+            r#"CREATE TEMP TABLE vc_move AS SELECT execution_id FROM sheaf.start_workflow('vc_wf', 'vc-move', '{"tenant": "vc_t"}', '{}')"#,
+        ],
+        &["(SELECT execution_id FROM vc_move)", "8"],
+    ),
+    // A move of vc-move-2 to shard 8, whose export is also staged here as if
+    // it came from shard 8 under another id (vc-move-2s): the source's and
+    // the target's steps on one database.
+    call(
+        "sheaf.migration_stage(jsonb)",
+        &[
+            r#"CREATE TEMP TABLE vc_move2 AS SELECT execution_id FROM sheaf.start_workflow('vc_wf', 'vc-move-2', '{"tenant": "vc_t"}', '{}')"#,
+            "CREATE TEMP TABLE vc_export AS SELECT sheaf.migration_begin((SELECT execution_id FROM vc_move2), 8) AS export",
+        ],
+        &[
+            r#"(SELECT replace(replace(export::text, (SELECT execution_id FROM vc_move2)::text, 'b0000000-0000-8000-8000-000000000001'), '"vc-move-2"', '"vc-move-2s"')::jsonb || '{"source_shard": 8}' FROM vc_export)"#,
+        ],
+    ),
+    call(
+        "sheaf.migration_verify(bigint, text)",
+        &[],
+        &[
+            "(SELECT (export->>'migration_id')::bigint FROM vc_export)",
+            "(SELECT export->>'digest' FROM vc_export)",
+        ],
+    ),
+    call(
+        "sheaf.migration_cutover(bigint)",
+        &[],
+        &["(SELECT (export->>'migration_id')::bigint FROM vc_export)"],
+    ),
+    call(
+        "sheaf.migration_activate(uuid)",
+        &[],
+        &["'b0000000-0000-8000-8000-000000000001'"],
+    ),
+    call(
+        "sheaf.migration_repoint(uuid, integer)",
+        &[],
+        &["(SELECT execution_id FROM vc_move2)", "9"],
+    ),
+    call(
+        "sheaf.migration_report(bigint, text, text)",
+        &[],
+        &[
+            "(SELECT (export->>'migration_id')::bigint FROM vc_export)",
+            "'done'",
+            "NULL",
+        ],
+    ),
+    call(
+        "sheaf.migration_discard(uuid)",
+        &[
+            r#"SELECT sheaf.migration_stage(replace(replace(export::text, (SELECT execution_id FROM vc_move2)::text, 'b0000000-0000-8000-8000-000000000002'), '"vc-move-2"', '"vc-move-2d"')::jsonb || '{"source_shard": 8}') FROM vc_export"#,
+        ],
+        &["'b0000000-0000-8000-8000-000000000002'"],
+    ),
+    call(
+        "sheaf.migration_stalled(interval, integer, integer[])",
+        &[],
+        &["'30 seconds'", "10", "NULL"],
+    ),
+    call("sheaf.migrations(boolean, integer)", &[], &["true", "100"]),
+    call("sheaf.migration_seals(uuid, integer)", &[], &["NULL", "100"]),
+    // vc-move-2's seal, as if handed over by a shard being retired: its id
+    // and key changed, so this shard does not hold it yet.
+    call(
+        "sheaf.migration_adopt_seal(jsonb)",
+        &[],
+        &[
+            r#"(SELECT replace(replace(seal::text, execution_id::text, 'b0000000-0000-8000-8000-000000000003'), '"vc-move-2"', '"vc-move-2a"')::jsonb FROM sheaf.migration_seals(NULL, 100) WHERE execution_id = (SELECT execution_id FROM vc_move2))"#,
+        ],
+    ),
+    call(
+        "sheaf.erase_payloads(uuid)",
+        &[
+            r#"CREATE TEMP TABLE vc_erase AS SELECT execution_id FROM sheaf.start_workflow('vc_wf', 'vc-erase', '{"tenant": "vc_t"}', '{}')"#,
+            "SELECT sheaf.cancel_execution((SELECT execution_id FROM vc_erase), 'vc')",
+        ],
+        &["(SELECT execution_id FROM vc_erase)"],
+    ),
     call(
         "sheaf.cancel_execution(uuid, text)",
         &["SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-cancel', '{\"tenant\": \"vc_t\"}', '{}')"],
@@ -413,6 +632,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
             "'00000000-0000-0000-0000-00000000a001'",
             "(SELECT token FROM sheaf.mutex_status('vc_m'))",
         ],
+    ),
+    call(
+        "sheaf.mutex_leave(text, uuid)",
+        &[],
+        &["'vc_m'", "'00000000-0000-0000-0000-00000000a001'"],
     ),
     call("sheaf.mutex_reclaim(integer)", &[], &["100"]),
 ];

@@ -1137,6 +1137,12 @@ const BAD_CALLS: &[(&str, &str, &str)] = &[
         "22004",
         "lease",
     ),
+    (r#"SELECT sheaf.mutex_leave(NULL, '$OWNER')"#, "22004", "key"),
+    (
+        r#"SELECT sheaf.mutex_leave('$NAME-lock', NULL)"#,
+        "22004",
+        "owner",
+    ),
     (r#"SELECT sheaf.mutex_release(NULL, '$OWNER', 1)"#, "22004", "key"),
     (
         r#"SELECT sheaf.mutex_release('$NAME-lock', '$OWNER', NULL)"#,

@@ -55,6 +55,7 @@ fn options() -> PoolOptions {
         breaker_threshold: 3,
         breaker_cooldown: COOLDOWN,
         keepalive_idle: Some(KEEPALIVE),
+        ..PoolOptions::default()
     }
 }
 

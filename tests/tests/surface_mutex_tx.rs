@@ -101,6 +101,15 @@ async fn a_dropped_guard_releases_and_a_stolen_one_reports_the_loss() {
         .await
         .expect("try_lock");
     assert!(waited.is_none());
+    let mut left = false;
+    for _ in 0..20 {
+        if c.mutex_status(&key).await.expect("status").waiters == 0 {
+            left = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(left, "the waiter that gave up left the line before the holder let go");
     holder.release().await.expect("release");
     let owner = uuid::Uuid::new_v4();
     let mut granted = false;

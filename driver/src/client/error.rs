@@ -156,6 +156,45 @@ pub enum ClientError {
         /// The shard's message.
         message: String,
     },
+    /// 55000 on placed work: the shard published another topology digest
+    /// than this client's (`sheaf topology publish`): this client's shards,
+    /// roles, residency map or forwards differ from the fleet's. Nothing was
+    /// written; fix the configuration (`sheaf topology diff`).
+    #[error("topology mismatch: {message}")]
+    TopologyMismatch {
+        /// The shard that refused.
+        shard: ShardId,
+        /// The shard's message.
+        message: String,
+        /// This client's digest, as the shard read it.
+        client_digest: String,
+        /// The digests the shard accepts.
+        accepted_digests: Vec<String>,
+    },
+    /// The execution was rebalanced off `shard`, which keeps its seal; it
+    /// lives on `to` now. `Client` calls about an execution follow this
+    /// themselves (up to [`MAX_FORWARDS`] hops); a caller sees it only from
+    /// a call pinned to one shard (a transaction on `shard`).
+    #[error("moved: {message}")]
+    Moved {
+        /// The shard that holds the seal.
+        shard: ShardId,
+        /// The shard the seal points to.
+        to: ShardId,
+        /// The shard's message.
+        message: String,
+    },
+    /// A chain of forwards longer than [`MAX_FORWARDS`] (a move in progress
+    /// on every hop, or a loop): retry later.
+    #[error(
+        "execution {id} is forwarded more than {MAX_FORWARDS} times; retry later (a move may be in progress)"
+    )]
+    TooManyForwards {
+        /// The execution.
+        id: crate::id::ExecutionId,
+        /// The last shard reached.
+        shard: ShardId,
+    },
     /// 40P01 / 40001 on every attempt. Each attempt rolled back whole, so
     /// nothing changed and the caller may retry later.
     #[error(
@@ -197,6 +236,31 @@ pub enum ClientError {
     BadRequest(String),
 }
 
+/// The most forwards a call about one execution follows
+/// ([`ClientError::Moved`]) before it gives up.
+pub const MAX_FORWARDS: usize = 4;
+
+/// A forwarding refusal's DETAIL (`{"execution_id", "moved_to"}`).
+fn moved_detail(detail: &str) -> Option<ShardId> {
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        moved_to: u32,
+    }
+    let d: Detail = serde_json::from_str(detail).ok()?;
+    ShardId::new(d.moved_to).ok()
+}
+
+/// A topology refusal's DETAIL (`{"client_digest", "accepted_digests"}`).
+fn topology_detail(detail: &str) -> Option<(String, Vec<String>)> {
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        client_digest: String,
+        accepted_digests: Vec<String>,
+    }
+    let d: Detail = serde_json::from_str(detail).ok()?;
+    Some((d.client_digest, d.accepted_digests))
+}
+
 impl ClientError {
     /// The shard's refusal for `code`, after `attempts` runs of a call
     /// about `owned`; `detail` is the error's DETAIL field.
@@ -223,7 +287,20 @@ impl ClientError {
             sqlstate::INVALID_PARAMETER_VALUE | sqlstate::NULL_VALUE_NOT_ALLOWED => {
                 ClientError::InvalidArgument { shard, message }
             }
-            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE => ClientError::WrongState { shard, message },
+            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE => {
+                if let Some(to) = detail.and_then(moved_detail) {
+                    return ClientError::Moved { shard, to, message };
+                }
+                match detail.and_then(topology_detail) {
+                    Some((client_digest, accepted_digests)) => ClientError::TopologyMismatch {
+                        shard,
+                        message,
+                        client_digest,
+                        accepted_digests,
+                    },
+                    None => ClientError::WrongState { shard, message },
+                }
+            }
             c if is_transient(c) => ClientError::Conflict {
                 shard,
                 attempts,
@@ -253,6 +330,7 @@ impl ClientError {
             ClientError::QuotaExceeded { .. }
             | ClientError::GateRejected { .. }
             | ClientError::Conflict { .. }
+            | ClientError::TooManyForwards { .. }
             | ClientError::NoShardAvailable { .. } => true,
             _ => false,
         }
@@ -270,6 +348,8 @@ impl ClientError {
             | ClientError::InvalidArgument { shard, .. }
             | ClientError::WrongState { shard, .. }
             | ClientError::Conflict { shard, .. }
+            | ClientError::Moved { shard, .. }
+            | ClientError::TooManyForwards { shard, .. }
             | ClientError::Database { shard, .. } => Some(*shard),
             _ => None,
         }
@@ -325,6 +405,36 @@ mod tests {
         let id = TaskId::mint(shard(1)).unwrap();
         let e = ClientError::refusal(shard(1), &Owned::Task(id), "P0002", "no task".into(), None, 1);
         assert!(matches!(e, ClientError::UnknownTask { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_topology_refusal_is_typed_and_another_55000_is_not() {
+        let moved = r#"{"execution_id": "x", "moved_to": 3}"#;
+        assert!(matches!(
+            ClientError::refusal(shard(1), &Owned::Shard, "55000", "m".into(), Some(moved), 1),
+            ClientError::Moved { to, .. } if to == shard(3)
+        ));
+        let detail = r#"{"client_digest": "sha256:aa", "accepted_digests": ["sha256:bb"]}"#;
+        let e = ClientError::refusal(shard(1), &Owned::Shard, "55000", "m".into(), Some(detail), 1);
+        match e {
+            ClientError::TopologyMismatch {
+                client_digest,
+                accepted_digests,
+                ..
+            } => assert_eq!(
+                (client_digest.as_str(), accepted_digests),
+                ("sha256:aa", vec!["sha256:bb".to_owned()])
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            !ClientError::refusal(shard(1), &Owned::Shard, "55000", "m".into(), Some(detail), 1)
+                .is_retryable()
+        );
+        assert!(matches!(
+            ClientError::refusal(shard(1), &Owned::Shard, "55000", "m".into(), None, 1),
+            ClientError::WrongState { .. }
+        ));
     }
 
     #[test]

@@ -121,7 +121,11 @@ impl Client {
     /// has no such execution.
     pub async fn get_execution(&self, id: ExecutionId) -> Result<Option<Execution>, ClientError> {
         let call = self.by_execution(id);
-        let rows = self.query(&call, GET_EXECUTION, &[&id.as_uuid()]).await?;
+        let (shard, rows) = self
+            .query_followed(&call, GET_EXECUTION, &[&id.as_uuid()])
+            .await?;
+        // The shard it lives on, when it moved.
+        let call = Call { shard, ..call };
         rows.first().map(|row| execution_from_row(&call, row)).transpose()
     }
 

@@ -7,19 +7,26 @@
 //! that one shard and the execution, task or workflow it owns.
 
 mod admin;
+mod audit;
 mod batch;
+mod children;
+mod config;
 mod error;
 mod executions;
+mod external;
 mod fleet;
 mod history;
 mod lifecycle;
 mod mutex;
 mod options;
 mod policy;
+mod rebalance;
+mod relay;
 mod reports;
 mod search;
 mod shard;
 mod tasks;
+mod topology;
 mod tx;
 
 use std::fmt;
@@ -28,23 +35,36 @@ use std::time::Duration;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-pub use error::{ClientError, Owned, QuotaDetail};
+pub use error::{ClientError, MAX_FORWARDS, Owned, QuotaDetail};
 pub use executions::{Execution, Started};
 pub use options::{EnqueueOptions, StartOptions};
 pub use tasks::{ClaimedTask, Enqueued, FailOutcome};
 
 pub use admin::ShardInfo;
+pub use audit::AuditEntry;
 pub use batch::{EnqueuedBatch, MAX_BATCH};
+pub use children::{
+    Child, ChildOptions, ChildPlacement, Children, MAX_CHILDREN, Orphan, Orphans, ParentClose, StartedChild,
+    Tree, TreeNode,
+};
+pub use config::{FleetConfig, config_drift};
+pub use external::{ByKey, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow};
 pub use fleet::{
     ConcurrencyStat, FleetError, FleetReport, QueueStats, QuotaUsage, RegisteredWorker, StrandedWork,
 };
 pub use history::{Event, HistoryPage, MAX_HISTORY_PAGE};
 pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
+pub use rebalance::{
+    Candidate, Drain, Erasure, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport, Phase, PhaseHook,
+    Progress, RebalanceOptions, STALL_AFTER, StalledMove,
+};
+pub use relay::{ChildStart, CloseKind, RelayBacklog, RelayOutcome, RelayRow, ReportStatus};
 pub use reports::{GroupBy, KeyConcurrency, Report, Usage};
 pub use search::{
     AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution, SortOrder,
 };
+pub use topology::PublishedTopology;
 pub use tx::{OnShard, ShardConnection};
 
 use crate::id::{ExecutionId, TaskId};
@@ -74,6 +94,7 @@ fn backoff_cap(attempt: u32) -> Duration {
 }
 
 /// One call's destination and what it is about, for its errors.
+#[derive(Clone)]
 pub(crate) struct Call {
     pub(crate) shard: ShardId,
     pub(crate) owned: Owned,
@@ -230,20 +251,51 @@ impl Client {
     /// Runs one statement on the call's shard, again after a transient
     /// conflict (bounded, with backoff). Never on another shard. Counted in
     /// `sheaf_shard_requests_total` by outcome.
+    ///
+    /// A call about an execution that was rebalanced away follows its
+    /// seal's pointer ([`ClientError::Moved`]) to where it lives, at most
+    /// [`MAX_FORWARDS`] hops; a call about an execution that never moved
+    /// makes no extra round trip.
     pub(crate) async fn query(
         &self,
         call: &Call,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, ClientError> {
-        let result = self.query_on_shard(call, sql, params).await;
-        let outcome = match &result {
-            Ok(_) => Outcome::Ok,
-            Err(ClientError::Shard { error, .. }) => unavailable_outcome(error),
-            Err(_) => Outcome::Error,
-        };
-        self.metrics.request(call.shard, outcome);
-        result
+        self.query_followed(call, sql, params).await.map(|(_, rows)| rows)
+    }
+
+    /// `query`, with the shard that answered (another than the call's when
+    /// the execution moved).
+    pub(crate) async fn query_followed(
+        &self,
+        call: &Call,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(ShardId, Vec<Row>), ClientError> {
+        let mut call = call.clone();
+        let mut hops = 0;
+        loop {
+            let result = self.query_on_shard(&call, sql, params).await;
+            let outcome = match &result {
+                Ok(_) => Outcome::Ok,
+                Err(ClientError::Shard { error, .. }) => unavailable_outcome(error),
+                Err(ClientError::Moved { .. }) => Outcome::Ok,
+                Err(_) => Outcome::Error,
+            };
+            self.metrics.request(call.shard, outcome);
+            match (result, &call.owned) {
+                (Err(ClientError::Moved { to, shard, .. }), Owned::Execution(id)) => {
+                    if hops == MAX_FORWARDS {
+                        return Err(ClientError::TooManyForwards { id: *id, shard });
+                    }
+                    hops += 1;
+                    tracing::debug!(execution = %id, from = %shard, to = %to, "following a moved execution");
+                    call.shard = to;
+                }
+                (result, _) => return result.map(|rows| (call.shard, rows)),
+            }
+        }
     }
 
     async fn query_on_shard(

@@ -26,6 +26,7 @@ const ACQUIRE: &str =
     "SELECT granted, token, queue_position FROM sheaf.mutex_acquire($1, $2, make_interval(secs => $3))";
 const RELEASE: &str = "SELECT sheaf.mutex_release($1, $2, $3)";
 const RENEW: &str = "SELECT sheaf.mutex_renew($1, $2, $3, make_interval(secs => $4))";
+const LEAVE: &str = "SELECT sheaf.mutex_leave($1, $2)";
 const STATUS: &str = "SELECT holder, token, lease_expires_at, waiters FROM sheaf.mutex_status($1)";
 const RECLAIM: &str = "SELECT sheaf.mutex_reclaim($1)";
 
@@ -189,6 +190,19 @@ impl Client {
         first_column(&call, &rows)
     }
 
+    /// `owner` gives up waiting for `key`: it leaves the line, and a lock it
+    /// holds (a grant handed to it that it never picked up) goes to the next
+    /// waiter, returned (`None` if none, or if `owner` held nothing).
+    pub async fn mutex_leave(
+        &self,
+        key: &MutexKey,
+        owner: uuid::Uuid,
+    ) -> Result<Option<uuid::Uuid>, ClientError> {
+        let call = self.mutex_call(key);
+        let rows = self.query(&call, LEAVE, &[&key.key, &owner]).await?;
+        first_column(&call, &rows)
+    }
+
     /// Extends the holder's lease to now + `lease`; the new end.
     /// [`ClientError::StaleToken`] if the lock is no longer `owner`'s under `token`.
     pub async fn mutex_renew(
@@ -235,14 +249,15 @@ impl Client {
         first_column(&call, &rows)
     }
 
-    /// Waits for `key` (FIFO, polling every `options.poll`, and at least
-    /// three times per place lease: a ninth of the lease) and returns the
+    /// Waits for `key` (FIFO, polling every `options.poll` times its place in
+    /// line, and at least three times per place lease: a ninth of the lease)
+    /// and returns the
     /// held lock as a [`MutexGuard`].
     /// Call within a tokio runtime.
     ///
     /// Dropping this future while it waits (a `select!`, a timeout) does not
-    /// leave the owner in line holding up the others: a task is spawned that
-    /// waits for the grant and releases it at once.
+    /// leave the owner in line holding up the others: a spawned task takes it
+    /// out of the line ([`Client::mutex_leave`]).
     pub async fn lock(
         self: &Arc<Self>,
         key: impl Into<MutexKey>,
@@ -260,7 +275,7 @@ impl Client {
         let token = loop {
             match self.mutex_acquire(&key, owner, options.lease).await {
                 Ok(Acquired::Granted { token }) => break token,
-                Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.waiting_poll()).await,
+                Ok(Acquired::Queued { position }) => tokio::time::sleep(options.waiting_poll(position)).await,
                 Err(e) => {
                     // Nothing was granted if the call failed before the shard
                     // answered; the leave task settles a grant it missed.
@@ -319,7 +334,8 @@ impl LockOptions {
         self
     }
 
-    /// How often a waiter asks again. A waiter's place in line lapses when
+    /// How often the next waiter asks again (one further back asks this
+    /// times its place in line). A waiter's place in line lapses when
     /// it does not ask again within a third of its lease (its process died),
     /// so it asks at least every ninth of the lease, whatever this says.
     pub fn poll(mut self, poll: Duration) -> Self {
@@ -327,10 +343,13 @@ impl LockOptions {
         self
     }
 
-    /// The poll interval a waiter uses: `poll`, capped so that two polls in a
-    /// row can fail before its place (a third of the lease) lapses.
-    fn waiting_poll(&self) -> Duration {
-        self.poll.min(self.lease / 9)
+    /// The poll interval of a waiter at `position` (1 = next): `poll` times
+    /// its place, since the line ahead moves at most one place per grant, so
+    /// a long line costs the shard as much as a short one; capped so that two
+    /// polls in a row can fail before its place (a third of the lease) lapses.
+    fn waiting_poll(&self, position: i32) -> Duration {
+        let places = u32::try_from(position).unwrap_or(1).clamp(1, 1000);
+        self.poll.saturating_mul(places).min(self.lease / 9)
     }
 
     /// The owner id (default: a fresh one per lock), e.g. an execution's
@@ -355,10 +374,10 @@ impl Drop for Waiting {
         if !self.armed {
             return;
         }
-        // The shard has no "leave the line" call: wait for the grant and
-        // hand it on at once, so the others are not held up for a lease.
-        // (If this process dies first, the place lapses, and a grant handed
-        // to it before that costs the line a third of a lease.)
+        // Leave the line at once (`mutex_leave`), handing on a grant this
+        // owner never saw, so no one waits on it. (If this process dies
+        // first, the place lapses, and a grant handed to it before that costs
+        // the line a third of a lease.)
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -369,22 +388,41 @@ impl Drop for Waiting {
             self.options.clone(),
         );
         runtime.spawn(async move {
-            loop {
-                match client.mutex_acquire(&key, owner, options.lease).await {
-                    Ok(Acquired::Granted { token }) => {
-                        if let Err(e) = client.mutex_release(&key, owner, token).await {
-                            tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the release failed; the lease runs out");
-                        }
-                        return;
-                    }
-                    Ok(Acquired::Queued { .. }) => tokio::time::sleep(options.waiting_poll()).await,
-                    Err(e) => {
-                        tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the owner's place lapses within a third of its lease, and so does a grant handed to it before that");
-                        return;
-                    }
+            match client.mutex_leave(&key, owner).await {
+                Ok(_) => {}
+                // A 0.1.0 shard has no mutex_leave: wait for the grant there
+                // and hand it on.
+                Err(ClientError::Database { code: Some(code), .. }) if code == UNDEFINED_FUNCTION => {
+                    wait_and_hand_on(&client, &key, owner, &options).await;
+                }
+                Err(e) => {
+                    tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the owner's place lapses within a third of its lease, and so does a grant handed to it before that");
                 }
             }
         });
+    }
+}
+
+/// The SQLSTATE of a call to a function the shard's schema lacks.
+const UNDEFINED_FUNCTION: &str = "42883";
+
+/// Gives up a wait on a shard without `mutex_leave`: asks until the grant
+/// comes and releases it at once.
+async fn wait_and_hand_on(client: &Client, key: &MutexKey, owner: uuid::Uuid, options: &LockOptions) {
+    loop {
+        match client.mutex_acquire(key, owner, options.lease).await {
+            Ok(Acquired::Granted { token }) => {
+                if let Err(e) = client.mutex_release(key, owner, token).await {
+                    tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the release failed; the lease runs out");
+                }
+                return;
+            }
+            Ok(Acquired::Queued { position }) => tokio::time::sleep(options.waiting_poll(position)).await,
+            Err(e) => {
+                tracing::warn!(key = key.key(), error = %e, "giving up a lock wait: the owner's place lapses within a third of its lease, and so does a grant handed to it before that");
+                return;
+            }
+        }
     }
 }
 

@@ -18,9 +18,9 @@ use crate::id::TaskId;
 use crate::json::Json;
 use crate::topology::ShardId;
 
-const DECLARE_WORKFLOW: &str = "SELECT sheaf.declare_workflow($1, $2)";
-const SET_CONCURRENCY_LIMIT: &str = "SELECT sheaf.set_concurrency_limit($1, $2)";
-const CONFIGURE_QUEUE: &str = "SELECT sheaf.configure_queue($1, $2)";
+pub(crate) const DECLARE_WORKFLOW: &str = "SELECT sheaf.declare_workflow($1, $2)";
+pub(crate) const SET_CONCURRENCY_LIMIT: &str = "SELECT sheaf.set_concurrency_limit($1, $2)";
+pub(crate) const CONFIGURE_QUEUE: &str = "SELECT sheaf.configure_queue($1, $2)";
 const REDRIVE: &str = "SELECT sheaf.redrive($1)";
 
 /// A change to a queue's configuration (`sheaf.configure_queue`): only the
@@ -89,7 +89,7 @@ impl Client {
     /// Every shard of the topology, for writes: a policy must be on every
     /// shard a start may reach, drained or reserved ones included (they may
     /// take work again, or pinned work now).
-    fn every_shard(&self) -> Vec<ShardId> {
+    pub(crate) fn every_shard(&self) -> Vec<ShardId> {
         self.topology.shards().map(|s| s.id).collect()
     }
 

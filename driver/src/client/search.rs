@@ -295,6 +295,28 @@ impl Client {
     /// first, then the most recently started ended one. When a shard could
     /// not answer, the result is `Indeterminate`, never `Absent`.
     pub async fn find_execution(&self, name: &str, workflow_id: &str) -> Result<Resolution, ClientError> {
+        let (best, failed) = self.resolve_key(name, workflow_id).await?;
+        Ok(match best {
+            Some(e) if e.state.is_active() || failed.is_empty() => Resolution::Found {
+                shard: e.shard,
+                execution: Box::new(e),
+            },
+            None if failed.is_empty() => Resolution::Absent,
+            ended => Resolution::Indeterminate {
+                ended: ended.map(Box::new),
+                unavailable_shards: failed,
+            },
+        })
+    }
+
+    /// The best run of (`name`, `workflow_id`) the readable shards hold
+    /// (active first, then the most recently started), and the shards that
+    /// could not answer.
+    pub(crate) async fn resolve_key(
+        &self,
+        name: &str,
+        workflow_id: &str,
+    ) -> Result<(Option<Execution>, BTreeMap<ShardId, ClientError>), ClientError> {
         let report = self
             .fan_out(self.readable_shards(), |shard| async move {
                 let call = Call {
@@ -313,18 +335,16 @@ impl Client {
             .ok
             .into_values()
             .flatten()
-            .max_by_key(|e| (e.state.is_active(), e.created_at, e.execution_id.as_uuid()));
-        Ok(match best {
-            Some(e) if e.state.is_active() || report.failed.is_empty() => Resolution::Found {
-                shard: e.shard,
-                execution: Box::new(e),
-            },
-            None if report.failed.is_empty() => Resolution::Absent,
-            ended => Resolution::Indeterminate {
-                ended: ended.map(Box::new),
-                unavailable_shards: report.failed,
-            },
-        })
+            // A moved run's live copy outranks its seal and its staged copy.
+            .max_by_key(|e| {
+                (
+                    e.state.is_active(),
+                    !e.state.is_migrating(),
+                    e.created_at,
+                    e.execution_id.as_uuid(),
+                )
+            });
+        Ok((best, report.failed))
     }
 }
 
@@ -340,7 +360,7 @@ pub(crate) fn refused_argument(failed: &BTreeMap<ShardId, ClientError>) -> Resul
     }
 }
 
-fn status(failed: &BTreeMap<ShardId, ClientError>) -> PageStatus {
+pub(crate) fn status(failed: &BTreeMap<ShardId, ClientError>) -> PageStatus {
     if failed.is_empty() {
         PageStatus::Complete
     } else {

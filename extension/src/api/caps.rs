@@ -4,6 +4,7 @@ use pgrx::prelude::*;
 use sheaf_core::options::check_concurrency_key;
 
 use crate::base::args::required;
+use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::queue::{caps, stats};
 
@@ -28,6 +29,12 @@ fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
         );
     }
     caps::set_limit(key, max_running);
+    audit::record(
+        "set_concurrency_limit",
+        key,
+        "ok",
+        serde_json::json!({"max_running": max_running}),
+    );
 }
 
 /// Per concurrency key: its cap (NULL if uncapped) and how many of its tasks

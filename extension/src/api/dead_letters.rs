@@ -3,6 +3,7 @@
 use pgrx::prelude::*;
 
 use crate::base::args::required;
+use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::list::List;
 use crate::queue::dead_letters;
@@ -22,5 +23,14 @@ fn redrive(task_ids: Option<List<pgrx::Uuid>>) -> i32 {
             format!("must hold at most 10000 ids, got {}", ids.len()),
         );
     }
-    dead_letters::redrive(ids.into_items("task_ids"), &EXECUTIONS)
+    let ids = ids.into_items("task_ids");
+    let asked = ids.len();
+    let moved = dead_letters::redrive(ids, &EXECUTIONS);
+    audit::record(
+        "redrive",
+        &format!("{asked} task id(s)"),
+        "ok",
+        serde_json::json!({"asked": asked, "moved": moved}),
+    );
+    moved
 }

@@ -7,6 +7,7 @@ use crate::base::args::required;
 use crate::base::errors::{bad_argument, internal};
 use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
+use crate::base::topology;
 use crate::queue::{queues, tasks};
 use crate::workflow::hooks::EXECUTIONS;
 
@@ -62,5 +63,9 @@ fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<Jsonb>) 
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
+    // A task of an execution goes where its execution is: routed by id.
+    if o.execution_id.is_none() {
+        topology::check_declared();
+    }
     tasks::insert(name, payloads, &o, &EXECUTIONS)
 }

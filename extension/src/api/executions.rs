@@ -8,9 +8,10 @@ use sheaf_core::policy::StartOptions;
 use crate::base::args::required;
 use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
+use crate::base::topology;
 use crate::workflow::{executions, policy, start};
 
-fn check_workflow_id(workflow_id: Option<&str>) -> &str {
+pub(crate) fn check_workflow_id(workflow_id: Option<&str>) -> &str {
     let workflow_id = required(workflow_id, "workflow_id");
     if workflow_id.is_empty() || workflow_id.len() > 256 {
         bad_argument(
@@ -51,6 +52,7 @@ fn start_workflow(
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
+    topology::check_declared();
     if let Some(s) = &o.run_at
         && !matches!(s.parse::<TimestampWithTimeZone>(), Ok(t) if t.is_finite())
     {

@@ -6,7 +6,7 @@ use pgrx::prelude::*;
 use crate::base::args::required;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
-use crate::workflow::history::{self, MAX_EVENT_BYTES, MAX_PAGE, OWN_EVENT_TYPES};
+use crate::workflow::history::{self, MAX_EVENT_BYTES, MAX_PAGE, is_own_event_type};
 
 /// Appends an event to an active execution's history; returns its seq.
 /// A closed history (terminal execution) refuses with 55000.
@@ -22,7 +22,7 @@ fn append_event(execution_id: Option<pgrx::Uuid>, event_type: Option<&str>, payl
             format!("must be 1 to 128 bytes, got {}", event_type.len()),
         );
     }
-    if OWN_EVENT_TYPES.contains(&event_type) {
+    if is_own_event_type(event_type) {
         bad_argument(
             "event_type",
             format!("{event_type} is one of sheaf's own event types; name yours otherwise"),

@@ -5,6 +5,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
 use crate::base::args::required;
+use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::workflow::lifecycle::{self, Close};
@@ -48,12 +49,19 @@ fn cancel_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> b
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn terminate_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> bool {
     let id = execution_arg(execution_id);
-    lifecycle::close(
+    let ended = lifecycle::close(
         id,
         Close::Terminated {
             reason: reason.map(str::to_owned),
         },
-    )
+    );
+    audit::record(
+        "terminate_execution",
+        &id.to_string(),
+        if ended { "ok" } else { "already ended" },
+        serde_json::json!({"reason": reason.map(|r| sheaf_core::children::cut(r, 256))}),
+    );
+    ended
 }
 
 /// Pauses a running or suspended execution: its ready, waiting and scheduled

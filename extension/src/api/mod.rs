@@ -7,13 +7,18 @@
 // its signature; a type alias would hide them, so the long return types stay.
 #![allow(clippy::type_complexity)]
 
+mod audit;
 mod caps;
 mod catalog;
+mod children;
 mod claim;
 mod complete;
+mod config;
 mod dead_letters;
 mod enqueue;
+mod erase;
 mod executions;
+mod external;
 mod history;
 mod ids;
 mod lease;
@@ -23,10 +28,13 @@ mod mutex;
 mod policy;
 mod queues;
 mod quota;
+mod rebalance;
+mod relay;
 mod retry;
 mod search;
 mod shard;
 mod signals;
 mod stats;
+mod topology;
 mod usage;
 mod workers;

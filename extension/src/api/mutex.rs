@@ -47,6 +47,18 @@ fn mutex_release(key: Option<&str>, owner: Option<pgrx::Uuid>, token: Option<i64
     mutex::release(key, owner, token)
 }
 
+/// `owner` gives up waiting for `key`: leaves the line, and a lock it holds
+/// (a grant it had not picked up) goes to the next waiter, returned (NULL
+/// if none, or if `owner` held nothing).
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn mutex_leave(key: Option<&str>, owner: Option<pgrx::Uuid>) -> Option<pgrx::Uuid> {
+    require_read_committed("mutex_leave");
+    let key = args::key(key, "key");
+    let owner = required(owner, "owner");
+    mutex::leave(key, owner)
+}
+
 /// Extends the lease of `key` held by `owner` under `token` to now + `lease`;
 /// returns the new lease end. A non-holder or a stale token raises 55P03.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]

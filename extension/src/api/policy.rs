@@ -4,6 +4,7 @@ use pgrx::prelude::*;
 use sheaf_core::policy::WorkflowPolicy;
 
 use crate::base::args::required;
+use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::workflow::policy;
@@ -24,4 +25,5 @@ fn declare_workflow(name: Option<&str>, policy: Option<Jsonb>) {
         Err(e) => bad_argument(&e.option, e.why),
     };
     policy::store(name, &parsed);
+    audit::record("declare_workflow", name, "ok", policy);
 }

@@ -4,6 +4,7 @@ use pgrx::prelude::*;
 use sheaf_core::options::QueueOptions;
 
 use crate::base::args::required;
+use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::queue::queues;
@@ -24,5 +25,7 @@ fn configure_queue(queue: Option<&str>, opts: Option<Jsonb>) -> pgrx::JsonB {
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
-    pgrx::JsonB(queues::configure(name, &parsed))
+    let config = queues::configure(name, &parsed);
+    audit::record("configure_queue", name, "ok", config.clone());
+    pgrx::JsonB(config)
 }

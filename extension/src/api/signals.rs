@@ -23,12 +23,25 @@ fn signal(
     opts: default!(Option<Jsonb>, "'{}'"),
 ) -> bool {
     let id = required(execution_id, "execution_id");
-    let name = required(signal, "signal");
-    let payload = required(payload, "payload").checked("payload");
+    let name = check_signal(signal);
+    let payload = check_payload(payload);
     let opts = required(opts, "opts").parse("opts");
+    let o = SignalOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
+    signals::signal(id, name, payload, o.signal_id.as_deref())
+}
+
+/// A signal's name: 1 to 128 bytes.
+pub(crate) fn check_signal(signal: Option<&str>) -> &str {
+    let name = required(signal, "signal");
     if name.is_empty() || name.len() > 128 {
         bad_argument("signal", format!("must be 1 to 128 bytes, got {}", name.len()));
     }
+    name
+}
+
+/// A signal's payload: at most 1 MiB of JSON.
+pub(crate) fn check_payload(payload: Option<Jsonb>) -> Jsonb {
+    let payload = required(payload, "payload").checked("payload");
     let size = payload.compact_len();
     if size > MAX_EVENT_BYTES {
         bad_argument(
@@ -36,6 +49,5 @@ fn signal(
             format!("must be at most {MAX_EVENT_BYTES} bytes of JSON, got {size}"),
         );
     }
-    let o = SignalOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
-    signals::signal(id, name, payload, o.signal_id.as_deref())
+    payload
 }

@@ -39,6 +39,15 @@ pub fn key<'a>(value: Option<&'a str>, arg: &str) -> &'a str {
 }
 
 /// Validates a lease-like interval argument; returns it in seconds.
+/// `max_rows` of a page or a take: required, 1 to `max`.
+pub fn page_rows(max_rows: Option<i32>, max: i32) -> i64 {
+    let n = required(max_rows, "max_rows");
+    if !(1..=max).contains(&n) {
+        bad_argument("max_rows", format!("must be from 1 to {max}, got {n}"));
+    }
+    i64::from(n)
+}
+
 pub fn lease_secs(arg: &str, lease: Interval) -> f64 {
     let secs = lease.as_micros() as f64 / 1e6;
     if !(MIN_LEASE_SECS..=MAX_LEASE_SECS).contains(&secs) {
@@ -71,9 +80,5 @@ pub fn delay_secs(arg: &str, delay: Interval, max_secs: f64) -> f64 {
 
 /// A `max_rows` argument of a bounded sweep: 1 to 100,000.
 pub fn max_rows(value: Option<i32>) -> i64 {
-    let max_rows = required(value, "max_rows");
-    if !(1..=100_000).contains(&max_rows) {
-        bad_argument("max_rows", format!("must be from 1 to 100000, got {max_rows}"));
-    }
-    max_rows as i64
+    page_rows(value, 100_000)
 }

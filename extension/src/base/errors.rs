@@ -96,12 +96,30 @@ pub fn unknown_task(task_id: pgrx::Uuid) -> ! {
     );
 }
 
+/// P0002: what the call names (`what` says what) is not on this shard.
+pub fn not_found(what: impl std::fmt::Display) -> ! {
+    ereport!(ERROR, PgSqlErrorCode::ERRCODE_NO_DATA_FOUND, what.to_string());
+}
+
 /// P0002: no execution with this id lives on this shard.
 pub fn unknown_execution(id: pgrx::Uuid) -> ! {
     ereport!(
         ERROR,
         PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
         format!("no execution {id} on this shard")
+    );
+}
+
+/// 55000: the execution was rebalanced off this shard, which keeps only its
+/// seal. The DETAIL is JSON (`execution_id`, `moved_to`: the shard it moved
+/// to), for the driver to follow at once; the message names no shard.
+pub fn moved(id: pgrx::Uuid, to: i32) -> ! {
+    let detail = serde_json::json!({"execution_id": id.to_string(), "moved_to": to});
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("execution {id} has moved to another shard: the driver follows it there"),
+        detail.to_string()
     );
 }
 
@@ -123,6 +141,26 @@ pub fn quota_exceeded(workflow: &str, key: &str, resource: &str, limit: i64, usa
             resource,
             limit,
             usage
+        ),
+        detail.to_string()
+    );
+}
+
+/// 55000: the client's topology digest is not one this shard accepts
+/// (`base::topology`). The DETAIL is JSON: `client_digest`,
+/// `accepted_digests`. Digests name no shard and no residency key.
+pub fn topology_mismatch(client: &str, accepted: &[String]) -> ! {
+    // The setting is the caller's: a long one is cut, never echoed whole.
+    let client = sheaf_core::children::cut(client, 80);
+    let detail = serde_json::json!({"client_digest": client, "accepted_digests": accepted});
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "placed work refused: this client's topology digest {} is not the fleet's published {}: \
+             its shards, roles, residency map or forwards differ (compare them with sheaf topology diff)",
+            quoted(client),
+            accepted.join(" or ")
         ),
         detail.to_string()
     );

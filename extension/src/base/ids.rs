@@ -13,9 +13,18 @@ pub fn mint() -> pgrx::Uuid {
     minter()()
 }
 
+/// Mints an id for shard `shard` (0..=`id::MAX_SHARD_ID`, checked by the
+/// caller): a child's on the shard it will run on.
+pub fn mint_for(shard: i32) -> pgrx::Uuid {
+    minter_for(shard as u16)()
+}
+
 /// A minter bound to this shard's id, read once: for minting many ids.
 pub fn minter() -> impl FnMut() -> pgrx::Uuid {
-    let shard = shard::current() as u16;
+    minter_for(shard::current() as u16)
+}
+
+fn minter_for(shard: u16) -> impl FnMut() -> pgrx::Uuid {
     move || {
         let ms = match SystemTime::now().duration_since(UNIX_EPOCH) {
             Ok(d) => d.as_millis() as u64,

@@ -9,7 +9,8 @@
 //! 1. the start lock of (workflow name, workflow id), then the gate lock of
 //!    (workflow name, concurrency key) — `start_workflow` only;
 //! 2. task rows: a task's `ready` row before its `tasks` row (the claim's
-//!    order), and every task of an execution before that execution's row;
+//!    order), several tasks in id order (`ORDER BY id FOR UPDATE`), and
+//!    every task of an execution before that execution's row;
 //! 3. execution rows (appending history updates the row, so it locks it);
 //! 4. quota counter rows (`quota_usage`);
 //! 5. concurrency keys: the key's advisory lock, then its

@@ -1,6 +1,7 @@
 //! The bottom layer: what every other layer stands on. Names nothing above it.
 
 pub mod args;
+pub mod audit;
 pub mod errors;
 pub mod ids;
 pub mod jsonb;
@@ -9,3 +10,4 @@ pub mod locks;
 pub mod plans;
 pub mod rows;
 pub mod shard;
+pub mod topology;

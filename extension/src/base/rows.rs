@@ -25,6 +25,7 @@ impl NotNull for pgrx::JsonB {}
 impl NotNull for TimestampWithTimeZone {}
 impl NotNull for Interval {}
 impl NotNull for Vec<String> {}
+impl NotNull for Vec<i32> {}
 
 /// One column of a row.
 pub trait Column: Sized {

@@ -36,7 +36,7 @@ const COMPLETE: [Stmt; 2] = [
 // Two steps, so every statement is a primary-key seek whatever the batch:
 // lock the entries still running, then delete those whose token matches.
 const RUNNING_TOKENS: Stmt = Stmt::write(
-    "SELECT id, token FROM tasks WHERE id = ANY($1) AND state = $2 FOR UPDATE",
+    "SELECT id, token FROM tasks WHERE id = ANY($1) AND state = $2 ORDER BY id FOR UPDATE",
     &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::TEXTOID],
 );
 macro_rules! delete_batch {

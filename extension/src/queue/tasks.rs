@@ -491,14 +491,20 @@ const UNREADY: Stmt = Stmt::write(
        SELECT id FROM tasks WHERE execution_id = $1 AND state = 'ready'))",
     &[PgBuiltInOids::UUIDOID],
 );
+// Every statement locking several tasks locks them in id order
+// (`base::locks`), here before the DELETE takes them: a DELETE alone locks in
+// the order of the execution's index, which is not the order of ids, and a
+// batch completing two of its tasks meanwhile deadlocked with it (once in 60
+// rounds of terminal_pairs' cancel vs complete).
 const DELETE_OF_EXECUTION: Stmt = Stmt::write(
-    "DELETE FROM tasks WHERE execution_id = $1 RETURNING state, concurrency_key",
+    "WITH mine AS (SELECT id FROM tasks WHERE execution_id = $1 ORDER BY id FOR UPDATE) \
+     DELETE FROM tasks t USING mine WHERE t.id = mine.id RETURNING t.state, t.concurrency_key",
     &[PgBuiltInOids::UUIDOID],
 );
 // Ready, waiting and scheduled tasks wait, holding no slot, until resumed.
 const PARK: Stmt = Stmt::write(
     "WITH old AS (SELECT id, state, concurrency_key FROM tasks \
-                  WHERE execution_id = $1 AND state IN ('ready', 'waiting', 'scheduled') FOR UPDATE) \
+                  WHERE execution_id = $1 AND state IN ('ready', 'waiting', 'scheduled') ORDER BY id FOR UPDATE) \
      UPDATE tasks t SET state = 'paused' FROM old WHERE t.id = old.id \
      RETURNING old.state, old.concurrency_key",
     &[PgBuiltInOids::UUIDOID],
@@ -507,14 +513,13 @@ const UNPARK_FUTURE: Stmt = Stmt::write(
     "UPDATE tasks SET state = 'scheduled' WHERE execution_id = $1 AND state = 'paused' AND run_at > now()",
     &[PgBuiltInOids::UUIDOID],
 );
-// Locked in the order the execution's index gives, the order in which a
-// cancel's DELETE locks them: locked in admission order instead, a resume
-// and a cancel of an execution of several tasks could each wait for a task
-// the other holds (seen once in 60 rounds of terminal_pairs' resume vs
-// cancel). The caller sorts.
+// Locked in id order, as a cancel locks them: locked in admission order
+// instead, a resume and a cancel of an execution of several tasks could each
+// wait for a task the other holds (seen once in 60 rounds of terminal_pairs'
+// resume vs cancel). The caller sorts.
 const PARKED: Stmt = Stmt::write(
     "SELECT id, concurrency_key, priority, seq FROM tasks WHERE execution_id = $1 AND state = 'paused' \
-     FOR UPDATE",
+     ORDER BY id FOR UPDATE",
     &[PgBuiltInOids::UUIDOID],
 );
 
@@ -525,6 +530,31 @@ fn state_and_key(
     doing: &str,
 ) -> Vec<(TaskState, Option<String>)> {
     rows::all(run(client, stmt, &[execution_id.into()]), doing)
+}
+
+const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::read(
+    "SELECT EXISTS (SELECT 1 FROM tasks WHERE execution_id = $1 AND kind = $2 AND state <> $3)",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+
+/// Whether an execution has a task of `kind` that no one holds yet
+/// (scheduled, waiting, ready or parked): it will run, and read what the
+/// execution's history has by then.
+pub fn has_unclaimed_of_execution(execution_id: pgrx::Uuid, kind: &str) -> bool {
+    Spi::connect_mut(|client| {
+        rows::only_value(
+            run(
+                client,
+                &UNCLAIMED_OF_EXECUTION,
+                &[execution_id.into(), kind.into(), RUNNING.into()],
+            ),
+            "looking for an execution's unclaimed task",
+        )
+    })
 }
 
 /// Deletes an execution's unfinished tasks (locking them); returns

@@ -12,13 +12,14 @@ use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::tasks;
 use crate::workflow::hooks::EXECUTIONS;
+use crate::workflow::migration;
 
 const STATE: Stmt = Stmt::read(
     "SELECT state FROM executions WHERE id = $1",
     &[PgBuiltInOids::UUIDOID],
 );
 const LOCK: Stmt = Stmt::write(
-    "SELECT state, workflow_name, workflow_id, concurrency_key, quota_key, queue, paused_from \
+    "SELECT state, workflow_name, workflow_id, concurrency_key, quota_key, queue, paused_from, parent_id \
      FROM executions WHERE id = $1 FOR UPDATE",
     &[PgBuiltInOids::UUIDOID],
 );
@@ -61,6 +62,15 @@ pub fn quota_key_of(id: pgrx::Uuid) -> Option<String> {
     })
 }
 
+/// Sends a call about execution `id` where the run lives if it moved away
+/// (the forwarding error, `migration::forward`); nothing if it lives here
+/// or is not here.
+pub fn forward_if_moved(id: pgrx::Uuid) {
+    if let Some(state) = state_of(id) {
+        migration::forward(id, state);
+    }
+}
+
 /// A locked execution row.
 pub struct Locked {
     pub id: pgrx::Uuid,
@@ -71,6 +81,8 @@ pub struct Locked {
     pub quota_key: Option<String>,
     pub queue: String,
     pub paused_from: Option<ExecutionState>,
+    /// The execution that started it as its child (`sheaf.start_child`).
+    pub parent_id: Option<pgrx::Uuid>,
 }
 
 impl Locked {
@@ -87,10 +99,18 @@ pub fn task_key(workflow: &str, key: &str) -> String {
     format!("{workflow}:{key}")
 }
 
-/// Locks an execution's row; P0002 if it is not on this shard.
+/// Locks an execution's row; P0002 if it is not on this shard, the
+/// forwarding error if it moved (`migration::forward`).
 pub fn lock(id: pgrx::Uuid) -> Locked {
-    let row = Spi::connect_mut(|client| {
-        let (state, workflow_name, workflow_id, concurrency_key, quota_key, queue, paused_from) =
+    let e = try_lock(id).unwrap_or_else(|| unknown_execution(id));
+    migration::forward(id, e.state);
+    e
+}
+
+/// Locks an execution's row; `None` if it is not on this shard.
+pub fn try_lock(id: pgrx::Uuid) -> Option<Locked> {
+    Spi::connect_mut(|client| {
+        let (state, workflow_name, workflow_id, concurrency_key, quota_key, queue, paused_from, parent_id) =
             rows::first(run(client, &LOCK, &[id.into()]), "locking an execution")?;
         Some(Locked {
             id,
@@ -101,9 +121,9 @@ pub fn lock(id: pgrx::Uuid) -> Locked {
             quota_key,
             queue,
             paused_from,
+            parent_id,
         })
-    });
-    row.unwrap_or_else(|| unknown_execution(id))
+    })
 }
 
 /// Locks an execution that must be active; 55000 naming its state if not.
@@ -150,8 +170,15 @@ fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> 
 }
 
 /// An execution by id: one row, or none if it is not on this shard.
+/// A seal raises the forwarding error (`migration::forward`).
 pub fn get(id: pgrx::Uuid) -> Vec<Row> {
-    read_rows(&GET, vec![id.into()])
+    let rows = read_rows(&GET, vec![id.into()]);
+    if let Some(row) = rows.first()
+        && let Ok(state) = row.3.parse::<ExecutionState>()
+    {
+        migration::forward(id, state);
+    }
+    rows
 }
 
 /// The active execution of (name, workflow_id), else the most recent

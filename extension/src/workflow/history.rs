@@ -9,7 +9,7 @@ use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
-use crate::workflow::{executions, quota};
+use crate::workflow::{executions, migration, quota};
 
 /// The largest event payload, in bytes of its JSON text.
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
@@ -36,6 +36,15 @@ pub const OWN_EVENT_TYPES: &[&str] = &[
     "SearchAttrsUpserted",
     "SignalReceived",
 ];
+
+/// Whether sheaf itself appends events of this type (`OWN_EVENT_TYPES`, its
+/// children's, `sheaf_core::children::EVENT_TYPES`, and its external
+/// signals' and cancels', `sheaf_core::external::EVENT_TYPES`).
+pub fn is_own_event_type(event_type: &str) -> bool {
+    OWN_EVENT_TYPES.contains(&event_type)
+        || sheaf_core::children::EVENT_TYPES.contains(&event_type)
+        || sheaf_core::external::EVENT_TYPES.contains(&event_type)
+}
 
 // Updating the execution row serializes appends to one execution, and the
 // update reads the row's latest version after any wait: `seq` is gap-free
@@ -121,8 +130,10 @@ pub fn page(
     after: i64,
     max_rows: i32,
 ) -> Vec<(i64, String, pgrx::JsonB, TimestampWithTimeZone)> {
-    if executions::state_of(id).is_none() {
-        unknown_execution(id);
+    match executions::state_of(id) {
+        None => unknown_execution(id),
+        // A seal's history is frozen at its move: read the live copy's.
+        Some(state) => migration::forward(id, state),
     }
     Spi::connect_mut(|client| {
         let table = run(

@@ -22,7 +22,11 @@ impl ExecutionHooks for Executions {
             None => unknown_execution(id),
             Some(ExecutionState::Paused) => Intake::Parked,
             Some(state) if state.takes_tasks() => Intake::Open,
-            Some(state) => not_ready(format!("execution {id} is {state}: it takes no new tasks")),
+            Some(state) => {
+                // A task for a run that moved goes where it lives.
+                crate::workflow::migration::forward(id, state);
+                not_ready(format!("execution {id} is {state}: it takes no new tasks"))
+            }
         }
     }
 

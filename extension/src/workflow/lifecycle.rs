@@ -10,7 +10,7 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::state::ExecutionState;
+use sheaf_core::state::{ExecutionState, TaskKind};
 
 use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
@@ -22,7 +22,8 @@ use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::{caps, promote, tasks};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::{history, quota};
+use crate::workflow::migration;
+use crate::workflow::{children, external, history, quota};
 
 /// How an execution ends.
 pub enum Close {
@@ -132,6 +133,16 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
     }
     caps::release_held(cancelled);
     mutex::release_all(id);
+    if children::enabled() {
+        // As a parent: its children's parent_close, through the relay. As
+        // a child: its end to its parent (the parent's row after its own).
+        children::parent_ended(id, how.state());
+        if let Some(parent) = e.parent_id {
+            children::report_end(id, parent);
+        }
+        // As a sender: its outbox keeps only what is still to deliver.
+        external::sender_ended(id);
+    }
     true
 }
 
@@ -173,6 +184,8 @@ pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_jso
 }
 
 fn refuse_migrating(id: pgrx::Uuid, state: ExecutionState) -> bool {
+    // A seal sends the call where the run lives now.
+    migration::forward(id, state);
     if state.is_migrating() {
         not_ready(format!(
             "execution {id} is {state}: it is ended where it now runs"
@@ -304,6 +317,26 @@ pub fn wake_due(max: i64) -> i64 {
     let due: Vec<pgrx::Uuid> =
         Spi::connect_mut(|client| rows::values(run(client, &DUE_WAKES, &[max.into()]), "reading due timers"));
     due.into_iter().filter(|id| wake(*id)).count() as i64
+}
+
+/// Wakes an execution that an event concerns (a child's end, the outcome
+/// of its external signal or cancel): a suspended one wakes; a running (or
+/// paused) one without a workflow task waiting to run gets one, so a
+/// handler that already read its history runs again.
+pub fn wake_for_event(e: &Locked) {
+    let suspended = e.state == ExecutionState::Suspended
+        || (e.state == ExecutionState::Paused && e.paused_from == Some(ExecutionState::Suspended));
+    if suspended {
+        wake(e.id);
+    } else if e.state.is_active() && !tasks::has_unclaimed_of_execution(e.id, TaskKind::Workflow.as_str()) {
+        executions::enqueue_workflow_task(
+            e,
+            Jsonb::from_value(serde_json::json!({"workflow_name": e.workflow_name,
+                                                 "workflow_id": e.workflow_id, "woken": true})),
+            0,
+            None,
+        );
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -2,13 +2,19 @@
 //! them. Names `queue`, `mutex` and `base`; implements the queue's hook
 //! (`hooks`).
 
+pub mod children;
+pub mod config;
+pub mod erase;
 pub mod executions;
+pub mod external;
 pub mod gates;
 pub mod history;
 pub mod hooks;
 pub mod lifecycle;
+pub mod migration;
 pub mod policy;
 pub mod quota;
+pub mod relay;
 pub mod search;
 pub mod signals;
 pub mod start;

@@ -73,9 +73,11 @@ pub fn list(filter: &Filter, after: Option<Anchor>, max_rows: i32, order: SortOr
         SortOrder::Desc => ("<", "DESC"),
         SortOrder::Asc => (">", "ASC"),
     };
+    // A moved run is listed once, where it lives: never its seal or its
+    // staged copy (`workflow::migration`).
     let mut sql = format!(
         "SELECT id, workflow_name, workflow_id, state, created_at, closed_at, parent_id, search_attrs \
-         FROM executions WHERE {condition}"
+         FROM executions WHERE ({condition}) AND state NOT IN ('MIGRATING', 'MIGRATED')"
     );
     if let Some(anchor) = after {
         let n = args.len();

@@ -45,8 +45,8 @@ const DOCUMENTS: Stmt = Stmt::read(
 );
 const INSERT: Stmt = Stmt::write(
     "INSERT INTO executions (id, workflow_name, workflow_id, state, seq, queue, input, concurrency_key, quota_key, \
-                             search_attrs) \
-     VALUES ($1, $2, $3, 'RUNNING', nextval('execution_seq'), $4, $5, $6, $7, $8)",
+                             search_attrs, parent_id) \
+     VALUES ($1, $2, $3, 'RUNNING', nextval('execution_seq'), $4, $5, $6, $7, $8, $9)",
     &[
         PgBuiltInOids::UUIDOID,
         PgBuiltInOids::TEXTOID,
@@ -56,6 +56,7 @@ const INSERT: Stmt = Stmt::write(
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::UUIDOID,
     ],
 );
 
@@ -145,6 +146,17 @@ fn refuse_taken(new_id: pgrx::Uuid) {
 /// unless one is active: then returns it with `created = false`, changing
 /// nothing. Refusals: 53400 (quota), 55006 (concurrency gate `reject`).
 pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions) -> Started {
+    start_as(name, workflow_id, input, o, None)
+}
+
+/// `start`, of a child of `parent` (its `parent_id`) when given.
+pub fn start_as(
+    name: &str,
+    workflow_id: &str,
+    input: Jsonb,
+    o: &StartOptions,
+    parent: Option<pgrx::Uuid>,
+) -> Started {
     let p = policy::load(name);
     let gates = resolve_gates(&p, &input);
     let new_id = new_execution_id(o.execution_id);
@@ -182,6 +194,7 @@ pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions) -> S
         quota_key: gates.quota.map(|(_, k)| k),
         queue: o.queue.clone().unwrap_or_else(|| p.queue.clone()),
         paused_from: None,
+        parent_id: parent,
     };
     insert(&started, input, o);
     (new_id, true, superseded)
@@ -215,6 +228,7 @@ fn insert(e: &Locked, input: Jsonb, o: &StartOptions) {
             e.concurrency_key.clone().into(),
             e.quota_key.clone().into(),
             pgrx::JsonB(o.search_attrs.clone().unwrap_or_else(|| serde_json::json!({}))).into(),
+            e.parent_id.into(),
         ],
     );
     history::append_jsonb(e.id, "WorkflowStarted", event);

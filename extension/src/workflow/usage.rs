@@ -29,6 +29,14 @@ macro_rules! usage_events {
           'TaskCompleted', 'TaskFailed', 'TaskDeadLettered', 'TaskReaped')"
     };
 }
+/// A moved run counts once (`workflow::migration`): never as a staged copy
+/// (MIGRATING), and as a seal (MIGRATED) only until its move is done (the
+/// seal's `closed_at`), after which its new shard counts it.
+macro_rules! counted {
+    () => {
+        "e.state <> 'MIGRATING' AND (e.state <> 'MIGRATED' OR e.closed_at IS NULL)"
+    };
+}
 /// An execution's group: `$3` NULL groups by workflow name, else by the
 /// text of search attribute `$3` (`$4` when it has none).
 macro_rules! group {
@@ -50,7 +58,9 @@ const REPORT: Stmt = Stmt::read(
     concat!(
         "WITH s AS (SELECT ",
         group!(),
-        " AS grp, count(*) AS starts FROM executions e WHERE e.created_at >= $1 AND e.created_at < $2 GROUP BY 1), \
+        " AS grp, count(*) AS starts FROM executions e WHERE e.created_at >= $1 AND e.created_at < $2 AND ",
+        counted!(),
+        " GROUP BY 1), \
          v AS (SELECT ",
         group!(),
         " AS grp, \
@@ -71,6 +81,8 @@ const REPORT: Stmt = Stmt::read(
               FROM events v JOIN executions e ON e.id = v.execution_id \
               WHERE v.created_at >= $1 AND v.created_at < $2 AND v.event_type IN ",
         usage_events!(),
+        " AND ",
+        counted!(),
         " GROUP BY 1), \
          m AS (SELECT grp, jsonb_object_agg(metric, total) AS metered FROM (\
                  SELECT ",
@@ -78,7 +90,9 @@ const REPORT: Stmt = Stmt::read(
         " AS grp, k.key AS metric, sum(k.value::numeric) AS total \
                  FROM usage_records u JOIN executions e ON e.id = u.execution_id \
                       CROSS JOIN LATERAL jsonb_each_text(u.metrics) k \
-                 WHERE u.recorded_at >= $1 AND u.recorded_at < $2 GROUP BY 1, 2) t GROUP BY grp) \
+                 WHERE u.recorded_at >= $1 AND u.recorded_at < $2 AND ",
+        counted!(),
+        " GROUP BY 1, 2) t GROUP BY grp) \
          SELECT g.grp, coalesce(s.starts, 0), coalesce(v.completed, 0), coalesce(v.failed, 0), \
                 coalesce(v.cancelled, 0), coalesce(v.timed_out, 0), coalesce(v.attempts, 0), \
                 coalesce(v.attempts_failed, 0), coalesce(v.secs, 0)::float8, coalesce(m.metered, '{}') \
@@ -122,8 +136,9 @@ pub fn report(from: TimestampWithTimeZone, to: TimestampWithTimeZone, group_by: 
 /// Records `metrics` (checked: `sheaf_core::usage::check_metrics`)
 /// against an execution of this shard, now; P0002 if it is not here.
 pub fn record(id: pgrx::Uuid, metrics: Jsonb) {
-    if executions::state_of(id).is_none() {
-        unknown_execution(id);
+    match executions::state_of(id) {
+        None => unknown_execution(id),
+        Some(state) => crate::workflow::migration::forward(id, state),
     }
     exec(&RECORD, &[id.into(), metrics.into()]);
 }

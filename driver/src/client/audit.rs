@@ -1,0 +1,71 @@
+//! The shards' audit logs: what operators did, and who (`sheaf.audit_log`).
+
+use std::time::SystemTime;
+
+use super::fleet::FleetReport;
+use super::{Client, ClientError, Owned};
+use crate::json::Json;
+use crate::topology::ShardId;
+
+const PAGE: &str = "SELECT id, at, actor, action, target, outcome, detail FROM sheaf.audit_log($1, $2)";
+
+/// One operator action on one shard.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct AuditEntry {
+    /// The shard it was done to.
+    pub shard: ShardId,
+    /// Its id on that shard (pages go before it).
+    pub id: i64,
+    /// When.
+    pub at: SystemTime,
+    /// Who (`PoolOptions::actor`, else the login role).
+    pub actor: String,
+    /// What, e.g. `set_concurrency_limit`, `publish_topology`.
+    pub action: String,
+    /// To what.
+    pub target: Option<String>,
+    /// How it ended.
+    pub outcome: String,
+    /// The action's parameters.
+    pub detail: Option<Json>,
+}
+
+impl Client {
+    /// `shard`'s audit entries before `before_id` (`None`: the newest),
+    /// newest first, at most `max_rows` (1..1000).
+    pub async fn audit_log(
+        &self,
+        shard: ShardId,
+        before_id: Option<i64>,
+        max_rows: i32,
+    ) -> Result<Vec<AuditEntry>, ClientError> {
+        let (call, rows) = self
+            .on_shard(shard, Owned::Shard, PAGE, &[&before_id, &max_rows])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<AuditEntry, tokio_postgres::Error> {
+                    Ok(AuditEntry {
+                        shard,
+                        id: row.try_get("id")?,
+                        at: row.try_get("at")?,
+                        actor: row.try_get("actor")?,
+                        action: row.try_get("action")?,
+                        target: row.try_get("target")?,
+                        outcome: row.try_get("outcome")?,
+                        detail: row.try_get("detail")?,
+                    })
+                };
+                read().map_err(|e| call.error(e, 1))
+            })
+            .collect()
+    }
+
+    /// The newest `max_rows` entries of every shard's audit log, each
+    /// shard's newest first.
+    pub async fn fleet_audit_log(&self, max_rows: i32) -> FleetReport<Vec<AuditEntry>> {
+        self.fan_out(self.every_shard(), |shard| self.audit_log(shard, None, max_rows))
+            .await
+    }
+}

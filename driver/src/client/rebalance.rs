@@ -1,0 +1,868 @@
+//! Rebalancing: moving quiescent executions from one shard to another
+//! (the extension's `workflow::migration`; the phases are in sql/schema.sql,
+//! `migrations`). One execution at a time: begin and export on the source,
+//! stage on the target, verify (byte identity, proportional to the bytes
+//! moved), one cutover transaction on the source, activation on the target,
+//! then the origin's seal repointed and the move recorded done. No
+//! transaction spans two shards; a crash between two steps leaves a record
+//! on the source that `rebalance_resume` (or a worker's auto-resume,
+//! `settle_stalled`) finishes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{Client, ClientError, Owned, first_column};
+use crate::id::ExecutionId;
+use crate::json::Json;
+use crate::topology::ShardId;
+
+const CANDIDATES: &str = "SELECT execution_id, workflow_name, workflow_id, state, history_bytes, blockers \
+                          FROM sheaf.rebalance_candidates($1, $2)";
+const BEGIN: &str = "SELECT sheaf.migration_begin($1, $2)";
+const STAGE: &str = "SELECT sheaf.migration_stage($1)";
+const VERIFY: &str = "SELECT sheaf.migration_verify($1, $2)";
+const CUTOVER: &str = "SELECT sheaf.migration_cutover($1)";
+const ACTIVATE: &str = "SELECT sheaf.migration_activate($1)";
+const DISCARD: &str = "SELECT sheaf.migration_discard($1)";
+const REPORT: &str = "SELECT sheaf.migration_report($1, $2, $3)";
+const STALLED: &str = "SELECT migration_id, execution_id, target_shard, attempts \
+                       FROM sheaf.migration_stalled(make_interval(secs => $1), $2, $3)";
+const REPOINT: &str = "SELECT sheaf.migration_repoint($1, $2)";
+const MIGRATIONS: &str = "SELECT migration_id, execution_id, target_shard, phase, attempts, last_error, \
+                          verified_event_seq, bytes, actor, created_at, updated_at FROM sheaf.migrations($1, $2)";
+
+/// Candidates read per page.
+const PAGE: i32 = 500;
+/// The default grace of a stalled cutover before a worker settles it.
+pub const STALL_AFTER: Duration = Duration::from_secs(30);
+/// The shortest grace the shards accept.
+pub const MIN_STALL_AFTER: Duration = Duration::from_secs(5);
+
+/// An unfinished execution of a shard and every reason it cannot move now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Candidate {
+    /// The execution.
+    pub id: ExecutionId,
+    /// Its workflow's name.
+    pub workflow_name: String,
+    /// Its workflow id.
+    pub workflow_id: String,
+    /// Its state.
+    pub state: String,
+    /// The bytes of its history.
+    pub history_bytes: i64,
+    /// Why it cannot move (empty: it can): `not_running`,
+    /// `migration_in_progress`, `task_claimed`, `mutex`,
+    /// `children_unsettled`, `parent_here`, `outbox_unsettled`,
+    /// `dead_letters`; and, from the driver, `target_config_differs`.
+    pub blockers: Vec<String>,
+}
+
+/// One record of a shard's moves (`sheaf.migrations`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Migration {
+    /// The shard it is recorded on (the source).
+    pub shard: ShardId,
+    /// Its id there.
+    pub id: i64,
+    /// The execution.
+    pub execution_id: ExecutionId,
+    /// Where it goes.
+    pub target: ShardId,
+    /// `STARTED`, `VERIFIED`, `COMMITTED`, `DONE` or `ABORTED`.
+    pub phase: String,
+    /// Failed steps so far.
+    pub attempts: i32,
+    /// The last failure or refusal.
+    pub last_error: Option<String>,
+    /// The source history's last event when it was verified.
+    pub verified_event_seq: Option<i64>,
+    /// History bytes moved.
+    pub bytes: i64,
+    /// Who started it.
+    pub actor: String,
+    /// When it started.
+    pub created_at: SystemTime,
+    /// When it last changed.
+    pub updated_at: SystemTime,
+}
+
+/// A COMMITTED move claimed for settling (`Client::migration_stalled`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StalledMove {
+    /// Its id on the source.
+    pub id: i64,
+    /// The execution.
+    pub execution_id: ExecutionId,
+    /// Where it is to be activated.
+    pub target: ShardId,
+    /// Failed steps so far.
+    pub attempts: i32,
+}
+
+/// How one execution's move ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MoveOutcome {
+    /// It lives on the target now. `unavailable`: from the cutover's commit
+    /// to the activation's (claimable on neither shard in between).
+    Moved {
+        /// History bytes moved.
+        bytes: i64,
+        /// The unavailability window.
+        unavailable: Duration,
+    },
+    /// It did not move: it was not quiescent (the blockers), nothing changed.
+    Blocked(Vec<String>),
+    /// It did not move: the staged copy did not match, or the run changed
+    /// after verification (it woke). Nothing moved; a later rebalance moves
+    /// its current history.
+    Aborted(String),
+}
+
+/// One execution a rebalance considered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MoveReport {
+    /// The execution.
+    pub id: ExecutionId,
+    /// Its workflow's name.
+    pub workflow_name: String,
+    /// What happened (a dry run reports `Moved` with zero window for what
+    /// would move).
+    pub outcome: Result<MoveOutcome, String>,
+}
+
+/// A step of one move, committed: what [`RebalanceOptions::after_phase`]
+/// hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Phase {
+    /// The record is STARTED and the export read.
+    Begun,
+    /// The copy is staged on the target.
+    Staged,
+    /// The record is VERIFIED.
+    Verified,
+    /// The cutover committed: the source is sealed.
+    Committed,
+    /// The copy is live on the target.
+    Activated,
+}
+
+impl Phase {
+    /// Its name: begun, staged, verified, committed, activated.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Begun => "begun",
+            Phase::Staged => "staged",
+            Phase::Verified => "verified",
+            Phase::Committed => "committed",
+            Phase::Activated => "activated",
+        }
+    }
+}
+
+/// Called after each committed step of each move.
+pub type PhaseHook = Arc<dyn Fn(ExecutionId, Phase) + Send + Sync>;
+
+/// What a rebalance is asked to do.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct RebalanceOptions {
+    /// Move at most this many executions (`None`: every movable one).
+    pub limit: Option<usize>,
+    /// Report what would move and why the rest would not; change nothing.
+    pub dry_run: bool,
+    /// Called after each step of each move commits (logging, or a crash
+    /// test's hook that kills the process right there).
+    pub after_phase: Option<PhaseHook>,
+}
+
+impl std::fmt::Debug for RebalanceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RebalanceOptions")
+            .field("limit", &self.limit)
+            .field("dry_run", &self.dry_run)
+            .field("after_phase", &self.after_phase.is_some())
+            .finish()
+    }
+}
+
+impl RebalanceOptions {
+    /// Moves at most `n`.
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Changes nothing.
+    pub fn dry_run(mut self, yes: bool) -> Self {
+        self.dry_run = yes;
+        self
+    }
+}
+
+/// A rebalance's progress after each execution: what the CLI's progress
+/// bar shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// Executions considered.
+    pub considered: usize,
+    /// Executions moved (or, in a dry run, that would move).
+    pub moved: usize,
+    /// History bytes moved.
+    pub bytes: i64,
+    /// Executions left where they are.
+    pub skipped: usize,
+}
+
+fn read_err(shard: ShardId, what: &str, e: impl std::fmt::Display) -> ClientError {
+    ClientError::Database {
+        shard,
+        code: None,
+        message: format!("{what}: {e}"),
+    }
+}
+
+impl Client {
+    /// A page of `shard`'s unfinished executions after `after`, in id
+    /// order, at most `max_rows` (1..10000), with their blockers
+    /// (`sheaf.rebalance_candidates`).
+    pub async fn rebalance_candidates(
+        &self,
+        shard: ShardId,
+        after: Option<ExecutionId>,
+        max_rows: i32,
+    ) -> Result<Vec<Candidate>, ClientError> {
+        let after = after.map(|a| a.as_uuid());
+        let (call, rows) = self
+            .on_shard(shard, Owned::Shard, CANDIDATES, &[&after, &max_rows])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<Candidate, tokio_postgres::Error> {
+                    Ok(Candidate {
+                        id: ExecutionId::from_uuid(row.try_get("execution_id")?),
+                        workflow_name: row.try_get("workflow_name")?,
+                        workflow_id: row.try_get("workflow_id")?,
+                        state: row.try_get("state")?,
+                        history_bytes: row.try_get("history_bytes")?,
+                        blockers: row.try_get("blockers")?,
+                    })
+                };
+                read().map_err(|e| call.error(e, 1))
+            })
+            .collect()
+    }
+
+    /// `shard`'s moves as the source, newest first, at most `max_rows`;
+    /// only unfinished ones if `open_only` (`sheaf.migrations`).
+    pub async fn migrations(
+        &self,
+        shard: ShardId,
+        open_only: bool,
+        max_rows: i32,
+    ) -> Result<Vec<Migration>, ClientError> {
+        let (call, rows) = self
+            .on_shard(shard, Owned::Shard, MIGRATIONS, &[&open_only, &max_rows])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let target: i32 = row.try_get("target_shard").map_err(|e| call.error(e, 1))?;
+                let target =
+                    ShardId::new(target as u32).map_err(|e| read_err(shard, "a move's target", e))?;
+                let read = || -> Result<Migration, tokio_postgres::Error> {
+                    Ok(Migration {
+                        shard,
+                        id: row.try_get("migration_id")?,
+                        execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
+                        target,
+                        phase: row.try_get("phase")?,
+                        attempts: row.try_get("attempts")?,
+                        last_error: row.try_get("last_error")?,
+                        verified_event_seq: row.try_get("verified_event_seq")?,
+                        bytes: row.try_get("bytes")?,
+                        actor: row.try_get("actor")?,
+                        created_at: row.try_get("created_at")?,
+                        updated_at: row.try_get("updated_at")?,
+                    })
+                };
+                read().map_err(|e| call.error(e, 1))
+            })
+            .collect()
+    }
+
+    /// Begins moving `id` from `from` to `to` (`sheaf.migration_begin`):
+    /// the export to stage. [`ClientError::WrongState`] names every
+    /// blocker if it is not quiescent.
+    pub async fn migration_begin(
+        &self,
+        from: ShardId,
+        id: ExecutionId,
+        to: ShardId,
+    ) -> Result<Json, ClientError> {
+        let target = to.get() as i32;
+        let (call, rows) = self
+            .on_shard(from, Owned::Execution(id), BEGIN, &[&id.as_uuid(), &target])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Stages an export on `to` (`sheaf.migration_stage`); the digest of
+    /// what it stored.
+    pub async fn migration_stage(&self, to: ShardId, export: &Json) -> Result<String, ClientError> {
+        let (call, rows) = self.on_shard(to, Owned::Shard, STAGE, &[export]).await?;
+        first_column(&call, &rows)
+    }
+
+    /// Verifies move `migration` on its source against the staged digest
+    /// (`sheaf.migration_verify`).
+    pub async fn migration_verify(
+        &self,
+        from: ShardId,
+        migration: i64,
+        digest: &str,
+    ) -> Result<bool, ClientError> {
+        let (call, rows) = self
+            .on_shard(from, Owned::Shard, VERIFY, &[&migration, &digest])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// The cutover of move `migration` on its source
+    /// (`sheaf.migration_cutover`): `false` if it declined.
+    pub async fn migration_cutover(&self, from: ShardId, migration: i64) -> Result<bool, ClientError> {
+        let (call, rows) = self.on_shard(from, Owned::Shard, CUTOVER, &[&migration]).await?;
+        first_column(&call, &rows)
+    }
+
+    /// Activates the staged copy of `id` on `to` (`sheaf.migration_activate`).
+    pub async fn migration_activate(&self, to: ShardId, id: ExecutionId) -> Result<bool, ClientError> {
+        let (call, rows) = self
+            .on_shard(to, Owned::Execution(id), ACTIVATE, &[&id.as_uuid()])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Discards the staged copy of `id` on `to` (`sheaf.migration_discard`).
+    pub async fn migration_discard(&self, to: ShardId, id: ExecutionId) -> Result<bool, ClientError> {
+        let (call, rows) = self
+            .on_shard(to, Owned::Execution(id), DISCARD, &[&id.as_uuid()])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Records how move `migration` ended on its source
+    /// (`sheaf.migration_report`: `done`, `resumed`, `aborted`, `failed`);
+    /// its phase after.
+    pub async fn migration_report(
+        &self,
+        from: ShardId,
+        migration: i64,
+        outcome: &str,
+        error: Option<&str>,
+    ) -> Result<String, ClientError> {
+        let (call, rows) = self
+            .on_shard(from, Owned::Shard, REPORT, &[&migration, &outcome, &error])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Claims `shard`'s COMMITTED moves stalled longer than `grace` whose
+    /// target this client reaches (`sheaf.migration_stalled`).
+    pub async fn migration_stalled(
+        &self,
+        shard: ShardId,
+        grace: Duration,
+        max_rows: i32,
+    ) -> Result<Vec<StalledMove>, ClientError> {
+        let targets: Vec<i32> = self.topology().shards().map(|s| s.id.get() as i32).collect();
+        let secs = grace.as_secs_f64();
+        let (call, rows) = self
+            .on_shard(shard, Owned::Shard, STALLED, &[&secs, &max_rows, &targets])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<(i64, uuid::Uuid, i32, i32), tokio_postgres::Error> {
+                    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?))
+                };
+                let (id, execution, target, attempts) = read().map_err(|e| call.error(e, 1))?;
+                Ok(StalledMove {
+                    id,
+                    execution_id: ExecutionId::from_uuid(execution),
+                    target: ShardId::new(target as u32).map_err(|e| read_err(shard, "a move's target", e))?,
+                    attempts,
+                })
+            })
+            .collect()
+    }
+
+    /// Points `origin`'s seal of `id` at `home` (`sheaf.migration_repoint`).
+    pub async fn migration_repoint(
+        &self,
+        origin: ShardId,
+        id: ExecutionId,
+        home: ShardId,
+    ) -> Result<bool, ClientError> {
+        let home = home.get() as i32;
+        let (call, rows) = self
+            .on_shard(origin, Owned::Execution(id), REPOINT, &[&id.as_uuid(), &home])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Moves one quiescent execution from `from` to `to`, every phase in
+    /// order. A failure before the cutover discards the staged copy and
+    /// records the move aborted; one after it leaves the record COMMITTED
+    /// for `rebalance_resume` or a worker's auto-resume, and is returned.
+    pub async fn move_execution(
+        &self,
+        from: ShardId,
+        id: ExecutionId,
+        to: ShardId,
+    ) -> Result<MoveOutcome, ClientError> {
+        self.move_observed(from, id, to, None).await
+    }
+
+    async fn move_observed(
+        &self,
+        from: ShardId,
+        id: ExecutionId,
+        to: ShardId,
+        hook: Option<&PhaseHook>,
+    ) -> Result<MoveOutcome, ClientError> {
+        let after = |phase| {
+            if let Some(hook) = hook {
+                hook(id, phase);
+            }
+        };
+        let export = match self.migration_begin(from, id, to).await {
+            Ok(export) => export,
+            Err(ClientError::WrongState { message, .. }) => return Ok(MoveOutcome::Blocked(vec![message])),
+            Err(e) => return Err(e),
+        };
+        let value = export.to_value().map_err(|e| read_err(from, "an export", e))?;
+        let migration = value["migration_id"]
+            .as_i64()
+            .ok_or_else(|| read_err(from, "an export", "no migration_id"))?;
+        let bytes = value["execution"]["history_bytes"].as_i64().unwrap_or_default();
+        drop(value);
+        after(Phase::Begun);
+        let staged = match self.migration_stage(to, &export).await {
+            Ok(digest) => digest,
+            Err(e) => return self.abort(from, to, id, migration, &e.to_string()).await,
+        };
+        drop(export);
+        after(Phase::Staged);
+        if !self.migration_verify(from, migration, &staged).await? {
+            return self
+                .abort(from, to, id, migration, "the staged copy differs from the source")
+                .await;
+        }
+        after(Phase::Verified);
+        if !self.migration_cutover(from, migration).await? {
+            // The cutover noted why on the record.
+            let why = self
+                .migrations(from, true, 10_000)
+                .await?
+                .into_iter()
+                .find(|m| m.id == migration)
+                .and_then(|m| m.last_error)
+                .unwrap_or_else(|| "the cutover declined".to_owned());
+            return self.abort(from, to, id, migration, &why).await;
+        }
+        let cut = Instant::now();
+        after(Phase::Committed);
+        let live = self.settle(from, to, id, migration, "done", hook).await?;
+        Ok(MoveOutcome::Moved {
+            bytes,
+            unavailable: live.duration_since(cut),
+        })
+    }
+
+    /// Activates a committed move on its target, repoints the origin's seal
+    /// and records it `outcome` (`done`, `resumed`). A failed activation is
+    /// recorded (`failed`) and returned: the record stays COMMITTED.
+    async fn settle(
+        &self,
+        from: ShardId,
+        to: ShardId,
+        id: ExecutionId,
+        migration: i64,
+        outcome: &str,
+        hook: Option<&PhaseHook>,
+    ) -> Result<Instant, ClientError> {
+        if let Err(e) = self.migration_activate(to, id).await {
+            if let Err(r) = self
+                .migration_report(from, migration, "failed", Some(&e.to_string()))
+                .await
+            {
+                tracing::warn!(%id, error = %r, "recording a failed activation failed");
+            }
+            return Err(e);
+        }
+        // Claimable on the target from here.
+        let live = Instant::now();
+        if let Some(hook) = hook {
+            hook(id, Phase::Activated);
+        }
+        let origin = id.route(self.topology());
+        if origin != to && origin != from {
+            // Best effort: a stale origin pointer is followed, only longer.
+            if let Err(e) = self.migration_repoint(origin, id, to).await {
+                tracing::warn!(%id, %origin, error = %e, "repointing the origin's seal failed; the chain is followed");
+            }
+        }
+        self.migration_report(from, migration, outcome, None).await?;
+        Ok(live)
+    }
+
+    /// A move that will not complete: its staged copy discarded on `to`,
+    /// then the record aborted with `why`.
+    async fn abort(
+        &self,
+        from: ShardId,
+        to: ShardId,
+        id: ExecutionId,
+        migration: i64,
+        why: &str,
+    ) -> Result<MoveOutcome, ClientError> {
+        self.migration_discard(to, id).await?;
+        self.migration_report(from, migration, "aborted", Some(why))
+            .await?;
+        Ok(MoveOutcome::Aborted(why.to_owned()))
+    }
+
+    /// Moves quiescent executions from `from` to `to`, one at a time, in
+    /// id order (at most `options.limit`), calling `progress` after each;
+    /// every execution it left is reported with why. A run whose workflow
+    /// is configured differently on `to` (policy, queue options) is not
+    /// moved (`target_config_differs`). A dry run changes nothing and
+    /// reports what would move.
+    pub async fn rebalance(
+        &self,
+        from: ShardId,
+        to: ShardId,
+        options: &RebalanceOptions,
+        progress: impl FnMut(Progress, &MoveReport),
+    ) -> Result<Vec<MoveReport>, ClientError> {
+        if from == to {
+            return Err(ClientError::BadRequest(format!(
+                "a rebalance moves to another shard: --from and --to are both {from}"
+            )));
+        }
+        let moves = self.move_all(from, options, |_| Ok(to), progress).await?;
+        Ok(moves.into_iter().map(|(r, _)| r).collect())
+    }
+
+    /// Moves `from`'s quiescent executions, each to `target(candidate)`, in
+    /// id order, at most `options.limit`, reporting each: the loop of
+    /// `rebalance` and `drain`. A run whose workflow is configured
+    /// differently on its target is not moved (`target_config_differs`).
+    async fn move_all(
+        &self,
+        from: ShardId,
+        options: &RebalanceOptions,
+        target: impl Fn(&Candidate) -> Result<ShardId, ClientError>,
+        mut progress: impl FnMut(Progress, &MoveReport),
+    ) -> Result<Vec<(MoveReport, ShardId)>, ClientError> {
+        let source = self.shard_config(from).await?;
+        let mut configs = std::collections::BTreeMap::new();
+        let mut after = None;
+        let mut state = Progress::default();
+        let mut moves = Vec::new();
+        'pages: loop {
+            let page = self.rebalance_candidates(from, after, PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.id);
+            for c in page {
+                if options.limit.is_some_and(|n| state.moved >= n) {
+                    break 'pages;
+                }
+                let to = target(&c)?;
+                if let std::collections::btree_map::Entry::Vacant(v) = configs.entry(to) {
+                    v.insert(self.shard_config(to).await?);
+                }
+                let mut blockers = c.blockers.clone();
+                if configs
+                    .get(&to)
+                    .is_some_and(|t| !source.workflow_differences(t, &c.workflow_name).is_empty())
+                {
+                    blockers.push("target_config_differs".to_owned());
+                }
+                let outcome = if !blockers.is_empty() {
+                    Ok(MoveOutcome::Blocked(blockers))
+                } else if options.dry_run {
+                    Ok(MoveOutcome::Moved {
+                        bytes: c.history_bytes,
+                        unavailable: Duration::ZERO,
+                    })
+                } else {
+                    self.move_observed(from, c.id, to, options.after_phase.as_ref())
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                state.considered += 1;
+                match &outcome {
+                    Ok(MoveOutcome::Moved { bytes, .. }) => {
+                        state.moved += 1;
+                        state.bytes += bytes;
+                    }
+                    _ => state.skipped += 1,
+                }
+                let report = MoveReport {
+                    id: c.id,
+                    workflow_name: c.workflow_name,
+                    outcome,
+                };
+                progress(state, &report);
+                moves.push((report, to));
+            }
+        }
+        Ok(moves)
+    }
+
+    /// Finishes `from`'s unfinished moves after a crash: one before the
+    /// cutover has its staged copy discarded and is aborted, then moved
+    /// again from its current history (if it still may move); one after it
+    /// is activated on its target and recorded done.
+    pub async fn rebalance_resume(&self, from: ShardId) -> Result<Vec<MoveReport>, ClientError> {
+        let mut reports = Vec::new();
+        for m in self.migrations(from, true, 10_000).await? {
+            let outcome = match m.phase.as_str() {
+                "COMMITTED" => self
+                    .settle(from, m.target, m.execution_id, m.id, "done", None)
+                    .await
+                    .map(|_| MoveOutcome::Moved {
+                        bytes: m.bytes,
+                        unavailable: Duration::ZERO,
+                    }),
+                _ => {
+                    let why = format!("interrupted at {}; resumed", m.phase);
+                    match self.abort(from, m.target, m.execution_id, m.id, &why).await {
+                        Ok(_) => self.move_execution(from, m.execution_id, m.target).await,
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            reports.push(MoveReport {
+                id: m.execution_id,
+                workflow_name: String::new(),
+                outcome: outcome.map_err(|e| e.to_string()),
+            });
+        }
+        Ok(reports)
+    }
+
+    /// Auto-resume, as a worker runs it for `shard`: activates every
+    /// COMMITTED move recorded there that stalled longer than `grace` (at
+    /// least 5 s), each claimed by one settler and recorded `resumed` with
+    /// an audit entry. How many it settled.
+    pub async fn settle_stalled(&self, shard: ShardId, grace: Duration) -> Result<usize, ClientError> {
+        let mut settled = 0;
+        for m in self
+            .migration_stalled(shard, grace.max(MIN_STALL_AFTER), 10)
+            .await?
+        {
+            match self
+                .settle(shard, m.target, m.execution_id, m.id, "resumed", None)
+                .await
+            {
+                Ok(_) => settled += 1,
+                Err(e) => {
+                    tracing::error!(execution = %m.execution_id, %shard, target = %m.target, error = %e,
+                                          "settling a stalled move failed; retried after the grace period")
+                }
+            }
+        }
+        Ok(settled)
+    }
+}
+
+const ERASE: &str = "SELECT sheaf.erase_payloads($1)";
+
+/// What `Client::erase_payloads` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Erasure {
+    /// Where the run lives.
+    pub live: ShardId,
+    /// Every other shard of the topology it lived on (each erased too; one
+    /// whose copy retention collected held nothing).
+    pub prior_residences: Vec<ShardId>,
+    /// Events erased where it lives.
+    pub events: i64,
+    /// Its history's bytes there, before and after.
+    pub bytes_before: i64,
+    /// After.
+    pub bytes_after: i64,
+}
+
+impl Client {
+    /// Erases an ended execution's payloads on every shard that holds a
+    /// copy: where it lives (gated there: it must have ended), then every
+    /// shard it lived on before (`migrated_from_shards`). Fails, after
+    /// trying them all, if one could not be reached: an erasure is never
+    /// reported complete unless it is (run it again; it is idempotent).
+    pub async fn erase_payloads(&self, id: ExecutionId) -> Result<Erasure, ClientError> {
+        let Some(live) = self.get_execution(id).await? else {
+            return Err(ClientError::UnknownExecution {
+                shard: id.route(self.topology()),
+                message: format!("no execution {id}"),
+            });
+        };
+        let report = self.erase_on(live.shard, id).await?;
+        let prior: Vec<ShardId> = report["migrated_from_shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_u64().and_then(|s| ShardId::new(s as u32).ok()))
+            .filter(|s| *s != live.shard)
+            // A shard retired since (drained, out of the topology) keeps
+            // nothing.
+            .filter(|s| self.topology().get(*s).is_some())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut failed = None;
+        for shard in &prior {
+            if let Err(e) = self.erase_on(*shard, id).await {
+                tracing::error!(%id, %shard, error = %e, "erasing a prior residence failed");
+                failed.get_or_insert(e);
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(Erasure {
+            live: live.shard,
+            prior_residences: prior,
+            events: report["events"].as_i64().unwrap_or_default(),
+            bytes_before: report["bytes_before"].as_i64().unwrap_or_default(),
+            bytes_after: report["bytes_after"].as_i64().unwrap_or_default(),
+        })
+    }
+
+    async fn erase_on(&self, shard: ShardId, id: ExecutionId) -> Result<serde_json::Value, ClientError> {
+        let (call, rows) = self
+            .on_shard(shard, Owned::Execution(id), ERASE, &[&id.as_uuid()])
+            .await?;
+        first_column(&call, &rows)
+    }
+}
+
+const SEALS: &str = "SELECT execution_id, moved_to, seal FROM sheaf.migration_seals($1, $2)";
+const ADOPT: &str = "SELECT sheaf.migration_adopt_seal($1)";
+
+/// What `Client::drain` did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Drain {
+    /// Each execution considered, with the shard it went to (or would go to).
+    pub moves: Vec<(MoveReport, ShardId)>,
+    /// Where the retired shard's ids are to forward (`SHEAF_FORWARDS`
+    /// entry `leaving=forward_to`).
+    pub forward_to: ShardId,
+    /// Seals handed to `forward_to`, so the ids it will receive keep
+    /// resolving (none in a dry run).
+    pub seals_adopted: usize,
+}
+
+impl Drain {
+    /// The executions left on the shard (their reports say why).
+    pub fn stragglers(&self) -> impl Iterator<Item = &MoveReport> {
+        self.moves
+            .iter()
+            .map(|(r, _)| r)
+            .filter(|r| !matches!(r.outcome, Ok(MoveOutcome::Moved { .. })))
+    }
+}
+
+impl Client {
+    /// A page of `shard`'s seals after `after` (`sheaf.migration_seals`):
+    /// (execution, where it moved, the seal's row).
+    pub async fn migration_seals(
+        &self,
+        shard: ShardId,
+        after: Option<ExecutionId>,
+        max_rows: i32,
+    ) -> Result<Vec<(ExecutionId, Option<ShardId>, Json)>, ClientError> {
+        let after = after.map(|a| a.as_uuid());
+        let (call, rows) = self
+            .on_shard(shard, Owned::Shard, SEALS, &[&after, &max_rows])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<(uuid::Uuid, Option<i32>, Json), tokio_postgres::Error> {
+                    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+                };
+                let (id, to, seal) = read().map_err(|e| call.error(e, 1))?;
+                let to = to.and_then(|t| ShardId::new(t as u32).ok());
+                Ok((ExecutionId::from_uuid(id), to, seal))
+            })
+            .collect()
+    }
+
+    /// Keeps a seal on `shard` (`sheaf.migration_adopt_seal`).
+    pub async fn migration_adopt_seal(&self, shard: ShardId, seal: &Json) -> Result<bool, ClientError> {
+        let (call, rows) = self.on_shard(shard, Owned::Shard, ADOPT, &[seal]).await?;
+        first_column(&call, &rows)
+    }
+
+    /// Drains `leaving`: every quiescent execution moves to its rendezvous
+    /// winner among the other placeable shards (where a start of its key
+    /// goes once `leaving` is retired), then every seal on `leaving` is
+    /// handed to the shard its ids will forward to ([`Drain::forward_to`]),
+    /// so they keep resolving after the forwards entry replaces it.
+    pub async fn drain(
+        &self,
+        leaving: ShardId,
+        options: &RebalanceOptions,
+        progress: impl FnMut(Progress, &MoveReport),
+    ) -> Result<Drain, ClientError> {
+        let forward_to = self.topology().drain_forward(leaving)?;
+        let topology = self.topology();
+        let moves = self
+            .move_all(
+                leaving,
+                options,
+                |c| Ok(topology.drain_target(&c.workflow_name, &c.workflow_id, leaving)?),
+                progress,
+            )
+            .await?;
+        let seals_adopted = if options.dry_run {
+            0
+        } else {
+            self.hand_over_seals(leaving, forward_to).await?
+        };
+        Ok(Drain {
+            moves,
+            forward_to,
+            seals_adopted,
+        })
+    }
+
+    /// Copies `leaving`'s seals that point elsewhere than `forward_to` onto
+    /// it; how many it took.
+    async fn hand_over_seals(&self, leaving: ShardId, forward_to: ShardId) -> Result<usize, ClientError> {
+        let mut after = None;
+        let mut adopted = 0;
+        loop {
+            let page = self.migration_seals(leaving, after, PAGE).await?;
+            let Some(last) = page.last() else {
+                return Ok(adopted);
+            };
+            after = Some(last.0);
+            for (_, to, seal) in &page {
+                if *to != Some(forward_to) && self.migration_adopt_seal(forward_to, seal).await? {
+                    adopted += 1;
+                }
+            }
+        }
+    }
+}

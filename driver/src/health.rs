@@ -1,0 +1,264 @@
+//! Shard readiness: the guide's pre-flip checklist as one verdict per shard
+//! (`ready`, or `degraded` with machine-readable reason codes), read from a
+//! [`TopologyStatus`] probe. Before a new shard is made writable, it must
+//! read `ready`: reachable, the id it was given, on the fleet's schema, a
+//! live worker serving it, nothing stranded, and this client's topology
+//! digest accepted.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::client::Client;
+use crate::status::{ShardHealth, TopologyStatus};
+use crate::topology::ShardId;
+
+/// Why a shard is not ready (its code is the snake_case name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum HealthReason {
+    /// No connection, or the probe did not answer in time.
+    Unreachable,
+    /// Not initialized, or initialized as another shard id.
+    IdentityMismatch,
+    /// A schema this driver does not work with, or no sheaf at all.
+    SchemaIncompatible,
+    /// Its schema is not the fleet's, or its library is newer than its
+    /// schema (`ALTER EXTENSION sheaf UPDATE` has not run).
+    SchemaBehindFleet,
+    /// No worker has a live registration on it: work there would strand.
+    NoLiveWorker,
+    /// It has ready tasks on queues no live worker serves.
+    StrandedWork,
+    /// It published a topology digest this client's is not (the client's
+    /// shards, roles, residency map or forwards differ from the fleet's).
+    TopologyDigestMismatch,
+    /// Its workflow policies, queue options or caps differ from what most
+    /// shards hold (`sheaf config diff`).
+    ConfigDrift,
+}
+
+impl HealthReason {
+    /// The machine-readable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            HealthReason::Unreachable => "unreachable",
+            HealthReason::IdentityMismatch => "identity_mismatch",
+            HealthReason::SchemaIncompatible => "schema_incompatible",
+            HealthReason::SchemaBehindFleet => "schema_behind_fleet",
+            HealthReason::NoLiveWorker => "no_live_worker",
+            HealthReason::StrandedWork => "stranded_work",
+            HealthReason::TopologyDigestMismatch => "topology_digest_mismatch",
+            HealthReason::ConfigDrift => "config_drift",
+        }
+    }
+}
+
+/// One shard's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Readiness {
+    /// The shard.
+    pub shard: ShardId,
+    /// `true` when no reason holds it back.
+    pub ready: bool,
+    /// Every reason it is not ready, at once.
+    pub reason_codes: Vec<HealthReason>,
+    /// What the probe said about each, for people.
+    pub details: Vec<String>,
+}
+
+/// The verdict of one probed shard, against the fleet's schema, this
+/// client's topology digest and what drifts in its configuration.
+pub fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<&Vec<String>>) -> Readiness {
+    let p = &shard.probe;
+    let mut reasons = Vec::new();
+    let mut details = Vec::new();
+    let mut because = |r: HealthReason, why: String| {
+        reasons.push(r);
+        details.push(why);
+    };
+    if !p.reachable {
+        because(
+            HealthReason::Unreachable,
+            p.problem.clone().unwrap_or_else(|| "not reachable".into()),
+        );
+    } else if !p.schema_compatible {
+        because(
+            HealthReason::SchemaIncompatible,
+            p.problem.clone().unwrap_or_else(|| "incompatible schema".into()),
+        );
+    } else {
+        if p.reported_shard_id != Some(i32::from(p.shard.get())) {
+            because(
+                HealthReason::IdentityMismatch,
+                p.problem.clone().unwrap_or_else(|| "not this shard id".into()),
+            );
+        }
+        if !shard.schema_parity {
+            because(
+                HealthReason::SchemaBehindFleet,
+                format!(
+                    "schema {} with library {}: not the fleet's, or not updated",
+                    p.schema_version.as_deref().unwrap_or("-"),
+                    p.library_version.as_deref().unwrap_or("-")
+                ),
+            );
+        }
+        if p.live_workers.is_empty() {
+            because(
+                HealthReason::NoLiveWorker,
+                "no live worker is registered on it".into(),
+            );
+        }
+        if !p.stranded.is_empty() {
+            because(
+                HealthReason::StrandedWork,
+                format!(
+                    "{} ready task(s) on {} queue(s) no live worker serves",
+                    shard.stranded_ready(),
+                    p.stranded.len()
+                ),
+            );
+        }
+        if !p.accepted_digests.is_empty() && !p.accepted_digests.iter().any(|d| d == client_digest) {
+            because(
+                HealthReason::TopologyDigestMismatch,
+                format!(
+                    "it accepts {}, this client is {client_digest}",
+                    p.accepted_digests.join(" or ")
+                ),
+            );
+        }
+        if let Some(d) = drift.filter(|d| !d.is_empty()) {
+            because(
+                HealthReason::ConfigDrift,
+                format!("against most shards: {}", d.join("; ")),
+            );
+        }
+    }
+    Readiness {
+        shard: p.shard,
+        ready: reasons.is_empty(),
+        reason_codes: reasons,
+        details,
+    }
+}
+
+/// Every shard's verdict (or only `candidate`'s); `drift` as
+/// [`crate::config_drift`] gives it.
+pub fn fleet_readiness(
+    status: &TopologyStatus,
+    client_digest: &str,
+    drift: &BTreeMap<ShardId, Vec<String>>,
+    candidate: Option<ShardId>,
+) -> Vec<Readiness> {
+    status
+        .shards
+        .iter()
+        .filter(|s| candidate.is_none_or(|c| c == s.probe.shard))
+        .map(|s| readiness(s, client_digest, drift.get(&s.probe.shard)))
+        .collect()
+}
+
+impl Client {
+    /// Probes the fleet and gives each shard's readiness (only
+    /// `candidate`'s when named), each probe bounded by `timeout`.
+    pub async fn shard_health(
+        &self,
+        candidate: Option<ShardId>,
+        timeout: std::time::Duration,
+    ) -> Vec<Readiness> {
+        let (status, configs) = tokio::join!(self.topology_status(timeout), self.fleet_config());
+        let drift = crate::client::config_drift(&configs);
+        fleet_readiness(&status, &self.topology().digest(), &drift, candidate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::BreakerState;
+    use crate::status::{LiveWorker, ShardStatus, StrandedQueue};
+
+    fn shard(n: u32) -> ShardHealth {
+        ShardHealth {
+            probe: ShardStatus {
+                shard: ShardId::new(n).unwrap(),
+                reachable: true,
+                reported_shard_id: Some(n as i32),
+                library_version: Some("0.2.0".into()),
+                schema_version: Some("0.2.0".into()),
+                schema_compatible: true,
+                server_version: None,
+                live_workers: vec![LiveWorker {
+                    name: "w".into(),
+                    queues: vec!["q".into()],
+                }],
+                stranded: Vec::new(),
+                relay: None,
+                accepted_digests: vec!["sha256:me".into()],
+                problem: None,
+            },
+            breaker: BreakerState::Closed,
+            readable: true,
+            writable: false,
+            reserved: false,
+            default: false,
+            schema_parity: true,
+        }
+    }
+
+    #[test]
+    fn a_healthy_shard_is_ready_and_each_gap_has_its_code() {
+        assert!(readiness(&shard(1), "sha256:me", None).ready);
+        let mut s = shard(1);
+        s.probe.live_workers.clear();
+        s.probe.stranded.push(StrandedQueue {
+            queue: "q".into(),
+            ready: 3,
+        });
+        s.schema_parity = false;
+        s.probe.reported_shard_id = Some(2);
+        let drift = vec!["cap \"t\" differs".to_owned()];
+        let r = readiness(&s, "sha256:other", Some(&drift));
+        assert!(!r.ready);
+        let codes: Vec<&str> = r.reason_codes.iter().map(|c| c.code()).collect();
+        assert_eq!(
+            codes,
+            [
+                "identity_mismatch",
+                "schema_behind_fleet",
+                "no_live_worker",
+                "stranded_work",
+                "topology_digest_mismatch",
+                "config_drift"
+            ]
+        );
+        assert_eq!(r.details.len(), codes.len());
+        let mut down = shard(1);
+        down.probe.reachable = false;
+        assert_eq!(
+            readiness(&down, "sha256:me", None).reason_codes,
+            [HealthReason::Unreachable]
+        );
+        let mut unpublished = shard(1);
+        unpublished.probe.accepted_digests.clear();
+        assert!(
+            readiness(&unpublished, "sha256:any", None).ready,
+            "nothing published: no mismatch"
+        );
+        let status = TopologyStatus {
+            shards: vec![shard(0), shard(1)],
+            schema_version: Some("0.2.0".into()),
+        };
+        let only = fleet_readiness(
+            &status,
+            "sha256:me",
+            &BTreeMap::new(),
+            Some(ShardId::new(1).unwrap()),
+        );
+        assert_eq!((only.len(), only[0].shard.get()), (1, 1));
+    }
+}

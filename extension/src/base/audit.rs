@@ -1,0 +1,129 @@
+//! sheaf's audit log (`audit_log` in sql/schema.sql): one row per operator
+//! action, written in the action's own transaction.
+
+use pgrx::prelude::*;
+
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, exec, run};
+use crate::base::rows;
+
+/// The longest actor or target kept (a caller's setting is cut, never
+/// stored whole).
+const MAX_TEXT: usize = 256;
+
+const RECORD: Stmt = Stmt::write(
+    "INSERT INTO audit_log (actor, action, target, outcome, detail) \
+     VALUES (left(coalesce(nullif(current_setting('sheaf.actor', true), ''), session_user::text), 256), \
+             $1, left($2, 256), $3, $4)",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+    ],
+);
+const PAGE: Stmt = Stmt::read(
+    "SELECT id, at, actor, action, target, outcome, detail FROM audit_log \
+     WHERE id < $1 ORDER BY id DESC LIMIT $2",
+    &[PgBuiltInOids::INT8OID, PgBuiltInOids::INT8OID],
+);
+
+fn enabled() -> bool {
+    // SAFETY: a catalog lookup by name, in a transaction (the search path
+    // starts with sheaf's schema). A 0.1.0 catalog has no audit log.
+    unsafe { pg_sys::RelnameGetRelid(c"audit_log".as_ptr()) != pg_sys::InvalidOid }
+}
+
+/// Records that `action` was done to `target` (`ok` unless `outcome` says).
+pub fn record(action: &str, target: &str, outcome: &str, detail: serde_json::Value) {
+    if !enabled() {
+        return;
+    }
+    let target = sheaf_core::children::cut(target, MAX_TEXT);
+    exec(
+        &RECORD,
+        &[
+            action.into(),
+            target.into(),
+            outcome.into(),
+            Jsonb::from_value(detail).into(),
+        ],
+    );
+}
+
+/// An entry as `audit_log()` returns it.
+pub type Entry = (
+    i64,
+    pgrx::datum::TimestampWithTimeZone,
+    String,
+    String,
+    Option<String>,
+    String,
+    Option<pgrx::JsonB>,
+);
+
+/// The entries before `before` (newest first), at most `max`.
+pub fn page(before: Option<i64>, max: i64) -> Vec<Entry> {
+    if !enabled() {
+        return Vec::new();
+    }
+    let before = before.unwrap_or(i64::MAX);
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &PAGE, &[before.into(), max.into()]),
+            "reading the audit log",
+        )
+    })
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::init;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn operator_actions_are_recorded_with_their_actor() {
+        init();
+        Spi::run("SELECT set_config('sheaf.actor', 'ann', true)").unwrap();
+        Spi::run("SELECT sheaf.set_concurrency_limit('tenant-a', 3)").unwrap();
+        Spi::run("SELECT sheaf.configure_queue('q', '{\"aging_secs\": 5}')").unwrap();
+        Spi::run("SELECT set_config('sheaf.actor', '', true)").unwrap();
+        Spi::run("SELECT sheaf.declare_workflow('w', '{}')").unwrap();
+        let rows: Vec<(String, String, String)> = Spi::connect(|c| {
+            c.select(
+                "SELECT actor, action, target FROM sheaf.audit_log(NULL, 10)",
+                None,
+                &[],
+            )
+            .unwrap()
+            .map(|r| {
+                (
+                    r.get(1).unwrap().unwrap(),
+                    r.get(2).unwrap().unwrap(),
+                    r.get(3).unwrap().unwrap(),
+                )
+            })
+            .collect()
+        });
+        let session: String = Spi::get_one("SELECT session_user::text").unwrap().unwrap();
+        assert_eq!(
+            rows,
+            [
+                (session, "declare_workflow".to_owned(), "w".to_owned()),
+                ("ann".to_owned(), "configure_queue".to_owned(), "q".to_owned()),
+                (
+                    "ann".to_owned(),
+                    "set_concurrency_limit".to_owned(),
+                    "tenant-a".to_owned()
+                ),
+            ]
+        );
+        let older: i64 = Spi::get_one(
+            "SELECT count(*) FROM sheaf.audit_log((SELECT max(id) FROM sheaf.audit_log(NULL, 10)), 10)",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(older, 2, "a page before an id");
+    }
+}

@@ -1,0 +1,594 @@
+//! Child workflows, on the parent's shard: `start_child` (a child here is
+//! started in the parent's transaction; one on another shard gets a
+//! lifecycle row in `cross_shard_children` for the relay), a local child's
+//! end reported to its parent in the child's own terminal transaction, a
+//! parent's cancel of its child, and what a parent's end does to its
+//! children (`parent_close`).
+//!
+//! Lock order (`base::locks`): a child's row before its parent's (a child's
+//! end appends to its parent), and a parent's row before its lifecycle rows.
+//! Nothing here locks a child's row while holding its parent's, so a
+//! parent's end never closes a child itself: it asks the relay to
+//! (`cross_shard_children.close_requested`), for local children too.
+
+use pgrx::prelude::*;
+use sheaf_core::children::{ChildOptions, CloseKind, ended_event};
+use sheaf_core::id;
+use sheaf_core::policy::StartOptions;
+use sheaf_core::state::ExecutionState;
+
+use crate::base::errors::{bad_argument, unknown_execution};
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, exec, run};
+use crate::base::{ids, rows, shard};
+use crate::workflow::executions;
+use crate::workflow::lifecycle::{self, Close};
+use crate::workflow::{history, start};
+
+/// The channel the relay listens on. Payloads: `due` (a lifecycle row on
+/// this shard is due now) and `ended <parent id> <child id>` (a child here
+/// whose parent is on another shard has ended).
+const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_relay', $1)", &[PgBuiltInOids::TEXTOID]);
+
+const EXISTING: Stmt = Stmt::read(
+    "SELECT child_id, target_shard FROM children \
+     WHERE parent_id = $1 AND workflow_name = $2 AND workflow_id = $3",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+const RECORD: Stmt = Stmt::write(
+    "INSERT INTO children (parent_id, workflow_name, workflow_id, child_id, target_shard, parent_close) \
+     VALUES ($1, $2, $3, $4, $5, $6)",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+const LIFECYCLE: Stmt = Stmt::write(
+    "INSERT INTO cross_shard_children (child_id, parent_id, target_shard, state, input) \
+     VALUES ($1, $2, $3, 'STARTING', $4)",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::JSONBOID,
+    ],
+);
+const CHILD_OF: Stmt = Stmt::read(
+    "SELECT target_shard FROM children WHERE parent_id = $1 AND child_id = $2",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::UUIDOID],
+);
+const REQUEST_CLOSE: Stmt = Stmt::write(
+    "UPDATE cross_shard_children SET close_requested = coalesce(close_requested, $2), \
+            close_reason = coalesce(close_reason, $3), due_at = now() \
+     WHERE child_id = $1 AND NOT close_delivered RETURNING true",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+// A parent's end: its lifecycle rows learn it, and those its children's
+// parent_close closes ask for the close (a terminate wins over a cancel).
+const PARENT_ENDED: Stmt = Stmt::write(
+    "WITH u AS (UPDATE cross_shard_children c SET parent_ended = true, due_at = now(), \
+                close_requested = CASE ch.parent_close WHEN 'terminate' THEN 'terminate' \
+                                  WHEN 'request_cancel' THEN coalesce(c.close_requested, 'cancel') \
+                                  ELSE c.close_requested END, \
+                close_reason = CASE WHEN ch.parent_close = 'abandon' THEN c.close_reason ELSE $2 END \
+                FROM children ch WHERE c.parent_id = $1 AND ch.child_id = c.child_id RETURNING 1) \
+     SELECT count(*) FROM u",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID],
+);
+// Its local children still running get a lifecycle row of their own.
+const CLOSE_LOCAL: Stmt = Stmt::write(
+    "WITH i AS (INSERT INTO cross_shard_children \
+                    (child_id, parent_id, target_shard, state, close_requested, close_reason, parent_ended) \
+                SELECT ch.child_id, ch.parent_id, ch.target_shard, 'RUNNING', \
+                       CASE ch.parent_close WHEN 'terminate' THEN 'terminate' ELSE 'cancel' END, $3, true \
+                FROM children ch JOIN executions e ON e.id = ch.child_id \
+                WHERE ch.parent_id = $1 AND ch.target_shard = $2 AND ch.parent_close <> 'abandon' \
+                  AND e.state IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING') \
+                ON CONFLICT (child_id) DO NOTHING RETURNING 1) \
+     SELECT count(*) FROM i",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+const SETTLE: Stmt = Stmt::write(
+    "DELETE FROM cross_shard_children WHERE child_id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+// A child's end in its parent's history, built around the child's result
+// as Postgres stored it.
+const ENDED_EVENT: Stmt = Stmt::read(
+    "SELECT state, jsonb_build_object('child_id', id, 'state', state, 'result', result, 'error', error) \
+     FROM executions WHERE id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+
+// A parent's children here, and (on its own shard) those still starting
+// elsewhere, in id order after `$2`.
+const LIST: Stmt = Stmt::read(
+    "SELECT * FROM ( \
+       SELECT e.id, e.workflow_name, e.workflow_id, e.state, $4::int, e.created_at, e.closed_at \
+       FROM executions e WHERE e.parent_id = $1 AND e.id > $2 \
+       UNION ALL \
+       SELECT c.child_id, ch.workflow_name, ch.workflow_id, 'STARTING', c.target_shard, ch.created_at, NULL \
+       FROM cross_shard_children c JOIN children ch ON ch.child_id = c.child_id \
+       WHERE c.parent_id = $1 AND c.state = 'STARTING' AND c.child_id > $2) k \
+     ORDER BY 1 LIMIT $3",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::INT4OID,
+    ],
+);
+
+// Executions naming a parent, keyset on (parent_id, id) over executions_parent.
+const LINKS: Stmt = Stmt::read(
+    "SELECT parent_id, id, workflow_name, workflow_id, state, created_at FROM executions \
+     WHERE parent_id IS NOT NULL AND (parent_id, id) > ($1, $2) ORDER BY parent_id, id LIMIT $3",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT8OID,
+    ],
+);
+const KNOWN: Stmt = Stmt::read(
+    "SELECT child_id FROM children WHERE child_id = ANY($1)",
+    &[PgBuiltInOids::UUIDARRAYOID],
+);
+
+/// An execution naming its parent, as `list_child_links` returns it.
+pub type Link = (
+    pgrx::Uuid,
+    pgrx::Uuid,
+    String,
+    String,
+    String,
+    pgrx::datum::TimestampWithTimeZone,
+);
+
+/// The executions here that name a parent, after `after` (parent, child).
+pub fn links(after: Option<(pgrx::Uuid, pgrx::Uuid)>, max: i64) -> Vec<Link> {
+    let zero = pgrx::Uuid::from_bytes([0; 16]);
+    let (p, c) = after.unwrap_or((zero, zero));
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &LINKS, &[p.into(), c.into(), max.into()]),
+            "listing child links",
+        )
+    })
+}
+
+/// Those of `ids` that a parent here started.
+pub fn known(ids: Vec<pgrx::Uuid>) -> Vec<pgrx::Uuid> {
+    Spi::connect_mut(|client| {
+        rows::all::<(pgrx::Uuid,)>(run(client, &KNOWN, &[ids.into()]), "looking up children")
+    })
+    .into_iter()
+    .map(|(id,)| id)
+    .collect()
+}
+
+/// A child as `list_children` returns it.
+pub type Listed = (
+    pgrx::Uuid,
+    String,
+    String,
+    String,
+    i32,
+    pgrx::datum::TimestampWithTimeZone,
+    Option<pgrx::datum::TimestampWithTimeZone>,
+);
+
+/// `parent`'s children on this shard after `after`, at most `max`.
+pub fn list(parent: pgrx::Uuid, after: Option<pgrx::Uuid>, max: i64) -> Vec<Listed> {
+    executions::forward_if_moved(parent);
+    let after = after.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(
+                client,
+                &LIST,
+                &[parent.into(), after.into(), max.into(), shard::current().into()],
+            ),
+            "listing children",
+        )
+    })
+}
+
+/// What `start_child` returns: the child, its shard, and whether this call
+/// started it (false: the same (parent, name, workflow id) started it before).
+pub type Child = (pgrx::Uuid, i32, bool);
+
+/// Whether this shard's catalog has children: between installing a
+/// library of 0.2.0 or later and `ALTER EXTENSION sheaf UPDATE` it does
+/// not, and no execution can have any.
+pub fn enabled() -> bool {
+    // SAFETY: a catalog lookup by name, in a transaction (the search path
+    // starts with sheaf's schema).
+    unsafe { pg_sys::RelnameGetRelid(c"cross_shard_children".as_ptr()) != pg_sys::InvalidOid }
+}
+
+fn notify(payload: &str) {
+    exec(&NOTIFY, &[payload.into()]);
+}
+
+/// Starts child `name`/`workflow_id` of `parent` on `o.target_shard`
+/// (default: here), once per (parent, name, workflow id).
+pub fn start_child(
+    parent: pgrx::Uuid,
+    name: &str,
+    workflow_id: &str,
+    input: Jsonb,
+    o: &ChildOptions,
+) -> Child {
+    // The parent first: concurrent calls for one parent serialize here.
+    executions::lock_active(parent, "start a child");
+    let found: Option<(pgrx::Uuid, i32)> = Spi::connect_mut(|client| {
+        rows::first(
+            run(
+                client,
+                &EXISTING,
+                &[parent.into(), name.into(), workflow_id.into()],
+            ),
+            "looking up a child",
+        )
+    });
+    if let Some((child, shard)) = found {
+        return (child, shard, false);
+    }
+    let here = shard::current();
+    let target = o.target_shard.map_or(here, i32::from);
+    let child = match o.child_id {
+        Some(given) => {
+            let prefix = i32::from(id::shard_of(&given));
+            if o.target_shard.is_none() && prefix != here {
+                bad_argument(
+                    "opts.child_id",
+                    format!("was minted for shard {prefix}: name it in opts.target_shard too"),
+                );
+            }
+            pgrx::Uuid::from_bytes(given)
+        }
+        None => ids::mint_for(target),
+    };
+    exec(
+        &RECORD,
+        &[
+            parent.into(),
+            name.into(),
+            workflow_id.into(),
+            child.into(),
+            target.into(),
+            o.parent_close.as_str().into(),
+        ],
+    );
+    history::append(
+        parent,
+        "ChildStarted",
+        serde_json::json!({"child_id": child.to_string(), "shard": target,
+                           "workflow_name": name, "workflow_id": workflow_id}),
+    );
+    if target == here {
+        start_local(parent, child, name, workflow_id, input);
+    } else {
+        exec(
+            &LIFECYCLE,
+            &[child.into(), parent.into(), target.into(), input.into()],
+        );
+        notify("due");
+    }
+    (child, target, true)
+}
+
+/// A child on the parent's shard: started in the parent's transaction. A
+/// run of its (name, workflow id) already active is not adopted.
+fn start_local(parent: pgrx::Uuid, child: pgrx::Uuid, name: &str, workflow_id: &str, input: Jsonb) {
+    let o = StartOptions {
+        execution_id: Some(*child.as_bytes()),
+        ..StartOptions::default()
+    };
+    let (started, created, _) = start::start_as(name, workflow_id, input, &o, Some(parent));
+    if !created {
+        let reason = conflict_reason(name, workflow_id, started, shard::current());
+        append_failed(parent, child, &reason);
+        lifecycle::wake_for_event(&executions::lock(parent));
+    }
+}
+
+/// Why a child was not adopted: its (name, workflow id) already runs.
+pub fn conflict_reason(name: &str, workflow_id: &str, existing: pgrx::Uuid, shard: i32) -> String {
+    format!(
+        "workflow {name:?} id {workflow_id:?} already has an active run, {existing} on shard {shard}: \
+         the child was not started"
+    )
+}
+
+/// `ChildFailed` for a child that never ran.
+pub fn append_failed(parent: pgrx::Uuid, child: pgrx::Uuid, error: &str) {
+    history::append(
+        parent,
+        "ChildFailed",
+        serde_json::json!({"child_id": child.to_string(), "state": null, "result": null, "error": error}),
+    );
+}
+
+/// A child has ended (its row is locked and closed, in its terminal
+/// transaction): a parent here gets the end in its history and is woken;
+/// a parent elsewhere is told through the relay's channel, and the relay
+/// pulls the end.
+pub fn report_end(child: pgrx::Uuid, parent: pgrx::Uuid) {
+    if i32::from(id::shard_of(parent.as_bytes())) != shard::current() {
+        notify(&format!("ended {parent} {child}"));
+        return;
+    }
+    // The child's row, then its parent's (this module's lock order).
+    let Some(p) = executions::try_lock(parent) else {
+        return;
+    };
+    exec(&SETTLE, &[child.into()]);
+    if !p.state.is_active() {
+        return;
+    }
+    let (state, event): (ExecutionState, Jsonb) = Spi::connect_mut(|client| {
+        rows::only(
+            run(client, &ENDED_EVENT, &[child.into()]),
+            "reading a child's end",
+        )
+    });
+    let Some(event_type) = ended_event(state) else {
+        return;
+    };
+    history::append_jsonb(parent, event_type, event);
+    lifecycle::wake_for_event(&p);
+}
+
+/// The parent's end (its row is locked, in its terminal transaction):
+/// every child its `parent_close` closes is asked to close, through the
+/// relay; the relay settles each lifecycle row.
+pub fn parent_ended(parent: pgrx::Uuid, state: ExecutionState) {
+    let reason = format!("parent {parent} ended ({state})");
+    let (remote, local): (i64, i64) = Spi::connect_mut(|client| {
+        let remote = rows::only_value(
+            run(client, &PARENT_ENDED, &[parent.into(), reason.as_str().into()]),
+            "closing a parent's children",
+        );
+        let local = rows::only_value(
+            run(
+                client,
+                &CLOSE_LOCAL,
+                &[parent.into(), shard::current().into(), reason.as_str().into()],
+            ),
+            "closing a parent's local children",
+        );
+        (remote, local)
+    });
+    if remote + local > 0 {
+        notify("due");
+    }
+}
+
+/// Cancels child `child` of `parent`: here at once (its end reaches the
+/// parent in the same transaction), elsewhere through the relay. `false`
+/// if the child had ended, or its end is already being delivered.
+pub fn cancel_child(parent: pgrx::Uuid, child: pgrx::Uuid, reason: Option<&str>) -> bool {
+    // A parent that moved: its children are known where it lives.
+    executions::forward_if_moved(parent);
+    let target: Option<i32> = Spi::connect_mut(|client| {
+        rows::value(
+            run(client, &CHILD_OF, &[parent.into(), child.into()]),
+            "looking up a child",
+        )
+    });
+    let Some(target) = target else {
+        if executions::state_of(parent).is_none() {
+            unknown_execution(parent);
+        }
+        bad_argument(
+            "child_id",
+            format!("{child} is not a child of execution {parent}"),
+        );
+    };
+    if target == shard::current() {
+        return lifecycle::close(
+            child,
+            Close::Cancelled {
+                reason: reason.map(str::to_owned),
+            },
+        );
+    }
+    let requested = Spi::connect_mut(|client| {
+        rows::value::<bool>(
+            run(
+                client,
+                &REQUEST_CLOSE,
+                &[child.into(), CloseKind::Cancel.as_str().into(), reason.into()],
+            ),
+            "requesting a child's cancel",
+        )
+    })
+    .is_some();
+    if requested {
+        notify("due");
+    }
+    requested
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, complete, count, init, start, state};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    fn start_child(parent: pgrx::Uuid, wf: &str, opts: serde_json::Value) -> (pgrx::Uuid, i32, bool) {
+        Spi::get_three_with_args::<pgrx::Uuid, i32, bool>(
+            "SELECT * FROM sheaf.start_child($1, 'child', $2, '{\"n\": 1}', $3)",
+            &[parent.into(), wf.into(), pgrx::JsonB(opts).into()],
+        )
+        .map(|(a, b, c)| (a.unwrap(), b.unwrap(), c.unwrap()))
+        .unwrap()
+    }
+
+    fn events(id: pgrx::Uuid) -> Vec<String> {
+        Spi::connect(|c| {
+            c.select(
+                "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
+                None,
+                &[id.into()],
+            )
+            .unwrap()
+            .map(|r| r.get::<String>(1).unwrap().unwrap())
+            .collect()
+        })
+    }
+
+    #[pg_test]
+    fn a_local_child_starts_once_and_reports_its_end_to_its_parent() {
+        init();
+        let (parent, ..) = start("p", "p-1", json!({}));
+        // The parent's workflow task runs, and ends its attempt.
+        complete(&claim("default", 1)[0]);
+        let (child, shard, created) = start_child(parent, "c-1", json!({}));
+        assert!(created && shard == 1);
+        assert_eq!(
+            start_child(parent, "c-1", json!({})),
+            (child, 1, false),
+            "a repeat is the same child"
+        );
+        assert_eq!(state(child), "RUNNING");
+        Spi::run_with_args(
+            "SELECT sheaf.complete_execution($1, '{\"ok\": 7}')",
+            &[child.into()],
+        )
+        .unwrap();
+        let evs = events(parent);
+        assert_eq!(evs.iter().filter(|e| *e == "ChildStarted").count(), 1);
+        assert_eq!(evs.last().map(String::as_str), Some("ChildCompleted"), "{evs:?}");
+        let result = Spi::get_one_with_args::<i64>(
+            "SELECT (payload -> 'result' ->> 'ok')::bigint FROM sheaf.events WHERE execution_id = $1 AND event_type = 'ChildCompleted'",
+            &[parent.into()],
+        )
+        .unwrap();
+        assert_eq!(result, Some(7));
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM sheaf.tasks WHERE kind = 'workflow' AND payload->>'workflow_name' = 'p'"
+            ),
+            1,
+            "the parent, with no workflow task waiting, got one"
+        );
+    }
+
+    #[pg_test]
+    fn an_active_run_of_the_childs_key_is_not_adopted() {
+        init();
+        let (parent, ..) = start("p", "p-1", json!({}));
+        let (other, ..) = start("child", "taken", json!({}));
+        let (child, _, created) = start_child(parent, "taken", json!({}));
+        assert!(created && child != other);
+        let reason = Spi::get_one_with_args::<String>(
+            "SELECT payload->>'error' FROM sheaf.events WHERE execution_id = $1 AND event_type = 'ChildFailed'",
+            &[parent.into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert!(reason.contains(&other.to_string()), "{reason}");
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.executions WHERE workflow_name = 'child'"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn a_child_elsewhere_gets_a_lifecycle_row_the_relay_drives() {
+        init();
+        let (parent, ..) = start("p", "p-1", json!({}));
+        let (child, shard, _) = start_child(parent, "c-1", json!({"target_shard": 2}));
+        assert_eq!((shard, sheaf_core::id::shard_of(child.as_bytes())), (2, 2));
+        let take = || {
+            Spi::get_two::<i64, String>("SELECT lease_token, state FROM sheaf.relay_take(10, '30 seconds')")
+                .unwrap()
+        };
+        let (token, st) = take();
+        assert_eq!(st.as_deref(), Some("STARTING"));
+        let token = token.unwrap();
+        let report = |t: i64, outcome: serde_json::Value| {
+            Spi::get_one_with_args::<String>(
+                "SELECT sheaf.relay_report($1, $2, $3)",
+                &[child.into(), t.into(), pgrx::JsonB(outcome).into()],
+            )
+            .unwrap()
+            .unwrap()
+        };
+        assert_eq!(report(token + 1, json!({"started": true})), "stale");
+        assert_eq!(report(token, json!({"started": true})), "held");
+        assert_eq!(report(token, json!({"pending": 0})), "released");
+        let (token, st) = take();
+        assert_eq!(st.as_deref(), Some("RUNNING"));
+        let ended = json!({"ended": {"state": "FAILED", "result": null, "error": "boom"}});
+        assert_eq!(report(token.unwrap(), ended.clone()), "settled");
+        assert_eq!(report(token.unwrap(), ended), "stale", "exactly once");
+        let evs = events(parent);
+        assert_eq!(evs.iter().filter(|e| *e == "ChildFailed").count(), 1, "{evs:?}");
+        assert_eq!(count("SELECT count(*) FROM sheaf.cross_shard_children"), 0);
+    }
+
+    #[pg_test]
+    fn a_parents_end_asks_the_relay_to_close_its_children() {
+        init();
+        let (parent, ..) = start("p", "p-1", json!({}));
+        let (local, ..) = start_child(parent, "here", json!({}));
+        start_child(
+            parent,
+            "gone",
+            json!({"target_shard": 3, "parent_close": "abandon"}),
+        );
+        start_child(
+            parent,
+            "there",
+            json!({"target_shard": 3, "parent_close": "request_cancel"}),
+        );
+        Spi::run_with_args("SELECT sheaf.complete_execution($1, NULL)", &[parent.into()]).unwrap();
+        assert_eq!(state(local), "RUNNING", "the parent's end closes no child itself");
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.cross_shard_children WHERE parent_ended"),
+            3
+        );
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM sheaf.cross_shard_children WHERE close_requested = 'terminate' AND target_shard = 1"
+            ),
+            1
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.cross_shard_children WHERE close_requested IS NULL"),
+            1,
+            "abandon asks for nothing"
+        );
+        // The relay's close of the local child settles its row.
+        Spi::run_with_args(
+            "SELECT sheaf.relay_close_child($1, $2, 'terminate')",
+            &[local.into(), parent.into()],
+        )
+        .unwrap();
+        assert_eq!(state(local), "TERMINATED");
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.cross_shard_children WHERE target_shard = 1"),
+            0
+        );
+    }
+}

@@ -1,0 +1,525 @@
+//! Signals and cancels addressed by business key, from inside a workflow:
+//! `signal_external` and `cancel_external` write an outbox row in the
+//! sender's transaction; the driver's relay resolves the key over every
+//! shard and delivers it, and reports here (`take`, `report`). The edges
+//! are in `sql/schema.sql`, at `outbox`.
+//!
+//! Lock order (`base::locks`): the sender's row before its outbox rows.
+
+use pgrx::prelude::*;
+use sheaf_core::external::{ExternalOptions, Kind, OutboxReport, Target};
+use sheaf_core::state::ExecutionState;
+
+use crate::base::errors::bad_argument;
+use crate::base::jsonb::Jsonb;
+use crate::base::plans::{Stmt, exec, run};
+use crate::base::{ids, rows, shard};
+use crate::workflow::executions::{self, Locked};
+use crate::workflow::{history, lifecycle};
+
+/// The relay's channel (`workflow::children`): `due` wakes it.
+const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_relay', 'due')", &[]);
+
+const SEEN: Stmt = Stmt::read(
+    "SELECT outbox_id FROM outbox WHERE sender_id = $1 AND kind = $2 AND signal_id = $3",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+const INSERT: Stmt = Stmt::write(
+    "INSERT INTO outbox (outbox_id, sender_id, kind, workflow_name, workflow_id, signal, payload, reason, signal_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
+// A taken row's lease is its due time, as for cross_shard_children.
+const TAKE: Stmt = Stmt::write(
+    "WITH picked AS (SELECT outbox_id FROM outbox WHERE due_at <= now() \
+                     ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+     UPDATE outbox o SET lease_token = nextval('fence_token'), \
+            due_at = now() + make_interval(secs => $2), last_attempt_at = now() \
+     FROM picked WHERE o.outbox_id = picked.outbox_id \
+     RETURNING o.outbox_id, o.sender_id, o.kind, o.state, o.workflow_name, o.workflow_id, o.signal, \
+               o.payload, o.reason, o.delivered_to, o.attempts, o.indeterminate, o.lease_token",
+    &[PgBuiltInOids::INT8OID, PgBuiltInOids::FLOAT8OID],
+);
+const HOLDER: Stmt = Stmt::read(
+    "SELECT sender_id FROM outbox WHERE outbox_id = $1 AND lease_token = $2 AND state <> 'DONE'",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+const LOCK_ROW: Stmt = Stmt::write(
+    "SELECT kind, state, workflow_name, workflow_id, delivered_to FROM outbox \
+     WHERE outbox_id = $1 AND lease_token = $2 AND state <> 'DONE' FOR UPDATE",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+// Due again now: the confirming fan-out is the next sweep's.
+const CONFIRMING: Stmt = Stmt::write(
+    "UPDATE outbox SET state = 'CONFIRMING', delivered_to = $2, lease_token = NULL, attempts = 0, \
+            indeterminate = 0, indeterminate_since = NULL, last_error = NULL, due_at = now() \
+     WHERE outbox_id = $1",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::UUIDOID],
+);
+// Indeterminate: retried, backing off as a failure does, min(n, 6) x 5 s.
+const INDETERMINATE: Stmt = Stmt::write(
+    "UPDATE outbox SET lease_token = NULL, indeterminate = indeterminate + 1, \
+            indeterminate_since = coalesce(indeterminate_since, now()), last_error = $2, \
+            due_at = now() + make_interval(secs => 5 * least(indeterminate + 1, 6)) \
+     WHERE outbox_id = $1",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID],
+);
+const FAILED: Stmt = Stmt::write(
+    "UPDATE outbox SET lease_token = NULL, attempts = attempts + 1, last_error = $2, \
+            due_at = now() + make_interval(secs => 5 * least(attempts + 1, 6)) \
+     WHERE outbox_id = $1",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID],
+);
+const DONE: Stmt = Stmt::write(
+    "UPDATE outbox SET state = 'DONE', due_at = NULL, lease_token = NULL, payload = NULL, last_error = NULL \
+     WHERE outbox_id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+const DELETE: Stmt = Stmt::write(
+    "DELETE FROM outbox WHERE outbox_id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+// A sender's end: its delivered rows were kept only for opts.signal_id.
+const SENDER_ENDED: Stmt = Stmt::write(
+    "DELETE FROM outbox WHERE sender_id = $1 AND state = 'DONE'",
+    &[PgBuiltInOids::UUIDOID],
+);
+// What is still to deliver, by kind and state.
+const BACKLOG: Stmt = Stmt::read(
+    "SELECT kind, state, count(*), count(*) FILTER (WHERE attempts > 0), count(*) FILTER (WHERE indeterminate > 0), \
+            min(created_at), min(indeterminate_since), max(attempts), \
+            (array_agg(last_error ORDER BY last_attempt_at DESC) FILTER (WHERE last_error IS NOT NULL))[1] \
+     FROM outbox WHERE due_at IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2",
+    &[],
+);
+
+/// What the sender asks for.
+pub enum Request<'a> {
+    Signal { signal: &'a str, payload: Jsonb },
+    Cancel { reason: Option<&'a str> },
+}
+
+/// Writes an outbox row for `sender` (active, on this shard) addressed to
+/// (`name`, `workflow_id`), once per `opts.signal_id`; its id.
+pub fn request(
+    sender: pgrx::Uuid,
+    name: &str,
+    workflow_id: &str,
+    what: Request<'_>,
+    o: &ExternalOptions,
+) -> pgrx::Uuid {
+    let kind = match what {
+        Request::Signal { .. } => Kind::Signal,
+        Request::Cancel { .. } => Kind::Cancel,
+    };
+    executions::lock_active(sender, &format!("send an external {}", kind.as_str()));
+    if let Some(signal_id) = &o.signal_id {
+        let seen: Option<pgrx::Uuid> = Spi::connect_mut(|client| {
+            rows::value(
+                run(
+                    client,
+                    &SEEN,
+                    &[sender.into(), kind.as_str().into(), signal_id.as_str().into()],
+                ),
+                "looking up an outbox row",
+            )
+        });
+        if let Some(id) = seen {
+            return id;
+        }
+    }
+    let id = ids::mint_for(shard::current());
+    let (signal, payload, reason) = match what {
+        Request::Signal { signal, payload } => (Some(signal), Some(payload), None),
+        Request::Cancel { reason } => (None, None, reason),
+    };
+    exec(
+        &INSERT,
+        &[
+            id.into(),
+            sender.into(),
+            kind.as_str().into(),
+            name.into(),
+            workflow_id.into(),
+            signal.into(),
+            payload.into(),
+            reason.into(),
+            o.signal_id.as_deref().into(),
+        ],
+    );
+    let mut event = serde_json::json!({"outbox_id": id.to_string(), "workflow_name": name,
+                                       "workflow_id": workflow_id, "signal_id": o.signal_id});
+    let event_type = match (signal, reason) {
+        (Some(signal), _) => {
+            event["signal"] = signal.into();
+            "ExternalSignalRequested"
+        }
+        (None, reason) => {
+            event["reason"] = reason.into();
+            "ExternalCancelRequested"
+        }
+    };
+    history::append(sender, event_type, event);
+    exec(&NOTIFY, &[]);
+    id
+}
+
+/// An outbox row as `outbox_take` returns it.
+pub type Taken = (
+    pgrx::Uuid,
+    pgrx::Uuid,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<pgrx::JsonB>,
+    Option<String>,
+    Option<pgrx::Uuid>,
+    i32,
+    i32,
+    i64,
+);
+
+/// Leases up to `max` due outbox rows for `lease_secs`.
+pub fn take(max: i64, lease_secs: f64) -> Vec<Taken> {
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &TAKE, &[max.into(), lease_secs.into()]),
+            "taking outbox rows",
+        )
+    })
+}
+
+/// A group of outbox rows as `outbox_backlog` returns it.
+pub type Backlog = (
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    pgrx::datum::TimestampWithTimeZone,
+    Option<pgrx::datum::TimestampWithTimeZone>,
+    i32,
+    Option<String>,
+);
+
+/// This shard's undelivered outbox rows, grouped.
+pub fn backlog() -> Vec<Backlog> {
+    Spi::connect_mut(|client| rows::all(run(client, &BACKLOG, &[]), "reading the outbox's backlog"))
+}
+
+/// A sender's end (its row locked, in its terminal transaction): its
+/// delivered rows go; those still to deliver stay, and are delivered.
+pub fn sender_ended(sender: pgrx::Uuid) {
+    exec(&SENDER_ENDED, &[sender.into()]);
+}
+
+/// Records what the relay did for outbox row `id`, held under `token`:
+/// `released` (it waits for its due time), `settled` (its result is in the
+/// sender's history) or `stale` (the lease is not the caller's any more, or
+/// the row is done; nothing changed).
+pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
+    let Some((sender, s, row)) = hold(id, token) else {
+        return "stale";
+    };
+    let (kind, state, name, workflow_id, delivered_to) = row;
+    let kind = Kind::parse(&kind).unwrap_or(Kind::Signal);
+    let confirming = state == "CONFIRMING";
+    let finish = |event_type: &str, event: serde_json::Value| {
+        match s.as_ref().filter(|s| s.state.is_active()) {
+            Some(s) => {
+                history::append(sender, event_type, event);
+                exec(&DONE, &[id.into()]);
+                lifecycle::wake_for_event(s);
+            }
+            // Its end has passed: nothing keeps the row.
+            None => exec(&DELETE, &[id.into()]),
+        }
+        "settled"
+    };
+    match r {
+        OutboxReport::Delivered(t) => {
+            only(
+                kind == Kind::Signal && !confirming,
+                "delivered",
+                "a pending signal",
+            );
+            finish("ExternalSignalDelivered", target(id, t))
+        }
+        OutboxReport::Cancelled(t) => {
+            only(kind == Kind::Cancel, "cancelled", "a cancel");
+            exec(
+                &CONFIRMING,
+                &[id.into(), pgrx::Uuid::from_bytes(t.execution_id).into()],
+            );
+            "released"
+        }
+        OutboxReport::Ended(t, ended) => {
+            only(!confirming, "ended", "a pending row");
+            let mut event = target(id, t);
+            event["state"] = ended.as_str().into();
+            if kind == Kind::Signal {
+                event["error"] = format!("the run of {name:?} id {workflow_id:?} had ended ({ended})").into();
+                finish("ExternalSignalFailed", event)
+            } else {
+                event["cancelled"] = false.into();
+                finish("ExternalCancelDelivered", event)
+            }
+        }
+        // A confirming cancel's run gone from its shard confirms it too.
+        OutboxReport::Confirmed | OutboxReport::Unknown if confirming => {
+            finish("ExternalCancelDelivered", confirmed(id, delivered_to))
+        }
+        OutboxReport::Confirmed => {
+            bad_argument("outcome", "confirmed is an outcome only for a confirming cancel")
+        }
+        OutboxReport::Unknown => finish(
+            "ExternalTargetUnknown",
+            serde_json::json!({"outbox_id": id.to_string(), "kind": kind.as_str(),
+                               "workflow_name": name, "workflow_id": workflow_id}),
+        ),
+        OutboxReport::Indeterminate(why) => {
+            exec(&INDETERMINATE, &[id.into(), why.as_str().into()]);
+            "released"
+        }
+        OutboxReport::Failed(error) => {
+            exec(&FAILED, &[id.into(), error.as_str().into()]);
+            "released"
+        }
+    }
+}
+
+/// A row as `report` locks it: kind, state, name, workflow id, delivered to.
+type Held = (String, String, String, String, Option<pgrx::Uuid>);
+
+/// Locks outbox row `id` if `token` is its lease (its sender's row first):
+/// the sender, its row if it still exists, and the outbox row.
+fn hold(id: pgrx::Uuid, token: i64) -> Option<(pgrx::Uuid, Option<Locked>, Held)> {
+    let sender: pgrx::Uuid = Spi::connect_mut(|client| {
+        rows::value(
+            run(client, &HOLDER, &[id.into(), token.into()]),
+            "reading an outbox row",
+        )
+    })?;
+    let s = executions::try_lock(sender);
+    let row: Held = Spi::connect_mut(|client| {
+        rows::first(
+            run(client, &LOCK_ROW, &[id.into(), token.into()]),
+            "locking an outbox row",
+        )
+    })?;
+    Some((sender, s, row))
+}
+
+/// The event payload naming where a row was delivered.
+fn target(id: pgrx::Uuid, t: &Target) -> serde_json::Value {
+    serde_json::json!({"outbox_id": id.to_string(),
+                       "execution_id": pgrx::Uuid::from_bytes(t.execution_id).to_string(),
+                       "shard": t.shard})
+}
+
+/// A confirmed cancel's `ExternalCancelDelivered`: the run it ended.
+fn confirmed(id: pgrx::Uuid, ended: Option<pgrx::Uuid>) -> serde_json::Value {
+    let ended = ended.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
+    let mut event = target(
+        id,
+        &Target {
+            execution_id: *ended.as_bytes(),
+            shard: sheaf_core::id::shard_of(ended.as_bytes()),
+        },
+    );
+    event["state"] = ExecutionState::Cancelled.as_str().into();
+    event["cancelled"] = true.into();
+    event
+}
+
+/// Refuses (22023) an outcome that does not fit the row.
+fn only(fits: bool, outcome: &str, what: &str) {
+    if !fits {
+        bad_argument("outcome", format!("{outcome} is an outcome only for {what}"));
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{count, init, start};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    fn signal(sender: pgrx::Uuid, opts: serde_json::Value) -> pgrx::Uuid {
+        Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT sheaf.signal_external($1, 'target', 't-1', 'go', '{\"n\": 1}', $2)",
+            &[sender.into(), pgrx::JsonB(opts).into()],
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    fn take() -> Vec<(pgrx::Uuid, String, i64)> {
+        Spi::connect(|c| {
+            c.select(
+                "SELECT outbox_id, state, lease_token FROM sheaf.outbox_take(10, '30 seconds')",
+                None,
+                &[],
+            )
+            .unwrap()
+            .map(|r| {
+                (
+                    r.get(1).unwrap().unwrap(),
+                    r.get(2).unwrap().unwrap(),
+                    r.get(3).unwrap().unwrap(),
+                )
+            })
+            .collect()
+        })
+    }
+
+    fn report(id: pgrx::Uuid, token: i64, outcome: serde_json::Value) -> String {
+        Spi::get_one_with_args::<String>(
+            "SELECT sheaf.outbox_report($1, $2, $3)",
+            &[id.into(), token.into(), pgrx::JsonB(outcome).into()],
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    fn events(id: pgrx::Uuid, kind: &str) -> i64 {
+        Spi::get_one_with_args::<i64>(
+            "SELECT count(*) FROM sheaf.events WHERE execution_id = $1 AND event_type = $2",
+            &[id.into(), kind.into()],
+        )
+        .unwrap()
+        .unwrap_or(0)
+    }
+
+    fn make_due() {
+        Spi::run("UPDATE sheaf.outbox SET due_at = now() WHERE due_at IS NOT NULL").unwrap();
+    }
+
+    #[pg_test]
+    fn a_signal_is_requested_once_per_signal_id_and_delivered_once() {
+        init();
+        let (sender, ..) = start("s", "s-1", json!({}));
+        let (target, ..) = start("target", "t-1", json!({}));
+        let id = signal(sender, json!({"signal_id": "a"}));
+        assert_eq!(
+            signal(sender, json!({"signal_id": "a"})),
+            id,
+            "a retry is the same row"
+        );
+        assert_ne!(signal(sender, json!({})), id);
+        assert_eq!(events(sender, "ExternalSignalRequested"), 2);
+        let taken = take();
+        assert_eq!(taken.len(), 2);
+        assert!(take().is_empty(), "leased rows are not taken again");
+        let (_, st, token) = taken.iter().find(|t| t.0 == id).cloned().unwrap();
+        assert_eq!(st, "PENDING");
+        let at = json!({"execution_id": target.to_string(), "shard": 1});
+        assert_eq!(report(id, token + 1, json!({"delivered": at})), "stale");
+        assert_eq!(report(id, token, json!({"delivered": at})), "settled");
+        assert_eq!(
+            report(id, token, json!({"delivered": at})),
+            "stale",
+            "done: a repeat changes nothing"
+        );
+        assert_eq!(events(sender, "ExternalSignalDelivered"), 1);
+        assert_eq!(
+            signal(sender, json!({"signal_id": "a"})),
+            id,
+            "a delivered row still deduplicates"
+        );
+        // The sender's end drops what was delivered, keeps what was not.
+        Spi::run_with_args("SELECT sheaf.cancel_execution($1, 'x')", &[sender.into()]).unwrap();
+        assert_eq!(count("SELECT count(*) FROM sheaf.outbox"), 1);
+    }
+
+    #[pg_test]
+    fn indeterminate_and_failed_back_off_and_unknown_is_final() {
+        init();
+        let (sender, ..) = start("s", "s-1", json!({}));
+        let id = signal(sender, json!({}));
+        let token = take()[0].2;
+        assert_eq!(
+            report(id, token, json!({"indeterminate": "shard 2: down"})),
+            "released"
+        );
+        assert!(take().is_empty(), "it backs off");
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM sheaf.outbox_backlog() WHERE indeterminate = 1 AND indeterminate_since IS NOT NULL"
+            ),
+            1
+        );
+        make_due();
+        let token = take()[0].2;
+        assert_eq!(report(id, token, json!({"failed": "boom"})), "released");
+        assert_eq!(count("SELECT attempts::bigint FROM sheaf.outbox"), 1);
+        make_due();
+        let token = take()[0].2;
+        assert_eq!(report(id, token, json!({"unknown": true})), "settled");
+        assert_eq!(events(sender, "ExternalTargetUnknown"), 1);
+        assert_eq!(count("SELECT count(*) FROM sheaf.outbox_backlog()"), 0);
+    }
+
+    #[pg_test]
+    fn a_cancel_that_ends_a_run_is_confirmed_by_a_later_sweep() {
+        init();
+        let (sender, ..) = start("s", "s-1", json!({}));
+        let (target, ..) = start("target", "t-1", json!({}));
+        let id = Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT sheaf.cancel_external($1, 'target', 't-1', 'enough')",
+            &[sender.into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(events(sender, "ExternalCancelRequested"), 1);
+        let token = take()[0].2;
+        let at = json!({"execution_id": target.to_string(), "shard": 1});
+        assert_eq!(report(id, token, json!({"cancelled": at})), "released");
+        assert_eq!(events(sender, "ExternalCancelDelivered"), 0, "withheld");
+        let (_, st, token) = take()[0].clone();
+        assert_eq!(st, "CONFIRMING");
+        assert_eq!(report(id, token, json!({"confirmed": true})), "settled");
+        let cancelled = Spi::get_one_with_args::<bool>(
+            "SELECT (payload->>'cancelled')::boolean FROM sheaf.events WHERE execution_id = $1 AND event_type = 'ExternalCancelDelivered'",
+            &[sender.into()],
+        )
+        .unwrap();
+        assert_eq!(cancelled, Some(true));
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "only for a confirming cancel")]
+    fn an_outcome_that_does_not_fit_is_refused() {
+        init();
+        let (sender, ..) = start("s", "s-1", json!({}));
+        let id = signal(sender, json!({}));
+        let token = take()[0].2;
+        report(id, token, json!({"confirmed": true}));
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "cannot send an external signal")]
+    fn an_ended_sender_sends_nothing() {
+        init();
+        let (sender, ..) = start("s", "s-1", json!({}));
+        Spi::run_with_args("SELECT sheaf.cancel_execution($1, 'x')", &[sender.into()]).unwrap();
+        signal(sender, json!({}));
+    }
+}
