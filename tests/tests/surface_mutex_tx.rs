@@ -109,7 +109,10 @@ async fn a_dropped_guard_releases_and_a_stolen_one_reports_the_loss() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert!(left, "the waiter that gave up left the line before the holder let go");
+    assert!(
+        left,
+        "the waiter that gave up left the line before the holder let go"
+    );
     holder.release().await.expect("release");
     let owner = uuid::Uuid::new_v4();
     let mut granted = false;
