@@ -318,6 +318,39 @@ CREATE TABLE dead_letters (
 );
 CREATE INDEX dead_letters_queue ON dead_letters (queue, dead_at);
 CREATE INDEX dead_letters_execution ON dead_letters (execution_id) WHERE execution_id IS NOT NULL;
+-- Every queue's dead letters newest first (sheaf.list_dead_letters without a queue).
+CREATE INDEX dead_letters_age ON dead_letters (dead_at, id);
+
+-- Cancellations of single tasks (sheaf.cancel_task). An unclaimed task
+-- leaves at once (settled_at = cancelled_at). A running one stays, holding
+-- its slot while its handler may still run, fenced out of its holder (its
+-- token negated) until the holder hears of it (57000 from its next
+-- heartbeat, complete, fail, snooze or set_progress) and gives it back with
+-- sheaf.release, or its lease expires (the reaper): then it leaves and its
+-- slot passes on. `token` is the holder's, so its later calls are told
+-- "cancelled", not "lease lost". A settled row is kept for a week
+-- (sheaf.maintain), so get_task can say what became of the task.
+CREATE TABLE task_cancellations (
+    task_id         uuid PRIMARY KEY,
+    queue           text NOT NULL,
+    execution_id    uuid,
+    token           bigint,
+    reason          text,
+    cancelled_at    timestamptz NOT NULL DEFAULT now(),
+    settled_at      timestamptz
+);
+CREATE INDEX task_cancellations_settled ON task_cancellations (settled_at) WHERE settled_at IS NOT NULL;
+
+-- A running task's progress as its handler last reported it
+-- (sheaf.set_progress), beside the task and not in it: a report rewrites
+-- this narrow row, never the task row the claim's indexes point at. Shown
+-- by get_task and list_tasks; a row whose task is neither unfinished nor a
+-- dead letter any more is deleted by sheaf.maintain.
+CREATE TABLE task_progress (
+    task_id         uuid PRIMARY KEY,
+    progress        jsonb NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
 
 -- Live-worker registry: a worker is live while its heartbeat is under 60 s old.
 CREATE TABLE workers (

@@ -819,3 +819,186 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'mutex_leave_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.mutex_leave(text, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.mutex_leave(text, uuid) TO sheaf_worker;
+CREATE INDEX dead_letters_age ON @extschema@.dead_letters (dead_at, id);
+CREATE FUNCTION "get_task"(
+	"task_id" uuid
+) RETURNS TABLE (
+	"queue" TEXT,
+	"kind" TEXT,
+	"state" TEXT,
+	"priority" INT,
+	"attempts" INT,
+	"max_attempts" INT,
+	"run_at" timestamp with time zone,
+	"enqueued_at" timestamp with time zone,
+	"concurrency_key" TEXT,
+	"lease_expires_at" timestamp with time zone,
+	"last_error" TEXT,
+	"execution_id" uuid,
+	"payload" jsonb,
+	"lease_owner" TEXT,
+	"idempotency_key" TEXT,
+	"fairness_key" TEXT,
+	"dead_at" timestamp with time zone,
+	"progress" jsonb
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'get_task_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.get_task(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.get_task(uuid) TO sheaf_worker;
+CREATE FUNCTION "list_tasks"(
+	"queue" TEXT,
+	"state" TEXT DEFAULT NULL,
+	"after" jsonb DEFAULT NULL,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"task_id" uuid,
+	"kind" TEXT,
+	"task_state" TEXT,
+	"priority" INT,
+	"attempts" INT,
+	"max_attempts" INT,
+	"run_at" timestamp with time zone,
+	"enqueued_at" timestamp with time zone,
+	"concurrency_key" TEXT,
+	"lease_expires_at" timestamp with time zone,
+	"last_error" TEXT,
+	"execution_id" uuid,
+	"progress" jsonb,
+	"anchor" jsonb
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_tasks_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_tasks(text, text, jsonb, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_tasks(text, text, jsonb, integer) TO sheaf_worker;
+CREATE FUNCTION "list_dead_letters"(
+	"queue" TEXT DEFAULT NULL,
+	"after" jsonb DEFAULT NULL,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"task_id" uuid,
+	"queue_name" TEXT,
+	"kind" TEXT,
+	"priority" INT,
+	"attempts" INT,
+	"max_attempts" INT,
+	"execution_id" uuid,
+	"concurrency_key" TEXT,
+	"last_error" TEXT,
+	"enqueued_at" timestamp with time zone,
+	"dead_at" timestamp with time zone,
+	"anchor" jsonb
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_dead_letters_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_dead_letters(text, jsonb, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_dead_letters(text, jsonb, integer) TO sheaf_worker;
+CREATE FUNCTION "list_queues"() RETURNS TABLE (
+	"queue" TEXT,
+	"aging_secs" INT,
+	"fairness" bool,
+	"notify" bool,
+	"created_at" timestamp with time zone,
+	"ready" bigint,
+	"scheduled" bigint,
+	"running" bigint,
+	"waiting" bigint,
+	"paused" bigint,
+	"dead" bigint,
+	"oldest_ready_age" interval
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_queues_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_queues() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_queues() TO sheaf_worker;
+-- Cancellations of single tasks (sheaf.cancel_task). An unclaimed task
+-- leaves at once (settled_at = cancelled_at). A running one stays, holding
+-- its slot while its handler may still run, fenced out of its holder (its
+-- token negated) until the holder hears of it (57000 from its next
+-- heartbeat, complete, fail, snooze or set_progress) and gives it back with
+-- sheaf.release, or its lease expires (the reaper): then it leaves and its
+-- slot passes on. `token` is the holder's, so its later calls are told
+-- "cancelled", not "lease lost". A settled row is kept for a week
+-- (sheaf.maintain), so get_task can say what became of the task.
+CREATE TABLE @extschema@.task_cancellations (
+    task_id         uuid PRIMARY KEY,
+    queue           text NOT NULL,
+    execution_id    uuid,
+    token           bigint,
+    reason          text,
+    cancelled_at    timestamptz NOT NULL DEFAULT now(),
+    settled_at      timestamptz
+);
+CREATE INDEX task_cancellations_settled ON @extschema@.task_cancellations (settled_at) WHERE settled_at IS NOT NULL;
+
+-- A running task's progress as its handler last reported it
+-- (sheaf.set_progress), beside the task and not in it: a report rewrites
+-- this narrow row, never the task row the claim's indexes point at. Shown
+-- by get_task and list_tasks; a row whose task is neither unfinished nor a
+-- dead letter any more is deleted by sheaf.maintain.
+CREATE TABLE @extschema@.task_progress (
+    task_id         uuid PRIMARY KEY,
+    progress        jsonb NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE FUNCTION "cancel_task"(
+	"task_id" uuid,
+	"reason" TEXT DEFAULT NULL
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'cancel_task_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cancel_task(uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.cancel_task(uuid, text) TO sheaf_admin;
+CREATE FUNCTION "set_progress"(
+	"task_id" uuid,
+	"token" bigint,
+	"progress" jsonb
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_progress_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.set_progress(uuid, bigint, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.set_progress(uuid, bigint, jsonb) TO sheaf_worker;
+CREATE FUNCTION "purge_dead_letters"(
+	"queue" TEXT,
+	"older_than" interval
+) RETURNS bigint
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'purge_dead_letters_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.purge_dead_letters(text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.purge_dead_letters(text, interval) TO sheaf_admin;
+CREATE FUNCTION "redrive_queue"(
+	"queue" TEXT,
+	"older_than" interval DEFAULT NULL,
+	"max_rows" INT DEFAULT 1000
+) RETURNS INT
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'redrive_queue_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.redrive_queue(text, interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.redrive_queue(text, interval, integer) TO sheaf_admin;
+CREATE FUNCTION "drop_queue"(
+	"queue" TEXT,
+	"force" bool DEFAULT false
+) RETURNS bigint
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'drop_queue_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.drop_queue(text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.drop_queue(text, boolean) TO sheaf_admin;

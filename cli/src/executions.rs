@@ -144,7 +144,7 @@ fn page_json(page: &ExecutionPage) -> Value {
     })
 }
 
-fn time(at: SystemTime) -> String {
+pub fn time(at: SystemTime) -> String {
     humantime::format_rfc3339_micros(at).to_string()
 }
 
@@ -205,7 +205,7 @@ fn print_execution(e: &Execution) {
 }
 
 /// A column's text, cut to `width` characters.
-fn cut(text: &str, width: usize) -> String {
+pub fn cut(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         text.to_owned()
     } else {

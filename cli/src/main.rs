@@ -13,6 +13,7 @@ mod rebalance;
 mod relay;
 mod reports;
 mod shard;
+mod tasks;
 mod topology;
 
 #[derive(Parser)]
@@ -98,6 +99,21 @@ enum Command {
         #[arg(long, default_value = "workflow_name")]
         group_by: String,
     },
+    /// A queue's tasks across every shard, state by state (running, ready,
+    /// scheduled, waiting, paused), a page at a time; one task by id.
+    Tasks {
+        #[command(subcommand)]
+        what: TasksCommand,
+    },
+    /// Dead letters across every shard, newest first, a page at a time.
+    DeadLetters {
+        #[command(subcommand)]
+        what: DeadLettersCommand,
+    },
+    /// Every queue of every shard: its tasks by state and dead letters,
+    /// per shard and in total, and its oldest ready task's age. Exits 3
+    /// when partial.
+    Queues,
     /// Every concurrency key of every shard: running, ready and waiting
     /// tasks added up, and each shard's cap. Exits 3 when partial.
     Concurrency,
@@ -174,6 +190,46 @@ enum Command {
         /// How often the backlog is printed.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         report_every: Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum TasksCommand {
+    /// A queue's tasks; exits 3 when a shard did not answer.
+    List {
+        /// The queue.
+        queue: String,
+        /// Only this state: scheduled, waiting, ready, running or paused.
+        #[arg(long)]
+        state: Option<String>,
+        /// Tasks per page (1 to 999).
+        #[arg(long, default_value_t = 50)]
+        page_size: usize,
+        /// Where to go on from: the `more:` cursor of the page before.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// One task (or its dead letter) by id, payload included; exits 4 when
+    /// its shard has neither (completed tasks are not kept).
+    Get {
+        /// The task's id.
+        task_id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLettersCommand {
+    /// Dead letters, newest first; exits 3 when a shard did not answer.
+    List {
+        /// Only this queue's.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Dead letters per page (1 to 999).
+        #[arg(long, default_value_t = 50)]
+        page_size: usize,
+        /// Where to go on from: the `more:` cursor of the page before.
+        #[arg(long)]
+        cursor: Option<String>,
     },
 }
 
@@ -323,6 +379,34 @@ async fn main() -> ExitCode {
         Command::Usage { from, to, group_by } => {
             reports::usage(&client, &from, &to, &group_by, cli.json).await
         }
+        Command::Tasks { what } => match what {
+            TasksCommand::List {
+                queue,
+                state,
+                page_size,
+                cursor,
+            } => {
+                tasks::list(
+                    &client,
+                    &queue,
+                    state.as_deref(),
+                    cursor.as_deref(),
+                    page_size,
+                    cli.json,
+                )
+                .await
+            }
+            TasksCommand::Get { task_id } => tasks::get(&client, &task_id, cli.json).await,
+        },
+        Command::DeadLetters {
+            what:
+                DeadLettersCommand::List {
+                    queue,
+                    page_size,
+                    cursor,
+                },
+        } => tasks::dead_letters(&client, queue.as_deref(), cursor.as_deref(), page_size, cli.json).await,
+        Command::Queues => tasks::queues(&client, cli.json).await,
         Command::Concurrency => reports::concurrency(&client, cli.json).await,
         Command::Tree { execution_id } => relay::tree(&client, &execution_id, cli.json).await,
         Command::Orphans => relay::orphans(&client, cli.json).await,

@@ -9,6 +9,7 @@ pub mod excerpt;
 pub mod external;
 pub mod hrw;
 pub mod id;
+pub mod listing;
 pub mod nesting;
 #[cfg(feature = "exact-json")]
 pub mod options;

@@ -31,6 +31,9 @@ pub const OBJECT_IN_USE: &str = "55006";
 pub const NO_DATA_FOUND: &str = "P0002";
 /// A gate function was called above READ COMMITTED isolation.
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+/// An operator cancelled the task while its holder ran it
+/// (`sheaf.cancel_task`): stop the work and give the task back.
+pub const OPERATOR_INTERVENTION: &str = "57000";
 /// A deadlock between two transactions (raised by Postgres); retry.
 pub const DEADLOCK_DETECTED: &str = "40P01";
 /// The caller's role may not call this function (raised by Postgres).
@@ -83,6 +86,11 @@ pub const ALL: &[Code] = &[
         code: LOCK_NOT_AVAILABLE,
         name: "lock_not_available",
         meaning: "stale fencing token: the task is not running under this token, or the owner does not hold the mutex under this token (lease lost, or already finished); nothing changed",
+    },
+    Code {
+        code: OPERATOR_INTERVENTION,
+        name: "operator_intervention",
+        meaning: "an operator cancelled the task (cancel_task) while its holder ran it: the holder stops its work and gives the task back with release, which ends it; nothing changed",
     },
     Code {
         code: NO_DATA_FOUND,

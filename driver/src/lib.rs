@@ -85,13 +85,15 @@ pub use client::{
     Acquired, AttrOp, AuditEntry, ByKey, Candidate, Child, ChildOptions, ChildPlacement, ChildStart,
     Children, ClaimedTask, Client, ClientError, CloseKind, ConcurrencyStat, Drain, EnqueueOptions, Enqueued,
     EnqueuedBatch, Erasure, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome, FleetConfig,
-    FleetError, FleetReport, GroupBy, HistoryPage, KeyConcurrency, ListedExecution, LockOptions,
-    MAX_FORWARDS, MAX_LIST_PAGE, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport, MutexGuard, MutexKey,
-    MutexStatus, OnShard, Orphan, Orphans, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow, Owned,
-    PageStatus, ParentClose, Phase, PhaseHook, Progress, PublishedTopology, QueueConfig, QueueOptions,
-    QueueStats, QuotaDetail, QuotaUsage, RebalanceOptions, RegisteredWorker, RelayBacklog, RelayOutcome,
+    FleetError, FleetReport, GroupBy, HistoryPage, KeyConcurrency, ListPage, ListedDeadLetter,
+    ListedExecution, ListedTask, LockOptions, MAX_FORWARDS, MAX_LIST_PAGE, MAX_TASK_PAGE, MIN_STALL_AFTER,
+    Migration, MoveOutcome, MoveReport, MutexGuard, MutexKey, MutexStatus, OnShard, Orphan, Orphans,
+    OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow, Owned, PageStatus, ParentClose, Phase, PhaseHook,
+    Progress, PublishedTopology, QueueConfig, QueueCounts, QueueListing, QueueOptions, QueueStats,
+    QueueSummary, QuotaDetail, QuotaUsage, RebalanceOptions, RegisteredWorker, RelayBacklog, RelayOutcome,
     RelayRow, Report, ReportStatus, Resolution, STALL_AFTER, ShardConnection, ShardInfo, SortOrder,
-    StalledMove, StartOptions, Started, StartedChild, StrandedWork, Tree, TreeNode, Usage, config_drift,
+    StalledMove, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, Tree, TreeNode, Usage,
+    config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use health::{HealthReason, Readiness};
@@ -102,7 +104,7 @@ pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use relay::{Relay, RelayOptions, Sweep};
 pub use router::{Placement, RouteError};
 pub use schema::COMPATIBLE_SCHEMAS;
-pub use sheaf_core::state::{ExecutionState, TaskKind};
+pub use sheaf_core::state::{ExecutionState, TaskKind, TaskState};
 pub use status::{
     LiveWorker, RelayBacklogSummary, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard,
 };

@@ -214,6 +214,18 @@ pub const VALID_CALLS: &[ValidCall] = &[
     call("sheaf.live_workers()", &[], &[]),
     call("sheaf.stranded_work()", &[], &[]),
     call("sheaf.queue_stats(text)", &[], &["'vc_q'"]),
+    call("sheaf.get_task(uuid)", &[], &["(SELECT task_id FROM vc_redrive)"]),
+    call(
+        "sheaf.list_tasks(text, text, jsonb, integer)",
+        &[],
+        &["'vc_redrive'", "NULL", "NULL", "100"],
+    ),
+    call(
+        "sheaf.list_dead_letters(text, jsonb, integer)",
+        &[],
+        &["'vc_redrive'", "NULL", "100"],
+    ),
+    call("sheaf.list_queues()", &[], &[]),
     call("sheaf.concurrency_stats()", &[], &[]),
     // Executions and gates.
     call(

@@ -17,6 +17,7 @@ mod external;
 mod fleet;
 mod history;
 mod lifecycle;
+mod listing;
 mod mutex;
 mod options;
 mod policy;
@@ -53,6 +54,9 @@ pub use fleet::{
     ConcurrencyStat, FleetError, FleetReport, QueueStats, QuotaUsage, RegisteredWorker, StrandedWork,
 };
 pub use history::{Event, HistoryPage, MAX_HISTORY_PAGE};
+pub use listing::{
+    ListPage, ListedDeadLetter, ListedTask, MAX_TASK_PAGE, QueueCounts, QueueListing, QueueSummary, TaskInfo,
+};
 pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
 pub use rebalance::{

@@ -7,7 +7,7 @@ use pgrx::prelude::*;
 
 use crate::mutex;
 use crate::queue::workers::{self, LIVE_SECS};
-use crate::queue::{lease, promote, queues, ready};
+use crate::queue::{cancel, lease, progress, promote, queues, ready};
 use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::lifecycle;
 
@@ -33,6 +33,8 @@ fn maintain() -> pgrx::JsonB {
     let mutexes_reclaimed = mutex::reclaim(RECLAIM_MAX);
     let workers_pruned = workers::prune(PRUNE_MAX);
     let fairness_keys_pruned = ready::prune_fairness_keys(PRUNE_MAX);
+    let cancellations_pruned = cancel::prune(PRUNE_MAX);
+    let progress_pruned = progress::prune(PRUNE_MAX);
     pgrx::JsonB(serde_json::json!({
         "promoted": promoted,
         "reaped": reaped,
@@ -40,6 +42,8 @@ fn maintain() -> pgrx::JsonB {
         "mutexes_reclaimed": mutexes_reclaimed,
         "workers_pruned": workers_pruned,
         "fairness_keys_pruned": fairness_keys_pruned,
+        "cancellations_pruned": cancellations_pruned,
+        "progress_pruned": progress_pruned,
         "live_worker_secs": LIVE_SECS,
     }))
 }

@@ -8,6 +8,7 @@
 #![allow(clippy::type_complexity)]
 
 mod audit;
+mod cancel;
 mod caps;
 mod catalog;
 mod children;
@@ -23,9 +24,11 @@ mod history;
 mod ids;
 mod lease;
 mod lifecycle;
+mod listing;
 mod maintain;
 mod mutex;
 mod policy;
+mod progress;
 mod queues;
 mod quota;
 mod rebalance;

@@ -1,4 +1,4 @@
-//! Queue configuration: `configure_queue`.
+//! Queue configuration and removal: `configure_queue`, `drop_queue`.
 
 use pgrx::prelude::*;
 use sheaf_core::options::QueueOptions;
@@ -8,6 +8,7 @@ use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::queue::queues;
+use crate::workflow::hooks::EXECUTIONS;
 
 /// Sets a queue's options: `{"aging_secs": 60}` or `{"aging_secs": null}`,
 /// `{"fairness": true|false}`, `{"notify": true|false}`. Only the options given
@@ -28,4 +29,25 @@ fn configure_queue(queue: Option<&str>, opts: Option<Jsonb>) -> pgrx::JsonB {
     let config = queues::configure(name, &parsed);
     audit::record("configure_queue", name, "ok", config.clone());
     pgrx::JsonB(config)
+}
+
+/// Drops a queue: its configuration and, with `force`, its unfinished tasks
+/// (their concurrency slots pass on; a running task's holder finds it gone,
+/// P0002) and dead letters; returns how many of those went. Without `force`
+/// a queue that holds any is refused (55000); a queue holding tasks of
+/// executions is refused either way (cancel those executions). An unknown
+/// queue is P0002. Reads the whole task table: an operator's call.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn drop_queue(queue: Option<&str>, force: default!(Option<bool>, false)) -> i64 {
+    let name = queues::check_name(queue);
+    let force = required(force, "force");
+    let dropped = queues::drop(name, force, &EXECUTIONS);
+    audit::record(
+        "drop_queue",
+        name,
+        "ok",
+        serde_json::json!({"force": force, "dropped": dropped}),
+    );
+    dropped
 }

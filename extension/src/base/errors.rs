@@ -19,6 +19,7 @@ pub const RAISED: &[PgSqlErrorCode] = &[
     PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
     PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+    PgSqlErrorCode::ERRCODE_OPERATOR_INTERVENTION,
 ];
 
 /// 22023: an argument has a value sheaf cannot accept. `arg` names it.
@@ -93,6 +94,20 @@ pub fn unknown_task(task_id: pgrx::Uuid) -> ! {
         ERROR,
         PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
         format!("no task {task_id} on this shard: it already finished, or never existed")
+    );
+}
+
+/// 57000: an operator cancelled the task (`sheaf.cancel_task`) while its
+/// holder ran it: the holder should stop its work and give the task back
+/// (`sheaf.release`), which ends it. Nothing was changed.
+pub fn task_cancelled(task_id: pgrx::Uuid, reason: Option<&str>) -> ! {
+    let why = reason.map_or(String::new(), |r| format!(" ({})", quoted(r)));
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_OPERATOR_INTERVENTION,
+        format!(
+            "task {task_id} was cancelled{why}: stop its work and give it back with sheaf.release"
+        )
     );
 }
 

@@ -26,6 +26,7 @@ impl NotNull for TimestampWithTimeZone {}
 impl NotNull for Interval {}
 impl NotNull for Vec<String> {}
 impl NotNull for Vec<i32> {}
+impl NotNull for Vec<pgrx::Uuid> {}
 
 /// One column of a row.
 pub trait Column: Sized {
@@ -52,11 +53,37 @@ pub trait FromRow: Sized {
     fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self;
 }
 
+/// A run of consecutive columns, starting after `offset` others.
+pub trait FromColumns: Sized {
+    /// How many columns it reads.
+    const WIDTH: usize;
+    fn from_columns(row: &SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self;
+}
+
+/// A row read as two tuples: its first `A::WIDTH` columns, then the rest
+/// (a row wider than one tuple, or a record and the keys beside it).
+pub struct Split<A, B>(pub A, pub B);
+
+impl<A: FromColumns, B: FromColumns> FromRow for Split<A, B> {
+    fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self {
+        Split(
+            A::from_columns(row, 0, doing),
+            B::from_columns(row, A::WIDTH, doing),
+        )
+    }
+}
+
 macro_rules! tuple_rows {
     ($($t:ident $i:tt),+) => {
+        impl<$($t: Column),+> FromColumns for ($($t,)+) {
+            const WIDTH: usize = [$($i),+].len();
+            fn from_columns(row: &SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self {
+                ($($t::read(row, offset + $i + 1, doing),)+)
+            }
+        }
         impl<$($t: Column),+> FromRow for ($($t,)+) {
             fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self {
-                ($($t::read(row, $i + 1, doing),)+)
+                Self::from_columns(row, 0, doing)
             }
         }
     };
@@ -74,6 +101,7 @@ tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
 tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
 tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
 tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12);
+tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13);
 
 /// Every row of `table`.
 pub fn all<T: FromRow>(table: SpiTupleTable<'_>, doing: &str) -> Vec<T> {

@@ -1,5 +1,6 @@
 //! Dead letters: tasks whose attempts ran out, kept until redriven.
 
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
 use crate::base::errors::not_ready;
@@ -134,7 +135,7 @@ pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
     let n = moved.len() as i32;
     let executions: Vec<pgrx::Uuid> = moved.iter().filter_map(|m| m.2).collect();
     if !executions.is_empty() {
-        hooks.redriven(&executions);
+        hooks.dead_letters_gone(&executions);
     }
     promote::place(moved.into_iter().map(|m| (m.0, m.1)).collect());
     n
@@ -164,4 +165,100 @@ fn refuse_blocked(ids: &[pgrx::Uuid]) {
             state.unwrap_or_else(|| "gone".into())
         ),
     });
+}
+
+/// Dead letters purged per statement: a purge of millions holds no more
+/// than this many execution ids at once.
+const PURGE_BATCH: i64 = 10_000;
+
+// Oldest first on `dead_letters_queue`; ids locked in id order
+// (`base::locks`) before they go.
+const PURGE: Stmt = Stmt::write(
+    "WITH old AS (SELECT id FROM dead_letters WHERE queue = $1 AND dead_at <= $2 ORDER BY dead_at LIMIT $3), \
+          locked AS (SELECT d.id FROM dead_letters d JOIN old USING (id) ORDER BY d.id FOR UPDATE OF d), \
+          gone AS (DELETE FROM dead_letters d USING locked WHERE d.id = locked.id RETURNING d.execution_id) \
+     SELECT (SELECT count(*) FROM gone), \
+            ARRAY(SELECT execution_id FROM gone WHERE execution_id IS NOT NULL)",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::INT8OID,
+    ],
+);
+const CUTOFF: Stmt = Stmt::read(
+    "SELECT now() - make_interval(secs => $1)",
+    &[PgBuiltInOids::FLOAT8OID],
+);
+
+/// Deletes the dead letters of `queue` dead for longer than `older_secs`
+/// (`None`: every one); returns how many. Their executions' quota counters
+/// follow (`hooks.dead_letters_gone`), so a tenant held back by
+/// `max_dead_letters` can start again.
+pub fn purge(queue: &str, older_secs: Option<f64>, hooks: &dyn ExecutionHooks) -> i64 {
+    let cutoff = match older_secs {
+        Some(secs) => Spi::connect_mut(|client| {
+            rows::only_value::<TimestampWithTimeZone>(run(client, &CUTOFF, &[secs.into()]), "reading the clock")
+        }),
+        None => TimestampWithTimeZone::positive_infinity(),
+    };
+    let mut total = 0;
+    loop {
+        let (n, executions): (i64, Vec<pgrx::Uuid>) = Spi::connect_mut(|client| {
+            rows::only(
+                run(
+                    client,
+                    &PURGE,
+                    &[queue.into(), cutoff.into(), PURGE_BATCH.into()],
+                ),
+                "purging dead letters",
+            )
+        });
+        if !executions.is_empty() {
+            hooks.dead_letters_gone(&executions);
+        }
+        total += n;
+        if n < PURGE_BATCH {
+            return total;
+        }
+    }
+}
+
+// Candidates of a queue's redrive, oldest first: those that may go back (no
+// unfinished task holds their idempotency key, their execution is live).
+const REDRIVABLE: Stmt = Stmt::read(
+    "SELECT d.id, d.idempotency_key FROM dead_letters d \
+     WHERE d.queue = $1 AND d.dead_at <= now() - make_interval(secs => $2) \
+       AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.queue = d.queue AND t.idempotency_key = d.idempotency_key) \
+       AND (d.execution_id IS NULL OR EXISTS (SELECT 1 FROM executions e \
+            WHERE e.id = d.execution_id AND e.state IN ('RUNNING', 'SUSPENDED'))) \
+     ORDER BY d.dead_at, d.id LIMIT $3",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::INT8OID,
+    ],
+);
+
+/// Redrives up to `max` dead letters of `queue` dead for longer than
+/// `older_secs`, oldest first; returns how many moved. Those that cannot go
+/// back (an unfinished task holds their idempotency key, their execution
+/// ended, or an older one of the same key goes first) are left, so calling
+/// it again until it returns 0 ends.
+pub fn redrive_queue(queue: &str, older_secs: f64, max: i64, hooks: &dyn ExecutionHooks) -> i32 {
+    let found: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &REDRIVABLE, &[queue.into(), older_secs.into(), max.into()]),
+            "choosing dead letters to redrive",
+        )
+    });
+    let mut keys = std::collections::HashSet::new();
+    let ids: Vec<pgrx::Uuid> = found
+        .into_iter()
+        .filter(|(_, key)| key.as_ref().is_none_or(|k| keys.insert(k.clone())))
+        .map(|(id, _)| id)
+        .collect();
+    if ids.is_empty() {
+        return 0;
+    }
+    redrive(ids, hooks)
 }

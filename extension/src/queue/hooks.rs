@@ -20,6 +20,9 @@ pub enum Outcome<'a> {
     /// Its lease expired with attempts left (its worker crashed or
     /// stalled): the attempt is spent and the task back in line.
     Reaped { attempt: i32 },
+    /// An operator cancelled it (`sheaf.cancel_task`): gone now, or, if it
+    /// was running, once its holder gives it back or its lease ends.
+    Cancelled { reason: Option<&'a str> },
 }
 
 /// One task's outcome, reported to its execution.
@@ -57,7 +60,7 @@ pub trait ExecutionHooks {
     /// concurrency keys in the lock order (`base::locks`).
     fn task_outcome(&self, event: TaskEvent<'_>);
 
-    /// Dead letters of these executions (one entry per dead letter) went
-    /// back in line.
-    fn redriven(&self, execution_ids: &[pgrx::Uuid]);
+    /// Dead letters of these executions (one entry per dead letter) left
+    /// the dead letters: redriven back in line, or purged.
+    fn dead_letters_gone(&self, execution_ids: &[pgrx::Uuid]);
 }

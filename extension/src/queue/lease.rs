@@ -10,7 +10,7 @@ use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, Column};
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::tasks::{RUNNING, attempt_secs, claim_times};
-use crate::queue::{caps, dead_letters, queues, ready};
+use crate::queue::{cancel, caps, dead_letters, queues, ready};
 
 const RUNNING_FOR_UPDATE: Stmt = Stmt::write(
     "SELECT concurrency_key FROM tasks WHERE id = $1 AND token = $2 AND state = $3 FOR UPDATE",
@@ -56,7 +56,7 @@ const EXPIRED_ARGS: &[PgBuiltInOids] = &[
 macro_rules! expired {
     ($catalog:tt, $since:expr) => {
         concat!(
-            "SELECT id, concurrency_key, attempts >= max_attempts, execution_id, kind, attempts, ",
+            "SELECT id, concurrency_key, attempts >= max_attempts, execution_id, kind, attempts, token < 0, ",
             attempt_secs!($catalog, "lease_expires_at"),
             " FROM tasks WHERE queue = $1 AND state = 'running' AND lease_expires_at < now()",
             $since,
@@ -99,10 +99,13 @@ pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
     }
 }
 
-/// Refuses a call on a task that is not running under `token`: a lost
-/// lease (55P03) if the task is still here, else an unknown task (P0002),
-/// so a caller can tell "someone else has it" from "it is gone".
+/// Refuses a call on a task that is not running under `token`: cancelled
+/// (57000) if an operator cancelled it while this token held it, else a
+/// lost lease (55P03) if the task is still here, else an unknown task
+/// (P0002), so a caller can tell "stop", "someone else has it" and "it is
+/// gone" apart.
 pub fn not_running(task_id: pgrx::Uuid, token: i64) -> ! {
+    cancel::told(task_id, token);
     let exists = Spi::connect_mut(|client| {
         rows::value::<bool>(run(client, &EXISTS, &[task_id.into()]), "looking a task up")
     });
@@ -137,8 +140,13 @@ pub fn put_back(task_id: pgrx::Uuid, key: Option<&str>, refund: bool, error: Opt
     }
 }
 
-/// Gives a claimed task back without spending an attempt (a draining worker).
+/// Gives a claimed task back without spending an attempt (a draining
+/// worker). A task cancelled while `token` held it leaves instead
+/// (`cancel::settle`).
 pub fn release(task_id: pgrx::Uuid, token: i64) {
+    if cancel::settle(task_id, token) {
+        return;
+    }
     let key = lock_running(task_id, token);
     put_back(task_id, key.as_deref(), true, None);
 }
@@ -180,7 +188,13 @@ pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Opti
     let mut expired = expired;
     expired.sort_by(|a, b| a.1.cmp(&b.1));
     let error = "lease expired before the task was completed (worker crashed or stalled)";
-    for (id, key, last_attempt, execution_id, kind, attempt, secs) in expired {
+    for (id, key, last_attempt, execution_id, kind, attempt, cancelled, secs) in expired {
+        // Cancelled while it ran, and its holder never gave it back.
+        if cancelled {
+            cancel::settle_expired(id);
+            caps::release_held(vec![(TaskState::Running, key)]);
+            continue;
+        }
         if last_attempt {
             dead_letters::bury(id, error, hooks);
             continue;
@@ -201,7 +215,8 @@ pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Opti
 }
 
 /// An expired lease: task, key, whether it was the last attempt, its
-/// execution, kind, attempt and the attempt's seconds.
+/// execution, kind, attempt, whether it was cancelled, and the attempt's
+/// seconds.
 type Expired = (
     pgrx::Uuid,
     Option<String>,
@@ -209,6 +224,7 @@ type Expired = (
     Option<pgrx::Uuid>,
     String,
     i32,
+    bool,
     Option<f64>,
 );
 

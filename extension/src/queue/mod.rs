@@ -2,6 +2,7 @@
 //! where a task's life matters to its execution it calls the hook it is
 //! handed (`hooks`), never workflow code.
 
+pub mod cancel;
 pub mod caps;
 pub mod claim;
 pub mod complete;
@@ -9,6 +10,8 @@ pub mod dead_letters;
 pub mod floor;
 pub mod hooks;
 pub mod lease;
+pub mod listing;
+pub mod progress;
 pub mod promote;
 pub mod queues;
 pub mod ready;

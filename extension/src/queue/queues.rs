@@ -8,12 +8,14 @@ use pgrx::prelude::*;
 use sheaf_core::excerpt::quoted;
 use sheaf_core::options::{QueueOptions, check_queue_name};
 use sheaf_core::ordering::Mode;
+use sheaf_core::state::TaskState;
 
 use crate::base::args::required;
-use crate::base::errors::{bad_argument, internal, not_ready};
+use crate::base::errors::{bad_argument, internal, not_found, not_ready};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
-use crate::queue::ready;
+use crate::queue::hooks::ExecutionHooks;
+use crate::queue::{caps, dead_letters, ready};
 
 /// A queue's configuration.
 #[derive(Debug, Clone, Copy)]
@@ -204,4 +206,172 @@ pub fn configure(name: &str, parsed: &QueueOptions) -> serde_json::Value {
 /// Every queue's name.
 pub fn names() -> Vec<String> {
     Spi::connect_mut(|client| rows::values(run(client, &NAMES, &[]), "listing queues"))
+}
+
+// What a drop would take: the queue's tasks, those of executions, its dead
+// letters. `tasks` has no index by queue alone: a drop reads the table
+// (an operator's rare call, never on a worker's path).
+const CONTENTS: Stmt = Stmt::read(
+    "SELECT EXISTS (SELECT 1 FROM queues WHERE name = $1), \
+            (SELECT count(*) FROM tasks WHERE queue = $1), \
+            (SELECT count(*) FROM tasks WHERE queue = $1 AND execution_id IS NOT NULL), \
+            (SELECT count(*) FROM dead_letters WHERE queue = $1)",
+    &[PgBuiltInOids::TEXTOID],
+);
+// Ready rows before task rows, tasks in id order (`base::locks`).
+const UNREADY_ALL: Stmt = Stmt::write("DELETE FROM ready WHERE queue = $1", &[PgBuiltInOids::TEXTOID]);
+const DELETE_TASKS: Stmt = Stmt::write(
+    "WITH mine AS (SELECT id FROM tasks WHERE queue = $1 ORDER BY id FOR UPDATE) \
+     DELETE FROM tasks t USING mine WHERE t.id = mine.id \
+     RETURNING t.state, t.concurrency_key, t.execution_id IS NOT NULL",
+    &[PgBuiltInOids::TEXTOID],
+);
+const DELETE_QUEUE: Stmt = Stmt::write(
+    "WITH f AS (DELETE FROM fairness_keys WHERE queue = $1) DELETE FROM queues WHERE name = $1",
+    &[PgBuiltInOids::TEXTOID],
+);
+
+/// Drops queue `name`: its row, its fairness keys and, with `force`, its
+/// unfinished tasks (their slots pass on) and dead letters (their
+/// executions' quota counters follow, through `hooks`); returns how many
+/// tasks and dead letters went. Without `force` a queue with either is
+/// refused (55000), and with it a queue holding tasks of executions
+/// (cancel those executions first). A task enqueued while the drop runs
+/// survives it, and its queue's row comes back at the queue's next enqueue.
+pub fn drop(name: &str, force: bool, hooks: &dyn ExecutionHooks) -> i64 {
+    let (exists, tasks, of_executions, dead): (bool, i64, i64, i64) =
+        Spi::connect_mut(|client| rows::only(run(client, &CONTENTS, &[name.into()]), "reading a queue"));
+    if !exists && tasks == 0 && dead == 0 {
+        not_found(format!("no queue {} on this shard", quoted(name)));
+    }
+    if of_executions > 0 {
+        not_ready(format!(
+            "queue {} holds {of_executions} task(s) of executions: cancel those executions first",
+            quoted(name)
+        ));
+    }
+    if !force && (tasks > 0 || dead > 0) {
+        not_ready(format!(
+            "queue {} holds {tasks} unfinished task(s) and {dead} dead letter(s): drop it with force to delete them",
+            quoted(name)
+        ));
+    }
+    exec(&UNREADY_ALL, &[name.into()]);
+    let gone: Vec<(TaskState, Option<String>, bool)> = Spi::connect_mut(|client| {
+        rows::all(run(client, &DELETE_TASKS, &[name.into()]), "deleting a queue's tasks")
+    });
+    if gone.iter().any(|g| g.2) {
+        not_ready(format!(
+            "queue {} took a task of an execution meanwhile: nothing was dropped",
+            quoted(name)
+        ));
+    }
+    let n = gone.len() as i64;
+    caps::release_held(gone.into_iter().map(|(state, key, _)| (state, key)).collect());
+    let purged = dead_letters::purge(name, None, hooks);
+    exec(&DELETE_QUEUE, &[name.into()]);
+    invalidate();
+    n + purged
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, count, enqueue, init, ns, start};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    fn fail_all(queue: &str) {
+        Spi::run_with_args(
+            "SELECT f.* FROM sheaf.claim($1, 'w', 100) c, LATERAL sheaf.fail(c.task_id, c.token, 'boom') f",
+            &[queue.into()],
+        )
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn purge_and_redrive_a_queue_by_age() {
+        init();
+        for i in 0..4 {
+            enqueue("pq", json!({"n": i}), json!({"max_attempts": 1}));
+        }
+        enqueue("other", json!({"n": 9}), json!({"max_attempts": 1}));
+        fail_all("pq");
+        fail_all("other");
+        Spi::run("UPDATE sheaf.dead_letters SET dead_at = now() - make_interval(hours => (payload->>'n')::int)")
+            .unwrap();
+        let purged = Spi::get_one::<i64>("SELECT sheaf.purge_dead_letters('pq', '150 minutes')").unwrap();
+        assert_eq!(purged, Some(1), "only n = 3 is older than 2.5 hours");
+        let moved = Spi::get_one::<i32>("SELECT sheaf.redrive_queue('pq', '30 minutes', 1)").unwrap();
+        assert_eq!(moved, Some(1), "one at a time, oldest first");
+        assert_eq!(ns(&claim("pq", 5)), vec![2]);
+        let moved = Spi::get_one::<i32>("SELECT sheaf.redrive_queue('pq')").unwrap();
+        assert_eq!(moved, Some(2));
+        assert_eq!(count("SELECT count(*) FROM sheaf.dead_letters"), 1, "the other queue's");
+        assert_eq!(Spi::get_one::<i32>("SELECT sheaf.redrive_queue('pq')").unwrap(), Some(0));
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.audit_log WHERE action IN ('purge_dead_letters', 'redrive_queue')"),
+            4
+        );
+    }
+
+    #[pg_test]
+    fn purging_an_executions_dead_letters_gives_its_quota_back() {
+        init();
+        Spi::run(
+            r#"SELECT sheaf.declare_workflow('qw', '{"quota": {"key": "input.tenant", "max_dead_letters": 5}}')"#,
+        )
+        .unwrap();
+        let (execution, _, _) = start("qw", "a", json!({"tenant": "t1"}));
+        Spi::run_with_args(
+            "SELECT sheaf.enqueue('acts', '{}', jsonb_build_object('execution_id', $1::text, 'max_attempts', 1))",
+            &[execution.into()],
+        )
+        .unwrap();
+        fail_all("acts");
+        let dead = || {
+            Spi::get_one::<i64>("SELECT dead_letters FROM sheaf.quota_usage('t1')")
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(dead(), 1);
+        Spi::get_one::<i64>("SELECT sheaf.purge_dead_letters('acts', '0')").unwrap();
+        assert_eq!(dead(), 0);
+        let recount = Spi::get_one::<i64>("SELECT dead_letters FROM sheaf.quota_recompute('t1')")
+            .unwrap()
+            .unwrap();
+        assert_eq!(recount, 0, "the counter agrees with a recount");
+    }
+
+    #[pg_test]
+    fn a_queue_with_tasks_drops_only_with_force_and_never_with_an_executions_task() {
+        init();
+        Spi::run("SELECT sheaf.set_concurrency_limit('dk', 1)").unwrap();
+        enqueue("dq", json!({"n": 1}), json!({"concurrency_key": "dk"}));
+        enqueue("keep", json!({"n": 2}), json!({"concurrency_key": "dk"}));
+        enqueue("dq", json!({"n": 3}), json!({"max_attempts": 1}));
+        let refused = PgTryBuilder::new(|| {
+            Spi::run("SELECT sheaf.drop_queue('dq')").unwrap();
+            false
+        })
+        .catch_others(|_| true)
+        .execute();
+        assert!(refused, "it has tasks");
+        assert_eq!(Spi::get_one::<i64>("SELECT sheaf.drop_queue('dq', true)").unwrap(), Some(2));
+        assert_eq!(count("SELECT count(*) FROM sheaf.queues WHERE name = 'dq'"), 0);
+        assert_eq!(ns(&claim("keep", 5)), vec![2], "the key's slot passed to the other queue");
+        let (execution, _, _) = start("dw", "a", json!({}));
+        Spi::run_with_args(
+            "SELECT sheaf.enqueue('eq', '{}', jsonb_build_object('execution_id', $1::text))",
+            &[execution.into()],
+        )
+        .unwrap();
+        let refused = PgTryBuilder::new(|| {
+            Spi::run("SELECT sheaf.drop_queue('eq', true)").unwrap();
+            false
+        })
+        .catch_others(|_| true)
+        .execute();
+        assert!(refused, "an active execution's task");
+    }
 }

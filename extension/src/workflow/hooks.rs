@@ -71,6 +71,13 @@ impl ExecutionHooks for Executions {
                     with_secs(serde_json::json!({"task_id": task, "kind": kind, "attempt": attempt})),
                 );
             }
+            Outcome::Cancelled { reason } => {
+                history::append(
+                    execution_id,
+                    "TaskCancelled",
+                    serde_json::json!({"task_id": task, "kind": kind, "reason": reason}),
+                );
+            }
             Outcome::DeadLettered { attempts, error } => {
                 let record = || {
                     history::append(
@@ -108,7 +115,7 @@ impl ExecutionHooks for Executions {
         }
     }
 
-    fn redriven(&self, execution_ids: &[pgrx::Uuid]) {
+    fn dead_letters_gone(&self, execution_ids: &[pgrx::Uuid]) {
         // Counter rows in key order (the lock order, `base::locks`).
         let mut per_quota_key: BTreeMap<String, i64> = BTreeMap::new();
         for id in execution_ids {

@@ -1,0 +1,352 @@
+//! Operator listings: validate, read, return. Nothing here writes.
+
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::prelude::*;
+use sheaf_core::excerpt::{excerpt, quoted};
+use sheaf_core::listing::{DeadAnchor, TaskAnchor};
+use sheaf_core::state::TaskState;
+
+use crate::base::args::{page_rows, required};
+use crate::base::errors::{bad_argument, not_found};
+use crate::base::jsonb::Jsonb;
+use crate::queue::{cancel, listing, queues};
+
+/// The most rows one page of a listing returns.
+const MAX_PAGE: i32 = 1000;
+
+/// One task, or its dead letter (state `dead`): what `list_tasks` shows
+/// (and its queue; a column is never named like an argument),
+/// and its payload, lease owner, idempotency and fairness keys, and when it
+/// was dead-lettered, and its last progress report. A completed task is not
+/// kept: P0002 (a cancelled one says so).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn get_task(
+    task_id: Option<pgrx::Uuid>,
+) -> TableIterator<
+    'static,
+    (
+        name!(queue, String),
+        name!(kind, String),
+        name!(state, String),
+        name!(priority, i32),
+        name!(attempts, i32),
+        name!(max_attempts, i32),
+        name!(run_at, Option<TimestampWithTimeZone>),
+        name!(enqueued_at, TimestampWithTimeZone),
+        name!(concurrency_key, Option<String>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+        name!(last_error, Option<String>),
+        name!(execution_id, Option<pgrx::Uuid>),
+        name!(payload, pgrx::JsonB),
+        name!(lease_owner, Option<String>),
+        name!(idempotency_key, Option<String>),
+        name!(fairness_key, Option<String>),
+        name!(dead_at, Option<TimestampWithTimeZone>),
+        name!(progress, Option<pgrx::JsonB>),
+    ),
+> {
+    let id = required(task_id, "task_id");
+    match listing::get(id) {
+        Some(task) => TableIterator::once(task),
+        None => match cancel::cancelled(id) {
+            Some(reason) => not_found(format_args!(
+                "task {id} was cancelled{}: cancelled tasks are not kept",
+                reason.map_or(String::new(), |r| format!(" ({})", quoted(&r)))
+            )),
+            None => not_found(format_args!(
+                "no task {id} on this shard: it completed (completed tasks are not kept), or it never was here"
+            )),
+        },
+    }
+}
+
+/// A queue's tasks in `state` (NULL: every state, running, ready,
+/// scheduled, waiting, then paused), each in its index's order, at most
+/// `max_rows` (1..1000) after `after` (the `anchor` of the last row of the
+/// page before).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn list_tasks(
+    queue: Option<&str>,
+    state: default!(Option<&str>, "NULL"),
+    after: default!(Option<Jsonb>, "NULL"),
+    max_rows: default!(Option<i32>, 100),
+) -> TableIterator<
+    'static,
+    (
+        name!(task_id, pgrx::Uuid),
+        name!(kind, String),
+        name!(task_state, String),
+        name!(priority, i32),
+        name!(attempts, i32),
+        name!(max_attempts, i32),
+        name!(run_at, TimestampWithTimeZone),
+        name!(enqueued_at, TimestampWithTimeZone),
+        name!(concurrency_key, Option<String>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+        name!(last_error, Option<String>),
+        name!(execution_id, Option<pgrx::Uuid>),
+        name!(progress, Option<pgrx::JsonB>),
+        name!(anchor, pgrx::JsonB),
+    ),
+> {
+    let queue = queues::check_name(queue);
+    let state = state.map(|s| {
+        s.parse::<TaskState>().unwrap_or_else(|_| {
+            bad_argument(
+                "state",
+                format!(
+                    "must be scheduled, waiting, ready, running or paused, got {}",
+                    excerpt(format_args!("{s:?}"))
+                ),
+            )
+        })
+    });
+    let limit = page_rows(max_rows, MAX_PAGE);
+    let after = after.map(|a| {
+        let anchor = TaskAnchor::parse(&a.parse("after")).unwrap_or_else(|e| bad_argument("after", e));
+        if state.is_some_and(|s| s != anchor.state()) {
+            bad_argument(
+                "after",
+                format!(
+                    "is an anchor of {} tasks, not of the state listed",
+                    anchor.state()
+                ),
+            );
+        }
+        anchor
+    });
+    TableIterator::new(listing::tasks(queue, state, after.as_ref(), limit))
+}
+
+/// Dead letters of `queue` (NULL: every queue), newest first, at most
+/// `max_rows` (1..1000) after `after` (the `anchor` of the last row of the
+/// page before).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn list_dead_letters(
+    queue: default!(Option<&str>, "NULL"),
+    after: default!(Option<Jsonb>, "NULL"),
+    max_rows: default!(Option<i32>, 100),
+) -> TableIterator<
+    'static,
+    (
+        name!(task_id, pgrx::Uuid),
+        name!(queue_name, String),
+        name!(kind, String),
+        name!(priority, i32),
+        name!(attempts, i32),
+        name!(max_attempts, i32),
+        name!(execution_id, Option<pgrx::Uuid>),
+        name!(concurrency_key, Option<String>),
+        name!(last_error, Option<String>),
+        name!(enqueued_at, TimestampWithTimeZone),
+        name!(dead_at, TimestampWithTimeZone),
+        name!(anchor, pgrx::JsonB),
+    ),
+> {
+    let queue = queue.map(|q| queues::check_name(Some(q)));
+    let limit = page_rows(max_rows, MAX_PAGE);
+    let after =
+        after.map(|a| DeadAnchor::parse(&a.parse("after")).unwrap_or_else(|e| bad_argument("after", e)));
+    TableIterator::new(listing::dead_letters(queue, after, limit))
+}
+
+/// Every queue of this shard, by name: its configuration, its tasks by
+/// state, its dead letters, and the age of its oldest ready task. Each
+/// count walks an index: the cost follows the unfinished tasks.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn list_queues() -> TableIterator<
+    'static,
+    (
+        name!(queue, String),
+        name!(aging_secs, Option<i32>),
+        name!(fairness, bool),
+        name!(notify, bool),
+        name!(created_at, TimestampWithTimeZone),
+        name!(ready, i64),
+        name!(scheduled, i64),
+        name!(running, i64),
+        name!(waiting, i64),
+        name!(paused, i64),
+        name!(dead, i64),
+        name!(oldest_ready_age, Option<Interval>),
+    ),
+> {
+    TableIterator::new(listing::queues())
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{enqueue, init};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    /// Every page of `list_tasks('lq', state)` of `max_rows` rows, to the
+    /// end: (task id, state) in the order listed.
+    fn walk(state: Option<&str>, max_rows: i32) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut after: Option<pgrx::JsonB> = None;
+        loop {
+            let page: Vec<(String, String, pgrx::JsonB)> = Spi::connect(|client| {
+                client
+                    .select(
+                        "SELECT task_id::text, task_state, anchor FROM sheaf.list_tasks('lq', $1, $2, $3)",
+                        None,
+                        &[state.into(), after.into(), max_rows.into()],
+                    )
+                    .unwrap()
+                    .map(|r| {
+                        (
+                            r.get::<String>(1).unwrap().unwrap(),
+                            r.get::<String>(2).unwrap().unwrap(),
+                            r.get::<pgrx::JsonB>(3).unwrap().unwrap(),
+                        )
+                    })
+                    .collect()
+            });
+            let n = page.len();
+            after = page.last().map(|(_, _, a)| pgrx::JsonB(a.0.clone()));
+            out.extend(page.into_iter().map(|(id, s, _)| (id, s)));
+            if n < max_rows as usize {
+                return out;
+            }
+        }
+    }
+
+    #[pg_test]
+    fn pages_list_every_task_once_state_by_state() {
+        init();
+        Spi::run("SELECT sheaf.set_concurrency_limit('lq-key', 1)").unwrap();
+        let mut ready = Vec::new();
+        for p in [0, 5, 0, -2] {
+            ready.push(enqueue("lq", json!({}), json!({"priority": p})));
+        }
+        let later = enqueue("lq", json!({}), json!({"run_at": "2090-01-01T00:00:00Z"}));
+        let first = enqueue("lq", json!({}), json!({"concurrency_key": "lq-key"}));
+        let waiting: Vec<_> = (0..3)
+            .map(|p| {
+                enqueue(
+                    "lq",
+                    json!({}),
+                    json!({"concurrency_key": "lq-key", "priority": p}),
+                )
+            })
+            .collect();
+        enqueue("other", json!({}), json!({"concurrency_key": "lq-key"}));
+        Spi::run("SELECT * FROM sheaf.claim('lq', 'w', 1)").unwrap();
+        let all = walk(None, 2);
+        let states: Vec<&str> = all.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(
+            states,
+            [
+                "running",
+                "ready",
+                "ready",
+                "ready",
+                "ready",
+                "scheduled",
+                "waiting",
+                "waiting",
+                "waiting"
+            ],
+            "state by state, every task once: {all:?}"
+        );
+        let ids: std::collections::HashSet<_> = all.iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(ids.len(), 9);
+        assert!(ids.contains(&later.to_string()) && ids.contains(&first.to_string()));
+        let waiting_order: Vec<String> = all[6..].iter().map(|(id, _)| id.clone()).collect();
+        let expect: Vec<String> = waiting.iter().rev().map(|u| u.to_string()).collect();
+        assert_eq!(waiting_order, expect, "the waiting line: priority descending");
+        for size in [1, 3, 1000] {
+            assert_eq!(walk(None, size), all, "pages of {size}");
+        }
+        assert_eq!(walk(Some("waiting"), 1), all[6..].to_vec());
+        assert_eq!(walk(Some("paused"), 5), Vec::new());
+    }
+
+    #[pg_test(error = "invalid after: is an anchor of ready tasks, not of the state listed")]
+    fn an_anchor_of_another_state_is_refused() {
+        init();
+        Spi::run(
+            r#"SELECT * FROM sheaf.list_tasks('lq', 'waiting', '{"state": "ready", "k1": 0, "k2": 0, "seq": 1}')"#,
+        )
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn dead_letters_list_newest_first_and_a_task_reads_back() {
+        init();
+        let mut dead = Vec::new();
+        for i in 0..3 {
+            let id = enqueue("lq", json!({"i": i}), json!({"max_attempts": 1}));
+            Spi::run(
+                "SELECT f.* FROM sheaf.claim('lq', 'w', 1) c, LATERAL sheaf.fail(c.task_id, c.token, 'boom', NULL) f",
+            )
+            .unwrap();
+            dead.push(id.to_string());
+        }
+        Spi::run("UPDATE sheaf.dead_letters SET dead_at = now() - make_interval(secs => (payload->>'i')::int * 10)")
+            .unwrap();
+        let page = |after: Option<pgrx::JsonB>| -> Vec<(String, pgrx::JsonB)> {
+            Spi::connect(|client| {
+                client
+                    .select(
+                        "SELECT task_id::text, anchor FROM sheaf.list_dead_letters('lq', $1, 2)",
+                        None,
+                        &[after.into()],
+                    )
+                    .unwrap()
+                    .map(|r| {
+                        (
+                            r.get::<String>(1).unwrap().unwrap(),
+                            r.get::<pgrx::JsonB>(2).unwrap().unwrap(),
+                        )
+                    })
+                    .collect()
+            })
+        };
+        let one = page(None);
+        let two = page(Some(pgrx::JsonB(one[1].1.0.clone())));
+        let listed: Vec<&String> = one.iter().chain(two.iter()).map(|(id, _)| id).collect();
+        assert_eq!(listed, [&dead[0], &dead[1], &dead[2]], "newest first");
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM sheaf.list_dead_letters()").unwrap(),
+            Some(3)
+        );
+        let (state, payload, error) = Spi::connect(|client| {
+            let r = client
+                .select(
+                    "SELECT state, payload, last_error FROM sheaf.get_task($1::uuid)",
+                    None,
+                    &[dead[2].as_str().into()],
+                )
+                .unwrap()
+                .first();
+            (
+                r.get::<String>(1).unwrap().unwrap(),
+                r.get::<pgrx::JsonB>(2).unwrap().unwrap().0,
+                r.get::<String>(3).unwrap().unwrap(),
+            )
+        });
+        assert_eq!(
+            (state.as_str(), payload, error.as_str()),
+            ("dead", json!({"i": 2}), "boom")
+        );
+        let counts =
+            Spi::get_two::<i64, i64>("SELECT ready, dead FROM sheaf.list_queues() WHERE queue = 'lq'")
+                .unwrap();
+        assert_eq!(counts, (Some(0), Some(3)));
+    }
+
+    #[pg_test(
+        error = "no task 00000000-0000-0000-0000-000000000001 on this shard: it completed (completed tasks are not kept), or it never was here"
+    )]
+    fn an_unknown_task_is_not_found() {
+        init();
+        Spi::run("SELECT * FROM sheaf.get_task('00000000-0000-0000-0000-000000000001')").unwrap();
+    }
+}
