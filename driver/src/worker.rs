@@ -201,6 +201,9 @@ pub struct WorkerStats {
     pub released: u64,
     /// Tasks whose lease was lost (a stale token) before they finished.
     pub lost: u64,
+    /// Tasks an operator cancelled while their handler ran
+    /// ([`Client::cancel_task`]): the handler was stopped, the task given back.
+    pub cancelled: u64,
 }
 
 /// What a shutdown did.
@@ -223,6 +226,7 @@ struct Counters {
     snoozed: AtomicU64,
     released: AtomicU64,
     lost: AtomicU64,
+    cancelled: AtomicU64,
 }
 
 struct Ctx {
@@ -385,6 +389,7 @@ impl Worker {
             snoozed: c.snoozed.load(Ordering::Relaxed),
             released: c.released.load(Ordering::Relaxed),
             lost: c.lost.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
         }
     }
 
@@ -550,15 +555,21 @@ where
     let Some(wake) = ctx.wake.get(&shard) else {
         return;
     };
+    // A slot this loop waited for, kept for its next claim. Waiting for a
+    // slot and dropping it at once (as this loop once did) hands it to the
+    // next loop waiting, and so on: with fewer free slots than loops, the
+    // slot circled among their waits and no claim ever saw it free (a
+    // worker of concurrency 2 over 3 shards claimed nothing more).
+    let mut held: Option<OwnedSemaphorePermit> = None;
     while !ctx.stop.is_cancelled() {
-        let claimed = claim_from(ctx, handler, shard).await;
+        let claimed = claim_from(ctx, handler, shard, held.take()).await;
         let until = Instant::now() + ctx.options.idle_poll;
         if ctx.slots.available_permits() == 0 {
             // Every slot busy: wait for one to free up (the semaphore
             // serves waiters in order, so the shards take turns).
             tokio::select! {
                 _ = ctx.stop.cancelled() => {}
-                _ = ctx.slots.acquire() => {}
+                slot = ctx.slots.clone().acquire_owned() => held = slot.ok(),
                 _ = tokio::time::sleep_until(until) => {}
             }
         } else if claimed == 0 {
@@ -573,8 +584,14 @@ where
 
 /// One batch per queue from `shard`, each claim asking for no more tasks
 /// than the slots it reserved first (claims in flight on several shards at
-/// once never take more tasks than there are slots); how many it claimed.
-async fn claim_from<H, F>(ctx: &Arc<Ctx>, handler: &Arc<H>, shard: ShardId) -> usize
+/// once never take more tasks than there are slots), `held` among them;
+/// how many it claimed.
+async fn claim_from<H, F>(
+    ctx: &Arc<Ctx>,
+    handler: &Arc<H>,
+    shard: ShardId,
+    mut held: Option<OwnedSemaphorePermit>,
+) -> usize
 where
     H: Fn(TaskContext) -> F + Send + Sync + 'static,
     F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
@@ -588,15 +605,26 @@ where
         // hangs (a half-open shard) holds its reservation until it times
         // out, and must not hold every slot meanwhile.
         let share = ctx.options.concurrency.div_ceil(ctx.shards.len());
-        let free = ctx.slots.available_permits().min(share);
+        let mine = usize::from(held.is_some());
+        let free = (ctx.slots.available_permits() + mine).min(share);
         let want = ctx.options.batch.min(i32::try_from(free).unwrap_or(i32::MAX));
         if want <= 0 {
             break;
         }
         // No await between the count and the reservation: no other claim
         // loop of this worker runs in between.
-        let Ok(mut reserved) = ctx.slots.clone().try_acquire_many_owned(want as u32) else {
-            break;
+        let more = want as u32 - mine as u32;
+        let mut reserved = match (held.take(), more) {
+            (Some(slot), 0) => slot,
+            (held, _) => {
+                let Ok(mut slots) = ctx.slots.clone().try_acquire_many_owned(more) else {
+                    break;
+                };
+                if let Some(slot) = held {
+                    slots.merge(slot);
+                }
+                slots
+            }
         };
         // Taken before the claim is sent: the lease ends later than this.
         let deadline = SystemTime::now() + ctx.options.lease;
@@ -757,9 +785,14 @@ async fn run_task<H, F>(
                 release(&ctx, &task).await;
                 return;
             }
-            // A stale token seen by a heartbeat, the worker's or the handler's own.
+            // A stale token or a cancellation seen by a fenced call, the
+            // worker's heartbeat or the handler's own.
             _ = task_ctx.cancelled() => {
                 work.0.abort();
+                if task_ctx.cancel_reason() == Some(CancelReason::Cancelled) {
+                    give_back_cancelled(&ctx, &task).await;
+                    return;
+                }
                 count(&ctx, &task, TaskOutcome::Lost);
                 tracing::warn!(task = %task.task_id, "lease lost; the task was abandoned");
                 return;
@@ -767,6 +800,7 @@ async fn run_task<H, F>(
             _ = beat.tick() => {
                 if let Err(e) = task_ctx.heartbeat().await
                     && !lease_lost(&e)
+                    && !matches!(e, ClientError::TaskCancelled { .. })
                 {
                     tracing::warn!(task = %task.task_id, error = %e, "heartbeat failed");
                 }
@@ -829,6 +863,8 @@ async fn finish(
                 .metrics()
                 .task_took(task.shard, &task.queue, claimed_at.elapsed());
         }
+        // Cancelled while the handler ran: its outcome does not count.
+        Err(ClientError::TaskCancelled { .. }) => give_back_cancelled(ctx, task).await,
         Err(e) if lease_lost(&e) => {
             count(ctx, task, TaskOutcome::Lost);
             tracing::warn!(task = %task.task_id, "lease lost before the task finished");
@@ -851,6 +887,7 @@ fn count(ctx: &Ctx, task: &ClaimedTask, outcome: TaskOutcome) {
         TaskOutcome::Released => &c.released,
         TaskOutcome::Snoozed => &c.snoozed,
         TaskOutcome::Lost => &c.lost,
+        TaskOutcome::Cancelled => &c.cancelled,
         // Failed, and any outcome added later.
         _ => &c.failed,
     };
@@ -873,6 +910,19 @@ async fn release(ctx: &Ctx, task: &ClaimedTask) {
     match ctx.client.release(task.task_id, task.token).await {
         Ok(()) => count(ctx, task, TaskOutcome::Released),
         Err(e) => tracing::warn!(task = %task.task_id, error = %e, "release failed; the lease will expire"),
+    }
+}
+
+/// Gives back a task an operator cancelled while it ran: the shard ends it
+/// then and its concurrency slot passes on (else at its lease's end).
+async fn give_back_cancelled(ctx: &Ctx, task: &ClaimedTask) {
+    tracing::info!(task = %task.task_id, "the task was cancelled; its handler was stopped");
+    match ctx.client.release(task.task_id, task.token).await {
+        Ok(()) => count(ctx, task, TaskOutcome::Cancelled),
+        Err(e) => {
+            count(ctx, task, TaskOutcome::Cancelled);
+            tracing::warn!(task = %task.task_id, error = %e, "could not give back a cancelled task; it ends at its lease's end");
+        }
     }
 }
 
