@@ -128,6 +128,9 @@ pub enum CancelReason {
     /// The worker is going away: dropped, or shut down and the drain
     /// timeout passed. The task is released (its attempt not spent).
     Shutdown,
+    /// An operator cancelled the task ([`Client::cancel_task`]). The worker
+    /// gives it back, which ends it; the handler's outcome does not count.
+    Cancelled,
 }
 
 /// One claimed task as its handler sees it: the task, the client, the
@@ -218,6 +221,8 @@ impl TaskContext {
     /// worker does it every third of the lease anyway); returns the new end.
     /// A [`ClientError::StaleToken`] means the lease is lost: the signal
     /// fires ([`CancelReason::LeaseLost`]) and the worker stops the handler.
+    /// A [`ClientError::TaskCancelled`] means an operator cancelled the
+    /// task: the signal fires ([`CancelReason::Cancelled`]).
     pub async fn heartbeat(&self) -> Result<SystemTime, ClientError> {
         let task = &self.inner.task;
         match self.inner.client.heartbeat(task.task_id, task.token).await {
@@ -225,13 +230,32 @@ impl TaskContext {
                 *self.inner.deadline.lock().unwrap_or_else(|p| p.into_inner()) = until;
                 Ok(until)
             }
-            Err(e) => {
-                if lease_lost(&e) {
-                    self.cancel(CancelReason::LeaseLost);
-                }
-                Err(e)
-            }
+            Err(e) => Err(self.heard(e)),
         }
+    }
+
+    /// Reports the task's progress (any JSON up to 64 KiB), replacing the
+    /// last report; operators see it in [`Client::get_task`] and
+    /// [`Client::list_tasks`]. A cancellation or a lost lease fires the
+    /// signal, as for [`TaskContext::heartbeat`].
+    pub async fn progress(&self, progress: impl Into<Json>) -> Result<(), ClientError> {
+        let task = &self.inner.task;
+        self.inner
+            .client
+            .set_progress(task.task_id, task.token, progress)
+            .await
+            .map_err(|e| self.heard(e))
+    }
+
+    /// Fires the signal when a fenced call's refusal says the task is no
+    /// longer this claim's: cancelled, or its lease lost.
+    fn heard(&self, e: ClientError) -> ClientError {
+        if matches!(e, ClientError::TaskCancelled { .. }) {
+            self.cancel(CancelReason::Cancelled);
+        } else if lease_lost(&e) {
+            self.cancel(CancelReason::LeaseLost);
+        }
+        e
     }
 
     /// Fires the signal; the first reason given is the one kept.

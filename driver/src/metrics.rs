@@ -11,7 +11,7 @@
 //!   worker, as the last `topology_status()` or worker refresh found them.
 //! - `sheaf_tasks_total{shard,queue,outcome}`: what this process's workers
 //!   did with the tasks they claimed (`completed`, `failed`, `dead_lettered`,
-//!   `released`, `snoozed`, `lost`).
+//!   `released`, `snoozed`, `lost`, `cancelled`).
 //! - `sheaf_claim_duration_seconds{shard,queue}`: how long one claim call took.
 //! - `sheaf_task_duration_seconds{shard,queue}`: from a worker's claim to the
 //!   task's outcome being recorded.
@@ -78,6 +78,9 @@ pub enum TaskOutcome {
     Snoozed,
     /// Its lease was lost, or it was gone, before the outcome was recorded.
     Lost,
+    /// An operator cancelled it while it ran (`sheaf.cancel_task`): the
+    /// handler was stopped and the task given back, which ended it.
+    Cancelled,
 }
 
 impl TaskOutcome {
@@ -90,6 +93,7 @@ impl TaskOutcome {
             TaskOutcome::Released => "released",
             TaskOutcome::Snoozed => "snoozed",
             TaskOutcome::Lost => "lost",
+            TaskOutcome::Cancelled => "cancelled",
         }
     }
 }
@@ -252,7 +256,7 @@ impl Metrics {
         );
         let tasks = counter(
             "sheaf_tasks_total",
-            "Claimed tasks by what became of them: completed, failed, dead_lettered, released, snoozed, lost",
+            "Claimed tasks by what became of them: completed, failed, dead_lettered, released, snoozed, lost, cancelled",
             &["shard", "queue", "outcome"],
         );
         let histogram = |name: &str, help: &str, buckets: &[f64]| {

@@ -226,6 +226,46 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &["'vc_redrive'", "NULL", "100"],
     ),
     call("sheaf.list_queues()", &[], &[]),
+    call(
+        "sheaf.set_progress(uuid, bigint, jsonb)",
+        &[
+            "SELECT sheaf.enqueue('vc_progress', '{}', '{}')",
+            "CREATE TEMP TABLE vc_progress AS SELECT task_id, token FROM sheaf.claim('vc_progress', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_progress)",
+            "(SELECT token FROM vc_progress)",
+            r#"'{"done": 1, "of": 2}'"#,
+        ],
+    ),
+    call(
+        "sheaf.cancel_task(uuid, text)",
+        &["CREATE TEMP TABLE vc_cancel AS SELECT sheaf.enqueue('vc_cancel', '{}', '{}') AS task_id"],
+        &["(SELECT task_id FROM vc_cancel)", "'vc: not needed'"],
+    ),
+    call(
+        "sheaf.redrive_queue(text, interval, integer)",
+        &[
+            r#"SELECT sheaf.enqueue('vc_redrive_queue', '{}', '{"max_attempts": 1}')"#,
+            "SELECT f.* FROM sheaf.claim('vc_redrive_queue', 'vc_worker', 1, '5 minutes') c, \
+             LATERAL sheaf.fail(c.task_id, c.token, 'vc: dead', NULL) f",
+        ],
+        &["'vc_redrive_queue'", "NULL", "1000"],
+    ),
+    call(
+        "sheaf.purge_dead_letters(text, interval)",
+        &[
+            r#"SELECT sheaf.enqueue('vc_purge', '{}', '{"max_attempts": 1}')"#,
+            "SELECT f.* FROM sheaf.claim('vc_purge', 'vc_worker', 1, '5 minutes') c, \
+             LATERAL sheaf.fail(c.task_id, c.token, 'vc: dead', NULL) f",
+        ],
+        &["'vc_purge'", "'0 seconds'"],
+    ),
+    call(
+        "sheaf.drop_queue(text, boolean)",
+        &["SELECT sheaf.enqueue('vc_drop', '{}', '{}')"],
+        &["'vc_drop'", "true"],
+    ),
     call("sheaf.concurrency_stats()", &[], &[]),
     // Executions and gates.
     call(

@@ -140,6 +140,25 @@ pub enum ClientError {
         /// The shard's message.
         message: String,
     },
+    /// 57000 on a task: an operator cancelled it (`sheaf.cancel_task`)
+    /// while this token held it. Stop the work and give the task back
+    /// ([`Client::release`](crate::Client::release)), which ends it; a
+    /// [`Worker`](crate::Worker) does both.
+    #[error("task cancelled: {message}")]
+    TaskCancelled {
+        /// The shard that refused.
+        shard: ShardId,
+        /// The shard's message (with the operator's reason, cut).
+        message: String,
+    },
+    /// P0002 on a queue: the shard has no such queue.
+    #[error("unknown queue: {message}")]
+    UnknownQueue {
+        /// The shard that refused.
+        shard: ShardId,
+        /// The shard's message.
+        message: String,
+    },
     /// 22023 / 22004: an argument is malformed, out of range, or NULL.
     #[error("invalid argument: {message}")]
     InvalidArgument {
@@ -283,7 +302,11 @@ impl ClientError {
             sqlstate::NO_DATA_FOUND if matches!(owned, Owned::Task(_)) => {
                 ClientError::UnknownTask { shard, message }
             }
+            sqlstate::NO_DATA_FOUND if matches!(owned, Owned::Queue(_)) => {
+                ClientError::UnknownQueue { shard, message }
+            }
             sqlstate::NO_DATA_FOUND => ClientError::UnknownExecution { shard, message },
+            sqlstate::OPERATOR_INTERVENTION => ClientError::TaskCancelled { shard, message },
             sqlstate::INVALID_PARAMETER_VALUE | sqlstate::NULL_VALUE_NOT_ALLOWED => {
                 ClientError::InvalidArgument { shard, message }
             }
@@ -345,6 +368,8 @@ impl ClientError {
             | ClientError::StaleToken { shard, .. }
             | ClientError::UnknownExecution { shard, .. }
             | ClientError::UnknownTask { shard, .. }
+            | ClientError::TaskCancelled { shard, .. }
+            | ClientError::UnknownQueue { shard, .. }
             | ClientError::InvalidArgument { shard, .. }
             | ClientError::WrongState { shard, .. }
             | ClientError::Conflict { shard, .. }
@@ -392,6 +417,7 @@ mod tests {
         assert!(matches!(refusal("22023"), ClientError::InvalidArgument { .. }));
         assert!(matches!(refusal("22004"), ClientError::InvalidArgument { .. }));
         assert!(matches!(refusal("55000"), ClientError::WrongState { .. }));
+        assert!(matches!(refusal("57000"), ClientError::TaskCancelled { .. }));
         for code in ["0A000", "42501", "XX000", "23505"] {
             match refusal(code) {
                 ClientError::Database { code: Some(c), .. } => assert_eq!(c, code),

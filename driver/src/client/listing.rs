@@ -28,9 +28,10 @@ pub const MAX_TASK_PAGE: usize = 999;
 
 const GET_TASK: &str = "SELECT queue, kind, state, priority, attempts, max_attempts, run_at, enqueued_at, \
      concurrency_key, lease_expires_at, last_error, execution_id, payload, lease_owner, idempotency_key, \
-     fairness_key, dead_at FROM sheaf.get_task($1)";
+     fairness_key, dead_at, progress FROM sheaf.get_task($1)";
 const LIST_TASKS: &str = "SELECT task_id, kind, task_state, priority, attempts, max_attempts, run_at, enqueued_at, \
-     concurrency_key, lease_expires_at, last_error, execution_id, anchor FROM sheaf.list_tasks($1, $2, $3, $4)";
+     concurrency_key, lease_expires_at, last_error, execution_id, progress, anchor \
+     FROM sheaf.list_tasks($1, $2, $3, $4)";
 const LIST_DEAD: &str = "SELECT task_id, queue_name, kind, priority, attempts, max_attempts, execution_id, \
      concurrency_key, last_error, enqueued_at, dead_at, anchor FROM sheaf.list_dead_letters($1, $2, $3)";
 const LIST_QUEUES: &str = "SELECT queue, aging_secs, fairness, notify, created_at, ready, scheduled, running, \
@@ -79,6 +80,8 @@ pub struct TaskInfo {
     pub fairness_key: Option<String>,
     /// When it was dead-lettered.
     pub dead_at: Option<SystemTime>,
+    /// Its handler's last progress report ([`Client::set_progress`]).
+    pub progress: Option<Value>,
 }
 
 /// A task in a listing.
@@ -113,6 +116,8 @@ pub struct ListedTask {
     pub last_error: Option<String>,
     /// The execution it belongs to, if any.
     pub execution_id: Option<ExecutionId>,
+    /// Its handler's last progress report ([`Client::set_progress`]).
+    pub progress: Option<Value>,
     anchor: Value,
 }
 
@@ -308,6 +313,7 @@ impl Client {
                 idempotency_key: row.try_get("idempotency_key")?,
                 fairness_key: row.try_get("fairness_key")?,
                 dead_at: row.try_get("dead_at")?,
+                progress: row.try_get("progress")?,
             })
         };
         read().map_err(|e| call.error(e, 1))
@@ -475,6 +481,7 @@ fn listed_task(call: &Call, queue: &str, row: &tokio_postgres::Row) -> Result<Li
                 execution_id: row
                     .try_get::<_, Option<uuid::Uuid>>("execution_id")?
                     .map(ExecutionId::from_uuid),
+                progress: row.try_get("progress")?,
                 anchor: row.try_get("anchor")?,
             },
             state,

@@ -19,6 +19,7 @@ mod history;
 mod lifecycle;
 mod listing;
 mod mutex;
+mod operations;
 mod options;
 mod policy;
 mod rebalance;

@@ -1,0 +1,275 @@
+//! The operator's actions on the live test shards (issue 19): a running
+//! task cancelled under a real worker loop (the handler is stopped, the
+//! task ends, its slot passes on), progress shown while it runs, a snooze
+//! that keeps its attempts, dead letters purged and redriven by queue
+//! across three shards with the quota counters equal to a recount, and a
+//! queue dropped only with force.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use sheaf_driver::{
+    Client, ClientError, EnqueueOptions, Placement, PoolOptions, ShardId, StartOptions, TaskContext, TaskDone,
+    TaskFailure, TaskState, Worker, WorkerOptions,
+};
+use sheaf_tests::{connect, fleet, unique};
+
+fn client() -> Arc<Client> {
+    Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
+}
+
+fn shards() -> Vec<ShardId> {
+    fleet().shards().map(|s| s.id).collect()
+}
+
+fn on(shard: ShardId) -> EnqueueOptions {
+    EnqueueOptions::new().placement(Placement::Shard(shard))
+}
+
+async fn until(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+type Handled = Pin<Box<dyn Future<Output = Result<TaskDone, TaskFailure>> + Send>>;
+
+/// A handler that reports progress every 50 ms for 20 s (or, with `quiet`,
+/// only sleeps, so a heartbeat is what tells it of a cancellation), and
+/// sets `finished` if it ever gets to the end; a `{"quick": true}` task
+/// completes at once.
+fn long_handler(quiet: bool, finished: Arc<AtomicBool>) -> impl Fn(TaskContext) -> Handled + Send + Sync + 'static {
+    move |ctx: TaskContext| {
+        let finished = finished.clone();
+        Box::pin(async move {
+            if ctx.task().payload.to_value().unwrap_or_default()["quick"] == json!(true) {
+                return Ok(TaskDone::Complete(None));
+            }
+            for step in 0..400 {
+                if !quiet {
+                    let _ = ctx.progress(json!({"step": step})).await;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            finished.store(true, Ordering::SeqCst);
+            Ok(TaskDone::Complete(None))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_task_cancelled_stops_its_handler_and_frees_its_slot() {
+    for quiet in [false, true] {
+        let c = client();
+        let shard = shards()[0];
+        let queue = unique("ops-cancel");
+        let key = unique("ops-cancel-key");
+        assert!(c.set_concurrency_limit(&key, Some(1)).await.is_complete());
+        let finished = Arc::new(AtomicBool::new(false));
+        let worker = Worker::start(
+            c.clone(),
+            WorkerOptions::new(unique("w"), [queue.clone()])
+                .concurrency(2)
+                .lease(Duration::from_secs(3)),
+            long_handler(quiet, finished.clone()),
+        )
+        .expect("a worker");
+        let long = c
+            .enqueue(&queue, json!({}), on(shard).concurrency_key(&key))
+            .await
+            .expect("enqueue");
+        let next = c
+            .enqueue(&queue, json!({"quick": true}), on(shard).concurrency_key(&key))
+            .await
+            .expect("enqueue");
+        until("the long task to run", Duration::from_secs(20), async || {
+            c.get_task(long.task_id)
+                .await
+                .is_ok_and(|t| t.state == "running" && (quiet || t.progress.is_some()))
+        })
+        .await;
+        if !quiet {
+            let listed = c
+                .list_tasks(&queue, Some(TaskState::Running), None, 10)
+                .await
+                .expect("a page");
+            assert!(listed.items[0].progress.as_ref().is_some_and(|p| p["step"].is_number()));
+        }
+        assert_eq!(c.get_task(next.task_id).await.expect("waiting").state, "waiting");
+        assert!(c.cancel_task(long.task_id, Some("ops: not needed")).await.expect("cancel"));
+        assert!(!c.cancel_task(long.task_id, None).await.expect("again"), "cancelled once");
+        until("the handler to be stopped", Duration::from_secs(20), async || {
+            worker.stats().cancelled == 1
+        })
+        .await;
+        until("the next task of the key to run", Duration::from_secs(20), async || {
+            worker.stats().completed == 1
+        })
+        .await;
+        match c.get_task(long.task_id).await {
+            Err(ClientError::UnknownTask { message, .. }) => {
+                assert!(message.contains("cancelled"), "{message}")
+            }
+            other => panic!("the cancelled task is gone: {other:?}"),
+        }
+        assert!(!finished.load(Ordering::SeqCst), "the handler never completed");
+        let stats = worker.stats();
+        assert_eq!((stats.lost, stats.failed), (0, 0), "quiet = {quiet}");
+        worker.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snooze_keeps_its_attempts() {
+    let c = client();
+    let queue = unique("ops-snooze");
+    let shard = shards()[1];
+    let task = c
+        .enqueue(&queue, json!({}), on(shard).max_attempts(2))
+        .await
+        .expect("enqueue");
+    for _ in 0..3 {
+        let claimed = c
+            .claim(shard, &queue, "ops", 1, Duration::from_secs(30))
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1, "it runs again at once, its attempts unspent");
+        c.snooze(task.task_id, claimed[0].token, Duration::ZERO)
+            .await
+            .expect("snooze");
+    }
+    let info = c.get_task(task.task_id).await.expect("get_task");
+    assert_eq!((info.attempts, info.max_attempts), (0, 2));
+}
+
+/// Dead letters of `queue` on every shard: `per_shard` each, dead-lettered
+/// by a claim and a failure.
+async fn dead_letters(c: &Client, queue: &str, per_shard: usize, opts: impl Fn() -> EnqueueOptions) {
+    for shard in shards() {
+        for i in 0..per_shard {
+            c.enqueue(queue, json!({"i": i}), opts().placement(Placement::Shard(shard)).max_attempts(1))
+                .await
+                .expect("enqueue");
+        }
+        let claimed = c
+            .claim(shard, queue, "ops", per_shard as i32, Duration::from_secs(60))
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), per_shard);
+        for t in claimed {
+            c.fail(t.task_id, t.token, "ops: boom", None).await.expect("fail");
+        }
+    }
+}
+
+#[tokio::test]
+async fn dead_letters_purge_and_redrive_by_queue_on_every_shard() {
+    let c = client();
+    let n = shards().len();
+    let queue = unique("ops-redrive");
+    dead_letters(&c, &queue, 3, EnqueueOptions::new).await;
+    let young = c
+        .purge_dead_letters(&queue, Duration::from_secs(3600))
+        .await
+        .expect("purge");
+    assert!(young.is_complete());
+    assert_eq!(young.total(), 0, "none is an hour old");
+    let first = c.redrive_queue(&queue, Duration::ZERO, 2).await.expect("redrive");
+    assert_eq!(first.ok.len(), n);
+    assert!(first.ok.values().all(|&m| m == 2), "{:?}", first.ok);
+    let rest = c.redrive_queue(&queue, Duration::ZERO, 1000).await.expect("redrive");
+    assert_eq!(rest.total(), n as i64);
+    assert_eq!(c.redrive_queue(&queue, Duration::ZERO, 1000).await.expect("again").total(), 0);
+    let queues = c.list_queues().await;
+    let mine = queues.queues.iter().find(|q| q.queue == queue).expect("listed");
+    assert_eq!(mine.total.dead, 0);
+    assert_eq!(mine.total.ready as usize, 3 * n, "every one back in line");
+
+    let purge = unique("ops-purge");
+    dead_letters(&c, &purge, 2, EnqueueOptions::new).await;
+    let purged = c.purge_dead_letters(&purge, Duration::ZERO).await.expect("purge");
+    assert_eq!(purged.total(), 2 * n as i64);
+    for shard in fleet().shards() {
+        let db = connect(shard).await;
+        let left: i64 = db
+            .query_one("SELECT count(*) FROM sheaf.dead_letters WHERE queue = $1", &[&purge])
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(left, 0);
+    }
+    assert!(matches!(
+        c.purge_dead_letters(&purge, Duration::from_secs(200 * 365 * 86_400)).await,
+        Err(ClientError::BadRequest(_))
+    ));
+}
+
+#[tokio::test]
+async fn purged_dead_letters_of_executions_give_the_tenant_its_quota_back() {
+    let c = client();
+    let workflow = unique("ops-quota");
+    let tenant = unique("tenant");
+    let policy = json!({"queue": unique("ops-quota-q"), "quota": {"key": "input.tenant", "max_dead_letters": 2}});
+    assert!(c.declare_workflow(&workflow, policy.clone()).await.is_complete());
+    let queue = unique("ops-quota-acts");
+    let shard = shards()[0];
+    let pinned = || StartOptions::new().placement(Placement::Shard(shard));
+    let started = c
+        .start_workflow(&workflow, &unique("run"), json!({"tenant": tenant}), pinned())
+        .await
+        .expect("start");
+    for _ in 0..2 {
+        c.enqueue(
+            &queue,
+            json!({}),
+            EnqueueOptions::new().execution(started.execution_id).max_attempts(1),
+        )
+        .await
+        .expect("an activity");
+    }
+    for t in c.claim(shard, &queue, "ops", 2, Duration::from_secs(60)).await.expect("claim") {
+        c.fail(t.task_id, t.token, "ops: boom", None).await.expect("fail");
+    }
+    let refused = c
+        .start_workflow(&workflow, &unique("run"), json!({"tenant": tenant}), pinned())
+        .await;
+    assert!(matches!(refused, Err(ClientError::QuotaExceeded { .. })), "{refused:?}");
+    assert_eq!(c.purge_dead_letters(&queue, Duration::ZERO).await.expect("purge").total(), 2);
+    let usage = c.quota_usage(&tenant).await;
+    let recount = c.quota_recompute(&tenant).await;
+    assert_eq!(usage.total().dead_letters, 0);
+    assert_eq!(recount.total(), usage.total(), "the counters equal a recount");
+    c.start_workflow(&workflow, &unique("run"), json!({"tenant": tenant}), pinned())
+        .await
+        .expect("the tenant may start again");
+}
+
+#[tokio::test]
+async fn a_queue_drops_only_with_force() {
+    let c = client();
+    let queue = unique("ops-drop");
+    for shard in shards() {
+        c.enqueue(&queue, json!({}), on(shard)).await.expect("enqueue");
+    }
+    let refused = c.drop_queue(&queue, false).await;
+    assert_eq!(refused.failed.len(), shards().len());
+    assert!(refused
+        .failed
+        .values()
+        .all(|e| matches!(e, ClientError::WrongState { .. })));
+    let dropped = c.drop_queue(&queue, true).await;
+    assert!(dropped.is_complete());
+    assert_eq!(dropped.total(), shards().len() as i64);
+    assert!(c.list_queues().await.queues.iter().all(|q| q.queue != queue));
+    let again = c.drop_queue(&queue, true).await;
+    assert!(again.ok.is_empty() && again.failed.is_empty(), "no shard has it now");
+}
