@@ -4,11 +4,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use sheaf_driver::{Client, PoolOptions, Topology};
+use sheaf_driver::{Client, PoolOptions};
 
 mod config;
+mod execution;
 mod executions;
 mod exit;
+mod operations;
 mod rebalance;
 mod relay;
 mod reports;
@@ -24,6 +26,7 @@ mod topology;
     after_help = "The shards come from the environment only, never from the command line \
                   (where every process on the host can read them): SHEAF_SHARDS holds \
                   `<id>=<connection string>` entries, comma-separated or a JSON list; \
+                  or, for a single database, SHEAF_DATABASE_URL alone; \
                   SHEAF_READABLE, SHEAF_WRITABLE, SHEAF_RESERVED, SHEAF_DEFAULT_SHARD, \
                   SHEAF_RESIDENCY and SHEAF_FORWARDS are optional (see the README)."
 )]
@@ -98,6 +101,12 @@ enum Command {
         /// workflow_name, or a search attribute (tenant or search_attr:tenant).
         #[arg(long, default_value = "workflow_name")]
         group_by: String,
+    },
+    /// One execution by id, on the shard it lives on: read it, its
+    /// history, or act on it. Exits 4 when no such execution.
+    Executions {
+        #[command(subcommand)]
+        what: ExecutionsCommand,
     },
     /// A queue's tasks across every shard, state by state (running, ready,
     /// scheduled, waiting, paused), a page at a time; one task by id.
@@ -194,6 +203,65 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum ExecutionsCommand {
+    /// Its state, input, result or error, keys and times.
+    Get {
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// Its history, a page at a time.
+    History {
+        /// The execution's id.
+        execution_id: String,
+        /// Events after this seq (the `more:` of the page before).
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// Events per page (1 to 10000).
+        #[arg(long, default_value_t = 100)]
+        page_size: usize,
+    },
+    /// Cancel it (its tasks leave, its children hear of it).
+    Cancel {
+        /// The execution's id.
+        execution_id: String,
+        /// Why (kept in its history).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Terminate it: end it now, as an operator (written to the audit log).
+    Terminate {
+        /// The execution's id.
+        execution_id: String,
+        /// Why (kept in its history).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Pause it: its tasks wait, holding no slot, until resumed.
+    Pause {
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// Resume a paused execution.
+    Resume {
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// Send it a signal (deduplicated by --signal-id).
+    Signal {
+        /// The execution's id.
+        execution_id: String,
+        /// The signal's name.
+        name: String,
+        /// Its payload, as JSON.
+        #[arg(long)]
+        payload: Option<String>,
+        /// Delivered once per id.
+        #[arg(long)]
+        signal_id: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
 enum TasksCommand {
     /// A queue's tasks; exits 3 when a shard did not answer.
     List {
@@ -215,6 +283,17 @@ enum TasksCommand {
         /// The task's id.
         task_id: String,
     },
+    /// Cancel a task: an unclaimed one leaves at once, a running one when
+    /// its worker hears of it (or at its lease's end). A workflow task is
+    /// refused (cancel its execution). Exits 4 when its shard has no such
+    /// task.
+    Cancel {
+        /// The task's id.
+        task_id: String,
+        /// Why, kept with the cancellation and told to its worker.
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -230,6 +309,31 @@ enum DeadLettersCommand {
         /// Where to go on from: the `more:` cursor of the page before.
         #[arg(long)]
         cursor: Option<String>,
+    },
+    /// Put dead letters back in line with fresh attempts: a queue's on
+    /// every shard (in batches, with a progress bar, until none is left to
+    /// move: those that cannot go back stay), or the ones named. Prints a
+    /// count per shard; exits 3 when a shard did not answer.
+    Redrive {
+        /// Every dead letter of this queue.
+        #[arg(long, conflicts_with = "task_ids", required_unless_present = "task_ids")]
+        queue: Option<String>,
+        /// Only those dead longer than this (1h, 7days).
+        #[arg(long, requires = "queue", value_parser = operations::parse_age)]
+        older_than: Option<Duration>,
+        /// These dead letters (each shard moves its ids or none).
+        task_ids: Vec<String>,
+    },
+    /// Delete a queue's dead letters older than --older-than on every
+    /// shard (their tenants' quota counters follow). Prints a count per
+    /// shard; exits 3 when a shard did not answer.
+    Purge {
+        /// The queue.
+        #[arg(long)]
+        queue: String,
+        /// Only those dead longer than this (1h, 7days; 0s: all of them).
+        #[arg(long, value_parser = operations::parse_age)]
+        older_than: Duration,
     },
 }
 
@@ -336,18 +440,11 @@ async fn main() -> ExitCode {
     }
     // Connection strings carry credentials: they come from the environment
     // alone, never from an argument every process on the host can read.
-    let topology = match Topology::from_env() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("sheaf: bad topology: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let options = PoolOptions {
         actor: cli.actor.clone(),
         ..PoolOptions::default()
     };
-    let client = match Client::new(topology, options) {
+    let client = match Client::from_env(options).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sheaf: {e}");
@@ -379,6 +476,39 @@ async fn main() -> ExitCode {
         Command::Usage { from, to, group_by } => {
             reports::usage(&client, &from, &to, &group_by, cli.json).await
         }
+        Command::Executions { what } => {
+            use execution::Action;
+            let (id, action) = match what {
+                ExecutionsCommand::Get { execution_id } => (execution_id, Action::Get),
+                ExecutionsCommand::History {
+                    execution_id,
+                    after,
+                    page_size,
+                } => (execution_id, Action::History { after, page_size }),
+                ExecutionsCommand::Cancel { execution_id, reason } => {
+                    (execution_id, Action::Cancel { reason })
+                }
+                ExecutionsCommand::Terminate { execution_id, reason } => {
+                    (execution_id, Action::Terminate { reason })
+                }
+                ExecutionsCommand::Pause { execution_id } => (execution_id, Action::Pause),
+                ExecutionsCommand::Resume { execution_id } => (execution_id, Action::Resume),
+                ExecutionsCommand::Signal {
+                    execution_id,
+                    name,
+                    payload,
+                    signal_id,
+                } => (
+                    execution_id,
+                    Action::Signal {
+                        name,
+                        payload,
+                        signal_id,
+                    },
+                ),
+            };
+            execution::run(&client, &id, action, cli.json).await
+        }
         Command::Tasks { what } => match what {
             TasksCommand::List {
                 queue,
@@ -397,15 +527,28 @@ async fn main() -> ExitCode {
                 .await
             }
             TasksCommand::Get { task_id } => tasks::get(&client, &task_id, cli.json).await,
+            TasksCommand::Cancel { task_id, reason } => {
+                operations::cancel(&client, &task_id, reason.as_deref(), cli.json).await
+            }
         },
-        Command::DeadLetters {
-            what:
-                DeadLettersCommand::List {
-                    queue,
-                    page_size,
-                    cursor,
-                },
-        } => tasks::dead_letters(&client, queue.as_deref(), cursor.as_deref(), page_size, cli.json).await,
+        Command::DeadLetters { what } => match what {
+            DeadLettersCommand::List {
+                queue,
+                page_size,
+                cursor,
+            } => tasks::dead_letters(&client, queue.as_deref(), cursor.as_deref(), page_size, cli.json).await,
+            DeadLettersCommand::Redrive {
+                queue: Some(queue),
+                older_than,
+                ..
+            } => operations::redrive_queue(&client, &queue, older_than.unwrap_or_default(), cli.json).await,
+            DeadLettersCommand::Redrive { task_ids, .. } => {
+                operations::redrive_ids(&client, &task_ids, cli.json).await
+            }
+            DeadLettersCommand::Purge { queue, older_than } => {
+                operations::purge(&client, &queue, older_than, cli.json).await
+            }
+        },
         Command::Queues => tasks::queues(&client, cli.json).await,
         Command::Concurrency => reports::concurrency(&client, cli.json).await,
         Command::Tree { execution_id } => relay::tree(&client, &execution_id, cli.json).await,

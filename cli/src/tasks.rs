@@ -83,6 +83,7 @@ fn task_json(t: &ListedTask) -> Value {
         "lease_expires_at": t.lease_expires_at.map(time),
         "last_error": t.last_error,
         "execution_id": t.execution_id.map(|id| id.to_string()),
+        "progress": t.progress,
     })
 }
 
@@ -118,6 +119,7 @@ pub async fn get(client: &Client, id: &str, as_json: bool) -> ExitCode {
         "idempotency_key": task.idempotency_key,
         "fairness_key": task.fairness_key,
         "dead_at": task.dead_at.map(time),
+        "progress": task.progress,
         "payload": task.payload,
     });
     if as_json {

@@ -84,8 +84,8 @@ pub use breaker::{Breaker, BreakerState};
 pub use client::{
     Acquired, AttrOp, AuditEntry, ByKey, Candidate, Child, ChildOptions, ChildPlacement, ChildStart,
     Children, ClaimedTask, Client, ClientError, CloseKind, ConcurrencyStat, Drain, EnqueueOptions, Enqueued,
-    EnqueuedBatch, Erasure, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome, FleetConfig,
-    FleetError, FleetReport, GroupBy, HistoryPage, KeyConcurrency, ListPage, ListedDeadLetter,
+    EnqueuedBatch, EnvError, Erasure, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome,
+    FleetConfig, FleetError, FleetReport, GroupBy, HistoryPage, KeyConcurrency, ListPage, ListedDeadLetter,
     ListedExecution, ListedTask, LockOptions, MAX_FORWARDS, MAX_LIST_PAGE, MAX_TASK_PAGE, MIN_STALL_AFTER,
     Migration, MoveOutcome, MoveReport, MutexGuard, MutexKey, MutexStatus, OnShard, Orphan, Orphans,
     OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow, Owned, PageStatus, ParentClose, Phase, PhaseHook,

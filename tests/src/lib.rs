@@ -23,15 +23,36 @@ use tokio_postgres::{Client, Error, NoTls, Row};
 /// The shard databases every test in this binary shares.
 pub fn fleet() -> &'static Topology {
     static FLEET: OnceLock<Topology> = OnceLock::new();
-    FLEET.get_or_init(|| {
-        let spec = match std::env::var("SHEAF_TEST_SHARDS") {
-            Ok(spec) => spec,
-            Err(_) => start_shards(),
-        };
-        match Topology::parse(&spec) {
-            Ok(t) => t,
-            Err(e) => panic!("SHEAF_TEST_SHARDS is not a valid shard list: {e}"),
-        }
+    FLEET.get_or_init(|| match Topology::parse(fleet_spec()) {
+        Ok(t) => t,
+        Err(e) => panic!("SHEAF_TEST_SHARDS is not a valid shard list: {e}"),
+    })
+}
+
+/// [`fleet`]'s shards in the `SHEAF_SHARDS` format (for a process of its
+/// own: the CLI, a worker).
+pub fn fleet_spec() -> &'static str {
+    static SPEC: OnceLock<String> = OnceLock::new();
+    SPEC.get_or_init(|| match std::env::var("SHEAF_TEST_SHARDS") {
+        Ok(spec) => spec,
+        Err(_) => start_shards(),
+    })
+}
+
+/// The `sheaf` CLI, built for the test that asks (once per test binary).
+pub fn cli_binary() -> &'static std::path::Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "sheaf-cli"])
+            .current_dir(repo_root())
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the sheaf CLI");
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| repo_root().join("target"));
+        target.join("debug").join("sheaf")
     })
 }
 

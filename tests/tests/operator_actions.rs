@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    Client, ClientError, EnqueueOptions, Placement, PoolOptions, ShardId, StartOptions, TaskContext, TaskDone,
-    TaskFailure, TaskState, Worker, WorkerOptions,
+    Client, ClientError, EnqueueOptions, Placement, PoolOptions, ShardId, StartOptions, TaskContext,
+    TaskDone, TaskFailure, TaskState, Worker, WorkerOptions,
 };
-use sheaf_tests::{connect, fleet, unique};
+use sheaf_tests::{cli_binary, connect, fleet, fleet_spec, unique};
 
 fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
@@ -47,7 +47,10 @@ type Handled = Pin<Box<dyn Future<Output = Result<TaskDone, TaskFailure>> + Send
 /// only sleeps, so a heartbeat is what tells it of a cancellation), and
 /// sets `finished` if it ever gets to the end; a `{"quick": true}` task
 /// completes at once.
-fn long_handler(quiet: bool, finished: Arc<AtomicBool>) -> impl Fn(TaskContext) -> Handled + Send + Sync + 'static {
+fn long_handler(
+    quiet: bool,
+    finished: Arc<AtomicBool>,
+) -> impl Fn(TaskContext) -> Handled + Send + Sync + 'static {
     move |ctx: TaskContext| {
         let finished = finished.clone();
         Box::pin(async move {
@@ -102,18 +105,32 @@ async fn a_running_task_cancelled_stops_its_handler_and_frees_its_slot() {
                 .list_tasks(&queue, Some(TaskState::Running), None, 10)
                 .await
                 .expect("a page");
-            assert!(listed.items[0].progress.as_ref().is_some_and(|p| p["step"].is_number()));
+            assert!(
+                listed.items[0]
+                    .progress
+                    .as_ref()
+                    .is_some_and(|p| p["step"].is_number())
+            );
         }
         assert_eq!(c.get_task(next.task_id).await.expect("waiting").state, "waiting");
-        assert!(c.cancel_task(long.task_id, Some("ops: not needed")).await.expect("cancel"));
-        assert!(!c.cancel_task(long.task_id, None).await.expect("again"), "cancelled once");
+        assert!(
+            c.cancel_task(long.task_id, Some("ops: not needed"))
+                .await
+                .expect("cancel")
+        );
+        assert!(
+            !c.cancel_task(long.task_id, None).await.expect("again"),
+            "cancelled once"
+        );
         until("the handler to be stopped", Duration::from_secs(20), async || {
             worker.stats().cancelled == 1
         })
         .await;
-        until("the next task of the key to run", Duration::from_secs(20), async || {
-            worker.stats().completed == 1
-        })
+        until(
+            "the next task of the key to run",
+            Duration::from_secs(20),
+            async || worker.stats().completed == 1,
+        )
         .await;
         match c.get_task(long.task_id).await {
             Err(ClientError::UnknownTask { message, .. }) => {
@@ -156,9 +173,13 @@ async fn a_snooze_keeps_its_attempts() {
 async fn dead_letters(c: &Client, queue: &str, per_shard: usize, opts: impl Fn() -> EnqueueOptions) {
     for shard in shards() {
         for i in 0..per_shard {
-            c.enqueue(queue, json!({"i": i}), opts().placement(Placement::Shard(shard)).max_attempts(1))
-                .await
-                .expect("enqueue");
+            c.enqueue(
+                queue,
+                json!({"i": i}),
+                opts().placement(Placement::Shard(shard)).max_attempts(1),
+            )
+            .await
+            .expect("enqueue");
         }
         let claimed = c
             .claim(shard, queue, "ops", per_shard as i32, Duration::from_secs(60))
@@ -186,9 +207,18 @@ async fn dead_letters_purge_and_redrive_by_queue_on_every_shard() {
     let first = c.redrive_queue(&queue, Duration::ZERO, 2).await.expect("redrive");
     assert_eq!(first.ok.len(), n);
     assert!(first.ok.values().all(|&m| m == 2), "{:?}", first.ok);
-    let rest = c.redrive_queue(&queue, Duration::ZERO, 1000).await.expect("redrive");
+    let rest = c
+        .redrive_queue(&queue, Duration::ZERO, 1000)
+        .await
+        .expect("redrive");
     assert_eq!(rest.total(), n as i64);
-    assert_eq!(c.redrive_queue(&queue, Duration::ZERO, 1000).await.expect("again").total(), 0);
+    assert_eq!(
+        c.redrive_queue(&queue, Duration::ZERO, 1000)
+            .await
+            .expect("again")
+            .total(),
+        0
+    );
     let queues = c.list_queues().await;
     let mine = queues.queues.iter().find(|q| q.queue == queue).expect("listed");
     assert_eq!(mine.total.dead, 0);
@@ -201,14 +231,18 @@ async fn dead_letters_purge_and_redrive_by_queue_on_every_shard() {
     for shard in fleet().shards() {
         let db = connect(shard).await;
         let left: i64 = db
-            .query_one("SELECT count(*) FROM sheaf.dead_letters WHERE queue = $1", &[&purge])
+            .query_one(
+                "SELECT count(*) FROM sheaf.dead_letters WHERE queue = $1",
+                &[&purge],
+            )
             .await
             .expect("count")
             .get(0);
         assert_eq!(left, 0);
     }
     assert!(matches!(
-        c.purge_dead_letters(&purge, Duration::from_secs(200 * 365 * 86_400)).await,
+        c.purge_dead_letters(&purge, Duration::from_secs(200 * 365 * 86_400))
+            .await,
         Err(ClientError::BadRequest(_))
     ));
 }
@@ -218,7 +252,8 @@ async fn purged_dead_letters_of_executions_give_the_tenant_its_quota_back() {
     let c = client();
     let workflow = unique("ops-quota");
     let tenant = unique("tenant");
-    let policy = json!({"queue": unique("ops-quota-q"), "quota": {"key": "input.tenant", "max_dead_letters": 2}});
+    let policy =
+        json!({"queue": unique("ops-quota-q"), "quota": {"key": "input.tenant", "max_dead_letters": 2}});
     assert!(c.declare_workflow(&workflow, policy.clone()).await.is_complete());
     let queue = unique("ops-quota-acts");
     let shard = shards()[0];
@@ -231,19 +266,34 @@ async fn purged_dead_letters_of_executions_give_the_tenant_its_quota_back() {
         c.enqueue(
             &queue,
             json!({}),
-            EnqueueOptions::new().execution(started.execution_id).max_attempts(1),
+            EnqueueOptions::new()
+                .execution(started.execution_id)
+                .max_attempts(1),
         )
         .await
         .expect("an activity");
     }
-    for t in c.claim(shard, &queue, "ops", 2, Duration::from_secs(60)).await.expect("claim") {
+    for t in c
+        .claim(shard, &queue, "ops", 2, Duration::from_secs(60))
+        .await
+        .expect("claim")
+    {
         c.fail(t.task_id, t.token, "ops: boom", None).await.expect("fail");
     }
     let refused = c
         .start_workflow(&workflow, &unique("run"), json!({"tenant": tenant}), pinned())
         .await;
-    assert!(matches!(refused, Err(ClientError::QuotaExceeded { .. })), "{refused:?}");
-    assert_eq!(c.purge_dead_letters(&queue, Duration::ZERO).await.expect("purge").total(), 2);
+    assert!(
+        matches!(refused, Err(ClientError::QuotaExceeded { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        c.purge_dead_letters(&queue, Duration::ZERO)
+            .await
+            .expect("purge")
+            .total(),
+        2
+    );
     let usage = c.quota_usage(&tenant).await;
     let recount = c.quota_recompute(&tenant).await;
     assert_eq!(usage.total().dead_letters, 0);
@@ -262,14 +312,212 @@ async fn a_queue_drops_only_with_force() {
     }
     let refused = c.drop_queue(&queue, false).await;
     assert_eq!(refused.failed.len(), shards().len());
-    assert!(refused
-        .failed
-        .values()
-        .all(|e| matches!(e, ClientError::WrongState { .. })));
+    assert!(
+        refused
+            .failed
+            .values()
+            .all(|e| matches!(e, ClientError::WrongState { .. }))
+    );
     let dropped = c.drop_queue(&queue, true).await;
     assert!(dropped.is_complete());
     assert_eq!(dropped.total(), shards().len() as i64);
     assert!(c.list_queues().await.queues.iter().all(|q| q.queue != queue));
     let again = c.drop_queue(&queue, true).await;
-    assert!(again.ok.is_empty() && again.failed.is_empty(), "no shard has it now");
+    assert!(
+        again.ok.is_empty() && again.failed.is_empty(),
+        "no shard has it now"
+    );
+}
+
+/// `sheaf --json ARGS` against the test fleet: its exit code and its JSON
+/// (null when it printed nothing).
+fn sheaf_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let out = std::process::Command::new(cli_binary())
+        .arg("--json")
+        .args(args)
+        .env("SHEAF_SHARDS", fleet_spec())
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .output()
+        .expect("the CLI runs");
+    if out.stdout.is_empty() {
+        return (out.status.code(), serde_json::Value::Null);
+    }
+    let value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "sheaf {args:?}: not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), value)
+}
+
+#[tokio::test]
+async fn the_cli_redrives_a_queues_dead_letters_across_shards_and_cancels_a_task() {
+    let c = client();
+    let n = shards().len();
+    let queue = unique("ops-cli");
+    dead_letters(&c, &queue, 3, EnqueueOptions::new).await;
+    let (code, listed) = sheaf_json(&["dead-letters", "list", "--queue", &queue]);
+    assert_eq!(code, Some(0));
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(3 * n));
+    let (code, report) = sheaf_json(&["dead-letters", "redrive", "--queue", &queue]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["redriven"], json!(3 * n));
+    for shard in shards() {
+        assert_eq!(report["per_shard"][shard.to_string()], json!(3), "{report}");
+    }
+    // Ground truth: no dead letter left, every task back in line.
+    for shard in fleet().shards() {
+        let db = connect(shard).await;
+        let (dead, ready): (i64, i64) = {
+            let row = db
+                .query_one(
+                    "SELECT (SELECT count(*) FROM sheaf.dead_letters WHERE queue = $1), \
+                            (SELECT count(*) FROM sheaf.tasks WHERE queue = $1 AND state = 'ready')",
+                    &[&queue],
+                )
+                .await
+                .expect("counts");
+            (row.get(0), row.get(1))
+        };
+        assert_eq!((dead, ready), (0, 3));
+    }
+    let (code, queues) = sheaf_json(&["queues"]);
+    assert_eq!(code, Some(0));
+    let mine = queues["queues"]
+        .as_array()
+        .and_then(|qs| qs.iter().find(|q| q["queue"] == json!(queue)))
+        .cloned()
+        .unwrap_or_else(|| panic!("{queue} in {queues}"));
+    assert_eq!(mine["total"]["ready"], json!(3 * n), "{mine}");
+
+    let task = c
+        .enqueue(&queue, json!({}), on(shards()[0]))
+        .await
+        .expect("enqueue");
+    let (code, out) = sheaf_json(&["tasks", "cancel", &task.task_id.to_string(), "--reason", "cli"]);
+    assert_eq!((code, &out["cancelled"]), (Some(0), &json!(true)));
+    let (code, _) = sheaf_json(&["tasks", "get", &task.task_id.to_string()]);
+    assert_eq!(code, Some(4), "a cancelled task is not kept");
+}
+
+#[tokio::test]
+async fn one_database_alone_is_a_fleet_of_one_shard() {
+    let shard = fleet().shards().nth(1).expect("a second shard");
+    let url = shard.url.clone();
+    let only_url = |name: &str| (name == "SHEAF_DATABASE_URL").then(|| url.clone());
+    let c = Client::from_vars(only_url, PoolOptions::default())
+        .await
+        .expect("a client on one database");
+    let ids: Vec<ShardId> = c.topology().shards().map(|s| s.id).collect();
+    assert_eq!(ids, vec![shard.id], "the id it was initialized with");
+    let queue = unique("ops-single");
+    let task = c
+        .enqueue(&queue, json!({"n": 1}), EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    assert_eq!(task.task_id.shard(), Some(shard.id));
+    let claimed = c
+        .claim(shard.id, &queue, "ops", 1, Duration::from_secs(30))
+        .await
+        .expect("claim");
+    c.complete(claimed[0].task_id, claimed[0].token, None)
+        .await
+        .expect("complete");
+
+    let nothing = |_: &str| None;
+    assert!(matches!(
+        Client::from_vars(nothing, PoolOptions::default()).await,
+        Err(sheaf_driver::EnvError::Unset)
+    ));
+    let bad = "postgres://nobody:secret@127.0.0.1:1/none".to_owned();
+    let unreachable = move |name: &str| (name == "SHEAF_DATABASE_URL").then(|| bad.clone());
+    let options = PoolOptions {
+        connect_timeout: Duration::from_secs(1),
+        ..PoolOptions::default()
+    };
+    match Client::from_vars(unreachable, options).await {
+        Err(e @ sheaf_driver::EnvError::Database(_)) => {
+            assert!(
+                !e.to_string().contains("secret"),
+                "never the connection string: {e}"
+            )
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("an unreachable database made a client"),
+    }
+
+    let out = std::process::Command::new(cli_binary())
+        .args(["--json", "queues"])
+        .env("SHEAF_DATABASE_URL", &shard.url)
+        .env_remove("SHEAF_SHARDS")
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .output()
+        .expect("the CLI runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let queues: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        queues["queues"]
+            .as_array()
+            .is_some_and(|qs| qs.iter().any(|q| q["queue"] == json!(queue))),
+        "{queues}"
+    );
+}
+
+#[tokio::test]
+async fn the_cli_reads_and_drives_one_execution() {
+    let c = client();
+    let workflow = unique("ops-cli-wf");
+    let started = c
+        .start_workflow(&workflow, &unique("run"), json!({"n": 1}), StartOptions::new())
+        .await
+        .expect("start");
+    let id = started.execution_id.to_string();
+    let (code, got) = sheaf_json(&["executions", "get", &id]);
+    assert_eq!(code, Some(0), "{got}");
+    assert_eq!(
+        (&got["state"], &got["input"]),
+        (&json!("RUNNING"), &json!({"n": 1}))
+    );
+    for (verb, field) in [("pause", "paused"), ("resume", "resumed")] {
+        let (code, out) = sheaf_json(&["executions", verb, &id]);
+        assert_eq!((code, &out[field]), (Some(0), &json!(true)), "{verb}: {out}");
+    }
+    let (code, out) = sheaf_json(&[
+        "executions",
+        "signal",
+        &id,
+        "go",
+        "--payload",
+        r#"{"k": 1}"#,
+        "--signal-id",
+        "s1",
+    ]);
+    assert_eq!((code, &out["signalled"]), (Some(0), &json!(true)), "{out}");
+    let (_, again) = sheaf_json(&["executions", "signal", &id, "go", "--signal-id", "s1"]);
+    assert_eq!(again["signalled"], json!(true), "a retry is answered as delivered");
+    let (code, out) = sheaf_json(&["executions", "cancel", &id, "--reason", "cli"]);
+    assert_eq!((code, &out["cancelled"]), (Some(0), &json!(true)), "{out}");
+    let (code, history) = sheaf_json(&["executions", "history", &id]);
+    assert_eq!(code, Some(0));
+    let types: Vec<&str> = history["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["event_type"].as_str())
+        .collect();
+    assert_eq!(types.first(), Some(&"WorkflowStarted"), "{types:?}");
+    assert!(
+        types.contains(&"go") || types.iter().any(|t| t.contains("Signal")),
+        "{types:?}"
+    );
+    let unknown = format!("{}", sheaf_driver::ExecutionId::mint(shards()[0]).expect("an id"));
+    let (code, _) = sheaf_json(&["executions", "get", &unknown]);
+    assert_eq!(code, Some(4));
 }

@@ -481,20 +481,6 @@ async fn a_run_that_changes_after_verification_is_not_cut_over() {
     assert_eq!(live_on(id).await, vec![b]);
 }
 
-/// The `sheaf` CLI, built for this test.
-fn cli() -> std::path::PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "sheaf-cli"])
-        .current_dir(sheaf_tests::repo_root())
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "building the sheaf CLI");
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| sheaf_tests::repo_root().join("target"));
-    target.join("debug").join("sheaf")
-}
-
 fn run_cli(bin: &std::path::Path, args: &[&str], kill_after: Option<&str>) -> std::process::ExitStatus {
     let mut cmd = Command::new(bin);
     cmd.args(args)
@@ -545,7 +531,7 @@ async fn auto_resumed(c: &Arc<Client>, from: ShardId, to: ShardId, id: Execution
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_cli_killed_after_any_phase_leaves_one_authoritative_copy() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let bin = cli();
+    let bin = sheaf_tests::cli_binary();
     let c = client("rb-crash");
     let (from, to) = (sid(2), sid(1));
     let name = unique("rb-crash");
@@ -557,7 +543,7 @@ async fn the_cli_killed_after_any_phase_leaves_one_authoritative_copy() {
             .expect("suspended");
         let before = history(&c, id).await;
         let status = run_cli(
-            &bin,
+            bin,
             &[
                 "--actor",
                 "rb-crash",
@@ -592,7 +578,7 @@ async fn the_cli_killed_after_any_phase_leaves_one_authoritative_copy() {
             auto_resumed(&c, from, to, id).await;
         } else {
             let status = run_cli(
-                &bin,
+                bin,
                 &["--actor", "rb-crash", "rebalance-resume", "--from", "2"],
                 None,
             );

@@ -11,6 +11,7 @@ mod audit;
 mod batch;
 mod children;
 mod config;
+mod env;
 mod error;
 mod executions;
 mod external;
@@ -37,6 +38,7 @@ use std::time::Duration;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+pub use env::EnvError;
 pub use error::{ClientError, MAX_FORWARDS, Owned, QuotaDetail};
 pub use executions::{Execution, Started};
 pub use options::{EnqueueOptions, StartOptions};

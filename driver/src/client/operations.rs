@@ -13,8 +13,7 @@ use crate::json::Json;
 const CANCEL_TASK: &str = "SELECT sheaf.cancel_task($1, $2)";
 const SET_PROGRESS: &str = "SELECT sheaf.set_progress($1, $2, $3)";
 const PURGE_DEAD_LETTERS: &str = "SELECT sheaf.purge_dead_letters($1, make_interval(secs => $2))";
-const REDRIVE_QUEUE: &str =
-    "SELECT sheaf.redrive_queue($1, make_interval(secs => $2::float8), $3)";
+const REDRIVE_QUEUE: &str = "SELECT sheaf.redrive_queue($1, make_interval(secs => $2::float8), $3)";
 const DROP_QUEUE: &str = "SELECT sheaf.drop_queue($1, $2)";
 
 /// The oldest age `older_than` may name (the shard's bound): 100 years.
@@ -51,7 +50,12 @@ impl Client {
     /// Records the progress of a task claimed under `token` (any JSON up to
     /// 64 KiB), replacing its last report; [`Client::get_task`] and
     /// [`Client::list_tasks`] show it.
-    pub async fn set_progress(&self, task_id: TaskId, token: i64, progress: impl Into<Json>) -> Result<(), ClientError> {
+    pub async fn set_progress(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        progress: impl Into<Json>,
+    ) -> Result<(), ClientError> {
         let progress = progress.into();
         let call = self.by_task(task_id);
         self.query(&call, SET_PROGRESS, &[&task_id.as_uuid(), &token, &progress])
@@ -62,12 +66,21 @@ impl Client {
     /// Deletes `queue`'s dead letters older than `older_than`
     /// (`Duration::ZERO`: all of them) on every readable shard; per shard,
     /// how many went. Their executions' quota counters follow.
-    pub async fn purge_dead_letters(&self, queue: &str, older_than: Duration) -> Result<FleetReport<i64>, ClientError> {
+    pub async fn purge_dead_letters(
+        &self,
+        queue: &str,
+        older_than: Duration,
+    ) -> Result<FleetReport<i64>, ClientError> {
         let secs = check_age(older_than)?;
         Ok(self
             .fan_out(self.readable_shards(), |shard| async move {
                 let (call, rows) = self
-                    .on_shard(shard, Owned::Queue(queue.to_owned()), PURGE_DEAD_LETTERS, &[&queue, &secs])
+                    .on_shard(
+                        shard,
+                        Owned::Queue(queue.to_owned()),
+                        PURGE_DEAD_LETTERS,
+                        &[&queue, &secs],
+                    )
                     .await?;
                 first_column(&call, &rows)
             })
@@ -88,7 +101,12 @@ impl Client {
         Ok(self
             .fan_out(self.readable_shards(), |shard| async move {
                 let (call, rows) = self
-                    .on_shard(shard, Owned::Queue(queue.to_owned()), REDRIVE_QUEUE, &[&queue, &secs, &max_rows])
+                    .on_shard(
+                        shard,
+                        Owned::Queue(queue.to_owned()),
+                        REDRIVE_QUEUE,
+                        &[&queue, &secs, &max_rows],
+                    )
                     .await?;
                 first_column(&call, &rows)
             })
@@ -105,7 +123,12 @@ impl Client {
         let mut report = self
             .fan_out(self.every_shard(), |shard| async move {
                 match self
-                    .on_shard(shard, Owned::Queue(queue.to_owned()), DROP_QUEUE, &[&queue, &force])
+                    .on_shard(
+                        shard,
+                        Owned::Queue(queue.to_owned()),
+                        DROP_QUEUE,
+                        &[&queue, &force],
+                    )
                     .await
                 {
                     Ok((call, rows)) => first_column(&call, &rows).map(Some),

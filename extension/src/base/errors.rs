@@ -105,9 +105,7 @@ pub fn task_cancelled(task_id: pgrx::Uuid, reason: Option<&str>) -> ! {
     ereport!(
         ERROR,
         PgSqlErrorCode::ERRCODE_OPERATOR_INTERVENTION,
-        format!(
-            "task {task_id} was cancelled{why}: stop its work and give it back with sheaf.release"
-        )
+        format!("task {task_id} was cancelled{why}: stop its work and give it back with sheaf.release")
     );
 }
 

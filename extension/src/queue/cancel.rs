@@ -31,10 +31,7 @@ pub fn enabled() -> bool {
 
 // The ready row first, as a claim takes it (`base::locks`): a claim in
 // flight is waited for, and the task is then found running.
-const UNREADY: Stmt = Stmt::write(
-    "DELETE FROM ready WHERE task_id = $1",
-    &[PgBuiltInOids::UUIDOID],
-);
+const UNREADY: Stmt = Stmt::write("DELETE FROM ready WHERE task_id = $1", &[PgBuiltInOids::UUIDOID]);
 const LOCK: Stmt = Stmt::write(
     "SELECT state, kind, queue, token, concurrency_key, execution_id FROM tasks WHERE id = $1 FOR UPDATE",
     &[PgBuiltInOids::UUIDOID],
@@ -110,8 +107,9 @@ pub fn cancel(task_id: pgrx::Uuid, reason: Option<&str>, hooks: &dyn ExecutionHo
     let row: Option<Locked> =
         Spi::connect_mut(|client| rows::first(run(client, &LOCK, &[task_id.into()]), "locking a task"));
     let Some((state, kind, queue, token, key, execution_id)) = row else {
-        let (cancelled, dead): (bool, bool) =
-            Spi::connect_mut(|client| rows::only(run(client, &FORMER, &[task_id.into()]), "looking a task up"));
+        let (cancelled, dead): (bool, bool) = Spi::connect_mut(|client| {
+            rows::only(run(client, &FORMER, &[task_id.into()]), "looking a task up")
+        });
         if cancelled {
             return false;
         }
@@ -127,9 +125,9 @@ pub fn cancel(task_id: pgrx::Uuid, reason: Option<&str>, hooks: &dyn ExecutionHo
             "task {task_id} is a workflow task: cancel its execution instead (cancel_execution)"
         ));
     }
-    let state: TaskState = state
-        .parse()
-        .unwrap_or_else(|_| crate::base::errors::internal(format!("reading task {task_id}'s state {state:?}")));
+    let state: TaskState = state.parse().unwrap_or_else(|_| {
+        crate::base::errors::internal(format!("reading task {task_id}'s state {state:?}"))
+    });
     let running = state == TaskState::Running;
     if running && token.is_some_and(|t| t < 0) {
         return false;
@@ -195,7 +193,10 @@ pub fn settle(task_id: pgrx::Uuid, token: i64) -> bool {
         if run(client, &SETTLE, &[task_id.into(), token.into()]).is_empty() {
             return None;
         }
-        rows::first(run(client, &LEAVE, &[task_id.into()]), "settling a cancelled task")
+        rows::first(
+            run(client, &LEAVE, &[task_id.into()]),
+            "settling a cancelled task",
+        )
     });
     let Some((key,)) = gone else {
         return false;
@@ -222,8 +223,11 @@ pub fn cancelled(task_id: pgrx::Uuid) -> Option<Option<String>> {
         return None;
     }
     Spi::connect_mut(|client| {
-        rows::first::<(Option<String>,)>(run(client, &REASON, &[task_id.into()]), "looking a cancellation up")
-            .map(|(r,)| r)
+        rows::first::<(Option<String>,)>(
+            run(client, &REASON, &[task_id.into()]),
+            "looking a cancellation up",
+        )
+        .map(|(r,)| r)
     })
 }
 
@@ -294,7 +298,11 @@ mod tests {
         let (id, token) = (t[0].0, t[0].1);
         assert!(cancel(id));
         assert!(!cancel(id), "marked once");
-        assert_eq!(ns(&claim("q", 5)), Vec::<i64>::new(), "it keeps its slot while its holder may run");
+        assert_eq!(
+            ns(&claim("q", 5)),
+            Vec::<i64>::new(),
+            "it keeps its slot while its holder may run"
+        );
         for sql in [
             "SELECT sheaf.heartbeat($1, $2)",
             "SELECT sheaf.complete($1, $2)",
@@ -309,12 +317,18 @@ mod tests {
             );
         }
         assert_eq!(
-            sqlstate("SELECT sheaf.heartbeat($1, $2)", vec![id.into(), (token + 1).into()]),
+            sqlstate(
+                "SELECT sheaf.heartbeat($1, $2)",
+                vec![id.into(), (token + 1).into()]
+            ),
             "ERRCODE_LOCK_NOT_AVAILABLE",
             "another token is only stale"
         );
         Spi::run_with_args("SELECT sheaf.release($1, $2)", &[id.into(), token.into()]).unwrap();
-        assert_eq!(count("SELECT count(*) FROM sheaf.tasks WHERE (payload->>'n')::int = 1"), 0);
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.tasks WHERE (payload->>'n')::int = 1"),
+            0
+        );
         assert_eq!(ns(&claim("q", 5)), vec![2], "the slot passed on");
         assert_eq!(
             sqlstate("SELECT sheaf.complete($1, $2)", vec![id.into(), token.into()]),
@@ -330,9 +344,16 @@ mod tests {
         claim("q", 1);
         assert!(cancel(id));
         Spi::run("UPDATE sheaf.tasks SET lease_expires_at = now() - interval '1 second'").unwrap();
-        assert_eq!(Spi::get_one::<i32>("SELECT sheaf.reap_expired()").unwrap(), Some(1));
+        assert_eq!(
+            Spi::get_one::<i32>("SELECT sheaf.reap_expired()").unwrap(),
+            Some(1)
+        );
         assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 0);
-        assert_eq!(count("SELECT count(*) FROM sheaf.dead_letters"), 0, "cancelled, not dead");
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.dead_letters"),
+            0,
+            "cancelled, not dead"
+        );
         assert_eq!(
             count("SELECT count(*) FROM sheaf.task_cancellations WHERE settled_at IS NOT NULL"),
             1
@@ -361,12 +382,16 @@ mod tests {
         .unwrap();
         assert!(cancel(activity));
         assert_eq!(
-            count("SELECT count(*) FROM sheaf.events WHERE event_type = 'TaskCancelled' AND payload->>'reason' = 'not needed'"),
+            count(
+                "SELECT count(*) FROM sheaf.events WHERE event_type = 'TaskCancelled' AND payload->>'reason' = 'not needed'"
+            ),
             1
         );
         let dead = enqueue("q", json!({}), json!({"max_attempts": 1}));
-        Spi::run("SELECT f.* FROM sheaf.claim('q', 'w', 1) c, LATERAL sheaf.fail(c.task_id, c.token, 'boom') f")
-            .unwrap();
+        Spi::run(
+            "SELECT f.* FROM sheaf.claim('q', 'w', 1) c, LATERAL sheaf.fail(c.task_id, c.token, 'boom') f",
+        )
+        .unwrap();
         assert_eq!(
             sqlstate("SELECT sheaf.cancel_task($1)", vec![dead.into()]),
             "ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE"
@@ -398,9 +423,10 @@ mod tests {
             )
             .unwrap();
         }
-        let shown = Spi::get_one_with_args::<pgrx::JsonB>("SELECT progress FROM sheaf.get_task($1)", &[id.into()])
-            .unwrap()
-            .unwrap();
+        let shown =
+            Spi::get_one_with_args::<pgrx::JsonB>("SELECT progress FROM sheaf.get_task($1)", &[id.into()])
+                .unwrap()
+                .unwrap();
         assert_eq!(shown.0, json!({"done": 2}));
         let listed = Spi::get_one::<pgrx::JsonB>("SELECT progress FROM sheaf.list_tasks('q', 'running')")
             .unwrap()
@@ -409,7 +435,11 @@ mod tests {
         assert_eq!(
             sqlstate(
                 "SELECT sheaf.set_progress($1, $2, $3)",
-                vec![id.into(), token.into(), pgrx::JsonB(json!("x".repeat(70_000))).into()]
+                vec![
+                    id.into(),
+                    token.into(),
+                    pgrx::JsonB(json!("x".repeat(70_000))).into()
+                ]
             ),
             "ERRCODE_INVALID_PARAMETER_VALUE"
         );

@@ -197,7 +197,10 @@ const CUTOFF: Stmt = Stmt::read(
 pub fn purge(queue: &str, older_secs: Option<f64>, hooks: &dyn ExecutionHooks) -> i64 {
     let cutoff = match older_secs {
         Some(secs) => Spi::connect_mut(|client| {
-            rows::only_value::<TimestampWithTimeZone>(run(client, &CUTOFF, &[secs.into()]), "reading the clock")
+            rows::only_value::<TimestampWithTimeZone>(
+                run(client, &CUTOFF, &[secs.into()]),
+                "reading the clock",
+            )
         }),
         None => TimestampWithTimeZone::positive_infinity(),
     };
@@ -205,11 +208,7 @@ pub fn purge(queue: &str, older_secs: Option<f64>, hooks: &dyn ExecutionHooks) -
     loop {
         let (n, executions): (i64, Vec<pgrx::Uuid>) = Spi::connect_mut(|client| {
             rows::only(
-                run(
-                    client,
-                    &PURGE,
-                    &[queue.into(), cutoff.into(), PURGE_BATCH.into()],
-                ),
+                run(client, &PURGE, &[queue.into(), cutoff.into(), PURGE_BATCH.into()]),
                 "purging dead letters",
             )
         });
@@ -247,7 +246,11 @@ const REDRIVABLE: Stmt = Stmt::read(
 pub fn redrive_queue(queue: &str, older_secs: f64, max: i64, hooks: &dyn ExecutionHooks) -> i32 {
     let found: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
         rows::all(
-            run(client, &REDRIVABLE, &[queue.into(), older_secs.into(), max.into()]),
+            run(
+                client,
+                &REDRIVABLE,
+                &[queue.into(), older_secs.into(), max.into()],
+            ),
             "choosing dead letters to redrive",
         )
     });

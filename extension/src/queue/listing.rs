@@ -425,8 +425,7 @@ pub fn get(id: pgrx::Uuid) -> Option<TaskDetail> {
             rows::first(run(client, &GET, &[id.into()]), "reading a task");
         found.map(|rows::Split(h, t)| {
             (
-                h.1, h.2, h.3, h.4, h.5, h.6, h.7, h.8, h.9, h.10, h.11, h.12, t.0, t.1, t.2, t.3, t.4,
-                h.13,
+                h.1, h.2, h.3, h.4, h.5, h.6, h.7, h.8, h.9, h.10, h.11, h.12, t.0, t.1, t.2, t.3, t.4, h.13,
             )
         })
     })

@@ -41,9 +41,7 @@ const PRUNE: Stmt = Stmt::write(
 
 /// Records the progress of a task running under `token`.
 pub fn set(task_id: pgrx::Uuid, token: i64, progress: Jsonb) {
-    let held = Spi::connect_mut(|client| {
-        !run(client, &RUNNING, &[task_id.into(), token.into()]).is_empty()
-    });
+    let held = Spi::connect_mut(|client| !run(client, &RUNNING, &[task_id.into(), token.into()]).is_empty());
     if !held {
         lease::not_running(task_id, token);
     }
@@ -55,7 +53,5 @@ pub fn prune(max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    Spi::connect_mut(|client| {
-        rows::only_value(run(client, &PRUNE, &[max.into()]), "pruning task progress")
-    })
+    Spi::connect_mut(|client| rows::only_value(run(client, &PRUNE, &[max.into()]), "pruning task progress"))
 }

@@ -258,7 +258,10 @@ pub fn drop(name: &str, force: bool, hooks: &dyn ExecutionHooks) -> i64 {
     }
     exec(&UNREADY_ALL, &[name.into()]);
     let gone: Vec<(TaskState, Option<String>, bool)> = Spi::connect_mut(|client| {
-        rows::all(run(client, &DELETE_TASKS, &[name.into()]), "deleting a queue's tasks")
+        rows::all(
+            run(client, &DELETE_TASKS, &[name.into()]),
+            "deleting a queue's tasks",
+        )
     });
     if gone.iter().any(|g| g.2) {
         not_ready(format!(
@@ -298,8 +301,10 @@ mod tests {
         enqueue("other", json!({"n": 9}), json!({"max_attempts": 1}));
         fail_all("pq");
         fail_all("other");
-        Spi::run("UPDATE sheaf.dead_letters SET dead_at = now() - make_interval(hours => (payload->>'n')::int)")
-            .unwrap();
+        Spi::run(
+            "UPDATE sheaf.dead_letters SET dead_at = now() - make_interval(hours => (payload->>'n')::int)",
+        )
+        .unwrap();
         let purged = Spi::get_one::<i64>("SELECT sheaf.purge_dead_letters('pq', '150 minutes')").unwrap();
         assert_eq!(purged, Some(1), "only n = 3 is older than 2.5 hours");
         let moved = Spi::get_one::<i32>("SELECT sheaf.redrive_queue('pq', '30 minutes', 1)").unwrap();
@@ -307,10 +312,19 @@ mod tests {
         assert_eq!(ns(&claim("pq", 5)), vec![2]);
         let moved = Spi::get_one::<i32>("SELECT sheaf.redrive_queue('pq')").unwrap();
         assert_eq!(moved, Some(2));
-        assert_eq!(count("SELECT count(*) FROM sheaf.dead_letters"), 1, "the other queue's");
-        assert_eq!(Spi::get_one::<i32>("SELECT sheaf.redrive_queue('pq')").unwrap(), Some(0));
         assert_eq!(
-            count("SELECT count(*) FROM sheaf.audit_log WHERE action IN ('purge_dead_letters', 'redrive_queue')"),
+            count("SELECT count(*) FROM sheaf.dead_letters"),
+            1,
+            "the other queue's"
+        );
+        assert_eq!(
+            Spi::get_one::<i32>("SELECT sheaf.redrive_queue('pq')").unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM sheaf.audit_log WHERE action IN ('purge_dead_letters', 'redrive_queue')"
+            ),
             4
         );
     }
@@ -357,9 +371,16 @@ mod tests {
         .catch_others(|_| true)
         .execute();
         assert!(refused, "it has tasks");
-        assert_eq!(Spi::get_one::<i64>("SELECT sheaf.drop_queue('dq', true)").unwrap(), Some(2));
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT sheaf.drop_queue('dq', true)").unwrap(),
+            Some(2)
+        );
         assert_eq!(count("SELECT count(*) FROM sheaf.queues WHERE name = 'dq'"), 0);
-        assert_eq!(ns(&claim("keep", 5)), vec![2], "the key's slot passed to the other queue");
+        assert_eq!(
+            ns(&claim("keep", 5)),
+            vec![2],
+            "the key's slot passed to the other queue"
+        );
         let (execution, _, _) = start("dw", "a", json!({}));
         Spi::run_with_args(
             "SELECT sheaf.enqueue('eq', '{}', jsonb_build_object('execution_id', $1::text))",
