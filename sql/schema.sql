@@ -408,7 +408,11 @@ CREATE TABLE executions (
     migrated_from_shards integer[] NOT NULL DEFAULT '{}',
     -- A staged copy over this shard's own seal: the seal's row, put back if
     -- the move aborts.
-    replaced_seal   jsonb
+    replaced_seal   jsonb,
+    -- A child whose parent lives on another shard: when the relay pulled
+    -- its end into the parent's history (sheaf.relay_pulled). Retention
+    -- keeps such a child until then.
+    result_pulled_at timestamptz
 );
 -- Active uniqueness: one non-terminal (or MIGRATED) run per (name, workflow_id).
 CREATE UNIQUE INDEX executions_active ON executions (workflow_name, workflow_id)
@@ -430,6 +434,10 @@ CREATE INDEX executions_created ON executions (created_at, id);
 CREATE INDEX executions_state ON executions (state, created_at, id);
 CREATE INDEX executions_name ON executions (workflow_name, created_at, id);
 CREATE INDEX executions_search ON executions USING gin (search_attrs);
+-- Retention (sheaf.maintain): ended runs and seals, oldest end first.
+CREATE INDEX executions_ended ON executions (closed_at)
+    WHERE state IN ('COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT', 'CONTINUED_AS_NEW');
+CREATE INDEX executions_sealed ON executions (closed_at) WHERE state = 'MIGRATED';
 
 -- Append-only history. Never updated.
 CREATE TABLE events (
@@ -592,6 +600,8 @@ CREATE TABLE usage_records (
     metrics         jsonb NOT NULL
 );
 CREATE INDEX usage_records_window ON usage_records (recorded_at);
+-- Retention deletes an ended run's records with it.
+CREATE INDEX usage_records_execution ON usage_records (execution_id);
 
 -- Per-tenant quota usage, one row per quota key, kept by the same
 -- transactions that change what it counts (quota_recompute recounts it):
@@ -671,6 +681,17 @@ CREATE TABLE migrations (
 -- One move at a time per execution.
 CREATE UNIQUE INDEX migrations_open ON migrations (execution_id) WHERE phase NOT IN ('DONE', 'ABORTED');
 CREATE INDEX migrations_pending ON migrations (phase, updated_at) WHERE phase NOT IN ('DONE', 'ABORTED');
+-- Retention deletes a seal's records of its moves with it.
+CREATE INDEX migrations_execution ON migrations (execution_id);
+
+-- How long this shard keeps what has ended (sheaf.set_retention, applied in
+-- bounded batches by sheaf.maintain; sheaf_core::retention reads it). One
+-- row once set; none means keep everything.
+CREATE TABLE retention (
+    one             boolean PRIMARY KEY DEFAULT true CHECK (one),
+    policy          jsonb NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
 
 -- Fencing tokens and enqueue order: sequences, never the clock.
 CREATE SEQUENCE task_seq;

@@ -937,6 +937,7 @@ CREATE TABLE @extschema@.task_cancellations (
     cancelled_at    timestamptz NOT NULL DEFAULT now(),
     settled_at      timestamptz
 );
+REVOKE ALL ON @extschema@.task_cancellations FROM PUBLIC;
 CREATE INDEX task_cancellations_settled ON @extschema@.task_cancellations (settled_at) WHERE settled_at IS NOT NULL;
 
 -- A running task's progress as its handler last reported it
@@ -949,6 +950,7 @@ CREATE TABLE @extschema@.task_progress (
     progress        jsonb NOT NULL,
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
+REVOKE ALL ON @extschema@.task_progress FROM PUBLIC;
 
 CREATE FUNCTION "cancel_task"(
 	"task_id" uuid,
@@ -1002,3 +1004,40 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'drop_queue_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.drop_queue(text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.drop_queue(text, boolean) TO sheaf_admin;
+ALTER TABLE @extschema@.executions ADD COLUMN result_pulled_at timestamptz;
+CREATE INDEX executions_ended ON @extschema@.executions (closed_at)
+    WHERE state IN ('COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT', 'CONTINUED_AS_NEW');
+CREATE INDEX executions_sealed ON @extschema@.executions (closed_at) WHERE state = 'MIGRATED';
+CREATE INDEX usage_records_execution ON @extschema@.usage_records (execution_id);
+CREATE INDEX migrations_execution ON @extschema@.migrations (execution_id);
+CREATE TABLE @extschema@.retention (
+    one             boolean PRIMARY KEY DEFAULT true CHECK (one),
+    policy          jsonb NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON @extschema@.retention FROM PUBLIC;
+CREATE FUNCTION "set_retention"(
+	"opts" jsonb
+) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_retention_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.set_retention(jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.set_retention(jsonb) TO sheaf_admin;
+CREATE FUNCTION "retention"() RETURNS jsonb
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'retention_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.retention() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.retention() TO sheaf_worker;
+CREATE FUNCTION "relay_pulled"(
+	"child_id" uuid
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_pulled_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) TO sheaf_worker;

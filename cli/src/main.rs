@@ -14,6 +14,7 @@ mod operations;
 mod rebalance;
 mod relay;
 mod reports;
+mod retention;
 mod shard;
 mod tasks;
 mod topology;
@@ -123,6 +124,13 @@ enum Command {
     /// per shard and in total, and its oldest ready task's age. Exits 3
     /// when partial.
     Queues,
+    /// How long every shard keeps what has ended (ended executions with
+    /// their history, dead letters, seals of moved runs); `sheaf.maintain`,
+    /// which every worker runs, deletes what is past it.
+    Retention {
+        #[command(subcommand)]
+        what: RetentionCommand,
+    },
     /// Every concurrency key of every shard: running, ready and waiting
     /// tasks added up, and each shard's cap. Exits 3 when partial.
     Concurrency,
@@ -334,6 +342,30 @@ enum DeadLettersCommand {
         /// Only those dead longer than this (1h, 7days; 0s: all of them).
         #[arg(long, value_parser = operations::parse_age)]
         older_than: Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum RetentionCommand {
+    /// Each shard's policy; exits 3 when a shard did not answer.
+    Get,
+    /// Change the fields given on every shard (the rest stay as they are).
+    /// Each is a duration from 1 minute to 100 years (30days, 12h) or
+    /// `forever`. Exits 3 when a shard did not take it.
+    Set {
+        /// Ended executions, with their history.
+        #[arg(long)]
+        executions: Option<String>,
+        /// Dead letters.
+        #[arg(long)]
+        dead_letters: Option<String>,
+        /// Seals of executions moved to another shard (their old ids route
+        /// through them).
+        #[arg(long)]
+        seals: Option<String>,
+        /// One workflow's ended executions: NAME=DURATION (repeatable).
+        #[arg(long = "workflow", value_name = "NAME=DURATION")]
+        workflows: Vec<String>,
     },
 }
 
@@ -551,6 +583,26 @@ async fn main() -> ExitCode {
         },
         Command::Queues => tasks::queues(&client, cli.json).await,
         Command::Concurrency => reports::concurrency(&client, cli.json).await,
+        Command::Retention {
+            what: RetentionCommand::Get,
+        } => retention::get(&client, cli.json).await,
+        Command::Retention {
+            what:
+                RetentionCommand::Set {
+                    executions,
+                    dead_letters,
+                    seals,
+                    workflows,
+                },
+        } => {
+            let args = retention::SetArgs {
+                executions,
+                dead_letters,
+                seals,
+                workflows,
+            };
+            retention::set(&client, &args, cli.json).await
+        }
         Command::Tree { execution_id } => relay::tree(&client, &execution_id, cli.json).await,
         Command::Orphans => relay::orphans(&client, cli.json).await,
         Command::Audit { limit } => config::audit(&client, limit, cli.json).await,

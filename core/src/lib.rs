@@ -17,6 +17,7 @@ pub mod ordering;
 pub mod page;
 #[cfg(feature = "exact-json")]
 pub mod policy;
+pub mod retention;
 #[cfg(feature = "exact-json")]
 pub mod search;
 pub mod sqlstate;

@@ -376,7 +376,18 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
         )),
         Err(e) => RelayOutcome::Failed(e.to_string()),
     };
-    report(outcome, RelayEdge::Pull).await.unwrap_or(Drove::Lost)
+    let ended = matches!(outcome, RelayOutcome::Ended { .. });
+    let drove = report(outcome, RelayEdge::Pull).await.unwrap_or(Drove::Lost);
+    // The parent has the child's end now: the child's shard may let
+    // retention delete it. A mark lost here keeps the child (never deletes
+    // one too early); README "Retention".
+    if ended
+        && drove == Drove::Settled
+        && let Err(e) = client.relay_pulled(row.child_id).await
+    {
+        tracing::warn!(%shard, child = %row.child_id, error = %e, "could not mark a pulled child for retention");
+    }
+    drove
 }
 
 /// Sets `shard`'s backlog gauges from `relay_backlog()` and `outbox_backlog()`.

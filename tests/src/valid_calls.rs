@@ -657,6 +657,17 @@ pub const VALID_CALLS: &[ValidCall] = &[
             "'vc: stopped'",
         ],
     ),
+    call(
+        "sheaf.relay_pulled(uuid)",
+        &[],
+        &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-cancel'))"],
+    ),
+    call(
+        "sheaf.set_retention(jsonb)",
+        &[],
+        &[r#"'{"dead_letters": "3650days", "workflows": {"vc_wf": {"executions": "3650days"}}}'"#],
+    ),
+    call("sheaf.retention()", &[], &[]),
     call("sheaf.quota_usage(text)", &[], &["'vc_t'"]),
     call("sheaf.quota_recompute(text)", &[], &["'vc_t'"]),
     // The durable mutex.

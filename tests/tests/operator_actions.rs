@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    Client, ClientError, EnqueueOptions, Placement, PoolOptions, ShardId, StartOptions, TaskContext,
-    TaskDone, TaskFailure, TaskState, Worker, WorkerOptions,
+    Client, ClientError, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, StartOptions,
+    TaskContext, TaskDone, TaskFailure, TaskState, Worker, WorkerOptions,
 };
 use sheaf_tests::{cli_binary, connect, fleet, fleet_spec, unique};
 
@@ -501,7 +501,11 @@ async fn the_cli_reads_and_drives_one_execution() {
     ]);
     assert_eq!((code, &out["signalled"]), (Some(0), &json!(true)), "{out}");
     let (_, again) = sheaf_json(&["executions", "signal", &id, "go", "--signal-id", "s1"]);
-    assert_eq!(again["signalled"], json!(true), "a retry is answered as delivered");
+    assert_eq!(
+        again["signalled"],
+        json!(true),
+        "a retry is answered as delivered"
+    );
     let (code, out) = sheaf_json(&["executions", "cancel", &id, "--reason", "cli"]);
     assert_eq!((code, &out["cancelled"]), (Some(0), &json!(true)), "{out}");
     let (code, history) = sheaf_json(&["executions", "history", &id]);
@@ -520,4 +524,169 @@ async fn the_cli_reads_and_drives_one_execution() {
     let unknown = format!("{}", sheaf_driver::ExecutionId::mint(shards()[0]).expect("an id"));
     let (code, _) = sheaf_json(&["executions", "get", &unknown]);
     assert_eq!(code, Some(4));
+}
+
+/// The retention policies every shard has now, restored when dropped
+/// (tests share the fleet).
+async fn set_retention_cli(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["retention", "set"];
+    all.extend_from_slice(args);
+    let (code, out) = sheaf_json(&all);
+    assert_eq!(code, Some(0), "{out}");
+    out
+}
+
+/// Runs of `workflow` on every shard: ended 45 and 40 days ago (the first
+/// with a dead letter), 10 and 1 days ago, and one active since long ago.
+async fn runs_of_every_age(
+    c: &Client,
+    workflow: &str,
+    tenant: &str,
+) -> (Vec<ExecutionId>, Vec<ExecutionId>, Vec<ExecutionId>) {
+    let mut past = Vec::new();
+    let mut inside = Vec::new();
+    let mut active = Vec::new();
+    for shard in fleet().shards() {
+        let db = connect(shard).await;
+        let pinned = || StartOptions::new().placement(Placement::Shard(shard.id));
+        for (i, days) in [45, 40, 10, 1].into_iter().enumerate() {
+            let run = c
+                .start_workflow(workflow, &unique("run"), json!({"tenant": tenant}), pinned())
+                .await
+                .expect("start");
+            if i == 0 {
+                // A dead letter of an old run: its tenant's count goes with it.
+                let queue = unique("ops-ret-acts");
+                c.enqueue(
+                    &queue,
+                    json!({}),
+                    EnqueueOptions::new().execution(run.execution_id).max_attempts(1),
+                )
+                .await
+                .expect("an activity");
+                for t in c
+                    .claim(shard.id, &queue, "ops", 1, Duration::from_secs(60))
+                    .await
+                    .expect("claim")
+                {
+                    c.fail(t.task_id, t.token, "ops: boom", None).await.expect("fail");
+                }
+            }
+            c.complete_execution(run.execution_id, json!({"ok": true}))
+                .await
+                .expect("complete");
+            db.execute(
+                "UPDATE sheaf.executions SET closed_at = now() - make_interval(days => $2) WHERE id = $1",
+                &[&run.execution_id.as_uuid(), &days],
+            )
+            .await
+            .expect("backdated");
+            if days > 30 {
+                past.push(run.execution_id)
+            } else {
+                inside.push(run.execution_id)
+            }
+        }
+        let running = c
+            .start_workflow(workflow, &unique("run"), json!({"tenant": tenant}), pinned())
+            .await
+            .expect("start");
+        db.execute(
+            "UPDATE sheaf.executions SET created_at = now() - interval '400 days' WHERE id = $1",
+            &[&running.execution_id.as_uuid()],
+        )
+        .await
+        .expect("backdated");
+        active.push(running.execution_id);
+    }
+    (past, inside, active)
+}
+
+/// No run of `workflow` in `past` is left on any shard, and nothing hangs
+/// off a deleted run (ground truth from the tables).
+async fn nothing_past_its_window(workflow: &str, past: &[ExecutionId]) {
+    for shard in fleet().shards() {
+        let db = connect(shard).await;
+        let left: Vec<uuid::Uuid> = db
+            .query(
+                "SELECT id FROM sheaf.executions WHERE workflow_name = $1",
+                &[&workflow],
+            )
+            .await
+            .expect("executions")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for id in &left {
+            assert!(
+                !past.iter().any(|p| p.as_uuid() == *id),
+                "a run past its window stayed"
+            );
+        }
+        let orphans: i64 = db
+            .query_one(
+                "SELECT (SELECT count(*) FROM sheaf.events v WHERE NOT EXISTS \
+                   (SELECT 1 FROM sheaf.executions e WHERE e.id = v.execution_id)) + \
+                 (SELECT count(*) FROM sheaf.dead_letters d WHERE d.execution_id IS NOT NULL AND NOT EXISTS \
+                   (SELECT 1 FROM sheaf.executions e WHERE e.id = d.execution_id))",
+                &[],
+            )
+            .await
+            .expect("orphans")
+            .get(0);
+        assert_eq!(orphans, 0, "nothing left hanging off a deleted run");
+    }
+}
+
+#[tokio::test]
+async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact() {
+    let c = client();
+    let workflow = unique("ops-ret");
+    let tenant = unique("ret-tenant");
+    let policy =
+        json!({"queue": unique("ops-ret-q"), "quota": {"key": "input.tenant", "max_dead_letters": 100}});
+    assert!(c.declare_workflow(&workflow, policy).await.is_complete());
+    let (past, inside, active) = runs_of_every_age(&c, &workflow, &tenant).await;
+    set_retention_cli(&["--workflow", &format!("{workflow}=30days")]).await;
+    let (code, shown) = sheaf_json(&["retention", "get"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        shown["per_shard"]["0"]["workflows"][&workflow]["executions"],
+        json!("30days"),
+        "{shown}"
+    );
+    for shard in shards() {
+        loop {
+            let report = c.maintain(shard).await.expect("maintain");
+            if report["retention"]["executions"] == json!(0) {
+                break;
+            }
+        }
+    }
+    nothing_past_its_window(&workflow, &past).await;
+    for id in inside.iter().chain(&active) {
+        assert!(
+            c.get_execution(*id).await.expect("get").is_some(),
+            "{id} is inside its window or active"
+        );
+    }
+    for id in &past {
+        assert!(
+            c.get_execution(*id).await.expect("get").is_none(),
+            "{id} is past its window"
+        );
+    }
+    let usage = c.quota_usage(&tenant).await;
+    let recount = c.quota_recompute(&tenant).await;
+    assert_eq!(usage.total(), recount.total(), "the counters equal a recount");
+    assert_eq!(recount.total().dead_letters, 0);
+    assert_eq!(recount.total().active_executions, shards().len() as i64);
+    let out = set_retention_cli(&["--workflow", &format!("{workflow}=forever")]).await;
+    assert_eq!(
+        out["per_shard"]["0"]["workflows"][&workflow]["executions"],
+        json!("forever"),
+        "{out}"
+    );
+    let (code, _) = sheaf_json(&["retention", "set", "--executions", "10s"]);
+    assert_eq!(code, Some(1), "a window under a minute is refused");
 }

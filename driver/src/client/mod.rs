@@ -26,6 +26,7 @@ mod policy;
 mod rebalance;
 mod relay;
 mod reports;
+mod retention;
 mod search;
 mod shard;
 mod tasks;

@@ -1,28 +1,31 @@
 //! `sheaf.maintain()`: every bounded sweep in one call, for pg_cron or a
 //! worker loop. Claims already do the per-queue sweeps inline; this covers
-//! queues nobody is claiming from, timers of suspended executions, expired
-//! mutex leases, and the registries.
+//! queues nobody is claiming from (visiting only those with due or expired
+//! work), timers of suspended executions, expired mutex leases, the
+//! registries, and retention.
 
 use pgrx::prelude::*;
 
 use crate::mutex;
 use crate::queue::workers::{self, LIVE_SECS};
-use crate::queue::{cancel, lease, progress, promote, queues, ready};
+use crate::queue::{cancel, lease, progress, promote, ready};
 use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::lifecycle;
+use crate::workflow::{lifecycle, retention};
 
 const PROMOTE_MAX: i64 = 10_000;
 const REAP_MAX: i64 = 1_000;
 const PRUNE_MAX: i64 = 10_000;
 const WAKE_MAX: i64 = 1_000;
 const RECLAIM_MAX: i64 = 1_000;
+/// Ended runs (and, apart, dead letters) retention deletes per call.
+const RETENTION_MAX: i64 = 1_000;
 
 /// Runs every bounded sweep once and reports what each did.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn maintain() -> pgrx::JsonB {
     let mut promoted = 0;
-    for q in queues::names() {
+    for q in promote::due_queues() {
         if promoted >= PROMOTE_MAX {
             break;
         }
@@ -35,6 +38,7 @@ fn maintain() -> pgrx::JsonB {
     let fairness_keys_pruned = ready::prune_fairness_keys(PRUNE_MAX);
     let cancellations_pruned = cancel::prune(PRUNE_MAX);
     let progress_pruned = progress::prune(PRUNE_MAX);
+    let retained = retention::prune(&retention::policy(), RETENTION_MAX, &EXECUTIONS);
     pgrx::JsonB(serde_json::json!({
         "promoted": promoted,
         "reaped": reaped,
@@ -44,6 +48,7 @@ fn maintain() -> pgrx::JsonB {
         "fairness_keys_pruned": fairness_keys_pruned,
         "cancellations_pruned": cancellations_pruned,
         "progress_pruned": progress_pruned,
+        "retention": retained.to_json(),
         "live_worker_secs": LIVE_SECS,
     }))
 }

@@ -33,6 +33,7 @@ mod queues;
 mod quota;
 mod rebalance;
 mod relay;
+mod retention;
 mod retry;
 mod search;
 mod shard;

@@ -265,3 +265,30 @@ pub fn redrive_queue(queue: &str, older_secs: f64, max: i64, hooks: &dyn Executi
     }
     redrive(ids, hooks)
 }
+
+// Every queue's dead letters past their retention, oldest first on
+// `dead_letters_age`, locked in id order.
+const EXPIRED: Stmt = Stmt::write(
+    "WITH old AS (SELECT id FROM dead_letters WHERE dead_at < now() - make_interval(secs => $1) \
+                  ORDER BY dead_at LIMIT $2), \
+          locked AS (SELECT d.id FROM dead_letters d JOIN old USING (id) ORDER BY d.id FOR UPDATE OF d SKIP LOCKED), \
+          gone AS (DELETE FROM dead_letters d USING locked WHERE d.id = locked.id RETURNING d.execution_id) \
+     SELECT (SELECT count(*) FROM gone), \
+            ARRAY(SELECT execution_id FROM gone WHERE execution_id IS NOT NULL)",
+    &[PgBuiltInOids::FLOAT8OID, PgBuiltInOids::INT8OID],
+);
+
+/// Deletes up to `max` dead letters (of any queue) dead for longer than
+/// `older_secs`, oldest first (retention); how many. Quota counters follow.
+pub fn expire(older_secs: f64, max: i64, hooks: &dyn ExecutionHooks) -> i64 {
+    let (n, executions): (i64, Vec<pgrx::Uuid>) = Spi::connect_mut(|client| {
+        rows::only(
+            run(client, &EXPIRED, &[older_secs.into(), max.into()]),
+            "deleting expired dead letters",
+        )
+    });
+    if !executions.is_empty() {
+        hooks.dead_letters_gone(&executions);
+    }
+    n
+}

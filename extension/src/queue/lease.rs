@@ -10,7 +10,7 @@ use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, Column};
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::tasks::{RUNNING, attempt_secs, claim_times};
-use crate::queue::{cancel, caps, dead_letters, queues, ready};
+use crate::queue::{cancel, caps, dead_letters, ready};
 
 const RUNNING_FOR_UPDATE: Stmt = Stmt::write(
     "SELECT concurrency_key FROM tasks WHERE id = $1 AND token = $2 AND state = $3 FOR UPDATE",
@@ -228,10 +228,31 @@ type Expired = (
     Option<f64>,
 );
 
-/// Reaps up to `max` expired leases across all queues; returns how many.
+// The queues with an expired lease, by a skip scan of tasks_running: one
+// probe per queue with running tasks, never one per queue ever created.
+const EXPIRED_QUEUES: Stmt = Stmt::read(
+    "WITH RECURSIVE q(queue) AS ( \
+       (SELECT queue FROM tasks WHERE state = 'running' ORDER BY queue LIMIT 1) \
+       UNION ALL \
+       SELECT (SELECT t.queue FROM tasks t WHERE t.state = 'running' AND t.queue > q.queue \
+               ORDER BY t.queue LIMIT 1) \
+       FROM q WHERE q.queue IS NOT NULL) \
+     SELECT q.queue FROM q WHERE q.queue IS NOT NULL AND EXISTS ( \
+       SELECT 1 FROM tasks t WHERE t.state = 'running' AND t.queue = q.queue AND t.lease_expires_at < now())",
+    &[],
+);
+
+/// Reaps up to `max` expired leases across all queues (visiting only those
+/// with one); returns how many.
 pub fn reap_all(max: i64, hooks: &dyn ExecutionHooks) -> i64 {
     let mut left = max;
-    for queue in queues::names() {
+    let queues: Vec<String> = Spi::connect_mut(|client| {
+        rows::values(
+            run(client, &EXPIRED_QUEUES, &[]),
+            "finding queues with expired leases",
+        )
+    });
+    for queue in queues {
         if left <= 0 {
             break;
         }

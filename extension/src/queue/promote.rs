@@ -37,6 +37,26 @@ const SET_WAITING: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDARRAYOID],
 );
 
+// The queues with a scheduled task due now, by a skip scan of
+// tasks_scheduled: one probe per queue that has scheduled tasks, never one
+// per queue ever created.
+const DUE_QUEUES: Stmt = Stmt::read(
+    "WITH RECURSIVE q(queue) AS ( \
+       (SELECT queue FROM tasks WHERE state = 'scheduled' ORDER BY queue LIMIT 1) \
+       UNION ALL \
+       SELECT (SELECT t.queue FROM tasks t WHERE t.state = 'scheduled' AND t.queue > q.queue \
+               ORDER BY t.queue LIMIT 1) \
+       FROM q WHERE q.queue IS NOT NULL) \
+     SELECT q.queue FROM q WHERE q.queue IS NOT NULL AND EXISTS ( \
+       SELECT 1 FROM tasks t WHERE t.state = 'scheduled' AND t.queue = q.queue AND t.run_at <= now())",
+    &[],
+);
+
+/// The queues with a scheduled task due now.
+pub fn due_queues() -> Vec<String> {
+    Spi::connect_mut(|client| rows::values(run(client, &DUE_QUEUES, &[]), "finding queues with due tasks"))
+}
+
 /// Promotes up to `max` due scheduled tasks of `queue`, of those due since
 /// `since` (epoch seconds) if given; returns how many.
 pub fn due(queue: &str, max: i64, since: Option<f64>) -> i64 {

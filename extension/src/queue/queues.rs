@@ -37,7 +37,6 @@ const UPDATE: Stmt = Stmt::write(
         PgBuiltInOids::BOOLOID,
     ],
 );
-const NAMES: Stmt = Stmt::read("SELECT name FROM queues ORDER BY name", &[]);
 const CREATE: Stmt = Stmt::write(
     "INSERT INTO queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
     &[PgBuiltInOids::TEXTOID],
@@ -201,11 +200,6 @@ pub fn configure(name: &str, parsed: &QueueOptions) -> serde_json::Value {
         "fairness": fairness,
         "notify": notify,
     })
-}
-
-/// Every queue's name.
-pub fn names() -> Vec<String> {
-    Spi::connect_mut(|client| rows::values(run(client, &NAMES, &[]), "listing queues"))
 }
 
 // What a drop would take: the queue's tasks, those of executions, its dead

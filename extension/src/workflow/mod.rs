@@ -15,6 +15,7 @@ pub mod migration;
 pub mod policy;
 pub mod quota;
 pub mod relay;
+pub mod retention;
 pub mod search;
 pub mod signals;
 pub mod start;
