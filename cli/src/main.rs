@@ -10,6 +10,7 @@ mod config;
 mod execution;
 mod executions;
 mod exit;
+mod metrics;
 mod operations;
 mod rebalance;
 mod relay;
@@ -124,6 +125,14 @@ enum Command {
     /// per shard and in total, and its oldest ready task's age. Exits 3
     /// when partial.
     Queues,
+    /// Serve the fleet's metrics over HTTP (`/metrics`, Prometheus text):
+    /// per shard reachability, breaker and requests, and per shard and
+    /// queue its tasks by state and oldest ready age, sampled at most every
+    /// --sample-every. Runs until SIGINT or SIGTERM.
+    Metrics {
+        #[command(subcommand)]
+        what: MetricsCommand,
+    },
     /// How long every shard keeps what has ended (ended executions with
     /// their history, dead letters, seals of moved runs); `sheaf.maintain`,
     /// which every worker runs, deletes what is past it.
@@ -342,6 +351,19 @@ enum DeadLettersCommand {
         /// Only those dead longer than this (1h, 7days; 0s: all of them).
         #[arg(long, value_parser = operations::parse_age)]
         older_than: Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum MetricsCommand {
+    /// Listen on ADDR (127.0.0.1:9464; port 0 takes any free port, printed).
+    Serve {
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        listen: std::net::SocketAddr,
+        /// The shortest time between two samples of the shards' queues.
+        #[arg(long, default_value = "15s", value_parser = parse_duration)]
+        sample_every: Duration,
     },
 }
 
@@ -583,6 +605,9 @@ async fn main() -> ExitCode {
         },
         Command::Queues => tasks::queues(&client, cli.json).await,
         Command::Concurrency => reports::concurrency(&client, cli.json).await,
+        Command::Metrics {
+            what: MetricsCommand::Serve { listen, sample_every },
+        } => metrics::serve(client, listen, sample_every).await,
         Command::Retention {
             what: RetentionCommand::Get,
         } => retention::get(&client, cli.json).await,

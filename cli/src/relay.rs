@@ -213,7 +213,7 @@ async fn report(client: &Client, shards: &[ShardId], as_json: bool) {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn stopped() {
+pub async fn stopped() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

@@ -72,6 +72,8 @@ pub mod id;
 pub mod json;
 mod listen;
 pub mod metrics;
+#[cfg(feature = "http")]
+pub mod metrics_http;
 pub mod pool;
 pub mod relay;
 pub mod router;
@@ -100,6 +102,8 @@ pub use health::{HealthReason, Readiness};
 pub use id::{ExecutionId, IdError, TaskId};
 pub use json::Json;
 pub use metrics::{Metrics, Outcome, RelayEdge, TaskOutcome};
+#[cfg(feature = "http")]
+pub use metrics_http::{MetricsServer, MetricsServerOptions};
 pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use relay::{Relay, RelayOptions, Sweep};
 pub use router::{Placement, RouteError};

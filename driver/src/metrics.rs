@@ -27,11 +27,20 @@
 //!   and, from `outbox_backlog()`, `sheaf_outbox_pending{shard,kind}` and
 //!   `sheaf_outbox_oldest_indeterminate_seconds{shard,kind}` (how long a row
 //!   has waited on a shard that cannot be read: what to alert on).
+//! - Sampled by [`Client::sample_queues`](crate::Client::sample_queues)
+//!   (the metrics server does it at most every 15 s per scrape):
+//!   `sheaf_queue_tasks{shard,queue,state}` (`ready`, `scheduled`,
+//!   `waiting`, `running`, `paused`, `dead`) and
+//!   `sheaf_queue_oldest_ready_seconds{shard,queue}`; a queue gone from a
+//!   shard is dropped at the next sample, at most 1,000 queues per shard.
 
 use std::time::Duration;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::breaker::BreakerState;
@@ -209,9 +218,44 @@ pub struct Metrics {
     claim_seconds: HistogramVec,
     task_seconds: HistogramVec,
     relay: RelayMetrics,
+    queue_tasks: IntGaugeVec,
+    queue_oldest: GaugeVec,
+    /// The queues each shard's last sample exported.
+    sampled: Mutex<BTreeMap<ShardId, BTreeSet<String>>>,
+}
+
+/// The most queues of one shard a sample exports (by name): the series a
+/// scrape carries stay bounded however many queues a shard has.
+pub const MAX_SAMPLED_QUEUES: usize = 1_000;
+
+/// The states `sheaf_queue_tasks` counts.
+pub const QUEUE_STATES: [&str; 6] = ["ready", "scheduled", "waiting", "running", "paused", "dead"];
+
+/// One queue of one shard as a sample sees it: its count per
+/// [`QUEUE_STATES`] state, and its oldest ready task's age in seconds.
+pub(crate) struct QueueSample {
+    pub(crate) queue: String,
+    pub(crate) counts: [i64; 6],
+    pub(crate) oldest_ready_secs: Option<f64>,
+}
+
+/// `sheaf_queue_oldest_ready_seconds`, registered in `registry`.
+fn oldest_ready_gauge(registry: &Registry) -> GaugeVec {
+    let g = GaugeVec::new(
+        Opts::new(
+            "sheaf_queue_oldest_ready_seconds",
+            "The age of a queue's oldest ready task on a shard, at the last sample (0 when none is ready)",
+        ),
+        &["shard", "queue"],
+    )
+    .expect("a valid metric definition");
+    registry.register(Box::new(g.clone())).expect("registered once");
+    g
 }
 
 impl Metrics {
+    // One definition per family, in the order the module lists them.
+    #[allow(clippy::too_many_lines)]
     pub(crate) fn new() -> Metrics {
         let registry = Registry::new();
         let gauge = |name: &str, help: &str, labels: &[&str]| {
@@ -276,7 +320,16 @@ impl Metrics {
             TASK_BUCKETS,
         );
         let relay = RelayMetrics::new(&counter, &gauge);
+        let queue_tasks = gauge(
+            "sheaf_queue_tasks",
+            "A queue's tasks on a shard by state (ready, scheduled, waiting, running, paused, dead), at the last sample",
+            &["shard", "queue", "state"],
+        );
+        let queue_oldest = oldest_ready_gauge(&registry);
         Metrics {
+            queue_tasks,
+            queue_oldest,
+            sampled: Mutex::new(BTreeMap::new()),
             registry,
             relay,
             up,
@@ -487,6 +540,40 @@ impl Metrics {
     pub fn requests_total(&self, shard: ShardId, outcome: Outcome) -> u64 {
         self.requests
             .with_label_values(&[&shard.to_string(), outcome.label()])
+            .get()
+    }
+
+    /// A shard's queues as sampled now: their series replace the last
+    /// sample's, and a queue no longer there is dropped.
+    pub(crate) fn queues(&self, shard: ShardId, sample: &[QueueSample]) {
+        let id = shard.to_string();
+        let mut sampled = self.sampled.lock().unwrap_or_else(|p| p.into_inner());
+        let before = sampled.remove(&shard).unwrap_or_default();
+        let mut now = BTreeSet::new();
+        for q in sample.iter().take(MAX_SAMPLED_QUEUES) {
+            for (state, n) in QUEUE_STATES.iter().zip(q.counts) {
+                self.queue_tasks
+                    .with_label_values(&[id.as_str(), &q.queue, state])
+                    .set(n);
+            }
+            self.queue_oldest
+                .with_label_values(&[id.as_str(), &q.queue])
+                .set(q.oldest_ready_secs.unwrap_or(0.0));
+            now.insert(q.queue.clone());
+        }
+        for gone in before.difference(&now) {
+            for state in QUEUE_STATES {
+                let _ = self.queue_tasks.remove_label_values(&[id.as_str(), gone, state]);
+            }
+            let _ = self.queue_oldest.remove_label_values(&[id.as_str(), gone]);
+        }
+        sampled.insert(shard, now);
+    }
+
+    /// A queue's sampled count of tasks in `state` on `shard`.
+    pub fn queue_tasks(&self, shard: ShardId, queue: &str, state: &str) -> i64 {
+        self.queue_tasks
+            .with_label_values(&[&shard.to_string(), queue, state])
             .get()
     }
 

@@ -76,6 +76,10 @@ pub struct WorkerOptions {
     /// (`Client::settle_stalled`). `None`: only `sheaf rebalance-resume`
     /// settles them.
     pub rebalance_resume: Option<Duration>,
+    /// Serve `/metrics` here (feature `http`): the client's series and the
+    /// queues of every readable shard, sampled at most every 15 s.
+    #[cfg(feature = "http")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl WorkerOptions {
@@ -99,12 +103,21 @@ impl WorkerOptions {
             listen: true,
             relay: Some(RelayOptions::default()),
             rebalance_resume: Some(crate::client::STALL_AFTER),
+            #[cfg(feature = "http")]
+            metrics_listen: None,
         }
     }
 
     /// Sets [`WorkerOptions::coverage`].
     pub fn coverage(mut self, coverage: Coverage) -> Self {
         self.coverage = coverage;
+        self
+    }
+
+    /// Sets [`WorkerOptions::metrics_listen`].
+    #[cfg(feature = "http")]
+    pub fn metrics_listen(mut self, addr: std::net::SocketAddr) -> Self {
+        self.metrics_listen = Some(addr);
         self
     }
 
@@ -180,6 +193,9 @@ pub enum WorkerError {
     /// `Worker::start` runs its loops on the current tokio runtime.
     #[error("Worker::start must be called from within a tokio runtime (e.g. inside #[tokio::main])")]
     NoRuntime,
+    /// `metrics_listen` could not be served (the port is taken, say).
+    #[error("cannot serve metrics: {0}")]
+    MetricsListen(String),
 }
 
 /// Counts of what a worker did, so far.
@@ -265,6 +281,9 @@ pub struct Worker {
     /// lands after the worker deregistered.
     housekeeping: Option<JoinHandle<()>>,
     uncovered: Vec<ShardId>,
+    /// `/metrics`, when `metrics_listen` is set; stops when the worker goes.
+    #[cfg(feature = "http")]
+    metrics: Option<crate::metrics_http::MetricsServer>,
     warnings: Vec<String>,
 }
 
@@ -286,6 +305,8 @@ impl Worker {
             return Err(WorkerError::NoRuntime);
         };
         let shards = check(&client, &options)?;
+        #[cfg(feature = "http")]
+        let metrics = serve_metrics(&client, &options)?;
         let topology = client.topology();
         let uncovered: Vec<ShardId> = topology
             .shards()
@@ -299,20 +320,7 @@ impl Worker {
                 "writable shards that this worker does not cover: make sure another worker does"
             );
         }
-        let max_size = client.pools().options().max_size;
-        let mut warnings = Vec::new();
-        for &shard in &shards {
-            let scanners = client.add_scanner(shard);
-            if max_size < scanners + 1 {
-                let text = format!(
-                    "the pool of shard {shard} holds {max_size} connections but {scanners} claim loop(s) \
-                     of this process use it: size it at {} or more",
-                    scanners + 1
-                );
-                tracing::warn!(worker = %options.name, "{text}");
-                warnings.push(text);
-            }
-        }
+        let warnings = count_scanners(&client, &shards, &options.name);
         let relay = options.relay.as_ref().map(|_| relay::Shared::new(&shards));
         let ctx = Arc::new(Ctx {
             relay,
@@ -360,7 +368,17 @@ impl Worker {
             housekeeping,
             uncovered,
             warnings,
+            #[cfg(feature = "http")]
+            metrics,
         })
+    }
+
+    /// Where its `/metrics` is served (`metrics_listen`), if it is.
+    #[cfg(feature = "http")]
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics
+            .as_ref()
+            .map(crate::metrics_http::MetricsServer::local_addr)
     }
 
     /// The shards this worker claims from, in its round-robin order.
@@ -532,6 +550,41 @@ fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, Worke
         return Err(WorkerError::NoShards);
     }
     Ok(shards)
+}
+
+/// Counts this worker's claim loops against each shard's pool; the pools
+/// too small for every claim loop of the process, as warnings (also logged).
+fn count_scanners(client: &Client, shards: &[ShardId], name: &str) -> Vec<String> {
+    let max_size = client.pools().options().max_size;
+    let mut warnings = Vec::new();
+    for &shard in shards {
+        let scanners = client.add_scanner(shard);
+        if max_size < scanners + 1 {
+            let text = format!(
+                "the pool of shard {shard} holds {max_size} connections but {scanners} claim loop(s) \
+                 of this process use it: size it at {} or more",
+                scanners + 1
+            );
+            tracing::warn!(worker = %name, "{text}");
+            warnings.push(text);
+        }
+    }
+    warnings
+}
+
+/// `/metrics` on `metrics_listen`, bound now so a taken port fails the start.
+#[cfg(feature = "http")]
+fn serve_metrics(
+    client: &Arc<Client>,
+    options: &WorkerOptions,
+) -> Result<Option<crate::metrics_http::MetricsServer>, WorkerError> {
+    let Some(addr) = options.metrics_listen else {
+        return Ok(None);
+    };
+    std::net::TcpListener::bind(addr)
+        .and_then(|l| crate::metrics_http::MetricsServer::from_std(client.clone(), l, Default::default()))
+        .map(Some)
+        .map_err(|e| WorkerError::MetricsListen(e.to_string()))
 }
 
 /// The claim loops, one per shard, all at once: a shard that does not

@@ -690,3 +690,121 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
     let (code, _) = sheaf_json(&["retention", "set", "--executions", "10s"]);
     assert_eq!(code, Some(1), "a window under a minute is refused");
 }
+
+/// `GET /metrics` from `addr` over a real TCP connection: the body of a 200.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: sheaf\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.expect("response");
+    let text = String::from_utf8(raw).expect("utf-8");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("content-type: text/plain"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_are_served_over_http_with_each_queues_counts() {
+    let c = client();
+    let shard = shards()[0];
+    let queue = unique("ops-metrics");
+    for _ in 0..3 {
+        c.enqueue(&queue, json!({}), on(shard)).await.expect("enqueue");
+    }
+    let later = std::time::SystemTime::now() + Duration::from_secs(3600);
+    c.enqueue(&queue, json!({}), on(shard).run_at(later))
+        .await
+        .expect("scheduled");
+    let options = sheaf_driver::MetricsServerOptions {
+        sample_every: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let server = sheaf_driver::MetricsServer::start(c.clone(), "127.0.0.1:0".parse().unwrap(), options)
+        .await
+        .expect("a metrics server");
+    let body = scrape(server.local_addr()).await;
+    for line in [
+        format!(r#"sheaf_queue_tasks{{queue="{queue}",shard="{shard}",state="ready"}} 3"#),
+        format!(r#"sheaf_queue_tasks{{queue="{queue}",shard="{shard}",state="scheduled"}} 1"#),
+        format!(r#"sheaf_queue_tasks{{queue="{queue}",shard="{shard}",state="dead"}} 0"#),
+        "# TYPE sheaf_queue_oldest_ready_seconds gauge".to_owned(),
+        "# TYPE sheaf_shard_requests_total counter".to_owned(),
+    ] {
+        assert!(body.contains(&line), "missing {line:?} in\n{body}");
+    }
+    // A second scrape within the sample interval does not sample again.
+    c.enqueue(&queue, json!({}), on(shard)).await.expect("enqueue");
+    let again = scrape(server.local_addr()).await;
+    assert!(again.contains(&format!(
+        r#"sheaf_queue_tasks{{queue="{queue}",shard="{shard}",state="ready"}} 3"#
+    )));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let later_body = scrape(server.local_addr()).await;
+    assert!(later_body.contains(&format!(
+        r#"sheaf_queue_tasks{{queue="{queue}",shard="{shard}",state="ready"}} 4"#
+    )));
+    server.shutdown().await;
+
+    // A worker serves its own.
+    let worker = Worker::start(
+        c.clone(),
+        WorkerOptions::new(unique("w"), [queue.clone()]).metrics_listen("127.0.0.1:0".parse().unwrap()),
+        |_ctx: TaskContext| async { Ok(TaskDone::Complete(None)) },
+    )
+    .expect("a worker");
+    until(
+        "the ready tasks to be done",
+        Duration::from_secs(20),
+        async || worker.stats().completed == 4,
+    )
+    .await;
+    let addr = worker.metrics_addr().expect("served");
+    let body = scrape(addr).await;
+    assert!(
+        body.contains(&format!(
+            r#"sheaf_tasks_total{{outcome="completed",queue="{queue}",shard="{shard}"}} 4"#
+        )),
+        "{body}"
+    );
+    worker.shutdown().await;
+
+    the_cli_serves_metrics(&queue, shard).await;
+}
+
+/// `sheaf metrics serve` on any free port it prints, scraped.
+async fn the_cli_serves_metrics(queue: &str, shard: ShardId) {
+    let mut cli = tokio::process::Command::new(cli_binary())
+        .args(["metrics", "serve", "--listen", "127.0.0.1:0"])
+        .env("SHEAF_SHARDS", fleet_spec())
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the CLI starts");
+    let mut lines = tokio::io::BufReader::new(cli.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first)
+        .await
+        .expect("its address");
+    let addr: std::net::SocketAddr = first
+        .trim()
+        .strip_prefix("serving http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    let body = scrape(addr).await;
+    assert!(
+        body.contains(&format!(
+            r#"sheaf_queue_tasks{{queue="{queue}",shard="{shard}",state="scheduled"}} 1"#
+        )),
+        "{body}"
+    );
+    cli.kill().await.expect("stopped");
+}

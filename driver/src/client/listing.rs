@@ -20,6 +20,7 @@ use sheaf_core::state::TaskState;
 use super::search::{refused_argument, status};
 use super::{Call, Client, ClientError, Owned, PageStatus, single};
 use crate::id::{ExecutionId, TaskId};
+use crate::metrics::QueueSample;
 use crate::topology::ShardId;
 
 /// The most rows a listing page may ask for (each shard is asked for one
@@ -439,6 +440,37 @@ impl Client {
             status: status(&report.failed),
             unavailable_shards: report.failed,
         }
+    }
+}
+
+impl Client {
+    /// Samples every readable shard's queues into this client's metrics
+    /// (`sheaf_queue_tasks{shard,queue,state}`,
+    /// `sheaf_queue_oldest_ready_seconds{shard,queue}`): one `list_queues`
+    /// per shard, whose counts walk each queue's indexes. Returns the
+    /// shards that could not answer (their last sample stays, and
+    /// `sheaf_shard_up` says they are down).
+    pub async fn sample_queues(&self) -> BTreeMap<ShardId, ClientError> {
+        let listing = self.list_queues().await;
+        let mut per_shard: BTreeMap<ShardId, Vec<QueueSample>> = BTreeMap::new();
+        for shard in self.readable_shards() {
+            if !listing.unavailable_shards.contains_key(&shard) {
+                per_shard.insert(shard, Vec::new());
+            }
+        }
+        for q in &listing.queues {
+            for (shard, c) in &q.per_shard {
+                per_shard.entry(*shard).or_default().push(QueueSample {
+                    queue: q.queue.clone(),
+                    counts: [c.ready, c.scheduled, c.waiting, c.running, c.paused, c.dead],
+                    oldest_ready_secs: c.oldest_ready_age.map(|d| d.as_secs_f64()),
+                });
+            }
+        }
+        for (shard, sample) in per_shard {
+            self.metrics().queues(shard, &sample);
+        }
+        listing.unavailable_shards
     }
 }
 

@@ -1,0 +1,157 @@
+//! `/metrics` over HTTP (feature `http`): the client's series, with the
+//! queues of every readable shard sampled when a scrape finds the last
+//! sample older than [`MetricsServerOptions::sample_every`], so scraping
+//! often costs the shards nothing more. Used by a [`Worker`] with
+//! `metrics_listen` and by `sheaf metrics serve`.
+//!
+//! [`Worker`]: crate::Worker
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Client;
+
+/// How the metrics server samples.
+#[derive(Debug, Clone)]
+pub struct MetricsServerOptions {
+    /// The shortest time between two samples of the shards' queues
+    /// (default 15 s; at least 1 s).
+    pub sample_every: Duration,
+    /// The longest a sample may take before the scrape is answered with
+    /// the last one (default 5 s).
+    pub sample_timeout: Duration,
+}
+
+impl Default for MetricsServerOptions {
+    fn default() -> Self {
+        MetricsServerOptions {
+            sample_every: Duration::from_secs(15),
+            sample_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Shared {
+    client: Arc<Client>,
+    options: MetricsServerOptions,
+    /// When the last sample was taken; held while one is taken, so
+    /// scrapes at once share it.
+    last: Mutex<Option<Instant>>,
+}
+
+/// A running metrics server.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Serves `GET /metrics` on `listen` (port 0: any free port, see
+    /// [`MetricsServer::local_addr`]).
+    pub async fn start(
+        client: Arc<Client>,
+        listen: SocketAddr,
+        options: MetricsServerOptions,
+    ) -> std::io::Result<MetricsServer> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        MetricsServer::serve(client, listener, options)
+    }
+
+    /// [`MetricsServer::start`] on a listener bound already (a [`Worker`]
+    /// binds it when it starts, so a taken port fails the start). Must be
+    /// called within a tokio runtime.
+    ///
+    /// [`Worker`]: crate::Worker
+    pub fn from_std(
+        client: Arc<Client>,
+        listener: std::net::TcpListener,
+        options: MetricsServerOptions,
+    ) -> std::io::Result<MetricsServer> {
+        listener.set_nonblocking(true)?;
+        MetricsServer::serve(client, tokio::net::TcpListener::from_std(listener)?, options)
+    }
+
+    fn serve(
+        client: Arc<Client>,
+        listener: tokio::net::TcpListener,
+        options: MetricsServerOptions,
+    ) -> std::io::Result<MetricsServer> {
+        let addr = listener.local_addr()?;
+        let options = MetricsServerOptions {
+            sample_every: options.sample_every.max(Duration::from_secs(1)),
+            ..options
+        };
+        let shared = Arc::new(Shared {
+            client,
+            options,
+            last: Mutex::new(None),
+        });
+        let app = Router::new().route("/metrics", get(metrics)).with_state(shared);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "the metrics server stopped");
+            }
+        });
+        Ok(MetricsServer {
+            addr,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and waits until it has.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    {
+        let mut last = shared.last.lock().await;
+        if last.is_none_or(|at| at.elapsed() >= shared.options.sample_every) {
+            match tokio::time::timeout(shared.options.sample_timeout, shared.client.sample_queues()).await {
+                Ok(failed) => {
+                    for (shard, e) in failed {
+                        tracing::debug!(%shard, error = %e, "queue sample: shard did not answer");
+                    }
+                }
+                Err(_) => tracing::warn!("queue sample timed out; the last one is served"),
+            }
+            *last = Some(Instant::now());
+        }
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        shared.client.metrics_text(),
+    )
+}
