@@ -385,7 +385,8 @@ enum RetentionCommand {
         /// through them).
         #[arg(long)]
         seals: Option<String>,
-        /// One workflow's ended executions: NAME=DURATION (repeatable).
+        /// One workflow's ended executions: NAME=DURATION (repeatable;
+        /// NAME=default removes its own setting).
         #[arg(long = "workflow", value_name = "NAME=DURATION")]
         workflows: Vec<String>,
     },
@@ -484,6 +485,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[allow(clippy::too_many_lines)]
 #[tokio::main]
 async fn main() -> ExitCode {
+    // `sheaf ... | head` ends quietly when head is done, as other command
+    // line tools do, instead of panicking on the closed pipe.
+    // SAFETY: restores the default disposition of one signal, before any
+    // thread of ours writes to stdout.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     // Comparing files needs no shards.
     if let Command::Topology {

@@ -9,7 +9,8 @@ use sheaf_driver::{Client, FleetReport};
 use crate::exit;
 
 /// What `sheaf retention set` was given: each a duration (`30days`, `12h`)
-/// or `forever`; `workflows` as `NAME=DURATION`.
+/// or `forever`; `workflows` as `NAME=DURATION`, where `default` removes
+/// the workflow's own setting.
 pub struct SetArgs {
     pub executions: Option<String>,
     pub dead_letters: Option<String>,
@@ -33,6 +34,11 @@ pub fn policy(args: &SetArgs) -> Result<Value, String> {
     for w in &args.workflows {
         let Some((name, keep)) = w.split_once('=') else {
             return Err(format!("--workflow takes NAME=DURATION, got {w:?}"));
+        };
+        let keep = if keep == "default" {
+            Value::Null
+        } else {
+            json!(keep)
         };
         workflows.insert(name.into(), json!({"executions": keep}));
     }
