@@ -20,7 +20,9 @@ use serde_json::json;
 use sheaf_driver::{Client, EnqueueOptions, Placement, PoolOptions, ShardId, StartOptions, Topology};
 
 #[derive(Parser)]
-#[command(about = "retention: rows deleted per second by maintain(), claim and start p50 meanwhile, sizes after")]
+#[command(
+    about = "retention: rows deleted per second by maintain(), claim and start p50 meanwhile, sizes after"
+)]
 struct Cli {
     /// Ended executions to delete (each with 10 events).
     #[arg(long, default_value_t = 1_000_000)]
@@ -78,7 +80,8 @@ async fn fill(db: &tokio_postgres::Client, n: i64) -> Result<(), Error> {
         done += k;
         eprintln!("filled {done} of {n}");
     }
-    db.batch_execute("VACUUM ANALYZE sheaf.executions, sheaf.events").await?;
+    db.batch_execute("VACUUM ANALYZE sheaf.executions, sheaf.events")
+        .await?;
     Ok(())
 }
 
@@ -94,7 +97,10 @@ async fn probe(client: Arc<Client>, shard: ShardId, stop: Arc<AtomicBool>) -> (V
             continue;
         }
         let at = Instant::now();
-        let Ok(tasks) = client.claim(shard, &queue, "probe", 1, Duration::from_secs(30)).await else {
+        let Ok(tasks) = client
+            .claim(shard, &queue, "probe", 1, Duration::from_secs(30))
+            .await
+        else {
             continue;
         };
         claims.push(at.elapsed().as_secs_f64() * 1000.0);
@@ -104,7 +110,12 @@ async fn probe(client: Arc<Client>, shard: ShardId, stop: Arc<AtomicBool>) -> (V
         let at = Instant::now();
         let pinned = StartOptions::new().placement(Placement::Shard(shard));
         if let Ok(s) = client
-            .start_workflow("retention-probe", &format!("p-{}-{n}", std::process::id()), json!({}), pinned)
+            .start_workflow(
+                "retention-probe",
+                &format!("p-{}-{n}", std::process::id()),
+                json!({}),
+                pinned,
+            )
             .await
         {
             starts.push(at.elapsed().as_secs_f64() * 1000.0);
@@ -169,7 +180,8 @@ async fn sizes(db: &tokio_postgres::Client) -> Result<(), Error> {
                 &[&table],
             )
             .await?;
-        let (heap, index, live, dead): (String, String, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+        let (heap, index, live, dead): (String, String, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
         println!("{table:<11} heap {heap:>9}  indexes {index:>9}  live {live:>9}  dead tuples {dead:>9}");
     }
     Ok(())

@@ -79,6 +79,7 @@ pub mod relay;
 pub mod router;
 pub mod schema;
 pub mod status;
+mod tls;
 pub mod topology;
 pub mod worker;
 
@@ -112,5 +113,6 @@ pub use sheaf_core::state::{ExecutionState, TaskKind, TaskState};
 pub use status::{
     LiveWorker, RelayBacklogSummary, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard,
 };
+pub use tls::ROOT_CERT_VAR;
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
 pub use worker::{Coverage, DrainReport, Worker, WorkerError, WorkerOptions, WorkerStats};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
@@ -85,11 +85,11 @@ async fn listen_once(
 ) -> Result<(), (bool, String)> {
     let options = client.pools().options();
     let (connect_timeout, query_timeout) = (options.connect_timeout, options.query_timeout);
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| (false, format!("{e}")))?;
+    let (mut config, tls) = crate::tls::shard_config(url).map_err(|e| (false, e))?;
     config.connect_timeout(connect_timeout);
     let connecting = tokio::select! {
         _ = stop.cancelled() => return Ok(()),
-        c = tokio::time::timeout(connect_timeout, config.connect(NoTls)) => c,
+        c = tokio::time::timeout(connect_timeout, config.connect(tls)) => c,
     };
     let (conn, mut connection) = match connecting {
         Ok(Ok(c)) => c,

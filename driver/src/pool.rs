@@ -8,7 +8,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::topology::{ShardId, Topology};
@@ -145,6 +144,8 @@ impl ShardError {
 
 struct ShardPool {
     pool: Pool,
+    /// How its connections (and cancel requests) are made.
+    tls: crate::tls::Tls,
     breaker: Mutex<Breaker>,
     /// The shard's schema version as last read, and when.
     schema: Mutex<Option<(Option<String>, Instant)>>,
@@ -183,14 +184,11 @@ impl ShardPools {
     pub fn new(topology: &Topology, options: PoolOptions) -> Result<ShardPools, ShardError> {
         let mut pools = BTreeMap::new();
         for shard in topology.shards() {
-            let mut config: tokio_postgres::Config =
-                shard
-                    .url
-                    .parse()
-                    .map_err(|e: tokio_postgres::Error| ShardError::Unreachable {
-                        shard: shard.id,
-                        cause: format!("bad connection string: {e}"),
-                    })?;
+            let (mut config, tls) =
+                crate::tls::shard_config(&shard.url).map_err(|cause| ShardError::Unreachable {
+                    shard: shard.id,
+                    cause,
+                })?;
             config.connect_timeout(options.connect_timeout);
             let mut settings = Vec::new();
             if options.declare_topology {
@@ -223,7 +221,7 @@ impl ShardPools {
             }
             let manager = Manager::from_config(
                 config,
-                NoTls,
+                tls.clone(),
                 ManagerConfig {
                     recycling_method: RecyclingMethod::Fast,
                 },
@@ -244,6 +242,7 @@ impl ShardPools {
                 shard.id,
                 ShardPool {
                     pool,
+                    tls,
                     breaker: Mutex::new(breaker),
                     schema: Mutex::new(None),
                 },
@@ -296,11 +295,12 @@ impl ShardPools {
             }),
             Err(e) => {
                 lock(&entry.breaker).record_failure(Instant::now());
-                tracing::warn!(%shard, error = %e, "shard connection failed");
-                Err(ShardError::Unreachable {
-                    shard,
-                    cause: e.to_string(),
-                })
+                // With its causes: a TLS handshake's says what was wrong
+                // with the certificate. tokio-postgres' errors never carry
+                // the connection string.
+                let cause = crate::status::with_causes(&e);
+                tracing::warn!(%shard, error = %cause, "shard connection failed");
+                Err(ShardError::Unreachable { shard, cause })
             }
         }
     }
@@ -390,6 +390,11 @@ impl ShardPools {
     /// The options the pools were built with.
     pub fn options(&self) -> &PoolOptions {
         &self.options
+    }
+
+    /// How connections to `shard` are made (for a cancel request).
+    pub(crate) fn tls(&self, shard: ShardId) -> Option<crate::tls::Tls> {
+        self.pools.get(&shard).map(|p| p.tls.clone())
     }
 
     /// The shard's breaker state now; `None` for a shard with no pool.

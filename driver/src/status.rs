@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use crate::breaker::BreakerState;
@@ -329,11 +328,10 @@ async fn read_work(client: &tokio_postgres::Client, identity: &mut Identity) -> 
 }
 
 async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String> {
-    let mut config: tokio_postgres::Config =
-        url.parse().map_err(|e| format!("bad connection string: {e}"))?;
+    let (mut config, tls) = crate::tls::shard_config(url)?;
     config.connect_timeout(timeout);
     let (client, connection) = config
-        .connect(NoTls)
+        .connect(tls)
         .await
         .map_err(|e| format!("cannot connect: {}", with_causes(&e)))?;
     let driver = tokio::spawn(connection);
@@ -385,7 +383,7 @@ async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String>
 
 /// An error and its chain of causes: tokio-postgres puts the useful part
 /// ("connection refused") in the source.
-fn with_causes(e: &dyn std::error::Error) -> String {
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

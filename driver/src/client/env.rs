@@ -3,8 +3,6 @@
 //! zero-infrastructure start every single-database queue offers), under the
 //! id it was initialized with (`sheaf.init_shard`).
 
-use tokio_postgres::NoTls;
-
 use super::Client;
 use crate::pool::{PoolOptions, ShardError};
 use crate::topology::{Topology, TopologyError};
@@ -65,11 +63,9 @@ impl Client {
 
 /// The shard id the database at `url` was initialized with.
 async fn shard_id(url: &str, options: &PoolOptions) -> Result<i32, EnvError> {
-    let mut config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|_| EnvError::Database("not a connection string".into()))?;
+    let (mut config, tls) = crate::tls::shard_config(url).map_err(EnvError::Database)?;
     config.connect_timeout(options.connect_timeout);
-    let (db, connection) = tokio::time::timeout(options.connect_timeout, config.connect(NoTls))
+    let (db, connection) = tokio::time::timeout(options.connect_timeout, config.connect(tls))
         .await
         .map_err(|_| EnvError::Database("the connection timed out".into()))?
         .map_err(|e| EnvError::Database(e.to_string()))?;

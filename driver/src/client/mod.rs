@@ -378,11 +378,13 @@ impl Client {
                     // The server may still be running it: cancel it, and
                     // never reuse a connection with a reply still in flight.
                     let cancel = conn.cancel_token();
-                    tokio::spawn(async move {
-                        if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
-                            tracing::debug!(error = %e, "cancelling a timed-out statement failed");
-                        }
-                    });
+                    if let Some(tls) = self.pools.tls(call.shard) {
+                        tokio::spawn(async move {
+                            if let Err(e) = cancel.cancel_query(tls).await {
+                                tracing::debug!(error = %e, "cancelling a timed-out statement failed");
+                            }
+                        });
+                    }
                     drop(deadpool_postgres::Object::take(conn));
                     self.pools.record_failure(call.shard);
                     tracing::warn!(shard = %call.shard, waited = ?limit, "statement timed out");
