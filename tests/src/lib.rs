@@ -221,3 +221,16 @@ pub async fn connect_listening(
 pub fn sid(n: u16) -> sheaf_driver::ShardId {
     sheaf_driver::ShardId::new(u32::from(n)).expect("a test shard id is in range")
 }
+
+/// Waits until `done` says so, polling every 20 ms; fails the test naming
+/// `what` after `timeout`.
+pub async fn until(what: &str, timeout: std::time::Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

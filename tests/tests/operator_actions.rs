@@ -16,7 +16,7 @@ use sheaf_driver::{
     Client, ClientError, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, StartOptions,
     TaskContext, TaskDone, TaskFailure, TaskState, Worker, WorkerOptions,
 };
-use sheaf_tests::{cli_binary, connect, fleet, fleet_spec, unique};
+use sheaf_tests::{cli_binary, connect, fleet, fleet_spec, unique, until};
 
 fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
@@ -28,17 +28,6 @@ fn shards() -> Vec<ShardId> {
 
 fn on(shard: ShardId) -> EnqueueOptions {
     EnqueueOptions::new().placement(Placement::Shard(shard))
-}
-
-async fn until(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 type Handled = Pin<Box<dyn Future<Output = Result<TaskDone, TaskFailure>> + Send>>;

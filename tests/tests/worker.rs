@@ -12,7 +12,7 @@ use sheaf_driver::{
     CancelReason, Client, Coverage, EnqueueOptions, ExecutionId, ExecutionState, Placement, PoolOptions,
     ShardId, StartOptions, TaskContext, TaskDone, TaskFailure, Worker, WorkerOptions,
 };
-use sheaf_tests::{connect, fleet, unique};
+use sheaf_tests::{connect, fleet, unique, until};
 use tokio::time::Instant;
 
 fn client(options: PoolOptions) -> Arc<Client> {
@@ -58,17 +58,6 @@ async fn unfinished(queue: &str) -> i64 {
         total += row.get::<_, i64>(0);
     }
     total
-}
-
-async fn until(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,7 +9,7 @@ use crate::base::errors::{stale_token, unknown_task};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, Column};
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
-use crate::queue::tasks::{RUNNING, attempt_secs, claim_times};
+use crate::queue::tasks::{RUNNING, attempt_secs, claim_times, queues_with};
 use crate::queue::{cancel, caps, dead_letters, ready};
 
 const RUNNING_FOR_UPDATE: Stmt = Stmt::write(
@@ -228,19 +228,7 @@ type Expired = (
     Option<f64>,
 );
 
-// The queues with an expired lease, by a skip scan of tasks_running: one
-// probe per queue with running tasks, never one per queue ever created.
-const EXPIRED_QUEUES: Stmt = Stmt::read(
-    "WITH RECURSIVE q(queue) AS ( \
-       (SELECT queue FROM tasks WHERE state = 'running' ORDER BY queue LIMIT 1) \
-       UNION ALL \
-       SELECT (SELECT t.queue FROM tasks t WHERE t.state = 'running' AND t.queue > q.queue \
-               ORDER BY t.queue LIMIT 1) \
-       FROM q WHERE q.queue IS NOT NULL) \
-     SELECT q.queue FROM q WHERE q.queue IS NOT NULL AND EXISTS ( \
-       SELECT 1 FROM tasks t WHERE t.state = 'running' AND t.queue = q.queue AND t.lease_expires_at < now())",
-    &[],
-);
+const EXPIRED_QUEUES: Stmt = Stmt::read(queues_with!("running", "t.lease_expires_at < now()"), &[]);
 
 /// Reaps up to `max` expired leases across all queues (visiting only those
 /// with one); returns how many.

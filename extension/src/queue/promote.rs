@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
+use crate::queue::tasks::queues_with;
 use crate::queue::{caps, ready, tasks};
 
 // Due tasks in promotion order: `[all of them, those due since $3]` (epoch
@@ -37,20 +38,7 @@ const SET_WAITING: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDARRAYOID],
 );
 
-// The queues with a scheduled task due now, by a skip scan of
-// tasks_scheduled: one probe per queue that has scheduled tasks, never one
-// per queue ever created.
-const DUE_QUEUES: Stmt = Stmt::read(
-    "WITH RECURSIVE q(queue) AS ( \
-       (SELECT queue FROM tasks WHERE state = 'scheduled' ORDER BY queue LIMIT 1) \
-       UNION ALL \
-       SELECT (SELECT t.queue FROM tasks t WHERE t.state = 'scheduled' AND t.queue > q.queue \
-               ORDER BY t.queue LIMIT 1) \
-       FROM q WHERE q.queue IS NOT NULL) \
-     SELECT q.queue FROM q WHERE q.queue IS NOT NULL AND EXISTS ( \
-       SELECT 1 FROM tasks t WHERE t.state = 'scheduled' AND t.queue = q.queue AND t.run_at <= now())",
-    &[],
-);
+const DUE_QUEUES: Stmt = Stmt::read(queues_with!("scheduled", "t.run_at <= now()"), &[]);
 
 /// The queues with a scheduled task due now.
 pub fn due_queues() -> Vec<String> {

@@ -50,6 +50,33 @@ macro_rules! attempt_secs {
 }
 pub(crate) use attempt_secs;
 
+/// The queues with a task in `$state` for which `$cond` holds (on `t`), by
+/// a skip scan of that state's partial index by queue: one probe per queue
+/// with tasks in that state, never one per queue ever created (`maintain`).
+macro_rules! queues_with {
+    ($state:literal, $cond:literal) => {
+        concat!(
+            "WITH RECURSIVE q(queue) AS ( \
+               (SELECT queue FROM tasks WHERE state = '",
+            $state,
+            "' ORDER BY queue LIMIT 1) \
+               UNION ALL \
+               SELECT (SELECT t.queue FROM tasks t WHERE t.state = '",
+            $state,
+            "' AND t.queue > q.queue \
+                       ORDER BY t.queue LIMIT 1) \
+               FROM q WHERE q.queue IS NOT NULL) \
+             SELECT q.queue FROM q WHERE q.queue IS NOT NULL AND EXISTS ( \
+               SELECT 1 FROM tasks t WHERE t.state = '",
+            $state,
+            "' AND t.queue = q.queue AND ",
+            $cond,
+            ")"
+        )
+    };
+}
+pub(crate) use queues_with;
+
 // One statement inserts the tasks (in input order, so `seq` keeps the batch's
 // order) and the ready rows of those admitted now, and answers whether the
 // queue had no ready task before (its workers may be asleep on LISTEN; see
