@@ -27,6 +27,10 @@ CREATE TABLE queues (
     -- forward lazily by claims (never waited on), read by admissions.
     vtime       double precision NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT now(),
+    -- Since when retention's sweep has seen the queue with nothing in it
+    -- (sheaf.set_retention's idle_queues); NULL once it sees work again.
+    -- Written by sheaf.maintain only.
+    idle_since  timestamptz,
     CHECK (NOT (fairness AND aging_secs IS NOT NULL))
 );
 

@@ -1016,6 +1016,7 @@ CREATE TABLE @extschema@.retention (
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
 REVOKE ALL ON @extschema@.retention FROM PUBLIC;
+ALTER TABLE @extschema@.queues ADD COLUMN idle_since timestamptz;
 CREATE FUNCTION "set_retention"(
 	"opts" jsonb
 ) RETURNS jsonb

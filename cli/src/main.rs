@@ -385,6 +385,9 @@ enum RetentionCommand {
         /// through them).
         #[arg(long)]
         seals: Option<String>,
+        /// Queues of the default configuration with nothing in them.
+        #[arg(long)]
+        idle_queues: Option<String>,
         /// One workflow's ended executions: NAME=DURATION (repeatable;
         /// NAME=default removes its own setting).
         #[arg(long = "workflow", value_name = "NAME=DURATION")]
@@ -625,6 +628,7 @@ async fn main() -> ExitCode {
                     executions,
                     dead_letters,
                     seals,
+                    idle_queues,
                     workflows,
                 },
         } => {
@@ -632,6 +636,7 @@ async fn main() -> ExitCode {
                 executions,
                 dead_letters,
                 seals,
+                idle_queues,
                 workflows,
             };
             retention::set(&client, &args, cli.json).await

@@ -15,6 +15,7 @@ pub struct SetArgs {
     pub executions: Option<String>,
     pub dead_letters: Option<String>,
     pub seals: Option<String>,
+    pub idle_queues: Option<String>,
     pub workflows: Vec<String>,
 }
 
@@ -25,6 +26,7 @@ pub fn policy(args: &SetArgs) -> Result<Value, String> {
         ("executions", &args.executions),
         ("dead_letters", &args.dead_letters),
         ("seals", &args.seals),
+        ("idle_queues", &args.idle_queues),
     ] {
         if let Some(v) = v {
             m.insert(k.into(), json!(v));
@@ -46,7 +48,9 @@ pub fn policy(args: &SetArgs) -> Result<Value, String> {
         m.insert("workflows".into(), Value::Object(workflows));
     }
     if m.is_empty() {
-        return Err("say what to keep: --executions, --dead-letters, --seals or --workflow".into());
+        return Err(
+            "say what to keep: --executions, --dead-letters, --seals, --idle-queues or --workflow".into(),
+        );
     }
     Ok(Value::Object(m))
 }
@@ -75,11 +79,12 @@ fn show(report: &FleetReport<Value>, as_json: bool) -> ExitCode {
                 .unwrap_or_default();
             let workflows: Vec<String> = workflows.iter().map(|(k, v)| format!("{k}={v}")).collect();
             println!(
-                "{:<6} {:<12} {:<12} {:<12} {}",
+                "{:<6} {:<12} {:<12} {:<12} {:<12} {}",
                 shard,
                 text("executions"),
                 text("dead_letters"),
                 text("seals"),
+                text("idle_queues"),
                 workflows.join(" ")
             );
         }

@@ -5,7 +5,7 @@
 //!
 //! ```json
 //! {"executions": "30days", "dead_letters": "14days", "seals": "90days",
-//!  "workflows": {"billing": {"executions": "365days"}}}
+//!  "idle_queues": "7days", "workflows": {"billing": {"executions": "365days"}}}
 //! ```
 //!
 //! A duration is a string of `humantime`'s form (`30days`, `12h`, `90 days`,
@@ -81,6 +81,9 @@ pub struct Retention {
     /// `MIGRATED` seals, by when their move was done: ids held outside may
     /// still route through them.
     pub seals: Keep,
+    /// Queues of the default configuration seen with nothing in them (no
+    /// task in any state, no dead letter) for this long.
+    pub idle_queues: Keep,
     /// Per workflow name, `executions` for that workflow's runs.
     pub workflows: BTreeMap<String, Keep>,
 }
@@ -172,13 +175,14 @@ impl Retention {
         let m = object(
             "opts",
             patch,
-            &["executions", "dead_letters", "seals", "workflows"],
+            &["executions", "dead_letters", "seals", "idle_queues", "workflows"],
         )?;
         let mut next = self.clone();
         for (name, slot) in [
             ("executions", &mut next.executions),
             ("dead_letters", &mut next.dead_letters),
             ("seals", &mut next.seals),
+            ("idle_queues", &mut next.idle_queues),
         ] {
             match m.get(name) {
                 None => {}
@@ -234,6 +238,7 @@ impl Retention {
             "executions": self.executions.to_json(),
             "dead_letters": self.dead_letters.to_json(),
             "seals": self.seals.to_json(),
+            "idle_queues": self.idle_queues.to_json(),
             "workflows": self.workflows.iter()
                 .map(|(k, v)| (k.clone(), json!({"executions": v.to_json()})))
                 .collect::<Map<_, _>>(),
@@ -263,8 +268,9 @@ mod tests {
             .unwrap();
         assert_eq!(r.executions, Keep::For(Duration::from_secs(30 * 86_400)));
         assert_eq!(r.dead_letters, Keep::For(Duration::from_secs(86_400)));
-        r.merge(&json!({"seals": "90 days", "workflows": {"billing": {"executions": "365days"}}}))
+        r.merge(&json!({"seals": "90 days", "idle_queues": "7days", "workflows": {"billing": {"executions": "365days"}}}))
             .unwrap();
+        assert_eq!(r.idle_queues, Keep::For(Duration::from_secs(7 * 86_400)));
         assert_eq!(r.executions.secs(), Some(30.0 * 86_400.0), "untouched");
         assert_eq!(
             r.workflows["billing"],

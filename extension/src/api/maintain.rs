@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 
 use crate::mutex;
 use crate::queue::workers::{self, LIVE_SECS};
-use crate::queue::{cancel, lease, progress, promote, ready};
+use crate::queue::{cancel, lease, progress, promote, queues, ready};
 use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::{lifecycle, retention};
 
@@ -38,7 +38,9 @@ fn maintain() -> pgrx::JsonB {
     let fairness_keys_pruned = ready::prune_fairness_keys(PRUNE_MAX);
     let cancellations_pruned = cancel::prune(PRUNE_MAX);
     let progress_pruned = progress::prune(PRUNE_MAX);
-    let retained = retention::prune(&retention::policy(), RETENTION_MAX, &EXECUTIONS);
+    let policy = retention::policy();
+    let retained = retention::prune(&policy, RETENTION_MAX, &EXECUTIONS);
+    let idle_queues_dropped = policy.idle_queues.secs().map_or(0, queues::expire_idle);
     pgrx::JsonB(serde_json::json!({
         "promoted": promoted,
         "reaped": reaped,
@@ -49,6 +51,7 @@ fn maintain() -> pgrx::JsonB {
         "cancellations_pruned": cancellations_pruned,
         "progress_pruned": progress_pruned,
         "retention": retained.to_json(),
+        "idle_queues_dropped": idle_queues_dropped,
         "live_worker_secs": LIVE_SECS,
     }))
 }

@@ -12,7 +12,8 @@ use crate::workflow::retention;
 
 /// Sets how long this shard keeps what has ended, and returns the whole
 /// policy: `{"executions": "30days", "dead_letters": "14days", "seals":
-/// "90days", "workflows": {"<name>": {"executions": "365days"}}}`. Fields
+/// "90days", "idle_queues": "7days", "workflows": {"<name>":
+/// {"executions": "365days"}}}`. Fields
 /// not given stay as they were; `null` (or `"forever"`) keeps forever, the
 /// default. Durations: `30days`, `12h`, whole seconds; 1 minute to 100
 /// years. `maintain` deletes what is past it in bounded batches.

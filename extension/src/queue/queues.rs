@@ -271,10 +271,187 @@ pub fn drop(name: &str, force: bool, hooks: &dyn ExecutionHooks) -> i64 {
     n + purged
 }
 
+// Retention's idle-queue sweep (`expire_idle`): a batch of queue rows after
+// `$1` by name, each with whether it is of the default configuration and
+// whether it has work now, by index (ready rows, scheduled and running
+// tasks, dead letters); waiting and paused tasks are looked for only before
+// a drop (`STILL_IDLE`).
+const IDLE_BATCH: Stmt = Stmt::read(
+    "SELECT q.name, q.idle_since IS NOT NULL AND q.idle_since < now() - make_interval(secs => $3), \
+            q.aging_secs IS NULL AND NOT q.fairness AND q.notify, \
+            EXISTS (SELECT 1 FROM ready r WHERE r.queue = q.name) \
+            OR EXISTS (SELECT 1 FROM tasks t WHERE t.state = 'scheduled' AND t.queue = q.name) \
+            OR EXISTS (SELECT 1 FROM tasks t WHERE t.state = 'running' AND t.queue = q.name) \
+            OR EXISTS (SELECT 1 FROM dead_letters d WHERE d.queue = q.name) \
+     FROM queues q WHERE q.name > $1 ORDER BY q.name LIMIT $2",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::FLOAT8OID,
+    ],
+);
+const MARK_IDLE: Stmt = Stmt::write(
+    "UPDATE queues SET idle_since = now() WHERE name = ANY($1) AND idle_since IS NULL",
+    &[PgBuiltInOids::TEXTARRAYOID],
+);
+const MARK_BUSY: Stmt = Stmt::write(
+    "UPDATE queues SET idle_since = NULL WHERE name = ANY($1) AND idle_since IS NOT NULL",
+    &[PgBuiltInOids::TEXTARRAYOID],
+);
+// Before a drop: no waiting task (its index has no queue: this walks the
+// waiting lines of every key, so it runs for one queue a pass at most), no
+// paused one (through the paused executions), and still nothing else.
+const STILL_IDLE: Stmt = Stmt::read(
+    "SELECT NOT EXISTS (SELECT 1 FROM tasks t WHERE t.state = 'waiting' AND t.queue = $1 \
+                        ORDER BY t.concurrency_key, t.priority DESC, t.seq LIMIT 1) \
+        AND NOT EXISTS (SELECT 1 FROM executions e JOIN tasks t ON t.execution_id = e.id \
+                        WHERE e.state = 'PAUSED' AND t.state = 'paused' AND t.queue = $1) \
+        AND NOT EXISTS (SELECT 1 FROM ready r WHERE r.queue = $1) \
+        AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.state IN ('scheduled', 'running') AND t.queue = $1) \
+        AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.queue = $1)",
+    &[PgBuiltInOids::TEXTOID],
+);
+const DROP_IDLE: Stmt = Stmt::write(
+    "DELETE FROM queues WHERE name = $1 AND idle_since IS NOT NULL \
+       AND aging_secs IS NULL AND NOT fairness AND notify",
+    &[PgBuiltInOids::TEXTOID],
+);
+
+/// Queue rows the idle sweep looks at per call.
+const IDLE_BATCH_ROWS: i64 = 100;
+
+thread_local! {
+    /// Where this backend's idle sweep goes on from (by queue name).
+    static IDLE_CURSOR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Retention of idle queues, one bounded step: looks at the next 100 queue
+/// rows (round robin by name), marks those with nothing in them idle and
+/// those with work busy, and drops at most one of the default
+/// configuration seen idle for longer than `older_secs` once a last look
+/// finds no task of it in any state; returns how many it dropped. A
+/// configured queue is never dropped (its configuration would be lost).
+pub fn expire_idle(older_secs: f64) -> i64 {
+    if !idle_enabled() {
+        return 0;
+    }
+    let after = IDLE_CURSOR.with(|c| c.borrow().clone());
+    let batch: Vec<(String, bool, bool, bool)> = Spi::connect_mut(|client| {
+        rows::all(
+            run(
+                client,
+                &IDLE_BATCH,
+                &[after.as_str().into(), IDLE_BATCH_ROWS.into(), older_secs.into()],
+            ),
+            "sweeping idle queues",
+        )
+    });
+    let next = if (batch.len() as i64) < IDLE_BATCH_ROWS {
+        String::new()
+    } else {
+        batch.last().map(|b| b.0.clone()).unwrap_or_default()
+    };
+    IDLE_CURSOR.with(|c| *c.borrow_mut() = next);
+    let (busy, idle): (Vec<_>, Vec<_>) = batch.iter().partition(|b| b.3);
+    let names = |v: &[&(String, bool, bool, bool)]| v.iter().map(|b| b.0.clone()).collect::<Vec<String>>();
+    exec(&MARK_BUSY, &[names(&busy).into()]);
+    exec(&MARK_IDLE, &[names(&idle).into()]);
+    let Some((name, ..)) = idle.iter().find(|b| b.1 && b.2) else {
+        return 0;
+    };
+    let still: bool = Spi::connect_mut(|client| {
+        rows::only_value(
+            run(client, &STILL_IDLE, &[name.as_str().into()]),
+            "checking an idle queue",
+        )
+    });
+    if !still {
+        exec(&MARK_BUSY, &[vec![name.clone()].into()]);
+        return 0;
+    }
+    let dropped = Spi::connect_mut(|client| run(client, &DROP_IDLE, &[name.as_str().into()]).len() as i64);
+    if dropped > 0 {
+        invalidate();
+    }
+    dropped
+}
+
+/// Whether this catalog keeps `queues.idle_since` (not a 0.1.0 catalog):
+/// the column came with the `retention` table, whose presence answers.
+fn idle_enabled() -> bool {
+    // SAFETY: a catalog lookup by name, in a transaction.
+    unsafe { pg_sys::RelnameGetRelid(c"retention".as_ptr()) != pg_sys::InvalidOid }
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
     use crate::testing::{claim, count, enqueue, init, ns, start};
+
+    /// `maintain()` a few times (each looks at the next 100 queue rows);
+    /// how many idle queues it dropped.
+    fn sweep() -> i64 {
+        (0..5)
+            .map(|_| {
+                Spi::get_one::<i64>("SELECT (sheaf.maintain()->>'idle_queues_dropped')::bigint")
+                    .unwrap()
+                    .unwrap()
+            })
+            .sum()
+    }
+
+    #[pg_test]
+    fn only_a_plain_queue_idle_for_its_window_is_dropped() {
+        init();
+        Spi::run("SELECT sheaf.set_retention('{\"idle_queues\": \"1day\"}')").unwrap();
+        enqueue("idle-plain", json!({}), json!({}));
+        Spi::run("DELETE FROM sheaf.ready WHERE queue = 'idle-plain'").unwrap();
+        Spi::run("DELETE FROM sheaf.tasks WHERE queue = 'idle-plain'").unwrap();
+        enqueue("idle-aging", json!({}), json!({}));
+        Spi::run("SELECT sheaf.configure_queue('idle-aging', '{\"aging_secs\": 60}')").unwrap();
+        Spi::run("DELETE FROM sheaf.ready WHERE queue = 'idle-aging'").unwrap();
+        Spi::run("DELETE FROM sheaf.tasks WHERE queue = 'idle-aging'").unwrap();
+        Spi::run("SELECT sheaf.set_concurrency_limit('idle-k', 1)").unwrap();
+        enqueue("idle-busy", json!({}), json!({"concurrency_key": "idle-k"}));
+        enqueue("idle-waiting", json!({}), json!({"concurrency_key": "idle-k"}));
+        // The holder of the key's slot is elsewhere: idle-waiting has only a waiting task.
+        Spi::run("DELETE FROM sheaf.ready WHERE queue = 'idle-busy'").unwrap();
+        Spi::run("UPDATE sheaf.tasks SET state = 'running', lease_expires_at = now() + interval '1 hour' WHERE queue = 'idle-busy'")
+            .unwrap();
+        assert_eq!(sweep(), 0, "first seen idle now");
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.queues WHERE idle_since IS NOT NULL"),
+            3
+        );
+        Spi::run(
+            "UPDATE sheaf.queues SET idle_since = now() - interval '2 days' WHERE idle_since IS NOT NULL",
+        )
+        .unwrap();
+        assert_eq!(sweep(), 1);
+        let left: Vec<String> = Spi::connect(|c| {
+            c.select(
+                "SELECT name FROM sheaf.queues WHERE name LIKE 'idle-%' ORDER BY name",
+                None,
+                &[],
+            )
+            .unwrap()
+            .map(|r| r.get::<String>(1).unwrap().unwrap())
+            .collect()
+        });
+        assert_eq!(
+            left,
+            ["idle-aging", "idle-busy", "idle-waiting"],
+            "configured, busy and waiting ones stay"
+        );
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM sheaf.queues WHERE name = 'idle-waiting' \
+                 AND (idle_since IS NULL OR idle_since > now() - interval '1 day')"
+            ),
+            1,
+            "its last look found the waiting task: its window starts again"
+        );
+    }
     use pgrx::prelude::*;
     use serde_json::json;
 
