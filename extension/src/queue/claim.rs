@@ -420,9 +420,12 @@ mod tests {
         assert_eq!(ns(&claim("q", 10)), vec![2]);
         assert!(claim("q", 10).is_empty());
         assert_eq!(count("SELECT scheduled FROM sheaf.queue_stats('q')"), 1);
-        // Time passes: the task is due (since the last sweep), and the next
-        // claim promotes it.
-        Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '100 milliseconds'").expect("time passes");
+        // Time passes: the task comes due after the last sweep, and the next
+        // claim promotes it. By the wall clock, which the sweep's window
+        // follows: this transaction's now() can be over a second older on
+        // a loaded machine (it failed so in CI once).
+        Spi::run("UPDATE sheaf.tasks SET run_at = clock_timestamp() - interval '100 milliseconds'")
+            .expect("time passes");
         assert_eq!(ns(&claim("q", 10)), vec![1]);
     }
 
