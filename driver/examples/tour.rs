@@ -238,14 +238,18 @@ async fn operator_surface(t: &Tour) -> Result<(), Error> {
     let running = c.enqueue(&queue, json!({"n": 2}), on().priority(5)).await?;
     let claimed = c.claim(shard, &queue, "tour", 1, Duration::from_secs(30)).await?;
     ensure!(claimed[0].task_id == running.task_id, "the higher priority first");
-    c.set_progress(running.task_id, claimed[0].token, json!({"done": 1})).await?;
+    c.set_progress(running.task_id, claimed[0].token, json!({"done": 1}))
+        .await?;
     let info = c.get_task(running.task_id).await?;
     ensure!(
         info.state == "running" && info.progress == Some(json!({"done": 1})),
         "get_task {info:?}"
     );
     let page = c.list_tasks(&queue, None, None, 10).await?;
-    ensure!(page.items.len() == 2 && page.next_cursor.is_none(), "list_tasks {page:?}");
+    ensure!(
+        page.items.len() == 2 && page.next_cursor.is_none(),
+        "list_tasks {page:?}"
+    );
     ensure!(c.cancel_task(running.task_id, Some("tour")).await?, "cancel_task");
     ensure!(
         matches!(
@@ -258,22 +262,30 @@ async fn operator_surface(t: &Tour) -> Result<(), Error> {
     // The other one to the dead letters, then back, then purged.
     let again = c.claim(shard, &queue, "tour", 1, Duration::from_secs(30)).await?;
     ensure!(again[0].task_id == waiting.task_id, "the other task");
-    c.dead_letter(waiting.task_id, again[0].token, "tour: hopeless").await?;
+    c.dead_letter(waiting.task_id, again[0].token, "tour: hopeless")
+        .await?;
     let dead = c.list_dead_letters(Some(&queue), None, 10).await?;
     ensure!(dead.items.len() == 1, "list_dead_letters {dead:?}");
     let moved = c.redrive_queue(&queue, Duration::ZERO, 10).await?;
     ensure!(moved.total() == 1, "redrive_queue {moved:?}");
     let back = c.claim(shard, &queue, "tour", 1, Duration::from_secs(30)).await?;
-    c.dead_letter(back[0].task_id, back[0].token, "tour: hopeless").await?;
+    c.dead_letter(back[0].task_id, back[0].token, "tour: hopeless")
+        .await?;
     let purged = c.purge_dead_letters(&queue, Duration::ZERO).await?;
     ensure!(purged.total() == 1, "purge_dead_letters {purged:?}");
     let queues = c.list_queues().await;
     ensure!(
-        queues.queues.iter().any(|q| q.queue == queue && q.total.dead == 0),
+        queues
+            .queues
+            .iter()
+            .any(|q| q.queue == queue && q.total.dead == 0),
         "list_queues"
     );
     let dropped = c.drop_queue(&queue, false).await;
-    ensure!(dropped.is_complete() && dropped.total() == 0, "drop_queue {dropped:?}");
+    ensure!(
+        dropped.is_complete() && dropped.total() == 0,
+        "drop_queue {dropped:?}"
+    );
     ensure!(c.sample_queues().await.is_empty(), "sample_queues");
     // Retention read, and written back unchanged.
     let policies = c.retention().await;
