@@ -857,6 +857,13 @@ async fn rounds_of_faults_under_a_working_worker() {
         handled.lock().unwrap_or_else(|p| p.into_inner()).len() as u64 >= total
     })
     .await;
+    // The worker keeps running until the queue is empty: a completion lost to
+    // a reset leaves its task running until the lease ends, and only a
+    // running worker claims it again.
+    let left = until("no task left on any shard", Duration::from_secs(30), async || {
+        queue_is_empty(&queue).await
+    })
+    .await;
     let (report, _) = timed("Worker::shutdown", w.shutdown()).await;
     let handled = handled.lock().unwrap_or_else(|p| p.into_inner()).clone();
     assert!(
@@ -864,10 +871,6 @@ async fn rounds_of_faults_under_a_working_worker() {
         "a task was never handled"
     );
     let twice = handled.values().filter(|&&c| c > 1).count();
-    let left = until("no task left on any shard", Duration::from_secs(20), async || {
-        queue_is_empty(&queue).await
-    })
-    .await;
     backs.sort();
     eprintln!(
         "rounds: {rounds}, {total} tasks, {twice} handled twice, {calls} probe calls on the faulty shard, \
