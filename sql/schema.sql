@@ -416,7 +416,10 @@ CREATE TABLE executions (
     -- A child whose parent lives on another shard: when the relay pulled
     -- its end into the parent's history (sheaf.relay_pulled). Retention
     -- keeps such a child until then.
-    result_pulled_at timestamptz
+    result_pulled_at timestamptz,
+    -- opts.execution_timeout: when maintain() ends the run TIMED_OUT (a
+    -- successor of continue-as-new keeps its predecessor's deadline).
+    timeout_at      timestamptz
 );
 -- Active uniqueness: one non-terminal (or MIGRATED) run per (name, workflow_id).
 CREATE UNIQUE INDEX executions_active ON executions (workflow_name, workflow_id)
@@ -428,6 +431,9 @@ CREATE INDEX executions_gate ON executions (workflow_name, concurrency_key, seq 
     WHERE concurrency_key IS NOT NULL AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED');
 -- Quota recounts.
 CREATE INDEX executions_quota ON executions (quota_key) WHERE quota_key IS NOT NULL;
+-- Execution timeouts (sheaf.maintain): active runs, earliest deadline first.
+CREATE INDEX executions_timeout ON executions (timeout_at)
+    WHERE timeout_at IS NOT NULL AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED');
 -- Timers: suspended executions whose wake time has come.
 CREATE INDEX executions_wake ON executions (wake_at) WHERE state = 'SUSPENDED' AND wake_at IS NOT NULL;
 -- Listing (sheaf.list_executions): keyset pages in (created_at, id) order,

@@ -1042,3 +1042,47 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'relay_pulled_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) TO sheaf_worker;
+
+-- Execution timeouts, continue-as-new and signal-with-start.
+ALTER TABLE @extschema@.executions ADD COLUMN timeout_at timestamptz;
+CREATE INDEX executions_timeout ON @extschema@.executions (timeout_at)
+    WHERE timeout_at IS NOT NULL AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED');
+CREATE FUNCTION "continue_as_new"(
+	"execution_id" uuid,
+	"input" jsonb
+) RETURNS uuid
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'continue_as_new_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.continue_as_new(uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.continue_as_new(uuid, jsonb) TO sheaf_worker;
+CREATE FUNCTION "complete_task_and_continue_as_new"(
+	"task_id" uuid,
+	"token" bigint,
+	"input" jsonb
+) RETURNS uuid
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'complete_task_and_continue_as_new_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.complete_task_and_continue_as_new(uuid, bigint, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.complete_task_and_continue_as_new(uuid, bigint, jsonb) TO sheaf_worker;
+CREATE FUNCTION "signal_with_start"(
+	"name" TEXT,
+	"workflow_id" TEXT,
+	"input" jsonb,
+	"signal" TEXT,
+	"payload" jsonb,
+	"opts" jsonb DEFAULT '{}'
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"created" bool,
+	"superseded" uuid[]
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'signal_with_start_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.signal_with_start(text, text, jsonb, text, jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.signal_with_start(text, text, jsonb, text, jsonb, jsonb) TO sheaf_worker;

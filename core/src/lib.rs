@@ -4,6 +4,7 @@ pub mod backoff;
 #[cfg(feature = "exact-json")]
 pub mod children;
 pub mod digest;
+pub mod duration;
 pub mod excerpt;
 #[cfg(feature = "exact-json")]
 pub mod external;

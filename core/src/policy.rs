@@ -366,14 +366,27 @@ pub struct StartOptions {
     pub run_at: Option<String>,
     /// Checked by `search::check_attrs`.
     pub search_attrs: Option<Value>,
+    /// The run ends `TIMED_OUT` this long after its start (a successor of
+    /// continue-as-new keeps its predecessor's deadline).
+    pub execution_timeout: Option<std::time::Duration>,
 }
+
+/// The longest `opts.execution_timeout`: ten years.
+pub const MAX_EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3650 * 86_400);
 
 impl StartOptions {
     pub fn parse(opts: &Value) -> Result<Self, OptionError> {
         let map = object(
             "opts",
             opts,
-            &["execution_id", "queue", "priority", "run_at", "search_attrs"],
+            &[
+                "execution_id",
+                "queue",
+                "priority",
+                "run_at",
+                "search_attrs",
+                "execution_timeout",
+            ],
         )?;
         let mut o = StartOptions::default();
         for (name, value) in map {
@@ -410,6 +423,15 @@ impl StartOptions {
                 "search_attrs" => {
                     crate::search::check_attrs(&opt, value)?;
                     o.search_attrs = Some(value.clone());
+                }
+                "execution_timeout" => {
+                    let d = crate::duration::parse(
+                        value,
+                        std::time::Duration::from_secs(1),
+                        MAX_EXECUTION_TIMEOUT,
+                    )
+                    .map_err(|why| err(&opt, why))?;
+                    o.execution_timeout = Some(d);
                 }
                 _ => unreachable!("object() refuses unknown options"),
             }
@@ -585,12 +607,16 @@ mod tests {
         .unwrap();
         assert_eq!(o.execution_id.unwrap()[..2], [0, 1]);
         assert_eq!((o.queue.as_deref(), o.priority), (Some("q"), 5));
+        let o = StartOptions::parse(&json!({"execution_timeout": "1 hour"})).unwrap();
+        assert_eq!(o.execution_timeout, Some(std::time::Duration::from_secs(3600)));
         for bad in [
             json!({"execution_id": "x"}),
             json!({"queue": ""}),
             json!({"priority": 1.5}),
             json!({"shard": 1}),
             json!({"run_at": 1}),
+            json!({"execution_timeout": "0s"}),
+            json!({"execution_timeout": "forever"}),
             json!(1),
         ] {
             assert!(StartOptions::parse(&bad).is_err(), "{bad}");

@@ -48,6 +48,11 @@ pub enum TaskDone {
     /// transaction (`sheaf.complete_task_and_fail_execution`). Only for a
     /// task of an execution.
     FailExecution(String),
+    /// Completes the task and continues its execution as new with this
+    /// input, in one transaction (`sheaf.complete_task_and_continue_as_new`):
+    /// the run ends `CONTINUED_AS_NEW` and its successor, with the same
+    /// workflow id, starts fresh. Only for a task of an execution.
+    ContinueAsNew(Json),
     /// Runs the task again after this delay (up to 365 days) without
     /// spending its attempt (`sheaf.snooze`): not a failure, a wait (a rate
     /// limit, a resource not ready yet).

@@ -892,6 +892,10 @@ async fn finish(
             .complete_task_and_fail_execution(id, token, &error)
             .await
             .map(|()| TaskOutcome::Completed),
+        Ok(Ok(TaskDone::ContinueAsNew(input))) => client
+            .complete_task_and_continue_as_new(id, token, input)
+            .await
+            .map(|_| TaskOutcome::Completed),
         Ok(Ok(TaskDone::Snooze(delay))) => client
             .snooze(id, token, delay)
             .await

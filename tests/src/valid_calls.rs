@@ -407,6 +407,40 @@ pub const VALID_CALLS: &[ValidCall] = &[
         ],
     ),
     call(
+        "sheaf.complete_task_and_continue_as_new(uuid, bigint, jsonb)",
+        &[
+            "SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-task-continue', '{\"tenant\": \"vc_t\"}', '{\"queue\": \"vc_wf_continue\"}')",
+            "CREATE TEMP TABLE vc_task_continue AS SELECT task_id, token FROM sheaf.claim('vc_wf_continue', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "(SELECT task_id FROM vc_task_continue)",
+            "(SELECT token FROM vc_task_continue)",
+            r#"'{"tenant": "vc_t", "round": 2}'"#,
+        ],
+    ),
+    call(
+        "sheaf.continue_as_new(uuid, jsonb)",
+        &[
+            "SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-continue', '{\"tenant\": \"vc_t\"}', '{\"execution_timeout\": \"1 day\"}')",
+        ],
+        &[
+            "(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-continue'))",
+            r#"'{"tenant": "vc_t", "round": 2}'"#,
+        ],
+    ),
+    call(
+        "sheaf.signal_with_start(text, text, jsonb, text, jsonb, jsonb)",
+        &[],
+        &[
+            "'vc_wf'",
+            "'vc-signal-with-start'",
+            r#"'{"tenant": "vc_t"}'"#,
+            "'vc_go'",
+            r#"'{"n": 1}'"#,
+            r#"'{"signal_id": "vc-sws-1", "execution_timeout": "1 hour"}'"#,
+        ],
+    ),
+    call(
         "sheaf.complete_execution(uuid, jsonb)",
         &[],
         &[

@@ -16,6 +16,11 @@ const START: &str = "SELECT execution_id, created, superseded \
 const GET_EXECUTION: &str = "SELECT execution_id, workflow_name, workflow_id, state, input, result, error, \
      concurrency_key, quota_key, history_bytes, created_at, closed_at, wake_at \
      FROM sheaf.get_execution($1)";
+const SIGNAL_WITH_START: &str = "SELECT execution_id, created, superseded \
+     FROM sheaf.signal_with_start($1, $2, $3, $4, $5, \
+          $6 || jsonb_build_object('run_at', $7::timestamptz, 'signal_id', $8::text))";
+const SEAL_OF: &str = "SELECT execution_id FROM sheaf.find_execution($1, $2)";
+const CONTINUE_AS_NEW: &str = "SELECT sheaf.continue_as_new($1, $2)";
 const CANCEL_EXECUTION: &str = "SELECT sheaf.cancel_execution($1, $2)";
 const COMPLETE_EXECUTION: &str = "SELECT sheaf.complete_execution($1, $2)";
 const FAIL_EXECUTION: &str = "SELECT sheaf.fail_execution($1, $2)";
@@ -101,20 +106,88 @@ impl Client {
                 &[&name, &workflow_id, &input, &opts, &options.run_at],
             )
             .await?;
-        let row = single(&call, &rows)?;
-        let read = || -> Result<Started, tokio_postgres::Error> {
-            Ok(Started {
-                execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
-                shard,
-                created: row.try_get("created")?,
-                superseded: row
-                    .try_get::<_, Vec<uuid::Uuid>>("superseded")?
-                    .into_iter()
-                    .map(ExecutionId::from_uuid)
-                    .collect(),
-            })
+        started_from_rows(&call, &rows)
+    }
+
+    /// Signal-with-start: starts `name` with `workflow_id` as
+    /// [`start_workflow`](Self::start_workflow) does (placed the same way,
+    /// by `options`), or finds its active execution, and delivers `signal`
+    /// with `payload` to it, in one transaction on its shard
+    /// (`sheaf.signal_with_start`): racing starts and signal-with-starts of
+    /// one workflow id make one run, and it gets every signal. `signal_id`
+    /// makes a retry deliver nothing more. A run found moved to another
+    /// shard is signalled there (`created = false`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn signal_with_start(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        input: impl Into<Json>,
+        signal: &str,
+        payload: impl Into<Json>,
+        signal_id: Option<&str>,
+        options: StartOptions,
+    ) -> Result<Started, ClientError> {
+        let (input, payload) = (input.into(), payload.into());
+        let placement = options.placement.clone().unwrap_or(Placement::Auto);
+        let shard = self
+            .topology
+            .place(name, workflow_id, &placement, options.tenant.as_deref())?;
+        let execution_id = ExecutionId::mint(shard)?;
+        let opts = options.to_sql_opts(execution_id);
+        let call = Call {
+            shard,
+            owned: Owned::Workflow {
+                name: name.to_owned(),
+                workflow_id: workflow_id.to_owned(),
+            },
         };
-        read().map_err(|e| call.error(e, 1))
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &name,
+            &workflow_id,
+            &input,
+            &signal,
+            &payload,
+            &opts,
+            &options.run_at,
+            &signal_id,
+        ];
+        match self.query(&call, SIGNAL_WITH_START, &params).await {
+            Ok(rows) => started_from_rows(&call, &rows),
+            // The placed shard holds the run's seal: signal it where it lives.
+            Err(ClientError::Moved { to, .. }) => {
+                let rows = self.query(&call, SEAL_OF, &[&name, &workflow_id]).await?;
+                let seal = ExecutionId::from_uuid(first_column::<uuid::Uuid>(&call, &rows)?);
+                self.signal(seal, signal, payload, signal_id).await?;
+                Ok(Started {
+                    execution_id: seal,
+                    shard: to,
+                    created: false,
+                    superseded: Vec::new(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Continue-as-new: ends active execution `id` `CONTINUED_AS_NEW` and
+    /// starts its successor with `input`, the same (name, workflow id),
+    /// queue, keys, search attributes and deadline, in one transaction on
+    /// its shard (`sheaf.continue_as_new`); returns the successor (on the
+    /// same shard). Refused (55000) for a run that ended, is moving, or is a
+    /// child. A workflow task's handler continues its own run with
+    /// [`TaskDone::ContinueAsNew`](crate::TaskDone::ContinueAsNew) instead.
+    pub async fn continue_as_new(
+        &self,
+        id: ExecutionId,
+        input: impl Into<Json>,
+    ) -> Result<ExecutionId, ClientError> {
+        let call = self.by_execution(id);
+        let input = input.into();
+        let rows = self
+            .query(&call, CONTINUE_AS_NEW, &[&id.as_uuid(), &input])
+            .await?;
+        first_column::<uuid::Uuid>(&call, &rows).map(ExecutionId::from_uuid)
     }
 
     /// The execution, from the shard its id routes to; `None` if that shard
@@ -199,6 +272,24 @@ pub(crate) fn execution_from_row(call: &Call, row: &tokio_postgres::Row) -> Resu
             created_at: row.try_get("created_at")?,
             closed_at: row.try_get("closed_at")?,
             wake_at: row.try_get("wake_at")?,
+        })
+    };
+    read().map_err(|e| call.error(e, 1))
+}
+
+/// A start's one row (`start_workflow`, `signal_with_start`).
+fn started_from_rows(call: &Call, rows: &[tokio_postgres::Row]) -> Result<Started, ClientError> {
+    let row = single(call, rows)?;
+    let read = || -> Result<Started, tokio_postgres::Error> {
+        Ok(Started {
+            execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
+            shard: call.shard,
+            created: row.try_get("created")?,
+            superseded: row
+                .try_get::<_, Vec<uuid::Uuid>>("superseded")?
+                .into_iter()
+                .map(ExecutionId::from_uuid)
+                .collect(),
         })
     };
     read().map_err(|e| call.error(e, 1))

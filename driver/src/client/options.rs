@@ -3,7 +3,7 @@
 //! callers keep the JSON form). Each starts empty, which means the shard's
 //! defaults; the shard validates every value and refuses a bad one (22023).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value};
 use sheaf_core::state::TaskKind;
@@ -121,6 +121,7 @@ pub struct StartOptions {
     pub(crate) priority: Option<i32>,
     pub(crate) run_at: Option<SystemTime>,
     pub(crate) search_attrs: Map<String, Value>,
+    pub(crate) execution_timeout: Option<Duration>,
 }
 
 impl StartOptions {
@@ -169,6 +170,15 @@ impl StartOptions {
         self
     }
 
+    /// The run ends `TIMED_OUT` this long after its start (whole seconds,
+    /// from 1 second to 10 years; `sheaf.maintain` ends it, so within a
+    /// maintenance interval of the deadline). A successor of continue-as-new
+    /// keeps its predecessor's deadline.
+    pub fn execution_timeout(mut self, timeout: Duration) -> Self {
+        self.execution_timeout = Some(timeout);
+        self
+    }
+
     /// The `opts` of `sheaf.start_workflow` with the minted id, without
     /// `run_at` (a timestamptz parameter).
     pub(crate) fn to_sql_opts(&self, execution_id: ExecutionId) -> Value {
@@ -176,6 +186,13 @@ impl StartOptions {
         m.insert("execution_id".into(), execution_id.to_string().into());
         put(&mut m, "queue", self.queue.clone());
         put(&mut m, "priority", self.priority);
+        // Rounded up: a timeout under a second is not refused as "0s".
+        put(
+            &mut m,
+            "execution_timeout",
+            self.execution_timeout
+                .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+        );
         if !self.search_attrs.is_empty() {
             m.insert("search_attrs".into(), Value::Object(self.search_attrs.clone()));
         }

@@ -23,6 +23,7 @@ const SNOOZE: &str = "SELECT sheaf.snooze($1, $2, make_interval(secs => $3))";
 const DEAD_LETTER: &str = "SELECT sheaf.dead_letter($1, $2, $3)";
 const COMPLETE_TASK_AND_EXECUTION: &str = "SELECT sheaf.complete_task_and_execution($1, $2, $3)";
 const COMPLETE_TASK_AND_FAIL_EXECUTION: &str = "SELECT sheaf.complete_task_and_fail_execution($1, $2, $3)";
+const COMPLETE_TASK_AND_CONTINUE_AS_NEW: &str = "SELECT sheaf.complete_task_and_continue_as_new($1, $2, $3)";
 
 /// A task enqueued on a shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,6 +318,28 @@ impl Client {
         .await?;
         self.metrics.completed(call.shard, 1);
         Ok(())
+    }
+
+    /// Completes a claimed task of an execution and continues the
+    /// execution as new with `input`, in one transaction on its shard
+    /// (`sheaf.complete_task_and_continue_as_new`); returns the successor.
+    pub async fn complete_task_and_continue_as_new(
+        &self,
+        task_id: TaskId,
+        token: i64,
+        input: impl Into<Json>,
+    ) -> Result<ExecutionId, ClientError> {
+        let call = self.by_task(task_id);
+        let input = input.into();
+        let rows = self
+            .query(
+                &call,
+                COMPLETE_TASK_AND_CONTINUE_AS_NEW,
+                &[&task_id.as_uuid(), &token, &input],
+            )
+            .await?;
+        self.metrics.completed(call.shard, 1);
+        first_column::<uuid::Uuid>(&call, &rows).map(ExecutionId::from_uuid)
     }
 }
 

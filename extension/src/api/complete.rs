@@ -3,10 +3,11 @@
 use pgrx::prelude::*;
 
 use crate::base::args::required;
-use crate::base::errors::bad_argument;
+use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
 use crate::queue::complete;
+use crate::workflow::continuation;
 use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::lifecycle::{self, Close};
 
@@ -49,6 +50,25 @@ fn complete_task_and_fail_execution(task_id: Option<pgrx::Uuid>, token: Option<i
     let token = required(token, "token");
     let error = required(error, "error").to_owned();
     lifecycle::close_with_task(task_id, token, None, Close::Failed { error });
+}
+
+/// Completes a task of an execution claimed under `token` and continues
+/// its execution as new with `input`, in one transaction (see
+/// `continue_as_new`); returns the successor's id. For the workflow task
+/// that decides its run goes on as a fresh one. A stale token raises 55P03,
+/// a task that is gone P0002, a task of no execution 55000.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete_task_and_continue_as_new(
+    task_id: Option<pgrx::Uuid>,
+    token: Option<i64>,
+    input: Option<Jsonb>,
+) -> pgrx::Uuid {
+    require_read_committed("complete_task_and_continue_as_new");
+    let task_id = required(task_id, "task_id");
+    let token = required(token, "token");
+    let input = required(input, "input").checked("input");
+    continuation::with_task(task_id, token, input)
 }
 
 /// Completes many tasks at once; reports each entry, in input order:

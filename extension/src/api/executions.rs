@@ -26,7 +26,8 @@ pub(crate) fn check_workflow_id(workflow_id: Option<&str>) -> &str {
 /// active (then returns it with `created = false`, changing nothing).
 /// `opts`: `execution_id` (an id minted for this shard by a router),
 /// `queue` (overrides the policy's), `priority` and `run_at` of the first
-/// workflow task. `superseded`: the executions this start cancelled (latest
+/// workflow task, `execution_timeout` (the run ends `TIMED_OUT` this long
+/// after its start, by `maintain`). `superseded`: the executions this start cancelled (latest
 /// wins). Refusals: 53400 (quota), 55006 (concurrency gate `reject`).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
@@ -48,11 +49,17 @@ fn start_workflow(
     let workflow_id = check_workflow_id(workflow_id);
     let input = required(input, "input").checked("input");
     let opts = required(opts, "opts").parse("opts");
-    let o = match StartOptions::parse(&opts) {
+    let o = start_options(&opts);
+    topology::check_declared();
+    TableIterator::once(start::start(name, workflow_id, input, &o))
+}
+
+/// A start's `opts`, checked (`run_at` a finite timestamp).
+pub(crate) fn start_options(opts: &serde_json::Value) -> StartOptions {
+    let o = match StartOptions::parse(opts) {
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
-    topology::check_declared();
     if let Some(s) = &o.run_at
         && !matches!(s.parse::<TimestampWithTimeZone>(), Ok(t) if t.is_finite())
     {
@@ -61,7 +68,7 @@ fn start_workflow(
             format!("must be a finite timestamp with time zone, got {}", quoted(s)),
         );
     }
-    TableIterator::once(start::start(name, workflow_id, input, &o))
+    o
 }
 
 /// An execution by id: one row, or none if it is not on this shard.

@@ -6,12 +6,27 @@ use pgrx::prelude::*;
 
 use crate::base::args::required;
 use crate::base::audit;
-use crate::base::errors::bad_argument;
+use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
+use crate::workflow::continuation;
 use crate::workflow::lifecycle::{self, Close};
 
 fn execution_arg(id: Option<pgrx::Uuid>) -> pgrx::Uuid {
     required(id, "execution_id")
+}
+
+/// Continue-as-new: ends active execution `execution_id`
+/// `CONTINUED_AS_NEW` and starts its successor with `input` and the same
+/// (name, workflow id), queue, keys, search attributes and deadline, in one
+/// transaction; returns the successor's id. 55000 for a run that ended, is
+/// moving or is a child; a run that moved raises the forwarding error.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn continue_as_new(execution_id: Option<pgrx::Uuid>, input: Option<Jsonb>) -> pgrx::Uuid {
+    require_read_committed("continue_as_new");
+    let id = execution_arg(execution_id);
+    let input = required(input, "input").checked("input");
+    continuation::continue_as_new(id, input)
 }
 
 /// Completes an execution with `result`; `false` if it had already ended.

@@ -1,7 +1,7 @@
 //! `sheaf.maintain()`: every bounded sweep in one call, for pg_cron or a
 //! worker loop. Claims already do the per-queue sweeps inline; this covers
 //! queues nobody is claiming from (visiting only those with due or expired
-//! work), timers of suspended executions, expired mutex leases, the
+//! work), timers of suspended executions, execution timeouts, expired mutex leases, the
 //! registries, and retention.
 
 use pgrx::prelude::*;
@@ -16,6 +16,8 @@ const PROMOTE_MAX: i64 = 10_000;
 const REAP_MAX: i64 = 1_000;
 const PRUNE_MAX: i64 = 10_000;
 const WAKE_MAX: i64 = 1_000;
+/// Overdue executions ended `TIMED_OUT` per call.
+const TIMEOUT_MAX: i64 = 1_000;
 const RECLAIM_MAX: i64 = 1_000;
 /// Ended runs (and, apart, dead letters) retention deletes per call.
 const RETENTION_MAX: i64 = 1_000;
@@ -33,6 +35,7 @@ fn maintain() -> pgrx::JsonB {
     }
     let reaped = lease::reap_all(REAP_MAX, &EXECUTIONS);
     let woken = lifecycle::wake_due(WAKE_MAX);
+    let timed_out = lifecycle::time_out_due(TIMEOUT_MAX);
     let mutexes_reclaimed = mutex::reclaim(RECLAIM_MAX);
     let workers_pruned = workers::prune(PRUNE_MAX);
     let fairness_keys_pruned = ready::prune_fairness_keys(PRUNE_MAX);
@@ -45,6 +48,7 @@ fn maintain() -> pgrx::JsonB {
         "promoted": promoted,
         "reaped": reaped,
         "woken": woken,
+        "timed_out": timed_out,
         "mutexes_reclaimed": mutexes_reclaimed,
         "workers_pruned": workers_pruned,
         "fairness_keys_pruned": fairness_keys_pruned,

@@ -4,11 +4,13 @@ use pgrx::prelude::*;
 
 use sheaf_core::options::SignalOptions;
 
+use crate::api::executions::{check_workflow_id, start_options};
 use crate::base::args::required;
-use crate::base::errors::bad_argument;
+use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
+use crate::base::topology;
 use crate::workflow::history::MAX_EVENT_BYTES;
-use crate::workflow::signals;
+use crate::workflow::{policy, signals, start};
 
 /// Delivers `signal` (1 to 128 bytes) with `payload` (at most 1 MiB of
 /// JSON) to an execution: `SignalReceived` in its history, and a wake if it
@@ -28,6 +30,52 @@ fn signal(
     let opts = required(opts, "opts").parse("opts");
     let o = SignalOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
     signals::signal(id, name, payload, o.signal_id.as_deref())
+}
+
+/// Signal-with-start: starts workflow `name` with `workflow_id` unless one
+/// is active (as `start_workflow`, whose options `opts` takes), then
+/// delivers `signal` with `payload` to that execution, in one transaction:
+/// a concurrent start or signal-with-start of the same workflow id makes or
+/// finds the same run, and the signal is never lost between them.
+/// `opts.signal_id` deduplicates the signal as in `signal`.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn signal_with_start(
+    name: Option<&str>,
+    workflow_id: Option<&str>,
+    input: Option<Jsonb>,
+    signal: Option<&str>,
+    payload: Option<Jsonb>,
+    opts: default!(Option<Jsonb>, "'{}'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(execution_id, pgrx::Uuid),
+        name!(created, bool),
+        name!(superseded, Vec<pgrx::Uuid>),
+    ),
+> {
+    require_read_committed("signal_with_start");
+    let name = policy::check_name(name);
+    let workflow_id = check_workflow_id(workflow_id);
+    let input = required(input, "input").checked("input");
+    let signal = check_signal(signal);
+    let payload = check_payload(payload);
+    let mut opts = required(opts, "opts").parse("opts");
+    // The signal's own option; the rest are the start's.
+    let signal_id = match opts.as_object_mut().and_then(|m| m.remove("signal_id")) {
+        Some(v) => {
+            SignalOptions::parse(&serde_json::json!({ "signal_id": v }))
+                .unwrap_or_else(|e| bad_argument(&e.option, e.why))
+                .signal_id
+        }
+        None => None,
+    };
+    let o = start_options(&opts);
+    topology::check_declared();
+    let (id, created, superseded) = start::start(name, workflow_id, input, &o);
+    signals::signal(id, signal, payload, signal_id.as_deref());
+    TableIterator::once((id, created, superseded))
 }
 
 /// A signal's name: 1 to 128 bytes.
@@ -50,4 +98,49 @@ pub(crate) fn check_payload(payload: Option<Jsonb>) -> Jsonb {
         );
     }
     payload
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{count, init};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn signal_with_start_starts_once_and_delivers_every_signal() {
+        init();
+        let call = |payload: i64| {
+            Spi::get_two_with_args::<pgrx::Uuid, bool>(
+                "SELECT execution_id, created FROM sheaf.signal_with_start('w', 'one', '{}', 'go', \
+                        jsonb_build_object('n', $1), '{\"signal_id\": null, \"queue\": \"wq\"}')",
+                &[payload.into()],
+            )
+            .unwrap()
+        };
+        let (a, created) = call(1);
+        let (b, again) = call(2);
+        assert_eq!((a, created, again), (b, Some(true), Some(false)));
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.events WHERE event_type = 'SignalReceived'"),
+            2
+        );
+        Spi::run(
+            "SELECT sheaf.signal_with_start('w', 'one', '{}', 'go', '{}', '{\"signal_id\": \"s\"}'), \
+                    sheaf.signal_with_start('w', 'one', '{}', 'go', '{}', '{\"signal_id\": \"s\"}')",
+        )
+        .unwrap();
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.events WHERE event_type = 'SignalReceived'"),
+            3,
+            "a signal id is delivered once"
+        );
+    }
+
+    #[pg_test(
+        error = "invalid opts: unknown field \"shard\" (accepted: execution_id, queue, priority, run_at, search_attrs, execution_timeout)"
+    )]
+    fn signal_with_start_refuses_an_unknown_option() {
+        init();
+        Spi::run("SELECT sheaf.signal_with_start('w', 'one', '{}', 'go', '{}', '{\"shard\": 1}')").unwrap();
+    }
 }

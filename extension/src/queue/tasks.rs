@@ -584,6 +584,24 @@ pub fn has_unclaimed_of_execution(execution_id: pgrx::Uuid, kind: &str) -> bool 
     })
 }
 
+const LOCK_READY_OF_EXECUTION: Stmt = Stmt::write(
+    "SELECT task_id FROM ready WHERE task_id = ANY(ARRAY(\
+       SELECT id FROM tasks WHERE execution_id = $1 AND state = 'ready')) ORDER BY task_id FOR UPDATE",
+    &[PgBuiltInOids::UUIDOID],
+);
+const LOCK_OF_EXECUTION: Stmt = Stmt::write(
+    "SELECT id FROM tasks WHERE execution_id = $1 ORDER BY id FOR UPDATE",
+    &[PgBuiltInOids::UUIDOID],
+);
+
+/// Locks an execution's ready rows, then its tasks (`base::locks`),
+/// changing nothing: for a caller that must read its row's state before
+/// deciding to change them.
+pub fn lock_of_execution(execution_id: pgrx::Uuid) {
+    exec(&LOCK_READY_OF_EXECUTION, &[execution_id.into()]);
+    exec(&LOCK_OF_EXECUTION, &[execution_id.into()]);
+}
+
 /// Deletes an execution's unfinished tasks (locking them); returns
 /// `(state, key)` of each, for `caps::release_held`.
 pub fn delete_of_execution(execution_id: pgrx::Uuid) -> Vec<(TaskState, Option<String>)> {

@@ -23,14 +23,30 @@ use crate::queue::{caps, promote, tasks};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::migration;
-use crate::workflow::{children, external, history, quota};
+use crate::workflow::{children, external, history, quota, start};
 
 /// How an execution ends.
 pub enum Close {
-    Completed { result: Option<serde_json::Value> },
-    Failed { error: String },
-    Cancelled { reason: Option<String> },
-    Terminated { reason: Option<String> },
+    Completed {
+        result: Option<serde_json::Value>,
+    },
+    Failed {
+        error: String,
+    },
+    Cancelled {
+        reason: Option<String>,
+    },
+    Terminated {
+        reason: Option<String>,
+    },
+    /// Its `opts.execution_timeout` ran out (`maintain`).
+    TimedOut {
+        timeout_at: TimestampWithTimeZone,
+    },
+    /// Continued by `successor` (continue-as-new).
+    ContinuedAsNew {
+        successor: pgrx::Uuid,
+    },
 }
 
 impl Close {
@@ -40,6 +56,8 @@ impl Close {
             Close::Failed { .. } => ExecutionState::Failed,
             Close::Cancelled { .. } => ExecutionState::Cancelled,
             Close::Terminated { .. } => ExecutionState::Terminated,
+            Close::TimedOut { .. } => ExecutionState::TimedOut,
+            Close::ContinuedAsNew { .. } => ExecutionState::ContinuedAsNew,
         }
     }
 
@@ -49,6 +67,14 @@ impl Close {
             Close::Failed { error } => ("WorkflowFailed", serde_json::json!({ "error": error })),
             Close::Cancelled { reason } => ("WorkflowCancelled", serde_json::json!({ "reason": reason })),
             Close::Terminated { reason } => ("WorkflowTerminated", serde_json::json!({ "reason": reason })),
+            Close::TimedOut { timeout_at } => (
+                "WorkflowTimedOut",
+                serde_json::json!({ "timeout_at": timeout_at }),
+            ),
+            Close::ContinuedAsNew { successor } => (
+                "WorkflowContinuedAsNew",
+                serde_json::json!({ "successor": successor.to_string() }),
+            ),
         }
     }
 }
@@ -78,6 +104,14 @@ const SET_STATE: Stmt = Stmt::write(
 const DUE_WAKES: Stmt = Stmt::write(
     "SELECT id FROM executions WHERE state = 'SUSPENDED' AND wake_at <= now() \
      ORDER BY wake_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+    &[PgBuiltInOids::INT8OID],
+);
+
+// Read without a lock: `close` locks the run's tasks before its row.
+const DUE_TIMEOUTS: Stmt = Stmt::write(
+    "SELECT id, timeout_at FROM executions \
+     WHERE timeout_at <= now() AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED') \
+     ORDER BY timeout_at LIMIT $1",
     &[PgBuiltInOids::INT8OID],
 );
 
@@ -113,6 +147,8 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
         Close::Completed { result } => (result.clone().map(pgrx::JsonB), None),
         Close::Failed { error } => (None, Some(error.clone())),
         Close::Cancelled { reason } | Close::Terminated { reason } => (None, reason.clone()),
+        Close::TimedOut { .. } => (None, Some("execution timeout".to_owned())),
+        Close::ContinuedAsNew { .. } => (None, None),
     };
     // The row is locked above: the update returns it.
     let bytes: i64 = Spi::connect_mut(|client| {
@@ -312,6 +348,35 @@ pub fn wake(id: pgrx::Uuid) -> bool {
     true
 }
 
+/// Ends up to `max` active executions past their `timeout_at` `TIMED_OUT`;
+/// returns how many. One that ended, or began to move, since it was read is
+/// left alone.
+pub fn time_out_due(max: i64) -> i64 {
+    if !start::timeouts_enabled() {
+        return 0;
+    }
+    let due: Vec<(pgrx::Uuid, TimestampWithTimeZone)> = Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &DUE_TIMEOUTS, &[max.into()]),
+            "reading overdue executions",
+        )
+    });
+    due.into_iter()
+        .filter(|&(id, timeout_at)| {
+            executions::state_of(id).is_some_and(ExecutionState::is_active)
+                && close_active(id, Close::TimedOut { timeout_at })
+        })
+        .count() as i64
+}
+
+/// `close` of a run read as active: `false`, never an error, if it ended
+/// or began to move meanwhile (its tasks and row are locked, in that order,
+/// before its state is trusted).
+fn close_active(id: pgrx::Uuid, how: Close) -> bool {
+    tasks::lock_of_execution(id);
+    executions::try_lock(id).is_some_and(|e| e.state.is_active()) && close(id, how)
+}
+
 /// Wakes up to `max` suspended executions whose timer is due; returns how many.
 pub fn wake_due(max: i64) -> i64 {
     let due: Vec<pgrx::Uuid> =
@@ -350,6 +415,51 @@ mod tests {
         Spi::get_one_with_args::<bool>(sql, &[id.into()])
             .unwrap()
             .unwrap()
+    }
+
+    #[pg_test]
+    fn maintain_ends_an_overdue_run_timed_out_and_releases_it() {
+        init();
+        declare(
+            "w",
+            json!({"queue": "wq", "concurrency": {"key": "input.k", "limit": 1}}),
+        );
+        Spi::run(
+            "SELECT sheaf.start_workflow('w', 'late', '{\"k\": \"k\"}', '{\"execution_timeout\": \"1s\"}')",
+        )
+        .unwrap();
+        let (other, ..) = start("w", "next", json!({"k": "k"}));
+        let late = Spi::get_one::<pgrx::Uuid>("SELECT id FROM sheaf.executions WHERE workflow_id = 'late'")
+            .unwrap()
+            .unwrap();
+        let timed_out = || {
+            Spi::get_one::<i64>("SELECT (sheaf.maintain()->>'timed_out')::bigint")
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(timed_out(), 0, "not due yet");
+        // Due: moved back rather than waited for.
+        Spi::run("UPDATE sheaf.executions SET timeout_at = clock_timestamp() - interval '1 second' WHERE workflow_id = 'late'")
+            .unwrap();
+        assert_eq!(timed_out(), 1);
+        assert_eq!(
+            (state(late), state(other)),
+            ("TIMED_OUT".into(), "RUNNING".into())
+        );
+        assert_eq!(
+            count(&format!(
+                "SELECT count(*) FROM sheaf.events WHERE execution_id = '{late}' AND event_type = 'WorkflowTimedOut'"
+            )),
+            1
+        );
+        assert_eq!(claim("wq", 1).len(), 1, "the slot went to the next run's task");
+        assert_eq!(timed_out(), 0, "ended once");
+        assert_eq!(
+            count(
+                "SELECT timed_out FROM sheaf.usage_report(now() - interval '1 hour', now() + interval '1 hour')"
+            ),
+            1
+        );
     }
 
     #[pg_test]

@@ -4,6 +4,7 @@
 
 pub mod children;
 pub mod config;
+pub mod continuation;
 pub mod erase;
 pub mod executions;
 pub mod external;

@@ -5,12 +5,13 @@
 //! concurrency gate (reject or supersede), then the insert of the execution,
 //! its `WorkflowStarted` event and its first workflow task.
 
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::id;
 use sheaf_core::policy::{ConcurrencyPolicy, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key};
 use sheaf_core::state::ExecutionState;
 
-use crate::base::errors::bad_argument;
+use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
@@ -33,14 +34,17 @@ const ID_TAKEN: Stmt = Stmt::write(
 );
 // The documents a start writes around the caller's input, built by
 // Postgres from the input as it stored it: the `WorkflowStarted` event's
-// payload and the first workflow task's.
+// payload (naming the predecessor of a continue-as-new) and the first
+// workflow task's.
 const DOCUMENTS: Stmt = Stmt::read(
-    "SELECT jsonb_build_object('workflow_id', $2::text, 'input', $3::jsonb), \
+    "SELECT jsonb_build_object('workflow_id', $2::text, 'input', $3::jsonb) \
+              || CASE WHEN $4::uuid IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('continued_from', $4::uuid) END, \
             jsonb_build_object('workflow_name', $1::text, 'workflow_id', $2::text, 'input', $3::jsonb)",
     &[
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::UUIDOID,
     ],
 );
 const INSERT: Stmt = Stmt::write(
@@ -59,6 +63,38 @@ const INSERT: Stmt = Stmt::write(
         PgBuiltInOids::UUIDOID,
     ],
 );
+// With a deadline: the start's own timeout from now, or the one it
+// inherits. Apart from `INSERT`, which a 0.1.0 catalog (no `timeout_at`)
+// still takes.
+const INSERT_TIMED: Stmt = Stmt::write(
+    "INSERT INTO executions (id, workflow_name, workflow_id, state, seq, queue, input, concurrency_key, quota_key, \
+                             search_attrs, parent_id, timeout_at) \
+     VALUES ($1, $2, $3, 'RUNNING', nextval('execution_seq'), $4, $5, $6, $7, $8, $9, \
+             coalesce($11, now() + $10 * interval '1 second'))",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+    ],
+);
+
+/// Whether this shard's catalog has execution timeouts (0.2.0 on).
+pub fn timeouts_enabled() -> bool {
+    // SAFETY: catalog lookups by name, in a transaction (the search path
+    // starts with sheaf's schema).
+    unsafe {
+        let rel = pg_sys::RelnameGetRelid(c"executions".as_ptr());
+        rel != pg_sys::InvalidOid && pg_sys::get_attnum(rel, c"timeout_at".as_ptr()) > 0
+    }
+}
 
 /// What a start returns: the execution, whether this start created it, and
 /// the executions it superseded.
@@ -196,13 +232,38 @@ pub fn start_as(
         paused_from: None,
         parent_id: parent,
     };
-    insert(&started, input, o);
+    let begin = Begin {
+        priority: o.priority,
+        run_at: o.run_at.clone(),
+        search_attrs: pgrx::JsonB(o.search_attrs.clone().unwrap_or_else(|| serde_json::json!({}))),
+        timeout: Timeout::After(o.execution_timeout.map(|d| d.as_secs_f64())),
+        continued_from: None,
+    };
+    insert(&started, input, begin);
     (new_id, true, superseded)
+}
+
+/// A new execution's deadline.
+pub enum Timeout {
+    /// This long from now (`None`: no deadline).
+    After(Option<f64>),
+    /// A predecessor's (`None`: it had none).
+    Inherited(Option<TimestampWithTimeZone>),
+}
+
+/// What a new execution starts with beside its input.
+pub struct Begin {
+    pub priority: i32,
+    pub run_at: Option<String>,
+    pub search_attrs: pgrx::JsonB,
+    pub timeout: Timeout,
+    /// The run it continues (continue-as-new), named by its first event.
+    pub continued_from: Option<pgrx::Uuid>,
 }
 
 /// Writes a new execution, its `WorkflowStarted` event and its first
 /// workflow task.
-fn insert(e: &Locked, input: Jsonb, o: &StartOptions) {
+pub fn insert(e: &Locked, input: Jsonb, b: Begin) {
     let (event, task): (Jsonb, Jsonb) = Spi::connect_mut(|client| {
         rows::only(
             run(
@@ -212,27 +273,39 @@ fn insert(e: &Locked, input: Jsonb, o: &StartOptions) {
                     e.workflow_name.as_str().into(),
                     e.workflow_id.as_str().into(),
                     input.clone().into(),
+                    b.continued_from.into(),
                 ],
             ),
             "building a start's documents",
         )
     });
-    exec(
-        &INSERT,
-        &[
-            e.id.into(),
-            e.workflow_name.as_str().into(),
-            e.workflow_id.as_str().into(),
-            e.queue.as_str().into(),
-            input.into(),
-            e.concurrency_key.clone().into(),
-            e.quota_key.clone().into(),
-            pgrx::JsonB(o.search_attrs.clone().unwrap_or_else(|| serde_json::json!({}))).into(),
-            e.parent_id.into(),
-        ],
-    );
+    let (after, inherited) = match b.timeout {
+        Timeout::After(secs) => (secs, None),
+        Timeout::Inherited(at) => (None, at),
+    };
+    let timed = after.is_some() || inherited.is_some();
+    if timed && !timeouts_enabled() {
+        not_ready("this shard's schema has no execution timeouts: ALTER EXTENSION sheaf UPDATE first");
+    }
+    let mut args: Vec<pgrx::datum::DatumWithOid> = vec![
+        e.id.into(),
+        e.workflow_name.as_str().into(),
+        e.workflow_id.as_str().into(),
+        e.queue.as_str().into(),
+        input.into(),
+        e.concurrency_key.clone().into(),
+        e.quota_key.clone().into(),
+        b.search_attrs.into(),
+        e.parent_id.into(),
+    ];
+    if timed {
+        args.extend([after.into(), inherited.into()]);
+        exec(&INSERT_TIMED, &args);
+    } else {
+        exec(&INSERT, &args);
+    }
     history::append_jsonb(e.id, "WorkflowStarted", event);
-    enqueue_workflow_task(e, task, o.priority, o.run_at.clone());
+    enqueue_workflow_task(e, task, b.priority, b.run_at);
 }
 
 #[cfg(any(test, feature = "pg_test"))]
