@@ -703,6 +703,46 @@ CREATE TABLE retention (
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
 
+-- Schedules (sheaf.create_schedule; sheaf_core::schedule parses the spec and
+-- computes fire times). Fired by sheaf.maintain on the shard that holds them
+-- (the driver creates them on the default shard), never inside a claim.
+CREATE TABLE schedules (
+    name            text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 256),
+    -- The spec with every default spelled out.
+    spec            jsonb NOT NULL,
+    paused          boolean NOT NULL DEFAULT false,
+    -- The first fire time not yet handled: a sweep fires what is due from
+    -- here, by the spec's catch-up policy.
+    next_fire_at    timestamptz,
+    last_fire_at    timestamptz,
+    last_outcome    text,
+    last_error      text,
+    -- The last fire's run or task, for the overlap policy.
+    last_execution_id uuid,
+    last_task_id    uuid,
+    fires           bigint NOT NULL DEFAULT 0,
+    skipped         bigint NOT NULL DEFAULT 0,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE NOT paused;
+-- A fire time fires once however many sweeps look at it: its record is
+-- unique, and written in the transaction that starts the fire's work.
+CREATE TABLE schedule_fires (
+    schedule        text NOT NULL,
+    fire_at         timestamptz NOT NULL,
+    fired_at        timestamptz NOT NULL DEFAULT now(),
+    outcome         text NOT NULL CHECK (outcome IN ('started', 'skipped_overlap', 'failed')),
+    execution_id    uuid,
+    task_id         uuid,
+    error           text,
+    -- sheaf.trigger_schedule, not the timing.
+    manual          boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (schedule, fire_at)
+);
+-- Retention (schedule_fires): oldest first.
+CREATE INDEX schedule_fires_fired ON schedule_fires (fired_at);
+
 -- Fencing tokens and enqueue order: sequences, never the clock.
 CREATE SEQUENCE task_seq;
 CREATE SEQUENCE fence_token;

@@ -1086,3 +1086,145 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'signal_with_start_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.signal_with_start(text, text, jsonb, text, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.signal_with_start(text, text, jsonb, text, jsonb, jsonb) TO sheaf_worker;
+
+-- Schedules (sheaf.create_schedule; sheaf_core::schedule parses the spec and
+-- computes fire times). Fired by sheaf.maintain on the shard that holds them
+-- (the driver creates them on the default shard), never inside a claim.
+CREATE TABLE @extschema@.schedules (
+    name            text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 256),
+    -- The spec with every default spelled out.
+    spec            jsonb NOT NULL,
+    paused          boolean NOT NULL DEFAULT false,
+    -- The first fire time not yet handled: a sweep fires what is due from
+    -- here, by the spec's catch-up policy.
+    next_fire_at    timestamptz,
+    last_fire_at    timestamptz,
+    last_outcome    text,
+    last_error      text,
+    -- The last fire's run or task, for the overlap policy.
+    last_execution_id uuid,
+    last_task_id    uuid,
+    fires           bigint NOT NULL DEFAULT 0,
+    skipped         bigint NOT NULL DEFAULT 0,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX schedules_due ON @extschema@.schedules (next_fire_at) WHERE NOT paused;
+-- A fire time fires once however many sweeps look at it: its record is
+-- unique, and written in the transaction that starts the fire's work.
+CREATE TABLE @extschema@.schedule_fires (
+    schedule        text NOT NULL,
+    fire_at         timestamptz NOT NULL,
+    fired_at        timestamptz NOT NULL DEFAULT now(),
+    outcome         text NOT NULL CHECK (outcome IN ('started', 'skipped_overlap', 'failed')),
+    execution_id    uuid,
+    task_id         uuid,
+    error           text,
+    -- sheaf.trigger_schedule, not the timing.
+    manual          boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (schedule, fire_at)
+);
+-- Retention (schedule_fires): oldest first.
+CREATE INDEX schedule_fires_fired ON @extschema@.schedule_fires (fired_at);
+REVOKE ALL ON @extschema@.schedules FROM PUBLIC;
+REVOKE ALL ON @extschema@.schedule_fires FROM PUBLIC;
+CREATE FUNCTION "create_schedule"(
+	"name" TEXT,
+	"spec" jsonb
+) RETURNS timestamp with time zone
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'create_schedule_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.create_schedule(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.create_schedule(text, jsonb) TO sheaf_admin;
+CREATE FUNCTION "update_schedule"(
+	"name" TEXT,
+	"spec" jsonb
+) RETURNS timestamp with time zone
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'update_schedule_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.update_schedule(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.update_schedule(text, jsonb) TO sheaf_admin;
+CREATE FUNCTION "pause_schedule"(
+	"name" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'pause_schedule_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.pause_schedule(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.pause_schedule(text) TO sheaf_admin;
+CREATE FUNCTION "resume_schedule"(
+	"name" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'resume_schedule_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.resume_schedule(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.resume_schedule(text) TO sheaf_admin;
+CREATE FUNCTION "delete_schedule"(
+	"name" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'delete_schedule_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.delete_schedule(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.delete_schedule(text) TO sheaf_admin;
+CREATE FUNCTION "trigger_schedule"(
+	"name" TEXT
+) RETURNS TABLE (
+	"fire_at" timestamp with time zone,
+	"outcome" TEXT,
+	"execution_id" uuid,
+	"task_id" uuid,
+	"error" TEXT
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'trigger_schedule_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.trigger_schedule(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.trigger_schedule(text) TO sheaf_admin;
+CREATE FUNCTION "list_schedules"() RETURNS TABLE (
+	"name" TEXT,
+	"spec" jsonb,
+	"paused" bool,
+	"next_fire_at" timestamp with time zone,
+	"last_fire_at" timestamp with time zone,
+	"last_outcome" TEXT,
+	"last_error" TEXT,
+	"fires" bigint,
+	"skipped" bigint,
+	"created_at" timestamp with time zone,
+	"updated_at" timestamp with time zone
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_schedules_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_schedules() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_schedules() TO sheaf_worker;
+CREATE FUNCTION "schedule_fires"(
+	"name" TEXT,
+	"before" timestamp with time zone DEFAULT NULL,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"fire_at" timestamp with time zone,
+	"fired_at" timestamp with time zone,
+	"outcome" TEXT,
+	"execution_id" uuid,
+	"task_id" uuid,
+	"error" TEXT,
+	"manual" bool
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'schedule_fires_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.schedule_fires(text, timestamp with time zone, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.schedule_fires(text, timestamp with time zone, integer) TO sheaf_worker;

@@ -16,6 +16,7 @@ mod rebalance;
 mod relay;
 mod reports;
 mod retention;
+mod schedules;
 mod shard;
 mod tasks;
 mod topology;
@@ -132,6 +133,13 @@ enum Command {
     Metrics {
         #[command(subcommand)]
         what: MetricsCommand,
+    },
+    /// Schedules: cron timings (or @every) that start a workflow or enqueue
+    /// a task, created on the fleet's default shard, whose maintain fires
+    /// them. Exits 4 for an unknown schedule.
+    Schedules {
+        #[command(subcommand)]
+        what: SchedulesCommand,
     },
     /// How long every shard keeps what has ended (ended executions with
     /// their history, dead letters, seals of moved runs); `sheaf.maintain`,
@@ -368,6 +376,54 @@ enum MetricsCommand {
 }
 
 #[derive(Subcommand)]
+enum SchedulesCommand {
+    /// Every schedule of every shard: its timing, what it starts, its next
+    /// fire and its last outcome. Exits 3 when a shard did not answer.
+    List,
+    /// Create a schedule: --cron and --workflow or --queue, or a whole
+    /// --spec (flags given beside it replace its fields).
+    Create(Box<schedules::CreateArgs>),
+    /// Change the fields of a schedule's spec that a JSON patch names; its
+    /// timing starts again from now.
+    Update {
+        /// The schedule's name.
+        name: String,
+        /// The fields to change, as JSON (null removes one).
+        #[arg(long)]
+        spec: String,
+    },
+    /// Pause a schedule: it fires nothing until resumed.
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Resume a paused schedule from its next fire time after now.
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Fire a schedule now (paused or not), under its overlap policy.
+    /// Exits 1 when the start failed.
+    Trigger {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Delete a schedule and its fire records (what it started runs on).
+    Delete {
+        /// The schedule's name.
+        name: String,
+    },
+    /// A schedule's latest fire records.
+    Fires {
+        /// The schedule's name.
+        name: String,
+        /// How many (1 to 1000).
+        #[arg(long, default_value_t = 20)]
+        limit: i32,
+    },
+}
+
+#[derive(Subcommand)]
 enum RetentionCommand {
     /// Each shard's policy; exits 3 when a shard did not answer.
     Get,
@@ -388,6 +444,9 @@ enum RetentionCommand {
         /// Queues of the default configuration with nothing in them.
         #[arg(long)]
         idle_queues: Option<String>,
+        /// Schedules' fire records.
+        #[arg(long)]
+        schedule_fires: Option<String>,
         /// One workflow's ended executions: NAME=DURATION (repeatable;
         /// NAME=default removes its own setting).
         #[arg(long = "workflow", value_name = "NAME=DURATION")]
@@ -619,6 +678,7 @@ async fn main() -> ExitCode {
         Command::Metrics {
             what: MetricsCommand::Serve { listen, sample_every },
         } => metrics::serve(client, listen, sample_every).await,
+        Command::Schedules { what } => schedule_command(&client, what, cli.json).await,
         Command::Retention {
             what: RetentionCommand::Get,
         } => retention::get(&client, cli.json).await,
@@ -629,6 +689,7 @@ async fn main() -> ExitCode {
                     dead_letters,
                     seals,
                     idle_queues,
+                    schedule_fires,
                     workflows,
                 },
         } => {
@@ -637,6 +698,7 @@ async fn main() -> ExitCode {
                 dead_letters,
                 seals,
                 idle_queues,
+                schedule_fires,
                 workflows,
             };
             retention::set(&client, &args, cli.json).await
@@ -772,5 +834,19 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+async fn schedule_command(client: &Client, what: SchedulesCommand, as_json: bool) -> ExitCode {
+    use schedules::Change;
+    match what {
+        SchedulesCommand::List => schedules::list(client, as_json).await,
+        SchedulesCommand::Create(args) => schedules::create(client, &args, as_json).await,
+        SchedulesCommand::Update { name, spec } => schedules::update(client, &name, &spec, as_json).await,
+        SchedulesCommand::Pause { name } => schedules::change(client, &name, Change::Pause, as_json).await,
+        SchedulesCommand::Resume { name } => schedules::change(client, &name, Change::Resume, as_json).await,
+        SchedulesCommand::Delete { name } => schedules::change(client, &name, Change::Delete, as_json).await,
+        SchedulesCommand::Trigger { name } => schedules::trigger(client, &name, as_json).await,
+        SchedulesCommand::Fires { name, limit } => schedules::fires(client, &name, limit, as_json).await,
     }
 }

@@ -16,6 +16,7 @@ pub struct SetArgs {
     pub dead_letters: Option<String>,
     pub seals: Option<String>,
     pub idle_queues: Option<String>,
+    pub schedule_fires: Option<String>,
     pub workflows: Vec<String>,
 }
 
@@ -27,6 +28,7 @@ pub fn policy(args: &SetArgs) -> Result<Value, String> {
         ("dead_letters", &args.dead_letters),
         ("seals", &args.seals),
         ("idle_queues", &args.idle_queues),
+        ("schedule_fires", &args.schedule_fires),
     ] {
         if let Some(v) = v {
             m.insert(k.into(), json!(v));
@@ -49,7 +51,8 @@ pub fn policy(args: &SetArgs) -> Result<Value, String> {
     }
     if m.is_empty() {
         return Err(
-            "say what to keep: --executions, --dead-letters, --seals, --idle-queues or --workflow".into(),
+            "say what to keep: --executions, --dead-letters, --seals, --idle-queues, --schedule-fires or --workflow"
+                .into(),
         );
     }
     Ok(Value::Object(m))

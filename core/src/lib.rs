@@ -20,6 +20,8 @@ pub mod page;
 pub mod policy;
 pub mod retention;
 #[cfg(feature = "exact-json")]
+pub mod schedule;
+#[cfg(feature = "exact-json")]
 pub mod search;
 pub mod sqlstate;
 pub mod state;

@@ -5,7 +5,7 @@
 //!
 //! ```json
 //! {"executions": "30days", "dead_letters": "14days", "seals": "90days",
-//!  "idle_queues": "7days", "workflows": {"billing": {"executions": "365days"}}}
+//!  "idle_queues": "7days", "schedule_fires": "30days", "workflows": {"billing": {"executions": "365days"}}}
 //! ```
 //!
 //! A duration is a string of `humantime`'s form (`30days`, `12h`, `90 days`,
@@ -84,6 +84,8 @@ pub struct Retention {
     /// Queues of the default configuration seen with nothing in them (no
     /// task in any state, no dead letter) for this long.
     pub idle_queues: Keep,
+    /// Schedules' fire records (`schedule_fires`), by when they fired.
+    pub schedule_fires: Keep,
     /// Per workflow name, `executions` for that workflow's runs.
     pub workflows: BTreeMap<String, Keep>,
 }
@@ -175,7 +177,14 @@ impl Retention {
         let m = object(
             "opts",
             patch,
-            &["executions", "dead_letters", "seals", "idle_queues", "workflows"],
+            &[
+                "executions",
+                "dead_letters",
+                "seals",
+                "idle_queues",
+                "schedule_fires",
+                "workflows",
+            ],
         )?;
         let mut next = self.clone();
         for (name, slot) in [
@@ -183,6 +192,7 @@ impl Retention {
             ("dead_letters", &mut next.dead_letters),
             ("seals", &mut next.seals),
             ("idle_queues", &mut next.idle_queues),
+            ("schedule_fires", &mut next.schedule_fires),
         ] {
             match m.get(name) {
                 None => {}
@@ -239,6 +249,7 @@ impl Retention {
             "dead_letters": self.dead_letters.to_json(),
             "seals": self.seals.to_json(),
             "idle_queues": self.idle_queues.to_json(),
+            "schedule_fires": self.schedule_fires.to_json(),
             "workflows": self.workflows.iter()
                 .map(|(k, v)| (k.clone(), json!({"executions": v.to_json()})))
                 .collect::<Map<_, _>>(),

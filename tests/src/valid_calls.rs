@@ -702,6 +702,30 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &[r#"'{"dead_letters": "3650days", "workflows": {"vc_wf": {"executions": "3650days"}}}'"#],
     ),
     call("sheaf.retention()", &[], &[]),
+    // Schedules.
+    call(
+        "sheaf.create_schedule(text, jsonb)",
+        &[],
+        &[
+            "'vc_sched'",
+            r#"'{"cron": "0 3 * * *", "time_zone": "Europe/Berlin", "workflow": {"name": "vc_wf", "input": {"tenant": "vc_t"}, "workflow_id": "vc-nightly"}, "overlap": "skip", "catch_up": "all", "catch_up_max": 3, "jitter": "10s"}'"#,
+        ],
+    ),
+    call(
+        "sheaf.update_schedule(text, jsonb)",
+        &[],
+        &["'vc_sched'", r#"'{"cron": "30 3 * * *"}'"#],
+    ),
+    call("sheaf.trigger_schedule(text)", &[], &["'vc_sched'"]),
+    call("sheaf.pause_schedule(text)", &[], &["'vc_sched'"]),
+    call("sheaf.resume_schedule(text)", &[], &["'vc_sched'"]),
+    call("sheaf.list_schedules()", &[], &[]),
+    call(
+        "sheaf.schedule_fires(text, timestamp with time zone, integer)",
+        &[],
+        &["'vc_sched'", "now() + interval '1 day'", "10"],
+    ),
+    call("sheaf.delete_schedule(text)", &[], &["'vc_sched'"]),
     call("sheaf.quota_usage(text)", &[], &["'vc_t'"]),
     call("sheaf.quota_recompute(text)", &[], &["'vc_t'"]),
     // The durable mutex.

@@ -35,6 +35,8 @@ pub enum Owned {
     Queue(String),
     /// A named mutex.
     Mutex(String),
+    /// A named schedule.
+    Schedule(String),
     /// Shard-wide work (worker registry, maintenance, policies, stats).
     Shard,
     /// This shard's part of a read across shards (a listing, a report).
@@ -51,6 +53,7 @@ impl fmt::Display for Owned {
             Owned::Task(id) => write!(f, "task {id}"),
             Owned::Queue(name) => write!(f, "queue {name:?}"),
             Owned::Mutex(key) => write!(f, "mutex {key:?}"),
+            Owned::Schedule(name) => write!(f, "schedule {name:?}"),
             Owned::Shard => write!(f, "shard maintenance"),
             Owned::Listing(what) => f.write_str(what),
         }
@@ -154,6 +157,14 @@ pub enum ClientError {
     /// P0002 on a queue: the shard has no such queue.
     #[error("unknown queue: {message}")]
     UnknownQueue {
+        /// The shard that refused.
+        shard: ShardId,
+        /// The shard's message.
+        message: String,
+    },
+    /// P0002 on a schedule: the shard has no schedule of that name.
+    #[error("unknown schedule: {message}")]
+    UnknownSchedule {
         /// The shard that refused.
         shard: ShardId,
         /// The shard's message.
@@ -305,6 +316,9 @@ impl ClientError {
             sqlstate::NO_DATA_FOUND if matches!(owned, Owned::Queue(_)) => {
                 ClientError::UnknownQueue { shard, message }
             }
+            sqlstate::NO_DATA_FOUND if matches!(owned, Owned::Schedule(_)) => {
+                ClientError::UnknownSchedule { shard, message }
+            }
             sqlstate::NO_DATA_FOUND => ClientError::UnknownExecution { shard, message },
             sqlstate::OPERATOR_INTERVENTION => ClientError::TaskCancelled { shard, message },
             sqlstate::INVALID_PARAMETER_VALUE | sqlstate::NULL_VALUE_NOT_ALLOWED => {
@@ -370,6 +384,7 @@ impl ClientError {
             | ClientError::UnknownTask { shard, .. }
             | ClientError::TaskCancelled { shard, .. }
             | ClientError::UnknownQueue { shard, .. }
+            | ClientError::UnknownSchedule { shard, .. }
             | ClientError::InvalidArgument { shard, .. }
             | ClientError::WrongState { shard, .. }
             | ClientError::Conflict { shard, .. }

@@ -27,6 +27,7 @@ mod rebalance;
 mod relay;
 mod reports;
 mod retention;
+mod schedules;
 mod search;
 mod shard;
 mod tasks;
@@ -69,6 +70,7 @@ pub use rebalance::{
 };
 pub use relay::{ChildStart, CloseKind, RelayBacklog, RelayOutcome, RelayRow, ReportStatus};
 pub use reports::{GroupBy, KeyConcurrency, Report, Usage};
+pub use schedules::{Fire, MAX_FIRES_PAGE, Schedule};
 pub use search::{
     AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution, SortOrder,
 };

@@ -1,7 +1,7 @@
 //! `sheaf.maintain()`: every bounded sweep in one call, for pg_cron or a
 //! worker loop. Claims already do the per-queue sweeps inline; this covers
 //! queues nobody is claiming from (visiting only those with due or expired
-//! work), timers of suspended executions, execution timeouts, expired mutex leases, the
+//! work), timers of suspended executions, execution timeouts, due schedules, expired mutex leases, the
 //! registries, and retention.
 
 use pgrx::prelude::*;
@@ -10,7 +10,7 @@ use crate::mutex;
 use crate::queue::workers::{self, LIVE_SECS};
 use crate::queue::{cancel, lease, progress, promote, queues, ready};
 use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::{lifecycle, retention};
+use crate::workflow::{lifecycle, retention, schedules};
 
 const PROMOTE_MAX: i64 = 10_000;
 const REAP_MAX: i64 = 1_000;
@@ -18,6 +18,8 @@ const PRUNE_MAX: i64 = 10_000;
 const WAKE_MAX: i64 = 1_000;
 /// Overdue executions ended `TIMED_OUT` per call.
 const TIMEOUT_MAX: i64 = 1_000;
+/// Due schedules fired per call (each up to its catch-up policy's fires).
+const SCHEDULE_MAX: i64 = 100;
 const RECLAIM_MAX: i64 = 1_000;
 /// Ended runs (and, apart, dead letters) retention deletes per call.
 const RETENTION_MAX: i64 = 1_000;
@@ -36,6 +38,7 @@ fn maintain() -> pgrx::JsonB {
     let reaped = lease::reap_all(REAP_MAX, &EXECUTIONS);
     let woken = lifecycle::wake_due(WAKE_MAX);
     let timed_out = lifecycle::time_out_due(TIMEOUT_MAX);
+    let schedules_fired = schedules::fire_due(SCHEDULE_MAX);
     let mutexes_reclaimed = mutex::reclaim(RECLAIM_MAX);
     let workers_pruned = workers::prune(PRUNE_MAX);
     let fairness_keys_pruned = ready::prune_fairness_keys(PRUNE_MAX);
@@ -43,12 +46,18 @@ fn maintain() -> pgrx::JsonB {
     let progress_pruned = progress::prune(PRUNE_MAX);
     let policy = retention::policy();
     let retained = retention::prune(&policy, RETENTION_MAX, &EXECUTIONS);
+    let schedule_fires_pruned = policy
+        .schedule_fires
+        .secs()
+        .map_or(0, |secs| schedules::prune_fires(secs, PRUNE_MAX));
     let idle_queues_dropped = policy.idle_queues.secs().map_or(0, queues::expire_idle);
     pgrx::JsonB(serde_json::json!({
         "promoted": promoted,
         "reaped": reaped,
         "woken": woken,
         "timed_out": timed_out,
+        "schedules_fired": schedules_fired,
+        "schedule_fires_pruned": schedule_fires_pruned,
         "mutexes_reclaimed": mutexes_reclaimed,
         "workers_pruned": workers_pruned,
         "fairness_keys_pruned": fairness_keys_pruned,

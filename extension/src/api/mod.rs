@@ -35,6 +35,7 @@ mod rebalance;
 mod relay;
 mod retention;
 mod retry;
+mod schedules;
 mod search;
 mod shard;
 mod signals;

@@ -10,4 +10,5 @@ pub mod locks;
 pub mod plans;
 pub mod rows;
 pub mod shard;
+pub mod subxact;
 pub mod topology;

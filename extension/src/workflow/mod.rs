@@ -17,6 +17,7 @@ pub mod policy;
 pub mod quota;
 pub mod relay;
 pub mod retention;
+pub mod schedules;
 pub mod search;
 pub mod signals;
 pub mod start;

@@ -1,0 +1,322 @@
+//! `sheaf schedules list|create|update|pause|resume|trigger|delete|fires`:
+//! schedules on the fleet's default shard (listed from every shard).
+
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use serde_json::{Map, Value, json};
+use sheaf_driver::{Client, ClientError, Fire, Schedule};
+
+use crate::executions::time;
+use crate::exit;
+
+/// What `sheaf schedules create` was given: a whole spec, or the flags
+/// that make one.
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// The schedule's name (1 to 256 bytes).
+    pub name: String,
+    /// The spec as JSON (see the README's "Schedules").
+    #[arg(long)]
+    pub spec: Option<String>,
+    /// A cron expression (5 or 6 fields), @hourly, @daily, @weekly,
+    /// @monthly, @yearly, or @every <duration>.
+    #[arg(long)]
+    pub cron: Option<String>,
+    /// The IANA time zone the cron expression is read in (default UTC).
+    #[arg(long = "tz")]
+    pub time_zone: Option<String>,
+    /// Start this workflow at each fire (its id: NAME@<fire time>).
+    #[arg(long)]
+    pub workflow: Option<String>,
+    /// The workflow's input, as JSON.
+    #[arg(long)]
+    pub input: Option<String>,
+    /// Enqueue a task on this queue at each fire.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// The task's payload, as JSON.
+    #[arg(long)]
+    pub payload: Option<String>,
+    /// While the previous fire's work runs: skip (default), allow or
+    /// cancel_previous.
+    #[arg(long)]
+    pub overlap: Option<String>,
+    /// After downtime: once (default: the latest missed time), skip
+    /// (none, unless at most a minute late) or all (the latest
+    /// --catch-up-max).
+    #[arg(long)]
+    pub catch_up: Option<String>,
+    /// How many missed times catch-up all fires (1 to 1000, default 10).
+    #[arg(long)]
+    pub catch_up_max: Option<u32>,
+    /// Spread each fire's start over this much time after it (30s).
+    #[arg(long)]
+    pub jitter: Option<String>,
+}
+
+fn json_arg(flag: &str, text: &str) -> Result<Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("{flag} is not JSON: {e}"))
+}
+
+/// The spec the arguments describe (the shard checks it).
+pub fn spec(a: &CreateArgs) -> Result<Value, String> {
+    let mut m = match &a.spec {
+        Some(text) => match json_arg("--spec", text)? {
+            Value::Object(m) => m,
+            _ => return Err("--spec must be a JSON object".into()),
+        },
+        None => Map::new(),
+    };
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            m.insert(k.to_owned(), v);
+        }
+    };
+    put("cron", a.cron.clone().map(Value::from));
+    put("time_zone", a.time_zone.clone().map(Value::from));
+    put("overlap", a.overlap.clone().map(Value::from));
+    put("catch_up", a.catch_up.clone().map(Value::from));
+    put("catch_up_max", a.catch_up_max.map(Value::from));
+    put("jitter", a.jitter.clone().map(Value::from));
+    match (&a.workflow, &a.queue) {
+        (Some(_), Some(_)) => return Err("give --workflow or --queue, not both".into()),
+        (Some(w), None) => {
+            let input = a.input.as_deref().map(|t| json_arg("--input", t)).transpose()?;
+            m.insert(
+                "workflow".into(),
+                json!({"name": w, "input": input.unwrap_or(json!({}))}),
+            );
+        }
+        (None, Some(q)) => {
+            let payload = a
+                .payload
+                .as_deref()
+                .map(|t| json_arg("--payload", t))
+                .transpose()?;
+            m.insert(
+                "task".into(),
+                json!({"queue": q, "payload": payload.unwrap_or(json!({}))}),
+            );
+        }
+        (None, None) => {}
+    }
+    if !m.contains_key("cron") {
+        return Err("say when: --cron '0 3 * * *' (or @hourly, @every 30s), or --spec".into());
+    }
+    Ok(Value::Object(m))
+}
+
+/// A refusal: 4 for an unknown schedule, 1 otherwise.
+fn refused(e: &ClientError) -> ExitCode {
+    if matches!(e, ClientError::UnknownSchedule { .. }) {
+        eprintln!("sheaf: {e}");
+        return exit::NOT_FOUND.into();
+    }
+    exit::failed(e)
+}
+
+fn maybe_time(t: Option<SystemTime>) -> String {
+    t.map_or_else(|| "-".to_owned(), time)
+}
+
+fn schedule_json(s: &Schedule) -> Value {
+    json!({
+        "shard": s.shard.get(),
+        "name": s.name,
+        "spec": s.spec.to_value().unwrap_or(Value::Null),
+        "paused": s.paused,
+        "next_fire_at": s.next_fire_at.map(time),
+        "last_fire_at": s.last_fire_at.map(time),
+        "last_outcome": s.last_outcome,
+        "last_error": s.last_error,
+        "fires": s.fires,
+        "skipped": s.skipped,
+        "created_at": time(s.created_at),
+        "updated_at": time(s.updated_at),
+    })
+}
+
+fn fire_json(f: &Fire) -> Value {
+    json!({
+        "fire_at": time(f.fire_at),
+        "fired_at": f.fired_at.map(time),
+        "outcome": f.outcome,
+        "execution_id": f.execution_id.map(|id| id.to_string()),
+        "task_id": f.task_id.map(|id| id.to_string()),
+        "error": f.error,
+        "manual": f.manual,
+    })
+}
+
+/// What a schedule starts, in a few words.
+fn action(spec: &Value) -> String {
+    if let Some(w) = spec.get("workflow") {
+        format!("workflow {}", w["name"].as_str().unwrap_or("?"))
+    } else if let Some(t) = spec.get("task") {
+        format!("task on {}", t["queue"].as_str().unwrap_or("?"))
+    } else {
+        "-".into()
+    }
+}
+
+/// `sheaf schedules list`: every shard's; exit 3 when a shard failed.
+pub async fn list(client: &Client, as_json: bool) -> ExitCode {
+    let report = client.list_schedules().await;
+    let all: Vec<&Schedule> = report.ok.values().flatten().collect();
+    if as_json {
+        exit::print_json(&json!({
+            "schedules": all.iter().map(|s| schedule_json(s)).collect::<Vec<_>>(),
+            "failed_shards": exit::failures_json(&report.failed),
+        }));
+    } else {
+        println!(
+            "{:<5} {:<24} {:<18} {:<20} {:<7} {:<27} {:<16} fires",
+            "shard", "name", "cron", "starts", "state", "next fire", "last"
+        );
+        for s in &all {
+            let spec = s.spec.to_value().unwrap_or(Value::Null);
+            println!(
+                "{:<5} {:<24} {:<18} {:<20} {:<7} {:<27} {:<16} {}",
+                s.shard,
+                s.name,
+                spec["cron"].as_str().unwrap_or("-"),
+                action(&spec),
+                if s.paused { "paused" } else { "active" },
+                maybe_time(s.next_fire_at),
+                s.last_outcome.as_deref().unwrap_or("-"),
+                s.fires
+            );
+        }
+    }
+    exit::partial_if(&report.failed, !report.failed.is_empty())
+}
+
+/// `sheaf schedules create NAME ...`.
+pub async fn create(client: &Client, args: &CreateArgs, as_json: bool) -> ExitCode {
+    let name = args.name.as_str();
+    let spec = match spec(args) {
+        Ok(s) => s,
+        Err(e) => return exit::usage(e),
+    };
+    match client.create_schedule(name, spec).await {
+        Ok(next) => {
+            if as_json {
+                exit::print_json(&json!({"name": name, "next_fire_at": time(next)}));
+            } else {
+                println!("created schedule {name}: next fire at {}", time(next));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => refused(&e),
+    }
+}
+
+/// `sheaf schedules update NAME --spec PATCH`.
+pub async fn update(client: &Client, name: &str, patch: &str, as_json: bool) -> ExitCode {
+    let patch = match json_arg("--spec", patch) {
+        Ok(p) => p,
+        Err(e) => return exit::usage(e),
+    };
+    match client.update_schedule(name, patch).await {
+        Ok(next) => {
+            if as_json {
+                exit::print_json(&json!({"name": name, "next_fire_at": time(next)}));
+            } else {
+                println!("updated schedule {name}: next fire at {}", time(next));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => refused(&e),
+    }
+}
+
+/// What a pause, resume or delete did.
+pub enum Change {
+    Pause,
+    Resume,
+    Delete,
+}
+
+/// `sheaf schedules pause|resume|delete NAME`.
+pub async fn change(client: &Client, name: &str, what: Change, as_json: bool) -> ExitCode {
+    let (done, verb) = match what {
+        Change::Pause => (client.pause_schedule(name).await, "paused"),
+        Change::Resume => (client.resume_schedule(name).await, "resumed"),
+        Change::Delete => (client.delete_schedule(name).await, "deleted"),
+    };
+    match done {
+        Ok(changed) => {
+            if as_json {
+                exit::print_json(&json!({"name": name, "changed": changed}));
+            } else if changed {
+                println!("{verb} schedule {name}");
+            } else {
+                println!("schedule {name}: nothing to do (already {verb}, or none)");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => refused(&e),
+    }
+}
+
+/// `sheaf schedules trigger NAME`: fires it now; exit 1 if its start failed.
+pub async fn trigger(client: &Client, name: &str, as_json: bool) -> ExitCode {
+    match client.trigger_schedule(name).await {
+        Ok(f) => {
+            if as_json {
+                exit::print_json(&fire_json(&f));
+            } else {
+                let what = f
+                    .execution_id
+                    .map(|id| format!(" execution {id}"))
+                    .or_else(|| f.task_id.map(|id| format!(" task {id}")))
+                    .unwrap_or_default();
+                println!(
+                    "schedule {name} fired at {}: {}{what}",
+                    time(f.fire_at),
+                    f.outcome
+                );
+                if let Some(e) = &f.error {
+                    println!("  {e}");
+                }
+            }
+            if f.outcome == "failed" {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => refused(&e),
+    }
+}
+
+/// `sheaf schedules fires NAME`: its latest fire records.
+pub async fn fires(client: &Client, name: &str, limit: i32, as_json: bool) -> ExitCode {
+    match client.schedule_fires(name, None, limit).await {
+        Ok(fires) => {
+            if as_json {
+                exit::print_json(&json!({"fires": fires.iter().map(fire_json).collect::<Vec<_>>()}));
+            } else {
+                println!("{:<27} {:<16} {:<6} started", "fire time", "outcome", "manual");
+                for f in &fires {
+                    let started = f
+                        .execution_id
+                        .map(|id| id.to_string())
+                        .or_else(|| f.task_id.map(|id| id.to_string()))
+                        .or_else(|| f.error.clone())
+                        .unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<27} {:<16} {:<6} {}",
+                        time(f.fire_at),
+                        f.outcome,
+                        if f.manual { "yes" } else { "no" },
+                        started
+                    );
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => refused(&e),
+    }
+}
