@@ -743,6 +743,61 @@ CREATE TABLE schedule_fires (
 -- Retention (schedule_fires): oldest first.
 CREATE INDEX schedule_fires_fired ON schedule_fires (fired_at);
 
+-- Rate limits (sheaf.declare_rate_limit) and start throttles (a workflow
+-- policy's throttle), sheaf_core::rate: a bucket per (name, key) holds its
+-- theoretical arrival time (GCRA). A limited task or throttled start is
+-- admitted at its bucket's time, scheduled until then; beyond a 30-second
+-- lookahead it waits in its bucket's line (rate_waiting), scheduled at
+-- infinity, until sheaf.maintain times it. The claim never reads these.
+CREATE TABLE rate_limits (
+    name            text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 256),
+    spec            jsonb NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+-- Pacing overrides (sheaf.set_rate_override): a rate limit's or a start
+-- throttle's (workflow:<name>) pace until expires_at, on this shard's clock.
+CREATE TABLE rate_overrides (
+    name            text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 266),
+    rate            double precision NOT NULL CHECK (rate > 0),
+    period          interval NOT NULL,
+    expires_at      timestamptz NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE rate_buckets (
+    -- The rate limit, or workflow:<name> for a start throttle.
+    name            text NOT NULL,
+    -- The resolved key; '' for an unkeyed limit (and a task without its key).
+    key             text NOT NULL,
+    tat             timestamptz NOT NULL,
+    -- When the head of its line may be admitted; NULL: no line.
+    line_at         timestamptz,
+    PRIMARY KEY (name, key)
+);
+CREATE INDEX rate_buckets_line ON rate_buckets (line_at) WHERE line_at IS NOT NULL;
+CREATE TABLE rate_waiting (
+    name            text NOT NULL,
+    key             text NOT NULL,
+    seq             bigint NOT NULL,
+    task_id         uuid NOT NULL,
+    PRIMARY KEY (name, key, seq)
+);
+CREATE SEQUENCE rate_seq;
+
+-- Debounced starts (start_workflow opts debounce; workflow::debounce): the
+-- pending start of (workflow, key), which later starts in its window join.
+CREATE TABLE debounces (
+    workflow_name   text NOT NULL,
+    debounce_key    text NOT NULL CHECK (octet_length(debounce_key) BETWEEN 1 AND 256),
+    execution_id    uuid NOT NULL,
+    mode            text NOT NULL CHECK (mode IN ('trailing', 'leading')),
+    -- When the window ends (a trailing run's first task is due then).
+    until           timestamptz NOT NULL,
+    starts          bigint NOT NULL DEFAULT 1,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workflow_name, debounce_key)
+);
+CREATE INDEX debounces_until ON debounces (until);
+
 -- Fencing tokens and enqueue order: sequences, never the clock.
 CREATE SEQUENCE task_seq;
 CREATE SEQUENCE fence_token;

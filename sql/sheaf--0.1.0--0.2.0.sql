@@ -1228,3 +1228,151 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'schedule_fires_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.schedule_fires(text, timestamp with time zone, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.schedule_fires(text, timestamp with time zone, integer) TO sheaf_worker;
+
+-- Rate limits (sheaf.declare_rate_limit) and start throttles (a workflow
+-- policy's throttle), sheaf_core::rate: a bucket per (name, key) holds its
+-- theoretical arrival time (GCRA). A limited task or throttled start is
+-- admitted at its bucket's time, scheduled until then; beyond a 30-second
+-- lookahead it waits in its bucket's line (rate_waiting), scheduled at
+-- infinity, until sheaf.maintain times it. The claim never reads these.
+CREATE TABLE @extschema@.rate_limits (
+    name            text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 256),
+    spec            jsonb NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+-- Pacing overrides (sheaf.set_rate_override): a rate limit's or a start
+-- throttle's (workflow:<name>) pace until expires_at, on this shard's clock.
+CREATE TABLE @extschema@.rate_overrides (
+    name            text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 266),
+    rate            double precision NOT NULL CHECK (rate > 0),
+    period          interval NOT NULL,
+    expires_at      timestamptz NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE @extschema@.rate_buckets (
+    -- The rate limit, or workflow:<name> for a start throttle.
+    name            text NOT NULL,
+    -- The resolved key; '' for an unkeyed limit (and a task without its key).
+    key             text NOT NULL,
+    tat             timestamptz NOT NULL,
+    -- When the head of its line may be admitted; NULL: no line.
+    line_at         timestamptz,
+    PRIMARY KEY (name, key)
+);
+CREATE INDEX rate_buckets_line ON @extschema@.rate_buckets (line_at) WHERE line_at IS NOT NULL;
+CREATE TABLE @extschema@.rate_waiting (
+    name            text NOT NULL,
+    key             text NOT NULL,
+    seq             bigint NOT NULL,
+    task_id         uuid NOT NULL,
+    PRIMARY KEY (name, key, seq)
+);
+CREATE SEQUENCE @extschema@.rate_seq;
+REVOKE ALL ON @extschema@.rate_limits FROM PUBLIC;
+REVOKE ALL ON @extschema@.rate_overrides FROM PUBLIC;
+REVOKE ALL ON @extschema@.rate_buckets FROM PUBLIC;
+REVOKE ALL ON @extschema@.rate_waiting FROM PUBLIC;
+REVOKE ALL ON SEQUENCE @extschema@.rate_seq FROM PUBLIC;
+
+-- Debounced starts (start_workflow opts debounce; workflow::debounce): the
+-- pending start of (workflow, key), which later starts in its window join.
+CREATE TABLE @extschema@.debounces (
+    workflow_name   text NOT NULL,
+    debounce_key    text NOT NULL CHECK (octet_length(debounce_key) BETWEEN 1 AND 256),
+    execution_id    uuid NOT NULL,
+    mode            text NOT NULL CHECK (mode IN ('trailing', 'leading')),
+    -- When the window ends (a trailing run's first task is due then).
+    until           timestamptz NOT NULL,
+    starts          bigint NOT NULL DEFAULT 1,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workflow_name, debounce_key)
+);
+CREATE INDEX debounces_until ON @extschema@.debounces (until);
+REVOKE ALL ON @extschema@.debounces FROM PUBLIC;
+CREATE FUNCTION "declare_rate_limit"(
+	"name" TEXT,
+	"spec" jsonb
+) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'declare_rate_limit_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.declare_rate_limit(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.declare_rate_limit(text, jsonb) TO sheaf_admin;
+CREATE FUNCTION "set_rate_override"(
+	"name" TEXT,
+	"rate" double precision,
+	"period" interval,
+	"expires_at" timestamp with time zone
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_rate_override_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.set_rate_override(text, double precision, interval, timestamp with time zone) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.set_rate_override(text, double precision, interval, timestamp with time zone) TO sheaf_admin;
+CREATE FUNCTION "clear_rate_override"(
+	"name" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'clear_rate_override_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.clear_rate_override(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.clear_rate_override(text) TO sheaf_admin;
+CREATE FUNCTION "rate_limits"() RETURNS TABLE (
+	"name" TEXT,
+	"spec" jsonb,
+	"override_rate" double precision,
+	"override_period" interval,
+	"override_expires_at" timestamp with time zone,
+	"buckets" bigint,
+	"waiting" bigint
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'rate_limits_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.rate_limits() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.rate_limits() TO sheaf_worker;
+CREATE FUNCTION "audit_note"(
+	"action" TEXT,
+	"target" TEXT,
+	"outcome" TEXT,
+	"detail" jsonb DEFAULT '{}'
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'audit_note_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.audit_note(text, text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.audit_note(text, text, text, jsonb) TO sheaf_admin;
+CREATE FUNCTION "pending_starts"(
+	"name" TEXT DEFAULT NULL,
+	"max_rows" INT DEFAULT 1000
+) RETURNS TABLE (
+	"workflow_name" TEXT,
+	"debounce_key" TEXT,
+	"execution_id" uuid,
+	"mode" TEXT,
+	"window_ends_at" timestamp with time zone,
+	"starts" bigint,
+	"created_at" timestamp with time zone
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'pending_starts_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.pending_starts(text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.pending_starts(text, integer) TO sheaf_worker;
+CREATE FUNCTION "cancel_pending_start"(
+	"name" TEXT,
+	"debounce_key" TEXT,
+	"reason" TEXT DEFAULT NULL
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'cancel_pending_start_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cancel_pending_start(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.cancel_pending_start(text, text, text) TO sheaf_admin;

@@ -12,6 +12,7 @@ mod executions;
 mod exit;
 mod metrics;
 mod operations;
+mod rate_limits;
 mod rebalance;
 mod relay;
 mod reports;
@@ -133,6 +134,13 @@ enum Command {
     Metrics {
         #[command(subcommand)]
         what: MetricsCommand,
+    },
+    /// Rate limits on every shard (each shard paces its own buckets) and
+    /// pacing overrides, fanned out to every readable shard. Exits 3 when
+    /// a shard did not answer or take it.
+    RateLimits {
+        #[command(subcommand)]
+        what: RateLimitsCommand,
     },
     /// Schedules: cron timings (or @every) that start a workflow or enqueue
     /// a task, created on the fleet's default shard, whose maintain fires
@@ -376,6 +384,50 @@ enum MetricsCommand {
 }
 
 #[derive(Subcommand)]
+enum RateLimitsCommand {
+    /// Every shard's rate limits, overrides, buckets and waiting units.
+    List,
+    /// Declare (or change) a rate limit on every shard.
+    Declare {
+        /// The limit's name.
+        name: String,
+        /// Units per period.
+        #[arg(long)]
+        rate: f64,
+        /// The period (default 1s).
+        #[arg(long)]
+        period: Option<String>,
+        /// Units at once (default: the rate, rounded up).
+        #[arg(long)]
+        burst: Option<i64>,
+        /// A bucket per value of this payload path (payload.tenant).
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Pace a limit (or workflow:NAME, a start throttle) at --rate per
+    /// --period for --ttl, on every readable shard.
+    Override {
+        /// The limit's name, or workflow:NAME.
+        name: String,
+        /// Units per period.
+        #[arg(long)]
+        rate: f64,
+        /// The period (1s, 1m).
+        #[arg(long, value_parser = parse_human_duration)]
+        period: Duration,
+        /// How long the override lasts (10m, 2h; each shard reads its end
+        /// on its own clock).
+        #[arg(long, value_parser = parse_human_duration)]
+        ttl: Duration,
+    },
+    /// Remove a pacing override on every readable shard.
+    Clear {
+        /// The limit's name, or workflow:NAME.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum SchedulesCommand {
     /// Every schedule of every shard: its timing, what it starts, its next
     /// fire and its last outcome. Exits 3 when a shard did not answer.
@@ -530,6 +582,11 @@ enum TopologyCommand {
     },
 }
 
+/// A duration as humantime reads it (`90s`, `10m`, `2h 30m`).
+fn parse_human_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration like 30s, 10m or 2h: {e}"))
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = n
@@ -679,6 +736,23 @@ async fn main() -> ExitCode {
             what: MetricsCommand::Serve { listen, sample_every },
         } => metrics::serve(client, listen, sample_every).await,
         Command::Schedules { what } => schedule_command(&client, what, cli.json).await,
+        Command::RateLimits { what } => match what {
+            RateLimitsCommand::List => rate_limits::list(&client, cli.json).await,
+            RateLimitsCommand::Declare {
+                name,
+                rate,
+                period,
+                burst,
+                key,
+            } => rate_limits::declare(&client, &name, rate, period, burst, key, cli.json).await,
+            RateLimitsCommand::Override {
+                name,
+                rate,
+                period,
+                ttl,
+            } => rate_limits::override_pace(&client, &name, rate, period, ttl, cli.json).await,
+            RateLimitsCommand::Clear { name } => rate_limits::clear(&client, &name, cli.json).await,
+        },
         Command::Retention {
             what: RetentionCommand::Get,
         } => retention::get(&client, cli.json).await,

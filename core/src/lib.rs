@@ -18,6 +18,8 @@ pub mod ordering;
 pub mod page;
 #[cfg(feature = "exact-json")]
 pub mod policy;
+#[cfg(feature = "exact-json")]
+pub mod rate;
 pub mod retention;
 #[cfg(feature = "exact-json")]
 pub mod schedule;

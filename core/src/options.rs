@@ -57,6 +57,10 @@ pub struct EnqueueOptions {
     pub execution_id: Option<[u8; 16]>,
     pub kind: TaskKind,
     pub idempotency_key: Option<String>,
+    /// A declared rate limit (`sheaf.declare_rate_limit`) the task waits on.
+    pub rate_limit: Option<String>,
+    /// Its bucket's key, over the limit's key path.
+    pub rate_key: Option<String>,
 }
 
 impl Default for EnqueueOptions {
@@ -71,6 +75,8 @@ impl Default for EnqueueOptions {
             execution_id: None,
             kind: TaskKind::Activity,
             idempotency_key: None,
+            rate_limit: None,
+            rate_key: None,
         }
     }
 }
@@ -85,6 +91,8 @@ const ENQUEUE_OPTIONS: &[&str] = &[
     "execution_id",
     "kind",
     "idempotency_key",
+    "rate_limit",
+    "rate_key",
 ];
 
 impl EnqueueOptions {
@@ -139,8 +147,16 @@ impl EnqueueOptions {
                     }
                 }
                 "idempotency_key" => o.idempotency_key = Some(key(&opt, value)?),
+                "rate_limit" => o.rate_limit = Some(string(&opt, value, MAX_KEY_BYTES)?),
+                "rate_key" => o.rate_key = Some(key(&opt, value)?),
                 _ => unreachable!("object() refuses unknown options"),
             }
+        }
+        if o.rate_key.is_some() && o.rate_limit.is_none() {
+            return Err(err(
+                "opts.rate_key",
+                "names a bucket of a rate limit: give opts.rate_limit too",
+            ));
         }
         Ok(o)
     }

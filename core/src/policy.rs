@@ -58,6 +58,8 @@ pub struct WorkflowPolicy {
     pub queue: String,
     pub concurrency: Option<ConcurrencyPolicy>,
     pub quota: Option<QuotaPolicy>,
+    /// Paces starts: an over-rate start's first workflow task waits.
+    pub throttle: Option<crate::rate::Throttle>,
 }
 
 impl Default for WorkflowPolicy {
@@ -66,6 +68,7 @@ impl Default for WorkflowPolicy {
             queue: DEFAULT_QUEUE.to_owned(),
             concurrency: None,
             quota: None,
+            throttle: None,
         }
     }
 }
@@ -147,7 +150,7 @@ fn limit(name: &str, value: &Value, min: i64, max: i64) -> Result<i64, OptionErr
 /// A JSON number that is exactly a whole number in i64 range, read from its
 /// decimal text: `1e9` and `1000.0` are whole, `1e-400` is not (as a float it
 /// rounds to 0, which would have passed for a whole number).
-fn whole_number(value: &Value) -> Option<i64> {
+pub(crate) fn whole_number(value: &Value) -> Option<i64> {
     let n = value.as_number()?;
     if let Some(i) = n.as_i64() {
         return Some(i);
@@ -270,7 +273,7 @@ impl QuotaPolicy {
 
 impl WorkflowPolicy {
     pub fn parse(policy: &Value) -> Result<Self, OptionError> {
-        let map = object("policy", policy, &["queue", "concurrency", "quota"])?;
+        let map = object("policy", policy, &["queue", "concurrency", "quota", "throttle"])?;
         let mut p = WorkflowPolicy::default();
         if let Some(q) = map.get("queue").filter(|v| !v.is_null()) {
             let name = q
@@ -284,6 +287,9 @@ impl WorkflowPolicy {
         }
         if let Some(q) = map.get("quota").filter(|v| !v.is_null()) {
             p.quota = Some(QuotaPolicy::parse(q)?);
+        }
+        if let Some(t) = map.get("throttle").filter(|v| !v.is_null()) {
+            p.throttle = Some(crate::rate::Throttle::parse(t)?);
         }
         Ok(p)
     }
@@ -309,6 +315,9 @@ impl WorkflowPolicy {
                 "max_history_bytes": q.max_history_bytes,
                 "max_dead_letters": q.max_dead_letters,
             });
+        }
+        if let Some(t) = &self.throttle {
+            out["throttle"] = t.to_json();
         }
         out
     }
@@ -369,6 +378,77 @@ pub struct StartOptions {
     /// The run ends `TIMED_OUT` this long after its start (a successor of
     /// continue-as-new keeps its predecessor's deadline).
     pub execution_timeout: Option<std::time::Duration>,
+    /// Collapses a burst of starts with one key into one run.
+    pub debounce: Option<Debounce>,
+}
+
+/// Which start of a burst a debounce keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DebounceMode {
+    /// The run starts once the burst is over, with the last start's input.
+    Trailing,
+    /// The run starts at the first start; later ones in the window join it.
+    Leading,
+}
+
+impl DebounceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DebounceMode::Trailing => "trailing",
+            DebounceMode::Leading => "leading",
+        }
+    }
+}
+
+/// `opts.debounce`: `{"key": "...", "window": "2 seconds", "mode": "trailing"}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Debounce {
+    pub key: String,
+    pub window: std::time::Duration,
+    pub mode: DebounceMode,
+}
+
+/// The shortest and longest debounce window.
+pub const MIN_DEBOUNCE_WINDOW: std::time::Duration = std::time::Duration::from_millis(10);
+pub const MAX_DEBOUNCE_WINDOW: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+impl Debounce {
+    fn parse(v: &Value) -> Result<Debounce, OptionError> {
+        let m = object("opts.debounce", v, &["key", "window", "mode"])?;
+        let key = match m.get("key") {
+            Some(Value::String(k)) if !k.is_empty() && k.len() <= MAX_KEY_BYTES => k.clone(),
+            Some(Value::String(k)) => {
+                return Err(err(
+                    "opts.debounce.key",
+                    format!("must be 1 to {MAX_KEY_BYTES} bytes, got {}", k.len()),
+                ));
+            }
+            Some(other) => {
+                return Err(err(
+                    "opts.debounce.key",
+                    format!("must be a string, got {}", excerpt(other)),
+                ));
+            }
+            None => return Err(err("opts.debounce.key", "is required")),
+        };
+        let window = match m.get("window") {
+            Some(w) => crate::duration::parse(w, MIN_DEBOUNCE_WINDOW, MAX_DEBOUNCE_WINDOW)
+                .map_err(|why| err("opts.debounce.window", why))?,
+            None => return Err(err("opts.debounce.window", "is required")),
+        };
+        let mode = match m.get("mode") {
+            None | Some(Value::Null) => DebounceMode::Trailing,
+            Some(Value::String(s)) if s == "trailing" => DebounceMode::Trailing,
+            Some(Value::String(s)) if s == "leading" => DebounceMode::Leading,
+            Some(other) => {
+                return Err(err(
+                    "opts.debounce.mode",
+                    format!("must be \"trailing\" or \"leading\", got {}", excerpt(other)),
+                ));
+            }
+        };
+        Ok(Debounce { key, window, mode })
+    }
 }
 
 /// The longest `opts.execution_timeout`: ten years.
@@ -386,6 +466,7 @@ impl StartOptions {
                 "run_at",
                 "search_attrs",
                 "execution_timeout",
+                "debounce",
             ],
         )?;
         let mut o = StartOptions::default();
@@ -433,6 +514,7 @@ impl StartOptions {
                     .map_err(|why| err(&opt, why))?;
                     o.execution_timeout = Some(d);
                 }
+                "debounce" => o.debounce = Some(Debounce::parse(value)?),
                 _ => unreachable!("object() refuses unknown options"),
             }
         }
@@ -607,6 +689,25 @@ mod tests {
         .unwrap();
         assert_eq!(o.execution_id.unwrap()[..2], [0, 1]);
         assert_eq!((o.queue.as_deref(), o.priority), (Some("q"), 5));
+        let o = StartOptions::parse(&json!({"debounce": {"key": "doc-1", "window": "2 seconds"}})).unwrap();
+        assert_eq!(
+            o.debounce,
+            Some(Debounce {
+                key: "doc-1".into(),
+                window: std::time::Duration::from_secs(2),
+                mode: DebounceMode::Trailing
+            })
+        );
+        for bad in [
+            json!({"debounce": {"window": "2s"}}),
+            json!({"debounce": {"key": "", "window": "2s"}}),
+            json!({"debounce": {"key": "k", "window": "0s"}}),
+            json!({"debounce": {"key": "k", "window": "2s", "mode": "middle"}}),
+            json!({"debounce": {"key": "k", "window": "2s", "mode": 1}}),
+            json!({"debounce": "k"}),
+        ] {
+            assert!(StartOptions::parse(&bad).is_err(), "{bad}");
+        }
         let o = StartOptions::parse(&json!({"execution_timeout": "1 hour"})).unwrap();
         assert_eq!(o.execution_timeout, Some(std::time::Duration::from_secs(3600)));
         for bad in [

@@ -726,6 +726,42 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &["'vc_sched'", "now() + interval '1 day'", "10"],
     ),
     call("sheaf.delete_schedule(text)", &[], &["'vc_sched'"]),
+    // Debounced starts.
+    call(
+        "sheaf.pending_starts(text, integer)",
+        &[
+            "SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-debounced', '{\"tenant\": \"vc_t\"}', '{\"debounce\": {\"key\": \"vc-doc\", \"window\": \"1 hour\"}}')",
+        ],
+        &["'vc_wf'", "10"],
+    ),
+    call(
+        "sheaf.cancel_pending_start(text, text, text)",
+        &[],
+        &["'vc_wf'", "'vc-doc'", "'vc: cancelled'"],
+    ),
+    // Rate limits.
+    call(
+        "sheaf.declare_rate_limit(text, jsonb)",
+        &[],
+        &["'vc_rl'", r#"'{"rate": 5, "period": "1s", "burst": 5}'"#],
+    ),
+    call(
+        "sheaf.set_rate_override(text, double precision, interval, timestamp with time zone)",
+        &[],
+        &["'vc_rl'", "10", "'1 second'", "now() + interval '1 hour'"],
+    ),
+    call("sheaf.rate_limits()", &[], &[]),
+    call("sheaf.clear_rate_override(text)", &[], &["'vc_rl'"]),
+    call(
+        "sheaf.audit_note(text, text, text, jsonb)",
+        &[],
+        &[
+            "'vc_fan_out'",
+            "'vc_target'",
+            "'failed'",
+            r#"'{"shards_failed": 1}'"#,
+        ],
+    ),
     call("sheaf.quota_usage(text)", &[], &["'vc_t'"]),
     call("sheaf.quota_recompute(text)", &[], &["'vc_t'"]),
     // The durable mutex.

@@ -68,12 +68,12 @@ impl Client {
     /// Where a batch goes: like a single enqueue, all of it on one shard.
     async fn batch_shard(&self, queue: &str, options: &EnqueueOptions) -> Result<ShardId, ClientError> {
         let placement = options.placement.clone().unwrap_or(Placement::Auto);
-        match (&options.execution, &options.idempotency_key) {
+        match (&options.execution, options.affinity(queue)) {
             (Some(_), _) if placement != Placement::Auto => Err(ClientError::BadRequest(
                 "a task of an execution goes to its execution's shard; it takes no placement".into(),
             )),
             (Some(id), _) => Ok(id.route(&self.topology)),
-            (None, Some(key)) => Ok(self.topology.place(queue, key, &placement, None)?),
+            (None, Some((name, key))) => Ok(self.topology.place(&name, &key, &placement, None)?),
             (None, None) if placement == Placement::Auto => self.any_shard_now(queue).await,
             (None, None) => {
                 let key = uuid::Uuid::new_v4().to_string();

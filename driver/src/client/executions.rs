@@ -86,10 +86,7 @@ impl Client {
         options: StartOptions,
     ) -> Result<Started, ClientError> {
         let input = input.into();
-        let placement = options.placement.clone().unwrap_or(Placement::Auto);
-        let shard = self
-            .topology
-            .place(name, workflow_id, &placement, options.tenant.as_deref())?;
+        let shard = self.start_shard(name, workflow_id, &options)?;
         let execution_id = ExecutionId::mint(shard)?;
         let opts = options.to_sql_opts(execution_id);
         let call = Call {
@@ -107,6 +104,36 @@ impl Client {
             )
             .await?;
         started_from_rows(&call, &rows)
+    }
+
+    /// Where a start goes: by its placement (or tenant), or, debounced, by
+    /// its debounce key (a pin or tenant with a debounce is refused, never
+    /// dropped: the key decides where the burst meets).
+    fn start_shard(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        options: &StartOptions,
+    ) -> Result<ShardId, ClientError> {
+        let placement = options.placement.clone().unwrap_or(Placement::Auto);
+        match &options.debounce {
+            Some(_) if placement != Placement::Auto || options.tenant.is_some() => {
+                Err(ClientError::BadRequest(
+                    "a debounced start is placed by its debounce key: it takes no placement or tenant".into(),
+                ))
+            }
+            Some(_) if options.run_at.is_some() => Err(ClientError::BadRequest(
+                "a debounced start is due when its window ends: give run_at or debounce, not both".into(),
+            )),
+            Some((key, ..)) => {
+                Ok(self
+                    .topology
+                    .place(&format!("debounce:{name}"), key, &Placement::Auto, None)?)
+            }
+            None => Ok(self
+                .topology
+                .place(name, workflow_id, &placement, options.tenant.as_deref())?),
+        }
     }
 
     /// Signal-with-start: starts `name` with `workflow_id` as
@@ -129,6 +156,11 @@ impl Client {
         options: StartOptions,
     ) -> Result<Started, ClientError> {
         let (input, payload) = (input.into(), payload.into());
+        if options.debounce.is_some() {
+            return Err(ClientError::BadRequest(
+                "a signal-with-start is not debounced: its signal needs the run now".into(),
+            ));
+        }
         let placement = options.placement.clone().unwrap_or(Placement::Auto);
         let shard = self
             .topology

@@ -11,6 +11,7 @@ mod audit;
 mod batch;
 mod children;
 mod config;
+mod debounce;
 mod env;
 mod error;
 mod executions;
@@ -23,6 +24,7 @@ mod mutex;
 mod operations;
 mod options;
 mod policy;
+mod rate_limits;
 mod rebalance;
 mod relay;
 mod reports;
@@ -43,7 +45,7 @@ use tokio_postgres::types::ToSql;
 pub use env::EnvError;
 pub use error::{ClientError, MAX_FORWARDS, Owned, QuotaDetail};
 pub use executions::{Execution, Started};
-pub use options::{EnqueueOptions, StartOptions};
+pub use options::{DebounceMode, EnqueueOptions, StartOptions};
 pub use tasks::{ClaimedTask, Enqueued, FailOutcome};
 
 pub use admin::ShardInfo;
@@ -54,6 +56,7 @@ pub use children::{
     Tree, TreeNode,
 };
 pub use config::{FleetConfig, config_drift};
+pub use debounce::PendingStart;
 pub use external::{ByKey, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow};
 pub use fleet::{
     ConcurrencyStat, FleetError, FleetReport, QueueStats, QuotaUsage, RegisteredWorker, StrandedWork,
@@ -64,6 +67,7 @@ pub use listing::{
 };
 pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
+pub use rate_limits::{OverrideReport, RateLimitInfo};
 pub use rebalance::{
     Candidate, Drain, Erasure, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport, Phase, PhaseHook,
     Progress, RebalanceOptions, STALL_AFTER, StalledMove,

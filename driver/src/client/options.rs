@@ -23,6 +23,8 @@ pub struct EnqueueOptions {
     pub(crate) execution: Option<ExecutionId>,
     pub(crate) kind: Option<TaskKind>,
     pub(crate) idempotency_key: Option<String>,
+    pub(crate) rate_limit: Option<String>,
+    pub(crate) rate_key: Option<String>,
     pub(crate) placement: Option<Placement>,
 }
 
@@ -89,8 +91,33 @@ impl EnqueueOptions {
         self
     }
 
+    /// Waits on rate limit `name` (`sheaf.declare_rate_limit`): the task is
+    /// admitted when its bucket has a token for it, in order per bucket.
+    pub fn rate_limit(mut self, name: impl Into<String>) -> Self {
+        self.rate_limit = Some(name.into());
+        self
+    }
+
+    /// Its bucket's key (over the limit's key path). Places the task by
+    /// (limit, key) unless an idempotency key or a placement says
+    /// otherwise: buckets are per shard, so one key's tasks share one.
+    pub fn rate_key(mut self, key: impl Into<String>) -> Self {
+        self.rate_key = Some(key.into());
+        self
+    }
+
+    /// The (name, key) an automatic placement hashes: (queue, idempotency
+    /// key), else (`rate:<limit>`, rate key).
+    pub(crate) fn affinity(&self, queue: &str) -> Option<(String, String)> {
+        match (&self.idempotency_key, &self.rate_limit, &self.rate_key) {
+            (Some(k), _, _) => Some((queue.to_owned(), k.clone())),
+            (None, Some(limit), Some(k)) => Some((format!("rate:{limit}"), k.clone())),
+            _ => None,
+        }
+    }
+
     /// Where a task with no execution goes (default: any writable shard, or
-    /// by its idempotency key).
+    /// by its idempotency key or rate key).
     pub fn placement(mut self, placement: Placement) -> Self {
         self.placement = Some(placement);
         self
@@ -108,6 +135,8 @@ impl EnqueueOptions {
         put(&mut m, "execution_id", self.execution.map(|id| id.to_string()));
         put(&mut m, "kind", self.kind.map(|k| k.as_str()));
         put(&mut m, "idempotency_key", self.idempotency_key.clone());
+        put(&mut m, "rate_limit", self.rate_limit.clone());
+        put(&mut m, "rate_key", self.rate_key.clone());
         Value::Object(m)
     }
 }
@@ -122,6 +151,27 @@ pub struct StartOptions {
     pub(crate) run_at: Option<SystemTime>,
     pub(crate) search_attrs: Map<String, Value>,
     pub(crate) execution_timeout: Option<Duration>,
+    pub(crate) debounce: Option<(String, Duration, DebounceMode)>,
+}
+
+/// Which start of a burst a debounced start keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DebounceMode {
+    /// The run starts once the burst is over (a window after the last
+    /// start), with the last start's input.
+    Trailing,
+    /// The run starts at the first start; later ones in the window join it.
+    Leading,
+}
+
+impl DebounceMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            DebounceMode::Trailing => "trailing",
+            DebounceMode::Leading => "leading",
+        }
+    }
 }
 
 impl StartOptions {
@@ -179,6 +229,16 @@ impl StartOptions {
         self
     }
 
+    /// Debounces the start: one pending start per (workflow, `key`), so a
+    /// burst of starts within `window` (10 ms to 1 day) of each other makes
+    /// one run, whose id every start of the burst returns (`created` only
+    /// for the first). Routed by `key` (every start of a key meets on one
+    /// shard), so it takes no placement or tenant, and no `run_at`.
+    pub fn debounce(mut self, key: impl Into<String>, window: Duration, mode: DebounceMode) -> Self {
+        self.debounce = Some((key.into(), window, mode));
+        self
+    }
+
     /// The `opts` of `sheaf.start_workflow` with the minted id, without
     /// `run_at` (a timestamptz parameter).
     pub(crate) fn to_sql_opts(&self, execution_id: ExecutionId) -> Value {
@@ -195,6 +255,13 @@ impl StartOptions {
         );
         if !self.search_attrs.is_empty() {
             m.insert("search_attrs".into(), Value::Object(self.search_attrs.clone()));
+        }
+        if let Some((key, window, mode)) = &self.debounce {
+            // Milliseconds, as humantime reads them: the window is not rounded.
+            m.insert(
+                "debounce".into(),
+                serde_json::json!({"key": key, "window": format!("{}ms", window.as_millis()), "mode": mode.as_str()}),
+            );
         }
         Value::Object(m)
     }

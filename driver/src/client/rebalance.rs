@@ -55,7 +55,8 @@ pub struct Candidate {
     /// Why it cannot move (empty: it can): `not_running`,
     /// `migration_in_progress`, `task_claimed`, `mutex`,
     /// `children_unsettled`, `parent_here`, `outbox_unsettled`,
-    /// `dead_letters`; and, from the driver, `target_config_differs`.
+    /// `dead_letters`, `rate_limited`; and, from the driver,
+    /// `target_config_differs`.
     pub blockers: Vec<String>,
 }
 

@@ -84,7 +84,7 @@ impl Client {
     ) -> Result<Enqueued, ClientError> {
         let payload = payload.into();
         let placement = options.placement.clone().unwrap_or(Placement::Auto);
-        let shard = match (&options.execution, &options.idempotency_key) {
+        let shard = match (&options.execution, options.affinity(queue)) {
             (Some(id), _) => {
                 if placement != Placement::Auto {
                     return Err(ClientError::BadRequest(
@@ -93,7 +93,7 @@ impl Client {
                 }
                 id.route(&self.topology)
             }
-            (None, Some(key)) => self.topology.place(queue, key, &placement, None)?,
+            (None, Some((name, key))) => self.topology.place(&name, &key, &placement, None)?,
             (None, None) if placement == Placement::Auto => {
                 return self.enqueue_anywhere(queue, &payload, &options).await;
             }

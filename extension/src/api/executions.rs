@@ -9,7 +9,7 @@ use crate::base::args::required;
 use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::base::topology;
-use crate::workflow::{executions, policy, start};
+use crate::workflow::{debounce, executions, policy, start};
 
 pub(crate) fn check_workflow_id(workflow_id: Option<&str>) -> &str {
     let workflow_id = required(workflow_id, "workflow_id");
@@ -27,7 +27,9 @@ pub(crate) fn check_workflow_id(workflow_id: Option<&str>) -> &str {
 /// `opts`: `execution_id` (an id minted for this shard by a router),
 /// `queue` (overrides the policy's), `priority` and `run_at` of the first
 /// workflow task, `execution_timeout` (the run ends `TIMED_OUT` this long
-/// after its start, by `maintain`). `superseded`: the executions this start cancelled (latest
+/// after its start, by `maintain`), `debounce` (`{"key", "window",
+/// "mode"}`: a burst of starts with one key makes one run,
+/// `workflow::debounce`). `superseded`: the executions this start cancelled (latest
 /// wins). Refusals: 53400 (quota), 55006 (concurrency gate `reject`).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
@@ -51,7 +53,10 @@ fn start_workflow(
     let opts = required(opts, "opts").parse("opts");
     let o = start_options(&opts);
     topology::check_declared();
-    TableIterator::once(start::start(name, workflow_id, input, &o))
+    TableIterator::once(match &o.debounce {
+        Some(d) => debounce::start(name, workflow_id, input, &o, d),
+        None => start::start(name, workflow_id, input, &o),
+    })
 }
 
 /// A start's `opts`, checked (`run_at` a finite timestamp).
@@ -60,6 +65,12 @@ pub(crate) fn start_options(opts: &serde_json::Value) -> StartOptions {
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
+    if o.debounce.is_some() && o.run_at.is_some() {
+        bad_argument(
+            "opts.run_at",
+            "a debounced start is due when its window ends: give run_at or debounce, not both",
+        );
+    }
     if let Some(s) = &o.run_at
         && !matches!(s.parse::<TimestampWithTimeZone>(), Ok(t) if t.is_finite())
     {
@@ -126,4 +137,58 @@ fn find_execution(
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
     TableIterator::new(executions::find(name, workflow_id))
+}
+
+/// The pending debounced starts of workflow `name` (every workflow's if
+/// NULL) whose window is open: the run each burst joins, its mode, when the
+/// window ends and how many starts it took. At most `max_rows` (1..10000).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn pending_starts(
+    name: default!(Option<&str>, "NULL"),
+    max_rows: default!(Option<i32>, 1000),
+) -> TableIterator<
+    'static,
+    (
+        name!(workflow_name, String),
+        name!(debounce_key, String),
+        name!(execution_id, pgrx::Uuid),
+        name!(mode, String),
+        name!(window_ends_at, TimestampWithTimeZone),
+        name!(starts, i64),
+        name!(created_at, TimestampWithTimeZone),
+    ),
+> {
+    let name = name.map(|n| policy::check_name(Some(n)));
+    let max = crate::base::args::page_rows(max_rows, 10_000);
+    TableIterator::new(debounce::pending(name, max))
+}
+
+/// Cancels the pending debounced start of (`name`, `debounce_key`): a
+/// trailing one's run is cancelled before it ran (`reason` in its
+/// history); a leading one's run goes on, and the next start makes a new
+/// one. `false` if no window was open. Audited.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn cancel_pending_start(
+    name: Option<&str>,
+    debounce_key: Option<&str>,
+    reason: default!(Option<&str>, "NULL"),
+) -> bool {
+    let name = policy::check_name(name);
+    let key = required(debounce_key, "debounce_key");
+    if key.is_empty() || key.len() > 256 {
+        bad_argument(
+            "debounce_key",
+            format!("must be 1 to 256 bytes, got {}", key.len()),
+        );
+    }
+    let cancelled = debounce::cancel(name, key, reason);
+    crate::base::audit::record(
+        "cancel_pending_start",
+        name,
+        "ok",
+        serde_json::json!({"debounce_key": sheaf_core::children::cut(key, 64), "cancelled": cancelled}),
+    );
+    cancelled
 }

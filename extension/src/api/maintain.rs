@@ -1,16 +1,17 @@
 //! `sheaf.maintain()`: every bounded sweep in one call, for pg_cron or a
 //! worker loop. Claims already do the per-queue sweeps inline; this covers
 //! queues nobody is claiming from (visiting only those with due or expired
-//! work), timers of suspended executions, execution timeouts, due schedules, expired mutex leases, the
+//! work), timers of suspended executions, execution timeouts, due schedules,
+//! rate-limit lines, expired mutex leases, the
 //! registries, and retention.
 
 use pgrx::prelude::*;
 
 use crate::mutex;
 use crate::queue::workers::{self, LIVE_SECS};
-use crate::queue::{cancel, lease, progress, promote, queues, ready};
+use crate::queue::{cancel, lease, progress, promote, queues, rate, ready};
 use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::{lifecycle, retention, schedules};
+use crate::workflow::{debounce, lifecycle, policy, retention, schedules};
 
 const PROMOTE_MAX: i64 = 10_000;
 const REAP_MAX: i64 = 1_000;
@@ -20,6 +21,10 @@ const WAKE_MAX: i64 = 1_000;
 const TIMEOUT_MAX: i64 = 1_000;
 /// Due schedules fired per call (each up to its catch-up policy's fires).
 const SCHEDULE_MAX: i64 = 100;
+/// Rate-limit lines whose head comes within the lookahead, per call, and the
+/// units they time.
+const RATE_BUCKETS_MAX: i64 = 1_000;
+const RATE_UNITS_MAX: i64 = 100_000;
 const RECLAIM_MAX: i64 = 1_000;
 /// Ended runs (and, apart, dead letters) retention deletes per call.
 const RETENTION_MAX: i64 = 1_000;
@@ -39,6 +44,9 @@ fn maintain() -> pgrx::JsonB {
     let woken = lifecycle::wake_due(WAKE_MAX);
     let timed_out = lifecycle::time_out_due(TIMEOUT_MAX);
     let schedules_fired = schedules::fire_due(SCHEDULE_MAX);
+    let rate_units_timed = rate::sweep(RATE_BUCKETS_MAX, RATE_UNITS_MAX, &policy::current_pace);
+    let rate_buckets_pruned = rate::prune(PRUNE_MAX);
+    let pending_starts_pruned = debounce::prune(PRUNE_MAX);
     let mutexes_reclaimed = mutex::reclaim(RECLAIM_MAX);
     let workers_pruned = workers::prune(PRUNE_MAX);
     let fairness_keys_pruned = ready::prune_fairness_keys(PRUNE_MAX);
@@ -57,6 +65,9 @@ fn maintain() -> pgrx::JsonB {
         "woken": woken,
         "timed_out": timed_out,
         "schedules_fired": schedules_fired,
+        "rate_units_timed": rate_units_timed,
+        "rate_buckets_pruned": rate_buckets_pruned,
+        "pending_starts_pruned": pending_starts_pruned,
         "schedule_fires_pruned": schedule_fires_pruned,
         "mutexes_reclaimed": mutexes_reclaimed,
         "workers_pruned": workers_pruned,

@@ -31,6 +31,7 @@ mod policy;
 mod progress;
 mod queues;
 mod quota;
+mod rate_limits;
 mod rebalance;
 mod relay;
 mod retention;

@@ -72,6 +72,12 @@ fn signal_with_start(
         None => None,
     };
     let o = start_options(&opts);
+    if o.debounce.is_some() {
+        bad_argument(
+            "opts.debounce",
+            "a signal-with-start is not debounced: its signal needs the run now",
+        );
+    }
     topology::check_declared();
     let (id, created, superseded) = start::start(name, workflow_id, input, &o);
     signals::signal(id, signal, payload, signal_id.as_deref());
@@ -137,7 +143,7 @@ mod tests {
     }
 
     #[pg_test(
-        error = "invalid opts: unknown field \"shard\" (accepted: execution_id, queue, priority, run_at, search_attrs, execution_timeout)"
+        error = "invalid opts: unknown field \"shard\" (accepted: execution_id, queue, priority, run_at, search_attrs, execution_timeout, debounce)"
     )]
     fn signal_with_start_refuses_an_unknown_option() {
         init();

@@ -68,6 +68,9 @@ pub enum Class {
     /// advance runs before it ends; an advance only tests it, taking it and
     /// letting it go at once, so a wait for it is momentary ("FM").
     FloorLate = 0x464D,
+    /// (workflow name, debounce key): a debounced start's pending record,
+    /// taken before the start lock ("DB").
+    Debounce = 0x4442,
 }
 
 const LOCK: Stmt = Stmt::write(

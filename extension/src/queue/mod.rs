@@ -14,6 +14,7 @@ pub mod listing;
 pub mod progress;
 pub mod promote;
 pub mod queues;
+pub mod rate;
 pub mod ready;
 pub mod retry;
 pub mod stats;

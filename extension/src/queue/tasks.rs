@@ -5,8 +5,10 @@ use pgrx::prelude::*;
 use sheaf_core::excerpt::quoted;
 use sheaf_core::options::EnqueueOptions;
 use sheaf_core::ordering::Mode;
+use sheaf_core::policy::resolve_key;
 use sheaf_core::state::TaskState;
 
+use crate::base::clock;
 use crate::base::errors::bad_argument;
 use crate::base::ids;
 use crate::base::jsonb::Jsonb;
@@ -15,7 +17,7 @@ use crate::base::rows;
 use crate::queue::floor::{self, lower_in_enqueue};
 use crate::queue::hooks::{ExecutionHooks, Intake};
 use crate::queue::queues::Queue;
-use crate::queue::{caps, queues, ready};
+use crate::queue::{caps, queues, rate, ready};
 
 /// The most payloads one `enqueue_batch` accepts.
 pub const MAX_BATCH: usize = 10_000;
@@ -383,6 +385,75 @@ pub fn insert(
     hooks: &dyn ExecutionHooks,
 ) -> Vec<pgrx::Uuid> {
     let run_at = parse_run_at(o);
+    match &o.rate_limit {
+        None => insert_at(name, payloads, o, run_at, hooks),
+        Some(limit) => insert_limited(name, limit, payloads, o, run_at, hooks),
+    }
+}
+
+/// `insert` of tasks that wait on rate limit `limit`: each is admitted at
+/// its bucket's time for it (`queue::rate`), in order; those beyond the
+/// lookahead wait in the bucket's line, `scheduled` at `infinity`.
+fn insert_limited(
+    name: &str,
+    limit: &str,
+    payloads: Vec<Jsonb>,
+    o: &EnqueueOptions,
+    run_at: Option<TimestampWithTimeZone>,
+    hooks: &dyn ExecutionHooks,
+) -> Vec<pgrx::Uuid> {
+    let Some(declared) = rate::declared(limit) else {
+        bad_argument(
+            "opts.rate_limit",
+            format!(
+                "{} is not a rate limit on this shard: declare it first (sheaf.declare_rate_limit)",
+                quoted(limit)
+            ),
+        );
+    };
+    if let Some(key) = &o.idempotency_key
+        && let Some(existing) = by_idempotency_key(name, key)
+    {
+        // A duplicate takes no token.
+        return vec![existing];
+    }
+    let pace = rate::effective(limit, declared.pace);
+    let arrival = run_at.map_or(i64::MIN, clock::to_us);
+    let mut ids = Vec::with_capacity(payloads.len());
+    for payload in payloads {
+        let key = match (&o.rate_key, &declared.key) {
+            (Some(k), _) => k.clone(),
+            (None, Some(path)) => {
+                let value = payload.clone().parse("payload");
+                match resolve_key(&value, path, "opts.rate_limit") {
+                    Ok(k) => k.unwrap_or_default(),
+                    Err(e) => bad_argument(&format!("payload (for {})", e.option), e.why),
+                }
+            }
+            // One bucket for the limit; a keyed limit's task without its key shares it too.
+            (None, None) => String::new(),
+        };
+        let at = match rate::reserve(limit, &key, pace, &[arrival])[0] {
+            rate::Admission::At(us) => clock::from_us(us),
+            rate::Admission::Line => TimestampWithTimeZone::positive_infinity(),
+        };
+        let id = insert_at(name, vec![payload], o, Some(at), hooks);
+        if at.is_infinity() {
+            rate::line(limit, &key, &id);
+        }
+        ids.extend(id);
+    }
+    ids
+}
+
+/// `insert` at `run_at` (parsed; `infinity` for a task in a rate line).
+pub fn insert_at(
+    name: &str,
+    payloads: Vec<Jsonb>,
+    o: &EnqueueOptions,
+    run_at: Option<TimestampWithTimeZone>,
+    hooks: &dyn ExecutionHooks,
+) -> Vec<pgrx::Uuid> {
     let execution_id = o.execution_id.map(pgrx::Uuid::from_bytes);
     // A paused execution's new tasks wait, holding no slot, until it resumes.
     let paused = execution_id.is_some_and(|id| hooks.intake(id) == Intake::Parked);

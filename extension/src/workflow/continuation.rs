@@ -96,6 +96,7 @@ fn begin_successor(
         // The predecessor's close gave its active slot back.
         quota::add(key, 1, 0, 0);
     }
+    // The chain keeps its place: its successor is not throttled again.
     start::insert(
         &next,
         input,

@@ -136,16 +136,25 @@ pub fn lock_active(id: pgrx::Uuid, doing: &str) -> Locked {
 }
 
 /// Enqueues a workflow task for an execution (its first, or after a wake).
-pub fn enqueue_workflow_task(e: &Locked, payload: Jsonb, priority: i32, run_at: Option<String>) {
+/// Its id; `run_at` may be `infinity` (a throttled start's task in its
+/// bucket's line).
+pub fn enqueue_workflow_task(
+    e: &Locked,
+    payload: Jsonb,
+    priority: i32,
+    run_at: Option<TimestampWithTimeZone>,
+) -> pgrx::Uuid {
     let o = EnqueueOptions {
         priority,
-        run_at,
         concurrency_key: e.task_key(),
         execution_id: Some(*e.id.as_bytes()),
         kind: TaskKind::Workflow,
         ..EnqueueOptions::default()
     };
-    tasks::insert(&e.queue, vec![payload], &o, &EXECUTIONS);
+    let ids = tasks::insert_at(&e.queue, vec![payload], &o, run_at, &EXECUTIONS);
+    ids.first()
+        .copied()
+        .unwrap_or_else(|| crate::base::errors::internal("enqueueing a workflow task: no id came back"))
 }
 
 /// An execution as `get_execution` returns it.

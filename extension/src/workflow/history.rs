@@ -25,6 +25,8 @@ pub const OWN_EVENT_TYPES: &[&str] = &[
     "WorkflowCancelled",
     "WorkflowTerminated",
     "WorkflowTimedOut",
+    "WorkflowContinuedAsNew",
+    "StartDebounced",
     "WorkflowPaused",
     "WorkflowResumed",
     "WorkflowSuspended",

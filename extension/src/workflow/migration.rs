@@ -58,7 +58,9 @@ macro_rules! blockers {
            CASE WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.sender_id = e.id AND o.state <> 'DONE' OFFSET 0) \
                 THEN 'outbox_unsettled' END, \
            CASE WHEN EXISTS (SELECT 1 FROM dead_letters d WHERE d.execution_id = e.id OFFSET 0) \
-                THEN 'dead_letters' END], NULL)"
+                THEN 'dead_letters' END, \
+           CASE WHEN EXISTS (SELECT 1 FROM tasks t WHERE t.execution_id = e.id AND t.run_at = 'infinity' OFFSET 0) \
+                THEN 'rate_limited' END], NULL)"
     };
 }
 

@@ -5,6 +5,7 @@
 pub mod children;
 pub mod config;
 pub mod continuation;
+pub mod debounce;
 pub mod erase;
 pub mod executions;
 pub mod external;

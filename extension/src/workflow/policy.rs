@@ -58,3 +58,14 @@ pub fn load(name: &str) -> WorkflowPolicy {
 pub fn store(name: &str, policy: &WorkflowPolicy) {
     exec(&STORE, &[name.into(), pgrx::JsonB(policy.to_json()).into()]);
 }
+
+/// The current pace of a rate-limit bucket's name (`queue::rate::sweep`'s
+/// question): a declared rate limit's, or `workflow:<name>`'s start
+/// throttle's, with its live override; `None` if neither is declared now.
+pub fn current_pace(bucket: &str) -> Option<sheaf_core::rate::Pace> {
+    let declared = match bucket.strip_prefix("workflow:") {
+        Some(workflow) => load(workflow).throttle.map(|t| t.pace),
+        None => crate::queue::rate::declared(bucket).map(|l| l.pace),
+    }?;
+    Some(crate::queue::rate::effective(bucket, declared))
+}

@@ -9,6 +9,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::id;
 use sheaf_core::policy::{ConcurrencyPolicy, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key};
+use sheaf_core::rate::{Throttle, throttle_name};
 use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{bad_argument, not_ready};
@@ -16,8 +17,9 @@ use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
-use crate::base::{ids, shard};
+use crate::base::{clock, ids, shard};
 use crate::queue::caps;
+use crate::queue::rate::{self, Admission};
 use crate::workflow::executions::{Locked, enqueue_workflow_task, task_key};
 use crate::workflow::{gates, history, policy, quota};
 
@@ -193,6 +195,31 @@ pub fn start_as(
     o: &StartOptions,
     parent: Option<pgrx::Uuid>,
 ) -> Started {
+    let run_at = o
+        .run_at
+        .as_deref()
+        .map(|s| match s.parse::<TimestampWithTimeZone>() {
+            Ok(t) if t.is_finite() => t,
+            _ => bad_argument(
+                "opts.run_at",
+                format!(
+                    "must be a finite timestamp with time zone, got {}",
+                    sheaf_core::excerpt::quoted(s)
+                ),
+            ),
+        });
+    start_at(name, workflow_id, input, o, parent, run_at)
+}
+
+/// `start_as`, the first workflow task due at `run_at` (parsed).
+pub fn start_at(
+    name: &str,
+    workflow_id: &str,
+    input: Jsonb,
+    o: &StartOptions,
+    parent: Option<pgrx::Uuid>,
+    run_at: Option<TimestampWithTimeZone>,
+) -> Started {
     let p = policy::load(name);
     let gates = resolve_gates(&p, &input);
     let new_id = new_execution_id(o.execution_id);
@@ -232,15 +259,53 @@ pub fn start_as(
         paused_from: None,
         parent_id: parent,
     };
+    let (run_at, line) = match &p.throttle {
+        Some(t) => throttle(name, t, &input, run_at),
+        None => (run_at, None),
+    };
     let begin = Begin {
         priority: o.priority,
-        run_at: o.run_at.clone(),
+        run_at,
         search_attrs: pgrx::JsonB(o.search_attrs.clone().unwrap_or_else(|| serde_json::json!({}))),
         timeout: Timeout::After(o.execution_timeout.map(|d| d.as_secs_f64())),
         continued_from: None,
     };
-    insert(&started, input, begin);
+    let task = insert(&started, input, begin);
+    if let Some((bucket, key)) = line {
+        rate::line(&bucket, &key, &[task]);
+    }
     (new_id, true, superseded)
+}
+
+/// A throttled start's first workflow task: when its bucket admits it (not
+/// before `run_at`), and the bucket whose line it joins if that is beyond
+/// the lookahead (`queue::rate`). Starts are admitted in order per bucket.
+fn throttle(
+    name: &str,
+    t: &Throttle,
+    input: &Jsonb,
+    run_at: Option<TimestampWithTimeZone>,
+) -> (Option<TimestampWithTimeZone>, Option<(String, String)>) {
+    let key = match &t.key {
+        Some(path) => {
+            let value = input.clone().parse("input");
+            match resolve_key(&value, path, "policy.throttle.key") {
+                Ok(k) => k.unwrap_or_default(),
+                Err(e) => bad_argument(&format!("input (for {})", e.option), e.why),
+            }
+        }
+        None => String::new(),
+    };
+    let bucket = throttle_name(name);
+    let pace = rate::effective(&bucket, t.pace);
+    let arrival = run_at.map_or(i64::MIN, clock::to_us);
+    match rate::reserve(&bucket, &key, pace, &[arrival])[0] {
+        Admission::At(us) => (Some(clock::from_us(us)), None),
+        Admission::Line => (
+            Some(TimestampWithTimeZone::positive_infinity()),
+            Some((bucket, key)),
+        ),
+    }
 }
 
 /// A new execution's deadline.
@@ -254,7 +319,7 @@ pub enum Timeout {
 /// What a new execution starts with beside its input.
 pub struct Begin {
     pub priority: i32,
-    pub run_at: Option<String>,
+    pub run_at: Option<TimestampWithTimeZone>,
     pub search_attrs: pgrx::JsonB,
     pub timeout: Timeout,
     /// The run it continues (continue-as-new), named by its first event.
@@ -262,8 +327,8 @@ pub struct Begin {
 }
 
 /// Writes a new execution, its `WorkflowStarted` event and its first
-/// workflow task.
-pub fn insert(e: &Locked, input: Jsonb, b: Begin) {
+/// workflow task; returns the task's id.
+pub fn insert(e: &Locked, input: Jsonb, b: Begin) -> pgrx::Uuid {
     let (event, task): (Jsonb, Jsonb) = Spi::connect_mut(|client| {
         rows::only(
             run(
@@ -305,7 +370,7 @@ pub fn insert(e: &Locked, input: Jsonb, b: Begin) {
         exec(&INSERT, &args);
     }
     history::append_jsonb(e.id, "WorkflowStarted", event);
-    enqueue_workflow_task(e, task, b.priority, b.run_at);
+    enqueue_workflow_task(e, task, b.priority, b.run_at)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -1,0 +1,143 @@
+//! `sheaf rate-limits list|declare|override|clear`: rate limits and pacing
+//! overrides on every shard.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value, json};
+use sheaf_driver::{Client, ClientError, OverrideReport, RateLimitInfo};
+
+use crate::executions::time;
+use crate::exit;
+
+/// Every shard's limits; exit 3 when a shard failed.
+pub async fn list(client: &Client, as_json: bool) -> ExitCode {
+    let report = client.rate_limits().await;
+    let rows: Vec<(String, &RateLimitInfo)> = report
+        .ok
+        .iter()
+        .flat_map(|(shard, limits)| limits.iter().map(move |l| (shard.to_string(), l)))
+        .collect();
+    if as_json {
+        exit::print_json(&json!({
+            "rate_limits": rows.iter().map(|(shard, l)| json!({
+                "shard": shard,
+                "name": l.name,
+                "spec": l.spec.to_value().unwrap_or(Value::Null),
+                "override": l.override_pace.map(|(rate, period, until)| json!({
+                    "rate": rate, "period_secs": period.as_secs_f64(), "expires_at": time(until),
+                })),
+                "buckets": l.buckets,
+                "waiting": l.waiting,
+            })).collect::<Vec<_>>(),
+            "failed_shards": exit::failures_json(&report.failed),
+        }));
+    } else {
+        println!(
+            "{:<5} {:<24} {:<28} {:<34} {:>8} {:>8}",
+            "shard", "name", "pace", "override", "buckets", "waiting"
+        );
+        for (shard, l) in &rows {
+            let spec = l.spec.to_value().unwrap_or(Value::Null);
+            let pace = format!(
+                "{}/{} burst {}{}",
+                spec["rate"],
+                spec["period"].as_str().unwrap_or("?"),
+                spec["burst"],
+                spec["key"]
+                    .as_str()
+                    .map(|k| format!(" by {k}"))
+                    .unwrap_or_default()
+            );
+            let o = l
+                .override_pace
+                .map(|(rate, period, until)| {
+                    format!("{rate}/{}s until {}", period.as_secs_f64(), time(until))
+                })
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{:<5} {:<24} {:<28} {:<34} {:>8} {:>8}",
+                shard, l.name, pace, o, l.buckets, l.waiting
+            );
+        }
+    }
+    exit::partial_if(&report.failed, !report.failed.is_empty())
+}
+
+/// `sheaf rate-limits declare NAME --rate R [--period P] [--burst B] [--key K]`.
+pub async fn declare(
+    client: &Client,
+    name: &str,
+    rate: f64,
+    period: Option<String>,
+    burst: Option<i64>,
+    key: Option<String>,
+    as_json: bool,
+) -> ExitCode {
+    let mut spec = json!({"rate": rate});
+    if let Some(p) = period {
+        spec["period"] = json!(p);
+    }
+    if let Some(b) = burst {
+        spec["burst"] = json!(b);
+    }
+    if let Some(k) = key {
+        spec["key"] = json!(k);
+    }
+    let report = client.declare_rate_limit(name, spec).await;
+    if let Some(e) = report
+        .failed
+        .values()
+        .find(|e| matches!(e, ClientError::InvalidArgument { .. }))
+    {
+        return exit::failed(e);
+    }
+    if as_json {
+        exit::print_json(&json!({
+            "declared_on": report.ok.keys().map(|s| s.get()).collect::<Vec<_>>(),
+            "spec": report.ok.values().next().and_then(|s| s.to_value().ok()),
+            "failed_shards": exit::failures_json(&report.failed),
+        }));
+    } else {
+        println!("declared rate limit {name} on {} shard(s)", report.ok.len());
+    }
+    exit::partial_if(&report.failed, !report.failed.is_empty())
+}
+
+fn settled(what: &str, name: &str, report: Result<OverrideReport, ClientError>, as_json: bool) -> ExitCode {
+    match report {
+        Ok(r) => {
+            if as_json {
+                exit::print_json(&json!({
+                    "applied": r.applied.iter().map(|s| s.get()).collect::<Vec<_>>(),
+                    "shard_errors": exit::failures_json(&r.shard_errors),
+                }));
+            } else {
+                println!("{what} {name} on {} shard(s)", r.applied.len());
+            }
+            exit::partial_if(&r.shard_errors, !r.is_complete())
+        }
+        Err(e) => exit::failed(&e),
+    }
+}
+
+/// `sheaf rate-limits override NAME --rate R --period P --ttl D`: on every
+/// readable shard; exit 3 (naming them) when a shard did not take it.
+pub async fn override_pace(
+    client: &Client,
+    name: &str,
+    rate: f64,
+    period: Duration,
+    ttl: Duration,
+    as_json: bool,
+) -> ExitCode {
+    let until = SystemTime::now() + ttl;
+    let report = client.set_rate_override(name, rate, period, until).await;
+    settled("overrode", name, report, as_json)
+}
+
+/// `sheaf rate-limits clear NAME`.
+pub async fn clear(client: &Client, name: &str, as_json: bool) -> ExitCode {
+    let report = client.clear_rate_override(name).await;
+    settled("cleared the override of", name, report, as_json)
+}
