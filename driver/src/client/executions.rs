@@ -86,16 +86,7 @@ impl Client {
         options: StartOptions,
     ) -> Result<Started, ClientError> {
         let input = input.into();
-        let shard = self.start_shard(name, workflow_id, &options)?;
-        let execution_id = ExecutionId::mint(shard)?;
-        let opts = options.to_sql_opts(execution_id);
-        let call = Call {
-            shard,
-            owned: Owned::Workflow {
-                name: name.to_owned(),
-                workflow_id: workflow_id.to_owned(),
-            },
-        };
+        let (call, opts) = self.start_call(name, workflow_id, &options)?;
         let rows = self
             .query(
                 &call,
@@ -104,6 +95,26 @@ impl Client {
             )
             .await?;
         started_from_rows(&call, &rows)
+    }
+
+    /// A start's call (its shard, placed by `start_shard`) and its `opts`,
+    /// with the execution id minted for that shard.
+    fn start_call(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        options: &StartOptions,
+    ) -> Result<(Call, serde_json::Value), ClientError> {
+        let shard = self.start_shard(name, workflow_id, options)?;
+        let opts = options.to_sql_opts(ExecutionId::mint(shard)?);
+        let call = Call {
+            shard,
+            owned: Owned::Workflow {
+                name: name.to_owned(),
+                workflow_id: workflow_id.to_owned(),
+            },
+        };
+        Ok((call, opts))
     }
 
     /// Where a start goes: by its placement (or tenant), or, debounced, by
@@ -161,19 +172,7 @@ impl Client {
                 "a signal-with-start is not debounced: its signal needs the run now".into(),
             ));
         }
-        let placement = options.placement.clone().unwrap_or(Placement::Auto);
-        let shard = self
-            .topology
-            .place(name, workflow_id, &placement, options.tenant.as_deref())?;
-        let execution_id = ExecutionId::mint(shard)?;
-        let opts = options.to_sql_opts(execution_id);
-        let call = Call {
-            shard,
-            owned: Owned::Workflow {
-                name: name.to_owned(),
-                workflow_id: workflow_id.to_owned(),
-            },
-        };
+        let (call, opts) = self.start_call(name, workflow_id, &options)?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
             &name,
             &workflow_id,

@@ -142,22 +142,7 @@ impl Client {
         let call = self.schedule_call(name);
         let rows = self.query(&call, TRIGGER, &[&name]).await?;
         let row = single(&call, &rows)?;
-        let read = || -> Result<Fire, tokio_postgres::Error> {
-            Ok(Fire {
-                fire_at: row.try_get("fire_at")?,
-                fired_at: None,
-                outcome: row.try_get("outcome")?,
-                execution_id: row
-                    .try_get::<_, Option<uuid::Uuid>>("execution_id")?
-                    .map(ExecutionId::from_uuid),
-                task_id: row
-                    .try_get::<_, Option<uuid::Uuid>>("task_id")?
-                    .map(TaskId::from_uuid),
-                error: row.try_get("error")?,
-                manual: true,
-            })
-        };
-        read().map_err(|e| call.error(e, 1))
+        fire_from_row(row, true).map_err(|e| call.error(e, 1))
     }
 
     /// Schedule `name`'s fire records before `before` (`None`: the newest),
@@ -176,24 +161,7 @@ impl Client {
         let call = self.schedule_call(name);
         let rows = self.query(&call, FIRES, &[&name, &before, &max_rows]).await?;
         rows.iter()
-            .map(|row| {
-                let read = || -> Result<Fire, tokio_postgres::Error> {
-                    Ok(Fire {
-                        fire_at: row.try_get("fire_at")?,
-                        fired_at: row.try_get("fired_at")?,
-                        outcome: row.try_get("outcome")?,
-                        execution_id: row
-                            .try_get::<_, Option<uuid::Uuid>>("execution_id")?
-                            .map(ExecutionId::from_uuid),
-                        task_id: row
-                            .try_get::<_, Option<uuid::Uuid>>("task_id")?
-                            .map(TaskId::from_uuid),
-                        error: row.try_get("error")?,
-                        manual: row.try_get("manual")?,
-                    })
-                };
-                read().map_err(|e| call.error(e, 1))
-            })
+            .map(|row| fire_from_row(row, false).map_err(|e| call.error(e, 1)))
             .collect()
     }
 
@@ -227,4 +195,22 @@ impl Client {
         })
         .await
     }
+}
+
+/// A fire from `trigger_schedule` (`triggered`: no `fired_at` or `manual`
+/// column, it was fired now by hand) or `schedule_fires`.
+fn fire_from_row(row: &tokio_postgres::Row, triggered: bool) -> Result<Fire, tokio_postgres::Error> {
+    Ok(Fire {
+        fire_at: row.try_get("fire_at")?,
+        fired_at: if triggered { None } else { row.try_get("fired_at")? },
+        outcome: row.try_get("outcome")?,
+        execution_id: row
+            .try_get::<_, Option<uuid::Uuid>>("execution_id")?
+            .map(ExecutionId::from_uuid),
+        task_id: row
+            .try_get::<_, Option<uuid::Uuid>>("task_id")?
+            .map(TaskId::from_uuid),
+        error: row.try_get("error")?,
+        manual: triggered || row.try_get("manual")?,
+    })
 }

@@ -268,6 +268,24 @@ mod tests {
         );
     }
 
+    #[pg_test]
+    fn a_run_whose_first_task_waits_in_a_line_cannot_move() {
+        init();
+        declare(
+            "slow",
+            json!({"throttle": {"rate": 1, "period": "1 hour", "burst": 1}}),
+        );
+        start("slow", "a", json!({}));
+        let (lined, ..) = start("slow", "b", json!({}));
+        let blockers = Spi::get_one_with_args::<Vec<String>>(
+            "SELECT blockers FROM sheaf.rebalance_candidates() WHERE execution_id = $1",
+            &[lined.into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert!(blockers.contains(&"rate_limited".to_owned()), "{blockers:?}");
+    }
+
     #[pg_test(
         error = "\"per_tenant\" is keyed: each key has its own bucket, so there is no one pace to override"
     )]

@@ -124,15 +124,6 @@ const BLOCKERS_OF: Stmt = Stmt::write(
 );
 // Ready rows before task rows, tasks in id order, as every path
 // (`base::locks`); a claim takes ready rows SKIP LOCKED.
-const LOCK_READY: Stmt = Stmt::write(
-    "SELECT task_id FROM ready WHERE task_id = ANY(ARRAY(\
-       SELECT id FROM tasks WHERE execution_id = $1 AND state = 'ready')) ORDER BY task_id FOR UPDATE",
-    &[PgBuiltInOids::UUIDOID],
-);
-const LOCK_TASKS: Stmt = Stmt::write(
-    "SELECT id FROM tasks WHERE execution_id = $1 ORDER BY id FOR UPDATE",
-    &[PgBuiltInOids::UUIDOID],
-);
 const RECORD: Stmt = Stmt::write(
     "INSERT INTO migrations (execution_id, target_shard, actor, bytes) \
      SELECT $1, $2, left(coalesce(nullif(current_setting('sheaf.actor', true), ''), session_user::text), 256), \
@@ -405,8 +396,7 @@ fn blockers_of(id: pgrx::Uuid) -> Vec<String> {
 
 /// Locks an execution's ready rows, then its tasks, then its row.
 fn lock_all(id: pgrx::Uuid) -> executions::Locked {
-    exec(&LOCK_READY, &[id.into()]);
-    exec(&LOCK_TASKS, &[id.into()]);
+    tasks::lock_of_execution(id);
     executions::try_lock(id).unwrap_or_else(|| unknown_execution(id))
 }
 
