@@ -21,6 +21,7 @@ mod schedules;
 mod shard;
 mod tasks;
 mod topology;
+mod ui;
 
 #[derive(Parser)]
 #[command(
@@ -134,6 +135,13 @@ enum Command {
     Metrics {
         #[command(subcommand)]
         what: MetricsCommand,
+    },
+    /// Serve the fleet dashboard in the browser (the fleet's shards and
+    /// queues) until SIGINT or SIGTERM; prints its address first.
+    Ui {
+        /// Where to listen (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
     },
     /// Rate limits on every shard (each shard paces its own buckets) and
     /// pacing overrides, fanned out to every readable shard. Exits 3 when
@@ -735,6 +743,7 @@ async fn main() -> ExitCode {
         Command::Metrics {
             what: MetricsCommand::Serve { listen, sample_every },
         } => metrics::serve(client, listen, sample_every).await,
+        Command::Ui { listen } => ui::serve(client, listen).await,
         Command::Schedules { what } => schedule_command(&client, what, cli.json).await,
         Command::RateLimits { what } => match what {
             RateLimitsCommand::List => rate_limits::list(&client, cli.json).await,

@@ -81,6 +81,8 @@ pub mod schema;
 pub mod status;
 mod tls;
 pub mod topology;
+#[cfg(feature = "ui")]
+pub mod ui;
 pub mod worker;
 
 pub use breaker::{Breaker, BreakerState};
@@ -116,4 +118,6 @@ pub use status::{
 };
 pub use tls::ROOT_CERT_VAR;
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
+#[cfg(feature = "ui")]
+pub use ui::{UiOptions, UiServer};
 pub use worker::{Coverage, DrainReport, Worker, WorkerError, WorkerOptions, WorkerStats};

@@ -1,0 +1,286 @@
+//! The fleet dashboard (feature `ui`; `sheaf ui`): pages rendered on the
+//! server from the client's bounded fan-out reads, escaped by the templates
+//! (`driver/templates`), with no script. A page names a shard that did not
+//! answer in its partial banner, and never shows a connection string.
+//!
+//! Pages: `/` the fleet (every shard's reachability, breaker, roles,
+//! schema, published digests, live workers, stranded work, relay and outbox
+//! backlog), `/queues` (every queue's counts per shard and in total).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use askama::Template;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::breaker::BreakerState;
+use crate::client::{Client, QueueCounts};
+use crate::status::topology_status;
+
+/// How the dashboard reads the fleet.
+#[derive(Debug, Clone)]
+pub struct UiOptions {
+    /// The longest a shard's probe may take on the fleet page (default 3 s).
+    pub probe_timeout: Duration,
+}
+
+impl Default for UiOptions {
+    fn default() -> Self {
+        UiOptions {
+            probe_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+struct Shared {
+    client: Arc<Client>,
+    options: UiOptions,
+}
+
+/// A running dashboard.
+pub struct UiServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl UiServer {
+    /// Serves the dashboard on `listen` (port 0: any free port, see
+    /// [`UiServer::local_addr`]).
+    pub async fn start(
+        client: Arc<Client>,
+        listen: SocketAddr,
+        options: UiOptions,
+    ) -> std::io::Result<UiServer> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared { client, options });
+        let app = Router::new()
+            .route("/", get(fleet))
+            .route("/queues", get(queues))
+            .with_state(shared);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "the dashboard stopped");
+            }
+        });
+        Ok(UiServer {
+            addr,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and waits until it has.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for UiServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A rendered page, or a plain 500 naming the template error (never data).
+fn page(rendered: Result<String, askama::Error>) -> Response {
+    match rendered {
+        Ok(html) => (
+            [
+                (header::CACHE_CONTROL, "no-store"),
+                (
+                    header::HeaderName::from_static("x-content-type-options"),
+                    "nosniff",
+                ),
+                (
+                    header::CONTENT_SECURITY_POLICY,
+                    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
+                ),
+            ],
+            Html(html),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the page could not be rendered: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+fn ms(since: Instant) -> String {
+    format!("{:.1}", since.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// One shard's row of the fleet page.
+struct ShardRow {
+    id: String,
+    reachable: bool,
+    breaker: &'static str,
+    roles: String,
+    schema: String,
+    parity: bool,
+    server: String,
+    digests: Vec<String>,
+    workers: usize,
+    stranded: i64,
+    relay_children: i64,
+    outbox: i64,
+    problem: String,
+}
+
+#[derive(Template)]
+#[template(path = "fleet.html")]
+struct FleetPage {
+    title: &'static str,
+    page: &'static str,
+    unavailable: Vec<String>,
+    rendered_ms: String,
+    schema_version: String,
+    digest: String,
+    shards: Vec<ShardRow>,
+}
+
+async fn fleet(State(shared): State<Arc<Shared>>) -> Response {
+    let began = Instant::now();
+    let client = &shared.client;
+    let status = topology_status(client.topology(), client.pools(), shared.options.probe_timeout).await;
+    let unavailable = status
+        .shards
+        .iter()
+        .filter(|s| !s.probe.reachable)
+        .map(|s| s.probe.shard.to_string())
+        .collect();
+    let shards = status
+        .shards
+        .iter()
+        .map(|s| ShardRow {
+            id: s.probe.shard.to_string(),
+            reachable: s.probe.reachable,
+            breaker: match s.breaker {
+                BreakerState::Closed => "closed",
+                BreakerState::Open => "open",
+                BreakerState::HalfOpen => "half-open",
+            },
+            roles: s.roles(),
+            schema: s.probe.schema_version.clone().unwrap_or_else(|| "-".into()),
+            parity: s.schema_parity,
+            server: s.probe.server_version.clone().unwrap_or_else(|| "-".into()),
+            digests: s.probe.accepted_digests.clone(),
+            workers: s.probe.live_workers.len(),
+            stranded: s.stranded_ready(),
+            relay_children: s.probe.relay.as_ref().map_or(0, |r| r.children),
+            outbox: s.probe.relay.as_ref().map_or(0, |r| r.outbox),
+            problem: s.probe.problem.clone().unwrap_or_default(),
+        })
+        .collect();
+    let mut p = FleetPage {
+        title: "fleet",
+        page: "fleet",
+        unavailable,
+        rendered_ms: String::new(),
+        schema_version: status.schema_version.clone().unwrap_or_else(|| "-".into()),
+        digest: client.topology().digest(),
+        shards,
+    };
+    p.rendered_ms = ms(began);
+    page(p.render())
+}
+
+/// One row of a queue: a shard's counts, or the total (`shard` "all").
+struct CountsRow {
+    shard: String,
+    ready: i64,
+    scheduled: i64,
+    running: i64,
+    waiting: i64,
+    paused: i64,
+    dead: i64,
+    oldest_ready: String,
+}
+
+impl CountsRow {
+    fn new(shard: String, c: &QueueCounts) -> CountsRow {
+        CountsRow {
+            shard,
+            ready: c.ready,
+            scheduled: c.scheduled,
+            running: c.running,
+            waiting: c.waiting,
+            paused: c.paused,
+            dead: c.dead,
+            oldest_ready: c.oldest_ready_age.map_or_else(
+                || "-".into(),
+                |d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string(),
+            ),
+        }
+    }
+}
+
+struct QueueRows {
+    name: String,
+    rows: Vec<CountsRow>,
+}
+
+#[derive(Template)]
+#[template(path = "queues.html")]
+struct QueuesPage {
+    title: &'static str,
+    page: &'static str,
+    unavailable: Vec<String>,
+    rendered_ms: String,
+    queues: Vec<QueueRows>,
+}
+
+async fn queues(State(shared): State<Arc<Shared>>) -> Response {
+    let began = Instant::now();
+    let listing = shared.client.list_queues().await;
+    let queues = listing
+        .queues
+        .iter()
+        .map(|q| {
+            let mut rows: Vec<CountsRow> = q
+                .per_shard
+                .iter()
+                .map(|(shard, c)| CountsRow::new(shard.to_string(), c))
+                .collect();
+            rows.push(CountsRow::new("all".into(), &q.total));
+            QueueRows {
+                name: q.queue.clone(),
+                rows,
+            }
+        })
+        .collect();
+    let mut p = QueuesPage {
+        title: "queues",
+        page: "queues",
+        unavailable: listing
+            .unavailable_shards
+            .keys()
+            .map(ToString::to_string)
+            .collect(),
+        rendered_ms: String::new(),
+        queues,
+    };
+    p.rendered_ms = ms(began);
+    page(p.render())
+}
