@@ -420,13 +420,24 @@ mod tests {
         assert_eq!(ns(&claim("q", 10)), vec![2]);
         assert!(claim("q", 10).is_empty());
         assert_eq!(count("SELECT scheduled FROM sheaf.queue_stats('q')"), 1);
-        // Time passes: the task comes due after the last sweep, and the next
-        // claim promotes it. By the wall clock, which the sweep's window
-        // follows: this transaction's now() can be over a second older on
-        // a loaded machine (it failed so in CI once).
-        Spi::run("UPDATE sheaf.tasks SET run_at = clock_timestamp() - interval '100 milliseconds'")
-            .expect("time passes");
-        assert_eq!(ns(&claim("q", 10)), vec![1]);
+        // Time passes: the task comes due, and a later claim promotes it.
+        // Due by this transaction's now(), which due-ness reads; and a
+        // second later, so that the claim's sweep reads the heads whole:
+        // a windowed sweep follows the wall clock, which a loaded machine
+        // leaves seconds ahead of a test transaction's now() (it failed so
+        // in CI twice, with a window and with the wall clock).
+        // (A whole read comes once `SWEEP_WHOLE_SHARE` times the last one's
+        // cost has passed, at least a second: tries for up to 11 s.)
+        Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '1 second'").expect("time passes");
+        let mut got = Vec::new();
+        for _ in 0..10 {
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+            got = claim("q", 10);
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(ns(&got), vec![1]);
     }
 
     /// Between two whole reads of the heads (`SWEEP_WHOLE_SHARE`), a sweep
