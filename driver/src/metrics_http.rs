@@ -50,12 +50,58 @@ struct Shared {
     last: Mutex<Option<Instant>>,
 }
 
-/// A running metrics server.
-pub struct MetricsServer {
+/// A router served on a listener until shut down: the lifecycle the
+/// metrics server and the dashboard (`ui`) share.
+pub(crate) struct Served {
     addr: SocketAddr,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
+
+impl Served {
+    /// Serves `app` on `listener`; `what` names it in the log if it stops.
+    pub(crate) fn spawn(
+        listener: tokio::net::TcpListener,
+        app: Router,
+        what: &'static str,
+    ) -> std::io::Result<Served> {
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "the {what} stopped");
+            }
+        });
+        Ok(Served {
+            addr,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and waits until it has.
+    pub(crate) async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A running metrics server.
+pub struct MetricsServer(Served);
 
 impl MetricsServer {
     /// Serves `GET /metrics` on `listen` (port 0: any free port, see
@@ -88,7 +134,6 @@ impl MetricsServer {
         listener: tokio::net::TcpListener,
         options: MetricsServerOptions,
     ) -> std::io::Result<MetricsServer> {
-        let addr = listener.local_addr()?;
         let options = MetricsServerOptions {
             sample_every: options.sample_every.max(Duration::from_secs(1)),
             ..options
@@ -99,38 +144,17 @@ impl MetricsServer {
             last: Mutex::new(None),
         });
         let app = Router::new().route("/metrics", get(metrics)).with_state(shared);
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "the metrics server stopped");
-            }
-        });
-        Ok(MetricsServer {
-            addr,
-            stop,
-            task: Some(task),
-        })
+        Served::spawn(listener, app, "metrics server").map(MetricsServer)
     }
 
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.0.local_addr()
     }
 
     /// Stops serving and waits until it has.
-    pub async fn shutdown(mut self) {
-        self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.cancel();
+    pub async fn shutdown(self) {
+        self.0.shutdown().await;
     }
 }
 

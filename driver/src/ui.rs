@@ -17,11 +17,10 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::breaker::BreakerState;
 use crate::client::{Client, QueueCounts};
+use crate::metrics_http::Served;
 use crate::status::topology_status;
 
 /// How the dashboard reads the fleet.
@@ -45,11 +44,7 @@ struct Shared {
 }
 
 /// A running dashboard.
-pub struct UiServer {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    task: Option<JoinHandle<()>>,
-}
+pub struct UiServer(Served);
 
 impl UiServer {
     /// Serves the dashboard on `listen` (port 0: any free port, see
@@ -60,44 +55,22 @@ impl UiServer {
         options: UiOptions,
     ) -> std::io::Result<UiServer> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared { client, options });
         let app = Router::new()
             .route("/", get(fleet))
             .route("/queues", get(queues))
             .with_state(shared);
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "the dashboard stopped");
-            }
-        });
-        Ok(UiServer {
-            addr,
-            stop,
-            task: Some(task),
-        })
+        Served::spawn(listener, app, "dashboard").map(UiServer)
     }
 
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.0.local_addr()
     }
 
     /// Stops serving and waits until it has.
-    pub async fn shutdown(mut self) {
-        self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for UiServer {
-    fn drop(&mut self) {
-        self.stop.cancel();
+    pub async fn shutdown(self) {
+        self.0.shutdown().await;
     }
 }
 

@@ -308,8 +308,9 @@ pub(crate) fn execution_from_row(call: &Call, row: &tokio_postgres::Row) -> Resu
     read().map_err(|e| call.error(e, 1))
 }
 
-/// A start's one row (`start_workflow`, `signal_with_start`).
-fn started_from_rows(call: &Call, rows: &[tokio_postgres::Row]) -> Result<Started, ClientError> {
+/// A start's one row (`start_workflow`, `signal_with_start`, a start in a
+/// transaction).
+pub(super) fn started_from_rows(call: &Call, rows: &[tokio_postgres::Row]) -> Result<Started, ClientError> {
     let row = single(call, rows)?;
     let read = || -> Result<Started, tokio_postgres::Error> {
         Ok(Started {

@@ -245,24 +245,12 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
                 workflow_id: workflow_id.to_owned(),
             },
         };
-        let row = self
+        let rows = self
             .conn
-            .query_one(START, &[&name, &workflow_id, &input, &opts, &options.run_at])
+            .query(START, &[&name, &workflow_id, &input, &opts, &options.run_at])
             .await
             .map_err(|e| call.error(e, 1))?;
-        let read = || -> Result<Started, tokio_postgres::Error> {
-            Ok(Started {
-                execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
-                shard: self.shard,
-                created: row.try_get("created")?,
-                superseded: row
-                    .try_get::<_, Vec<uuid::Uuid>>("superseded")?
-                    .into_iter()
-                    .map(ExecutionId::from_uuid)
-                    .collect(),
-            })
-        };
-        read().map_err(|e| call.error(e, 1))
+        super::executions::started_from_rows(&call, &rows)
     }
 
     fn check_placement(&self, placement: Option<&Placement>) -> Result<(), ClientError> {
