@@ -5,7 +5,9 @@
 //!
 //! Pages: `/` the fleet (every shard's reachability, breaker, roles,
 //! schema, published digests, live workers, stranded work, relay and outbox
-//! backlog), `/queues` (every queue's counts per shard and in total).
+//! backlog), `/queues` (every queue's counts per shard and in total),
+//! `/executions` (the merged list across shards, filtered by workflow and
+//! state, a keyset page at a time).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use askama::Template;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
 use crate::breaker::BreakerState;
-use crate::client::{Client, QueueCounts};
+use crate::client::{Client, ExecutionFilter, QueueCounts, SortOrder};
 use crate::metrics_http::Served;
 use crate::status::topology_status;
 
@@ -59,6 +61,7 @@ impl UiServer {
         let app = Router::new()
             .route("/", get(fleet))
             .route("/queues", get(queues))
+            .route("/executions", get(executions))
             .with_state(shared);
         Served::spawn(listener, app, "dashboard").map(UiServer)
     }
@@ -253,6 +256,124 @@ async fn queues(State(shared): State<Arc<Shared>>) -> Response {
             .collect(),
         rendered_ms: String::new(),
         queues,
+    };
+    p.rendered_ms = ms(began);
+    page(p.render())
+}
+
+/// Executions per page.
+const EXECUTIONS_PAGE: usize = 50;
+
+/// The executions page's query: its filter and where to go on from.
+#[derive(Debug, Default, serde::Deserialize)]
+struct ExecutionsQuery {
+    #[serde(default)]
+    workflow: String,
+    #[serde(default)]
+    state: String,
+    cursor: Option<String>,
+}
+
+struct ExecutionRow {
+    id: String,
+    shard: String,
+    workflow: String,
+    workflow_id: String,
+    state: &'static str,
+    created: String,
+    closed: String,
+    attrs: String,
+}
+
+#[derive(Template)]
+#[template(path = "executions.html")]
+struct ExecutionsPage {
+    title: &'static str,
+    page: &'static str,
+    unavailable: Vec<String>,
+    rendered_ms: String,
+    workflow: String,
+    state: String,
+    states: Vec<String>,
+    error: Option<String>,
+    rows: Vec<ExecutionRow>,
+    next: Option<String>,
+}
+
+fn time(at: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+async fn executions(State(shared): State<Arc<Shared>>, Query(q): Query<ExecutionsQuery>) -> Response {
+    let began = Instant::now();
+    let mut filter = ExecutionFilter::new();
+    if !q.workflow.is_empty() {
+        filter = filter.workflows([q.workflow.clone()]);
+    }
+    let mut error = None;
+    if !q.state.is_empty() {
+        match q.state.parse::<sheaf_core::state::ExecutionState>() {
+            Ok(s) => filter = filter.states([s]),
+            Err(_) => error = Some(format!("unknown state {}", sheaf_core::excerpt::quoted(&q.state))),
+        }
+    }
+    let listed = match error {
+        Some(_) => None,
+        None => match shared
+            .client
+            .list_executions(&filter, q.cursor.as_deref(), EXECUTIONS_PAGE, SortOrder::Desc)
+            .await
+        {
+            Ok(p) => Some(p),
+            Err(e) => {
+                error = Some(e.to_string());
+                None
+            }
+        },
+    };
+    let (rows, next, unavailable) = match listed {
+        None => (Vec::new(), None, Vec::new()),
+        Some(p) => {
+            let next = p.next_cursor.as_ref().map(|c| {
+                let query = form_urlencoded::Serializer::new(String::new())
+                    .append_pair("workflow", &q.workflow)
+                    .append_pair("state", &q.state)
+                    .append_pair("cursor", c)
+                    .finish();
+                format!("/executions?{query}")
+            });
+            let rows = p
+                .items
+                .iter()
+                .map(|e| ExecutionRow {
+                    id: e.execution_id.to_string(),
+                    shard: e.shard.to_string(),
+                    workflow: e.workflow_name.clone(),
+                    workflow_id: e.workflow_id.clone(),
+                    state: e.state.as_str(),
+                    created: time(e.created_at),
+                    closed: e.closed_at.map_or_else(|| "-".into(), time),
+                    attrs: e.search_attrs.as_str().to_owned(),
+                })
+                .collect();
+            let unavailable = p.unavailable_shards.keys().map(ToString::to_string).collect();
+            (rows, next, unavailable)
+        }
+    };
+    let mut p = ExecutionsPage {
+        title: "executions",
+        page: "executions",
+        unavailable,
+        rendered_ms: String::new(),
+        workflow: q.workflow,
+        state: q.state,
+        states: sheaf_core::state::ExecutionState::ALL
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect(),
+        error,
+        rows,
+        next,
     };
     p.rendered_ms = ms(began);
     page(p.render())

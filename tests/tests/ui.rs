@@ -150,3 +150,86 @@ async fn the_fleet_and_queue_pages_show_what_the_client_reads() {
     b.close().await.expect("the browser closes");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_executions_page_filters_pages_across_shards_and_escapes() {
+    let client = Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"));
+    let name = unique("ui-wf");
+    // 60 runs over every shard (the page holds 50), one with markup in its id.
+    for n in 0..60 {
+        let id = if n == 0 {
+            "<script>window.pwned=1</script>".to_owned()
+        } else {
+            format!("run-{n}")
+        };
+        client
+            .start_workflow(&name, &id, json!({ "n": n }), sheaf_driver::StartOptions::new())
+            .await
+            .expect("start");
+    }
+    let server = UiServer::start(
+        client.clone(),
+        "127.0.0.1:0".parse().expect("an address"),
+        UiOptions::default(),
+    )
+    .await
+    .expect("the dashboard starts");
+    let base = format!("http://{}", server.local_addr());
+    let driver = chromedriver();
+    let b = browser(&driver).await;
+    b.goto(&format!("{base}/executions?workflow={name}"))
+        .await
+        .expect("the executions page");
+    let ids = |b: fantoccini::Client| async move {
+        let mut out = Vec::new();
+        for row in b
+            .find_all(Locator::Css("#executions tr[data-execution]"))
+            .await
+            .expect("rows")
+        {
+            out.push(row.attr("data-execution").await.expect("an id").expect("an id"));
+        }
+        out
+    };
+    let first = ids(b.clone()).await;
+    assert_eq!(first.len(), 50, "a full page");
+    std::fs::write(
+        shots().join("executions.png"),
+        b.screenshot().await.expect("a screenshot"),
+    )
+    .expect("saved");
+    b.find(Locator::Css("#next"))
+        .await
+        .expect("a next page")
+        .click()
+        .await
+        .expect("go on");
+    let second = ids(b.clone()).await;
+    assert_eq!(second.len(), 10, "the rest");
+    assert!(
+        second.iter().all(|id| !first.contains(id)),
+        "no run twice across pages"
+    );
+    let pwned = b
+        .execute("return window.pwned === undefined", vec![])
+        .await
+        .expect("a script runs");
+    assert_eq!(pwned, json!(true), "markup in a workflow id stays text");
+    // The oldest run (on this last page) shows its id as the text it is.
+    let shown = b
+        .find(Locator::XPath(
+            "//table[@id='executions']//td[contains(., 'window.pwned')]",
+        ))
+        .await
+        .expect("the run with markup in its id")
+        .text()
+        .await
+        .expect("its text");
+    assert_eq!(shown, "<script>window.pwned=1</script>");
+    b.goto(&format!("{base}/executions?workflow={name}&state=COMPLETED"))
+        .await
+        .expect("filtered");
+    assert!(ids(b.clone()).await.is_empty(), "a filter narrows the list");
+    b.close().await.expect("the browser closes");
+    server.shutdown().await;
+}
