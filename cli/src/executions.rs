@@ -22,19 +22,6 @@ pub struct ListArgs {
     pub order: String,
 }
 
-/// `--attr K=V`: V as JSON when it parses as a string, number or boolean
-/// (`5` a number, `"5"` a string, `true` a boolean), else as the string it is.
-pub fn parse_attr(arg: &str) -> Result<(String, Value), String> {
-    let Some((key, raw)) = arg.split_once('=') else {
-        return Err(format!("--attr takes KEY=VALUE, got {arg:?}"));
-    };
-    let value = match serde_json::from_str::<Value>(raw) {
-        Ok(v @ (Value::String(_) | Value::Number(_) | Value::Bool(_))) => v,
-        _ => Value::String(raw.to_owned()),
-    };
-    Ok((key.to_owned(), value))
-}
-
 fn filter(args: &ListArgs) -> Result<ExecutionFilter, String> {
     let mut f = match &args.filter {
         Some(text) => ExecutionFilter::from_json(
@@ -58,7 +45,8 @@ fn filter(args: &ListArgs) -> Result<ExecutionFilter, String> {
         f = f.states(states);
     }
     for arg in &args.attrs {
-        let (key, value) = parse_attr(arg)?;
+        let (key, value) =
+            sheaf_driver::attr_equality(arg).ok_or_else(|| format!("--attr takes KEY=VALUE, got {arg:?}"))?;
         f = f.attr(&key, sheaf_driver::AttrOp::Eq, value);
     }
     Ok(f)
@@ -217,19 +205,3 @@ pub fn cut(text: &str, width: usize) -> String {
 
 /// For `exit::failures_json`: a shard and why it failed.
 pub type Failures = std::collections::BTreeMap<ShardId, ClientError>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_attr_value_is_json_when_it_parses_else_a_string() {
-        assert_eq!(parse_attr("n=5").unwrap(), ("n".into(), json!(5)));
-        assert_eq!(parse_attr("n=\"5\"").unwrap(), ("n".into(), json!("5")));
-        assert_eq!(parse_attr("vip=true").unwrap(), ("vip".into(), json!(true)));
-        assert_eq!(parse_attr("t=acme").unwrap(), ("t".into(), json!("acme")));
-        assert_eq!(parse_attr("t=[1]").unwrap(), ("t".into(), json!("[1]")));
-        assert_eq!(parse_attr("t=a=b").unwrap(), ("t".into(), json!("a=b")));
-        assert!(parse_attr("nothing").is_err());
-    }
-}

@@ -136,8 +136,11 @@ enum Command {
         #[command(subcommand)]
         what: MetricsCommand,
     },
-    /// Serve the fleet dashboard in the browser (the fleet's shards and
-    /// queues) until SIGINT or SIGTERM; prints its address first.
+    /// Serve the fleet dashboard in the browser (shards, queues,
+    /// executions, dead letters, tasks, usage, rebalancing) until SIGINT or
+    /// SIGTERM; prints its address first. Actions (redrive, purge, cancel)
+    /// need the admin token in SHEAF_UI_TOKEN (16+ characters); without it
+    /// the dashboard is read-only.
     Ui {
         /// Where to listen (loopback by default).
         #[arg(long, default_value = "127.0.0.1:8080")]

@@ -99,7 +99,7 @@ pub use client::{
     QuotaDetail, QuotaUsage, RateLimitInfo, RebalanceOptions, RegisteredWorker, RelayBacklog, RelayOutcome,
     RelayRow, Report, ReportStatus, Resolution, STALL_AFTER, Schedule, ShardConnection, ShardInfo, SortOrder,
     StalledMove, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, Tree, TreeNode, Usage,
-    config_drift,
+    attr_equality, config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use health::{HealthReason, Readiness};

@@ -56,6 +56,20 @@ pub fn cli_binary() -> &'static std::path::Path {
     })
 }
 
+/// `sheaf --json ARGS` against the test fleet: its exit code and output
+/// (`null` when it printed no JSON).
+pub fn cli_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let out = Command::new(cli_binary())
+        .arg("--json")
+        .args(args)
+        .env("SHEAF_SHARDS", fleet_spec())
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .output()
+        .expect("the CLI runs");
+    let value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), value)
+}
+
 /// Runs `scripts/shards <args>` on a suite's own clusters: under
 /// `/tmp/sheaf-test-<name>/pg<major>` (major from `SHEAF_TEST_PG`, default
 /// 15), ports from `base_port + 10 * major`. Its stdout (for `up`, the

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{Client, ClientError, PoolOptions};
-use sheaf_tests::{connect, fleet, unique};
+use sheaf_tests::{cli_json as cli, connect, fleet, unique};
 
 fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
@@ -286,19 +286,6 @@ async fn the_driver_manages_a_schedule_end_to_end() {
     assert!(c.delete_schedule(&name).await.expect("delete"));
     let gone = c.pause_schedule(&name).await.expect_err("deleted");
     assert!(matches!(gone, ClientError::UnknownSchedule { .. }), "{gone}");
-}
-
-/// `sheaf --json ARGS` against the test fleet: its exit code and output.
-fn cli(args: &[&str]) -> (Option<i32>, serde_json::Value) {
-    let out = std::process::Command::new(sheaf_tests::cli_binary())
-        .arg("--json")
-        .args(args)
-        .env("SHEAF_SHARDS", sheaf_tests::fleet_spec())
-        .env_remove("SHEAF_TOPOLOGY_DIGEST")
-        .output()
-        .expect("the CLI runs");
-    let value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code(), value)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,8 +1,12 @@
 //! The fleet dashboard in a real browser: headless Chromium (Debian's
 //! `chromium` and `chromium-driver`, installed by `scripts/bootstrap`) driven
 //! over WebDriver against a dashboard over the live shards. Every page
-//! loads, its tables match what the client reads, and a screenshot of each
-//! is saved under the test's output directory (`target/.../tmp/ui`).
+//! loads without a console error, its lists match the CLI's JSON, filters
+//! narrow, pages cross shards without duplicates, markup in user data stays
+//! text, actions need the admin token and are audited with the session's
+//! actor, and a stopped shard is named in the partial banner. A screenshot
+//! of each page is saved under the test's output directory
+//! (`target/.../tmp/ui`).
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -10,8 +14,11 @@ use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::json;
-use sheaf_driver::{Client, EnqueueOptions, Placement, PoolOptions, UiOptions, UiServer};
-use sheaf_tests::{fleet, unique};
+use sheaf_driver::{
+    ChildPlacement, Client, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, StartOptions,
+    TaskId, Topology, UiOptions, UiServer,
+};
+use sheaf_tests::{cli_json, fleet, unique};
 
 /// A chromedriver on a free port, stopped with the test.
 struct Driver(Child, u16);
@@ -46,6 +53,7 @@ async fn browser(driver: &Driver) -> fantoccini::Client {
         "goog:chromeOptions".into(),
         json!({"args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,900"]}),
     );
+    caps.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
     let url = format!("http://127.0.0.1:{}", driver.1);
     for _ in 0..50 {
         if let Ok(c) = ClientBuilder::rustls()
@@ -67,157 +75,410 @@ fn shots() -> std::path::PathBuf {
     dir
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_fleet_and_queue_pages_show_what_the_client_reads() {
-    let client = Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"));
-    let queue = unique("ui-q");
-    for shard in fleet().shards() {
-        for n in 0..3 {
-            client
-                .enqueue(
-                    &queue,
-                    json!({ "n": n }),
-                    EnqueueOptions::new().placement(Placement::Shard(shard.id)),
-                )
-                .await
-                .expect("enqueue");
-        }
+/// Chromedriver's console log (its `se/log` extension of WebDriver).
+#[derive(Debug)]
+struct BrowserLog;
+
+impl fantoccini::wd::WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(&self, base: &url::Url, session: Option<&str>) -> Result<url::Url, url::ParseError> {
+        base.join(&format!("session/{}/se/log", session.unwrap_or_default()))
     }
-    let server = UiServer::start(
-        client.clone(),
-        "127.0.0.1:0".parse().expect("an address"),
-        UiOptions::default(),
-    )
-    .await
-    .expect("the dashboard starts");
-    let base = format!("http://{}", server.local_addr());
-    let driver = chromedriver();
-    let b = browser(&driver).await;
 
-    b.goto(&format!("{base}/")).await.expect("the fleet page");
-    assert_eq!(b.title().await.expect("a title"), "sheaf · fleet");
-    let rows = b
-        .find_all(Locator::Css("#shards tr[data-shard]"))
-        .await
-        .expect("shard rows");
-    assert_eq!(rows.len(), fleet().shards().count(), "a row per shard");
-    let html = b.source().await.expect("the page source");
-    assert!(!html.contains("postgres://"), "no connection string on a page");
-    assert!(
-        b.find(Locator::Css("#partial")).await.is_err(),
-        "no partial banner: every shard is up"
-    );
-    std::fs::write(
-        shots().join("fleet.png"),
-        b.screenshot().await.expect("a screenshot"),
-    )
-    .expect("saved");
-
-    b.goto(&format!("{base}/queues")).await.expect("the queues page");
-    let total = b
-        .find(Locator::Css(&format!(
-            "tr[data-queue='{queue}'][data-shard='all'] td:nth-child(3)"
-        )))
-        .await
-        .expect("the queue's total row")
-        .text()
-        .await
-        .expect("its ready count");
-    let listing = client.list_queues().await;
-    let expected = listing
-        .queues
-        .iter()
-        .find(|q| q.queue == queue)
-        .expect("the queue is listed")
-        .total
-        .ready;
-    assert_eq!(total, expected.to_string(), "the page's total is the client's");
-    let per_shard = b
-        .find_all(Locator::Css(&format!("tr[data-queue='{queue}']")))
-        .await
-        .expect("the queue's rows");
-    assert_eq!(
-        per_shard.len(),
-        fleet().shards().count() + 1,
-        "a row per shard and the total"
-    );
-    std::fs::write(
-        shots().join("queues.png"),
-        b.screenshot().await.expect("a screenshot"),
-    )
-    .expect("saved");
-
-    b.close().await.expect("the browser closes");
-    server.shutdown().await;
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        (http::Method::POST, Some(r#"{"type": "browser"}"#.into()))
+    }
 }
 
+/// The console's errors since the last call (the log is read once).
+async fn console_errors(b: &fantoccini::Client) -> Vec<String> {
+    let log = b.issue_cmd(BrowserLog).await.expect("the console log");
+    log.as_array()
+        .expect("a list of entries")
+        .iter()
+        .filter(|e| e["level"] == "SEVERE")
+        .map(|e| e["message"].to_string())
+        .collect()
+}
+
+/// Opens `path`, checks the console stayed clean, saves a screenshot as
+/// `shot`.png.
+async fn visit(b: &fantoccini::Client, base: &str, path: &str, shot: &str) {
+    b.goto(&format!("{base}{path}")).await.expect("the page");
+    let errors = console_errors(b).await;
+    assert!(errors.is_empty(), "{path}: console errors {errors:?}");
+    save(b, shot).await;
+}
+
+async fn save(b: &fantoccini::Client, shot: &str) {
+    std::fs::write(
+        shots().join(format!("{shot}.png")),
+        b.screenshot().await.expect("a screenshot"),
+    )
+    .expect("saved");
+}
+
+/// A dashboard, a chromedriver and a browser session over it.
+struct Dash {
+    server: UiServer,
+    base: String,
+    b: fantoccini::Client,
+    _driver: Driver,
+}
+
+impl Dash {
+    async fn start(client: Arc<Client>, token: Option<&str>) -> Dash {
+        let server = UiServer::start(
+            client,
+            "127.0.0.1:0".parse().expect("an address"),
+            UiOptions {
+                admin_token: token.map(str::to_owned),
+                sample_every: Duration::from_secs(1),
+                ..UiOptions::default()
+            },
+        )
+        .await
+        .expect("the dashboard starts");
+        let base = format!("http://{}", server.local_addr());
+        let driver = chromedriver();
+        let b = browser(&driver).await;
+        Dash {
+            server,
+            base,
+            b,
+            _driver: driver,
+        }
+    }
+
+    async fn stop(self) {
+        self.b.close().await.expect("the browser closes");
+        self.server.shutdown().await;
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.b
+            .wait()
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .text()
+            .await
+            .expect("its text")
+    }
+
+    /// The values of `attr` of the elements `css` matches.
+    async fn attrs(&self, css: &str, attr: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in self.b.find_all(Locator::Css(css)).await.expect("elements") {
+            out.push(e.attr(attr).await.expect("an attribute").expect("an attribute"));
+        }
+        out
+    }
+
+    async fn click(&self, css: &str) {
+        self.b
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .click()
+            .await
+            .expect("a click");
+    }
+}
+
+/// The `key` of each item of `sheaf --json ARGS`' page.
+fn ids_from_cli(args: &[&str], key: &str) -> Vec<String> {
+    let (code, out) = cli_json(args);
+    assert_eq!(code, Some(0), "{args:?}: {out}");
+    out["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|e| e[key].as_str().expect("an id").to_owned())
+        .collect()
+}
+
+fn client() -> Arc<Client> {
+    Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
+}
+
+/// `n` dead letters of `queue` on `shard`, with `error` as their error.
+async fn dead_letters(c: &Client, queue: &str, shard: ShardId, n: usize, error: &str) -> Vec<TaskId> {
+    for i in 0..n {
+        c.enqueue(
+            queue,
+            json!({ "i": i }),
+            EnqueueOptions::new().placement(Placement::Shard(shard)),
+        )
+        .await
+        .expect("enqueue");
+    }
+    let claimed = c
+        .claim(shard, queue, "ui-test", n as i32, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), n);
+    for t in &claimed {
+        c.dead_letter(t.task_id, t.token, error)
+            .await
+            .expect("dead-letter");
+    }
+    claimed.iter().map(|t| t.task_id).collect()
+}
+
+// One story, told in order: each step builds on the one before.
+#[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_executions_page_filters_pages_across_shards_and_escapes() {
-    let client = Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"));
+async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
+    let c = client();
+    let queue = unique("ui-q");
+    let shards: Vec<ShardId> = fleet().shards().map(|s| s.id).collect();
+    for shard in &shards {
+        for n in 0..3 {
+            c.enqueue(
+                &queue,
+                json!({ "n": n }),
+                EnqueueOptions::new().placement(Placement::Shard(*shard)),
+            )
+            .await
+            .expect("enqueue");
+        }
+        dead_letters(&c, &queue, *shard, 2, "boom").await;
+    }
+    let wf = unique("ui-all");
+    let mut parent = None;
+    for n in 0..7 {
+        let started = c
+            .start_workflow(
+                &wf,
+                &format!("r{n}"),
+                json!({ "n": n }),
+                StartOptions::new().search_attr("tenant", if n % 2 == 0 { "even" } else { "odd" }),
+            )
+            .await
+            .expect("start");
+        parent.get_or_insert(started);
+    }
+    let parent = parent.expect("a run");
+    let child = c
+        .start_child(
+            parent.execution_id,
+            &unique("ui-child"),
+            "c-1",
+            json!({}),
+            ChildPlacement::Shard(parent.shard),
+        )
+        .await
+        .expect("a child");
+    let d = Dash::start(c.clone(), Some("a-token-for-the-ui-tests")).await;
+
+    // The checker sees an error when there is one: a missing page's 404.
+    d.b.goto(&format!("{}/no-such-page", d.base))
+        .await
+        .expect("a 404");
+    assert!(!console_errors(&d.b).await.is_empty(), "a 404 is a console error");
+
+    visit(&d.b, &d.base, "/", "fleet").await;
+    assert_eq!(
+        d.attrs("#shards tr[data-shard]", "data-shard").await.len(),
+        shards.len()
+    );
+    assert!(
+        !d.b.source().await.expect("source").contains("postgres://"),
+        "no connection string"
+    );
+    assert!(
+        d.b.find(Locator::Css("#partial")).await.is_err(),
+        "every shard answered"
+    );
+
+    // Queues: each shard's counts and the total are the CLI's.
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a depth sample or two
+    visit(&d.b, &d.base, "/queues", "queues").await;
+    let (code, cli) = cli_json(&["queues"]);
+    assert_eq!(code, Some(0), "{cli}");
+    let listed = cli["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .find(|q| q["queue"] == queue.as_str())
+        .expect("the CLI lists the queue")
+        .clone();
+    for (shard, counts) in listed["per_shard"].as_object().expect("per shard") {
+        // Counted from the row's end: the first row also holds the queue's
+        // name and chart.
+        for (from_end, field) in [(7, "ready"), (2, "dead")] {
+            let cell = d
+                .text(&format!(
+                    "tr[data-queue='{queue}'][data-shard='{shard}'] td:nth-last-child({from_end})"
+                ))
+                .await;
+            assert_eq!(cell, counts[field].to_string(), "shard {shard} {field}");
+        }
+    }
+    let total_ready = d
+        .text(&format!(
+            "tr[data-queue='{queue}'][data-shard='all'] td:nth-last-child(7)"
+        ))
+        .await;
+    assert_eq!(total_ready, listed["total"]["ready"].to_string());
+    assert!(
+        d.b.find(Locator::Css(&format!(
+            "tr[data-queue='{queue}'] svg.chart polyline"
+        )))
+        .await
+        .is_ok(),
+        "the queue's depth is charted"
+    );
+
+    // Executions: the page's rows are the CLI's first page, in order.
+    visit(&d.b, &d.base, &format!("/executions?workflow={wf}"), "executions").await;
+    let cli_ids = ids_from_cli(&["list", "--workflow", &wf, "--page-size", "50"], "execution_id");
+    assert_eq!(
+        d.attrs("#executions tr[data-execution]", "data-execution").await,
+        cli_ids
+    );
+    // An attribute filter narrows it.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions?workflow={wf}&attr=tenant%3Dodd"),
+        "executions-filtered",
+    )
+    .await;
+    assert_eq!(
+        d.attrs("#executions tr[data-execution]", "data-execution")
+            .await
+            .len(),
+        3
+    );
+    // A bad filter is refused naming the field, and the page still loads.
+    d.b.goto(&format!("{}/executions?after=someday", d.base))
+        .await
+        .expect("refused");
+    assert!(d.text("#error").await.starts_with("created after:"));
+    // Its 400 is a console error of its own; the next pages must have none.
+    assert_eq!(console_errors(&d.b).await.len(), 1);
+
+    // An execution's page: where it lives, its history, its child.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions/{}", parent.execution_id),
+        "execution",
+    )
+    .await;
+    assert_eq!(d.text("#lives").await, format!("shard {}", parent.shard));
+    assert!(d.text("#history").await.contains("WorkflowStarted"));
+    assert_eq!(
+        d.attrs("#children tr[data-child]", "data-child").await,
+        [child.child_id.to_string()]
+    );
+    d.b.goto(&format!("{}/executions/not-an-id", d.base))
+        .await
+        .expect("refused");
+    assert_eq!(d.text("#error").await, "not an execution id");
+    assert_eq!(console_errors(&d.b).await.len(), 1, "its 400");
+
+    // Dead letters: the page's rows are the CLI's.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/dead-letters?queue={queue}"),
+        "dead-letters",
+    )
+    .await;
+    let cli_ids = ids_from_cli(&["dead-letters", "list", "--queue", &queue], "task_id");
+    assert_eq!(cli_ids.len(), 2 * shards.len());
+    assert_eq!(d.attrs("#dead-letters tr[data-task]", "data-task").await, cli_ids);
+
+    // Tasks: the queue's unfinished tasks are the CLI's.
+    visit(&d.b, &d.base, &format!("/tasks?queue={queue}"), "tasks").await;
+    let cli_ids = ids_from_cli(&["tasks", "list", &queue, "--page-size", "50"], "task_id");
+    assert_eq!(cli_ids.len(), 3 * shards.len());
+    assert_eq!(d.attrs("#tasks tr[data-task]", "data-task").await, cli_ids);
+
+    // Usage: the runs started above are counted under their workflow.
+    visit(&d.b, &d.base, "/usage?window=1h", "usage").await;
+    let row = d
+        .text(&format!("#usage tr[data-group='{wf}'] td:nth-child(2)"))
+        .await;
+    assert_eq!(row, "7");
+    visit(&d.b, &d.base, "/rebalance", "rebalance").await;
+    visit(&d.b, &d.base, "/login", "login").await;
+    visit(&d.b, &d.base, "/tasks", "tasks-choose").await;
+    d.stop().await;
+}
+
+// One story, told in order: each step builds on the one before.
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_executions_page_pages_across_shards_and_keeps_markup_inert() {
+    let c = client();
     let name = unique("ui-wf");
-    // 60 runs over every shard (the page holds 50), one with markup in its id.
+    // 60 runs over every shard (the page holds 50), one with markup in its
+    // id and its input.
     for n in 0..60 {
         let id = if n == 0 {
             "<script>window.pwned=1</script>".to_owned()
         } else {
             format!("run-{n}")
         };
-        client
-            .start_workflow(&name, &id, json!({ "n": n }), sheaf_driver::StartOptions::new())
-            .await
-            .expect("start");
+        c.start_workflow(
+            &name,
+            &id,
+            json!({ "n": n, "html": "<img src=x onerror=window.pwned=2>" }),
+            StartOptions::new(),
+        )
+        .await
+        .expect("start");
     }
-    let server = UiServer::start(
-        client.clone(),
-        "127.0.0.1:0".parse().expect("an address"),
-        UiOptions::default(),
+    let d = Dash::start(c.clone(), None).await;
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions?workflow={name}"),
+        "executions-page-1",
     )
-    .await
-    .expect("the dashboard starts");
-    let base = format!("http://{}", server.local_addr());
-    let driver = chromedriver();
-    let b = browser(&driver).await;
-    b.goto(&format!("{base}/executions?workflow={name}"))
-        .await
-        .expect("the executions page");
-    let ids = |b: fantoccini::Client| async move {
-        let mut out = Vec::new();
-        for row in b
-            .find_all(Locator::Css("#executions tr[data-execution]"))
-            .await
-            .expect("rows")
-        {
-            out.push(row.attr("data-execution").await.expect("an id").expect("an id"));
-        }
-        out
-    };
-    let first = ids(b.clone()).await;
+    .await;
+    let first = d.attrs("#executions tr[data-execution]", "data-execution").await;
     assert_eq!(first.len(), 50, "a full page");
-    std::fs::write(
-        shots().join("executions.png"),
-        b.screenshot().await.expect("a screenshot"),
-    )
-    .expect("saved");
-    b.find(Locator::Css("#next"))
+    let shards: std::collections::BTreeSet<String> = d
+        .attrs("#executions tr[data-execution] td:nth-child(2)", "class")
         .await
-        .expect("a next page")
-        .click()
+        .into_iter()
+        .collect();
+    assert!(!shards.is_empty());
+    d.click("#next").await;
+    d.b.wait()
+        .for_element(Locator::Css("#executions"))
         .await
-        .expect("go on");
-    let second = ids(b.clone()).await;
+        .expect("the next page");
+    let second = d.attrs("#executions tr[data-execution]", "data-execution").await;
     assert_eq!(second.len(), 10, "the rest");
     assert!(
         second.iter().all(|id| !first.contains(id)),
         "no run twice across pages"
     );
-    let pwned = b
-        .execute("return window.pwned === undefined", vec![])
-        .await
-        .expect("a script runs");
-    assert_eq!(pwned, json!(true), "markup in a workflow id stays text");
-    // The oldest run (on this last page) shows its id as the text it is.
-    let shown = b
-        .find(Locator::XPath(
+    let mut all: Vec<&String> = first.iter().chain(&second).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 60, "every run once");
+    let runs_on: std::collections::BTreeSet<String> = {
+        let mut s = std::collections::BTreeSet::new();
+        for id in first.iter().chain(&second) {
+            let id: ExecutionId = id.parse().expect("an id");
+            s.insert(id.shard().expect("a shard").to_string());
+        }
+        s
+    };
+    assert!(runs_on.len() > 1, "the pages merged several shards: {runs_on:?}");
+    let untouched =
+        d.b.execute("return window.pwned === undefined", vec![])
+            .await
+            .expect("a script runs");
+    assert_eq!(untouched, json!(true), "markup in a workflow id stays text");
+    let shown =
+        d.b.find(Locator::XPath(
             "//table[@id='executions']//td[contains(., 'window.pwned')]",
         ))
         .await
@@ -226,10 +487,292 @@ async fn the_executions_page_filters_pages_across_shards_and_escapes() {
         .await
         .expect("its text");
     assert_eq!(shown, "<script>window.pwned=1</script>");
-    b.goto(&format!("{base}/executions?workflow={name}&state=COMPLETED"))
+    save(&d.b, "executions-page-2").await;
+    // Its own page shows its input as text too.
+    let pwned_id =
+        d.b.find(Locator::XPath(
+            "//table[@id='executions']//tr[td[contains(., 'window.pwned')]]",
+        ))
+        .await
+        .expect("its row")
+        .attr("data-execution")
+        .await
+        .expect("an id")
+        .expect("an id");
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions/{pwned_id}"),
+        "execution-markup",
+    )
+    .await;
+    assert!(
+        d.text("#input")
+            .await
+            .contains("<img src=x onerror=window.pwned=2>")
+    );
+    assert!(
+        d.b.find(Locator::Css("main img")).await.is_err(),
+        "no element made of a payload"
+    );
+    let untouched =
+        d.b.execute("return window.pwned === undefined", vec![])
+            .await
+            .expect("a script runs");
+    assert_eq!(untouched, json!(true));
+    d.b.goto(&format!("{}/executions?workflow={name}&state=COMPLETED", d.base))
         .await
         .expect("filtered");
-    assert!(ids(b.clone()).await.is_empty(), "a filter narrows the list");
-    b.close().await.expect("the browser closes");
-    server.shutdown().await;
+    assert!(
+        d.attrs("#executions tr[data-execution]", "data-execution")
+            .await
+            .is_empty(),
+        "a filter narrows the list"
+    );
+    d.stop().await;
+}
+
+const TOKEN: &str = "a-token-for-the-ui-tests";
+
+/// Signs in as `name` with `token`; whether it took.
+async fn sign_in(d: &Dash, name: &str, token: &str) -> bool {
+    d.b.goto(&format!("{}/login", d.base))
+        .await
+        .expect("the sign-in page");
+    d.b.find(Locator::Css("input[name=name]"))
+        .await
+        .expect("a name")
+        .send_keys(name)
+        .await
+        .expect("typed");
+    d.b.find(Locator::Css("input[name=token]"))
+        .await
+        .expect("a token")
+        .send_keys(token)
+        .await
+        .expect("typed");
+    d.click("#login button").await;
+    d.b.wait()
+        .for_element(Locator::Css("main h1"))
+        .await
+        .expect("a page");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    d.b.find(Locator::Css("#actor")).await.is_ok()
+}
+
+/// Ticks `ids` on the dead-letter page of `queue` and asks to redrive them.
+async fn ask_redrive(d: &Dash, queue: &str, ids: &[TaskId]) {
+    d.b.goto(&format!("{}/dead-letters?queue={queue}", d.base))
+        .await
+        .expect("the page");
+    for id in ids {
+        d.click(&format!("input[type=checkbox][value='{id}']")).await;
+    }
+    d.click("#redrive-selected").await;
+    d.b.wait()
+        .for_element(Locator::Css("#confirm"))
+        .await
+        .expect("the confirmation");
+}
+
+async fn dead_now(c: &Client, queue: &str) -> Vec<TaskId> {
+    c.list_dead_letters(Some(queue), None, 100)
+        .await
+        .expect("dead letters")
+        .items
+        .iter()
+        .map(|d| d.task_id)
+        .collect()
+}
+
+// One story, told in order: each step builds on the one before.
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn actions_need_the_token_a_confirmation_and_are_audited() {
+    let c = client();
+    let queue = unique("ui-act");
+    let shard = fleet().shards().next().expect("a shard").id;
+    let ids = dead_letters(&c, &queue, shard, 4, "<script>window.pwned=1</script> failed").await;
+    let d = Dash::start(c.clone(), Some(TOKEN)).await;
+
+    // Signed out: the confirmation warns, and the shards are not asked.
+    ask_redrive(&d, &queue, &ids[..1]).await;
+    assert!(d.b.find(Locator::Css("#signed-out")).await.is_ok());
+    save(&d.b, "confirm-signed-out").await;
+    d.click("#do-it").await;
+    assert!(
+        d.text("#refused").await.contains("sign in"),
+        "refused without a session"
+    );
+    save(&d.b, "refused").await;
+    assert_eq!(dead_now(&c, &queue).await.len(), 4, "nothing was redriven");
+    let untouched =
+        d.b.execute("return window.pwned === undefined", vec![])
+            .await
+            .expect("a script");
+    assert_eq!(untouched, json!(true), "an error with markup stays text");
+
+    // A wrong token does not sign in.
+    assert!(!sign_in(&d, "mallory", "not-the-token").await);
+    assert!(d.text("#error").await.contains("not the admin token"));
+
+    // Signed in: the redrive is done and audited with the session's actor.
+    assert!(sign_in(&d, "tester", TOKEN).await);
+    ask_redrive(&d, &queue, &ids[..2]).await;
+    save(&d.b, "confirm").await;
+    d.click("#do-it").await;
+    let done = d.text(".result").await;
+    assert!(done.starts_with("2 of 2 dead letter(s) redriven"), "{done}");
+    save(&d.b, "redriven").await;
+    let left = dead_now(&c, &queue).await;
+    assert_eq!(left.len(), 2);
+    assert!(!left.contains(&ids[0]) && !left.contains(&ids[1]));
+    let audit = c.audit_log(shard, None, 50).await.expect("the audit log");
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.action == "redrive" && e.actor == "ui:tester"),
+        "the redrive is audited as ui:tester: {audit:?}"
+    );
+
+    // A forged POST with the session cookie but without its CSRF token is
+    // refused; so is one from another origin.
+    let cookie =
+        d.b.get_named_cookie("sheaf_ui")
+            .await
+            .expect("the session cookie");
+    let forged = post(
+        &d.base,
+        "/act/purge",
+        &format!("queue={queue}&csrf=guess"),
+        cookie.value(),
+        None,
+    )
+    .await;
+    assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
+    let csrf = d
+        .attrs("form[action='/logout'] input[name=csrf]", "value")
+        .await
+        .remove(0);
+    let cross = post(
+        &d.base,
+        "/act/purge",
+        &format!("queue={queue}&csrf={csrf}"),
+        cookie.value(),
+        Some("http://evil.example"),
+    )
+    .await;
+    assert!(cross.starts_with("HTTP/1.1 403"), "{cross}");
+    assert_eq!(dead_now(&c, &queue).await.len(), 2, "nothing was purged");
+
+    // Purge, with its confirmation.
+    d.b.goto(&format!("{}/dead-letters?queue={queue}", d.base))
+        .await
+        .expect("the page");
+    d.click("#purge button").await;
+    assert!(d.text("#what").await.contains("cannot be undone"));
+    d.click("#do-it").await;
+    assert!(d.text(".result").await.starts_with("2 dead letter(s)"));
+    assert!(dead_now(&c, &queue).await.is_empty());
+
+    // Cancel a task from the tasks page.
+    let task = c
+        .enqueue(
+            &queue,
+            json!({}),
+            EnqueueOptions::new().placement(Placement::Shard(shard)),
+        )
+        .await
+        .expect("enqueue")
+        .task_id;
+    d.b.goto(&format!("{}/tasks?queue={queue}", d.base))
+        .await
+        .expect("the tasks page");
+    d.click(&format!("tr[data-task='{task}'] button")).await;
+    d.click("#do-it").await;
+    assert_eq!(d.text(".result").await, format!("Task {task} cancelled."));
+    assert!(
+        c.audit_log(shard, None, 50)
+            .await
+            .expect("the audit log")
+            .iter()
+            .any(|e| e.action == "cancel_task" && e.actor == "ui:tester")
+    );
+    // Signing out ends the session: the next action is refused.
+    d.click("form[action='/logout'] button").await;
+    d.b.wait()
+        .for_element(Locator::Css("#signin"))
+        .await
+        .expect("signed out");
+    let after = post(
+        &d.base,
+        "/act/purge",
+        &format!("queue={queue}&csrf={csrf}"),
+        cookie.value(),
+        None,
+    )
+    .await;
+    assert!(after.starts_with("HTTP/1.1 403"), "{after}");
+    d.stop().await;
+}
+
+/// A POST from outside the browser: its status line and the rest.
+async fn post(base: &str, path: &str, body: &str, session: &str, origin: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(host).await.expect("connect");
+    let origin = origin.map_or_else(|| base.to_owned(), str::to_owned);
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: {origin}\r\nCookie: sheaf_ui={session}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("sent");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_shard_is_named_in_the_partial_banner() {
+    let own = |args: &[&str]| sheaf_tests::own_shards("ui", 24700, args);
+    let topology = Topology::parse(&own(&["up", "--count", "2", "--no-install"])).expect("shards");
+    let options = PoolOptions {
+        connect_timeout: Duration::from_secs(1),
+        acquire_timeout: Duration::from_secs(2),
+        ..PoolOptions::default()
+    };
+    let c = Arc::new(Client::new(topology.clone(), options).expect("a client"));
+    let wf = unique("ui-down");
+    for n in 0..10 {
+        c.start_workflow(&wf, &format!("r{n}"), json!({}), StartOptions::new())
+            .await
+            .expect("start");
+    }
+    own(&["stop-one", "1"]);
+    let d = Dash::start(c.clone(), None).await;
+    for (path, shot) in [
+        ("/".to_owned(), "partial-fleet"),
+        (format!("/executions?workflow={wf}"), "partial-executions"),
+        ("/queues".to_owned(), "partial-queues"),
+        ("/dead-letters".to_owned(), "partial-dead-letters"),
+    ] {
+        d.b.goto(&format!("{}{path}", d.base)).await.expect("the page");
+        let banner = d.text("#partial").await;
+        assert!(
+            banner.contains("shard 1") && !banner.contains("shard 0"),
+            "{path}: {banner}"
+        );
+        save(&d.b, shot).await;
+        if shot == "partial-executions" {
+            let shown = d.attrs("#executions tr[data-execution]", "data-execution").await;
+            assert!(
+                !shown.is_empty() && shown.len() < 10,
+                "shard 0's runs only: {}",
+                shown.len()
+            );
+        }
+    }
+    d.stop().await;
+    own(&["up", "--count", "2", "--no-install"]);
 }

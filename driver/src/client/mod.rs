@@ -76,7 +76,8 @@ pub use relay::{ChildStart, CloseKind, RelayBacklog, RelayOutcome, RelayRow, Rep
 pub use reports::{GroupBy, KeyConcurrency, Report, Usage};
 pub use schedules::{Fire, MAX_FIRES_PAGE, Schedule};
 pub use search::{
-    AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution, SortOrder,
+    AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution,
+    SortOrder, attr_equality,
 };
 pub use topology::PublishedTopology;
 pub use tx::{OnShard, ShardConnection};

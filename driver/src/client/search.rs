@@ -47,6 +47,19 @@ pub enum AttrOp {
     Ge,
 }
 
+/// `KEY=VALUE` (the command line's `--attr`, the dashboard's attribute
+/// filter) as an equality on a search attribute: VALUE as JSON when it
+/// parses as a string, number or boolean (`5` a number, `"5"` a string,
+/// `true` a boolean), else the string it is. `None` without a `=`.
+pub fn attr_equality(arg: &str) -> Option<(String, Value)> {
+    let (key, raw) = arg.split_once('=')?;
+    let value = match serde_json::from_str::<Value>(raw) {
+        Ok(v @ (Value::String(_) | Value::Number(_) | Value::Bool(_))) => v,
+        _ => Value::String(raw.to_owned()),
+    };
+    Some((key.to_owned(), value))
+}
+
 impl AttrOp {
     fn as_str(self) -> &'static str {
         match self {
@@ -438,6 +451,17 @@ fn listed_from_row(call: &Call, row: &tokio_postgres::Row) -> Result<ListedExecu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attr_equality_value_is_json_when_it_parses_else_a_string() {
+        assert_eq!(attr_equality("n=5").unwrap(), ("n".into(), json!(5)));
+        assert_eq!(attr_equality("n=\"5\"").unwrap(), ("n".into(), json!("5")));
+        assert_eq!(attr_equality("vip=true").unwrap(), ("vip".into(), json!(true)));
+        assert_eq!(attr_equality("t=acme").unwrap(), ("t".into(), json!("acme")));
+        assert_eq!(attr_equality("t=[1]").unwrap(), ("t".into(), json!("[1]")));
+        assert_eq!(attr_equality("t=a=b").unwrap(), ("t".into(), json!("a=b")));
+        assert!(attr_equality("nothing").is_none());
+    }
 
     #[test]
     fn a_filter_is_its_parts_anded() {

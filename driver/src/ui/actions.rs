@@ -1,0 +1,307 @@
+//! The dashboard's actions: redrive dead letters, purge a queue's dead
+//! letters, cancel a task. `/confirm` shows what an action will do and
+//! asks for it; `/act/{action}` does it, as a POST of a signed-in session
+//! with its CSRF token (`session`), through the session's client, so each
+//! shard's audit log records the session's actor.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::sync::Arc;
+use std::time::Duration;
+
+use askama::Template;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+
+use super::{Chrome, Shared, cut, first, pairs, read_error, render};
+use crate::id::TaskId;
+use crate::topology::ShardId;
+
+/// The most tasks one action may name.
+const MAX_IDS: usize = 1000;
+
+/// An action, read from a query or a form.
+enum Action {
+    Redrive(Vec<TaskId>),
+    Purge { queue: String, older_than: Duration },
+    Cancel { task: TaskId, reason: String },
+}
+
+impl Action {
+    fn read(action: &str, form: &[(String, String)]) -> Result<Action, String> {
+        let tasks = || -> Result<Vec<TaskId>, String> {
+            let ids: Vec<&str> = form
+                .iter()
+                .filter(|(k, _)| k == "task")
+                .map(|(_, v)| v.as_str())
+                .collect();
+            if ids.is_empty() {
+                return Err("no task was selected".into());
+            }
+            if ids.len() > MAX_IDS {
+                return Err(format!("at most {MAX_IDS} tasks at a time, got {}", ids.len()));
+            }
+            ids.iter()
+                .map(|id| {
+                    id.parse::<TaskId>()
+                        .map_err(|_| format!("not a task id: {}", sheaf_core::excerpt::quoted(id)))
+                })
+                .collect()
+        };
+        match action {
+            "redrive" => Ok(Action::Redrive(tasks()?)),
+            "purge" => {
+                let queue = first(form, "queue").trim();
+                if queue.is_empty() {
+                    return Err("purging needs a queue".into());
+                }
+                let older = first(form, "older_than").trim();
+                let older_than = if older.is_empty() {
+                    Duration::ZERO
+                } else {
+                    humantime::parse_duration(older).map_err(|_| {
+                        format!(
+                            "older than: expected an age like 1h or 7days, got {}",
+                            sheaf_core::excerpt::quoted(older)
+                        )
+                    })?
+                };
+                Ok(Action::Purge {
+                    queue: queue.to_owned(),
+                    older_than,
+                })
+            }
+            "cancel" => {
+                let mut ids = tasks()?;
+                if ids.len() != 1 {
+                    return Err("cancel one task at a time".into());
+                }
+                Ok(Action::Cancel {
+                    task: ids.remove(0),
+                    reason: cut(first(form, "reason").trim(), 200),
+                })
+            }
+            other => Err(format!("no such action: {}", sheaf_core::excerpt::quoted(other))),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Action::Redrive(_) => "redrive",
+            Action::Purge { .. } => "purge",
+            Action::Cancel { .. } => "cancel",
+        }
+    }
+
+    /// What it will do, in a sentence.
+    fn describe(&self) -> String {
+        match self {
+            Action::Redrive(ids) => format!(
+                "Put {} dead letter(s) back in line with fresh attempts.",
+                ids.len()
+            ),
+            Action::Purge { queue, older_than } if older_than.is_zero() => {
+                format!("Delete every dead letter of queue {queue} on every shard. This cannot be undone.")
+            }
+            Action::Purge { queue, older_than } => format!(
+                "Delete the dead letters of queue {queue} older than {} on every shard. This cannot be undone.",
+                humantime::format_duration(*older_than)
+            ),
+            Action::Cancel { task, .. } => {
+                format!("Cancel task {task}: a running attempt is told at its next fenced call.")
+            }
+        }
+    }
+
+    /// The hidden fields that carry it to `/act`.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Action::Redrive(ids) => ids.iter().map(|id| ("task", id.to_string())).collect(),
+            Action::Purge { queue, older_than } => vec![
+                ("queue", queue.clone()),
+                (
+                    "older_than",
+                    if older_than.is_zero() {
+                        String::new()
+                    } else {
+                        humantime::format_duration(*older_than).to_string()
+                    },
+                ),
+            ],
+            Action::Cancel { task, reason } => vec![("task", task.to_string()), ("reason", reason.clone())],
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "confirm.html")]
+struct ConfirmPage {
+    chrome: Chrome,
+    action: &'static str,
+    error: Option<String>,
+    description: String,
+    fields: Vec<(&'static str, String)>,
+}
+
+#[derive(Template)]
+#[template(path = "done.html")]
+struct DonePage {
+    chrome: Chrome,
+    action: String,
+    /// Refused before anything was done.
+    refused: Option<String>,
+    lines: Vec<String>,
+    failures: Vec<(String, String)>,
+}
+
+pages!(ConfirmPage, DonePage);
+
+pub(super) async fn confirm(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let q = pairs(raw.as_deref().unwrap_or(""));
+    let mut page = ConfirmPage {
+        chrome: Chrome::new(&shared, &headers, "confirm"),
+        action: "",
+        error: None,
+        description: String::new(),
+        fields: Vec::new(),
+    };
+    match Action::read(first(&q, "action"), &q) {
+        Ok(action) => {
+            page.action = action.name();
+            page.description = action.describe();
+            page.fields = action.fields();
+            render(StatusCode::OK, page)
+        }
+        Err(e) => {
+            page.error = Some(e);
+            render(StatusCode::BAD_REQUEST, page)
+        }
+    }
+}
+
+fn failures<E: Display>(failed: &BTreeMap<ShardId, E>) -> Vec<(String, String)> {
+    failed
+        .iter()
+        .map(|(s, e)| (format!("shard {s}"), cut(&e.to_string(), 300)))
+        .collect()
+}
+
+pub(super) async fn act(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(action): Path<String>,
+    body: Bytes,
+) -> Response {
+    let form = pairs(&String::from_utf8_lossy(&body));
+    let mut page = DonePage {
+        chrome: Chrome::new(&shared, &headers, "done"),
+        action: cut(&action, 32),
+        refused: None,
+        lines: Vec::new(),
+        failures: Vec::new(),
+    };
+    let session = match shared.sessions.authorize(&headers, first(&form, "csrf")) {
+        Ok(s) => s,
+        Err(refusal) => {
+            page.refused = Some(refusal.0.to_owned());
+            return render(StatusCode::FORBIDDEN, page);
+        }
+    };
+    let action = match Action::read(&action, &form) {
+        Ok(a) => a,
+        Err(e) => {
+            page.refused = Some(e);
+            return render(StatusCode::BAD_REQUEST, page);
+        }
+    };
+    let client = &session.client;
+    match &action {
+        Action::Redrive(ids) => {
+            let report = client.redrive(ids).await;
+            let moved: i32 = report.ok.values().sum();
+            page.lines.push(format!(
+                "{moved} of {} dead letter(s) redriven (an id that is no longer a dead letter is skipped).",
+                ids.len()
+            ));
+            page.failures = failures(&report.failed);
+        }
+        Action::Purge { queue, older_than } => match client.purge_dead_letters(queue, *older_than).await {
+            Ok(report) => {
+                let gone: i64 = report.ok.values().sum();
+                page.lines
+                    .push(format!("{gone} dead letter(s) of queue {queue} deleted."));
+                page.failures = failures(&report.failed);
+            }
+            Err(e) => page.failures.push(("the purge".into(), read_error(&e))),
+        },
+        Action::Cancel { task, reason } => {
+            let reason = Some(reason.as_str()).filter(|r| !r.is_empty());
+            match client.cancel_task(*task, reason).await {
+                Ok(true) => page.lines.push(format!("Task {task} cancelled.")),
+                Ok(false) => page.lines.push(format!("Task {task} had already finished.")),
+                Err(e) => page.failures.push((format!("task {task}"), read_error(&e))),
+            }
+        }
+    }
+    page.lines
+        .push(format!("Recorded in the audit log as {}.", session.actor));
+    let status = if page.failures.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    render(status, page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn form(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_action_is_read_or_refused_with_a_reason() {
+        let id = "0190a6b2-7c1e-7000-8000-000000000001";
+        match Action::read("redrive", &form(&[("task", id), ("task", id)])) {
+            Ok(Action::Redrive(ids)) => assert_eq!(ids.len(), 2),
+            _ => panic!("a redrive of two"),
+        }
+        assert!(Action::read("redrive", &form(&[])).is_err());
+        let e = Action::read("redrive", &form(&[("task", "<script>")]))
+            .err()
+            .expect("refused");
+        assert!(e.starts_with("not a task id"), "{e}");
+        match Action::read("purge", &form(&[("queue", "q"), ("older_than", "2h")])) {
+            Ok(Action::Purge { queue, older_than }) => {
+                assert_eq!((queue.as_str(), older_than), ("q", Duration::from_secs(7200)));
+            }
+            _ => panic!("a purge"),
+        }
+        assert!(Action::read("purge", &form(&[("queue", " ")])).is_err());
+        assert!(Action::read("purge", &form(&[("queue", "q"), ("older_than", "soon")])).is_err());
+        assert!(Action::read("cancel", &form(&[("task", id), ("task", id)])).is_err());
+        assert!(Action::read("drop", &form(&[])).is_err());
+        // What the confirmation carries reads back as the same action.
+        let purge = Action::read("purge", &form(&[("queue", "q"), ("older_than", "90m")])).expect("a purge");
+        let carried: Vec<(String, String)> = purge
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        match Action::read("purge", &carried) {
+            Ok(Action::Purge { older_than, .. }) => assert_eq!(older_than, Duration::from_secs(5400)),
+            _ => panic!("the same purge"),
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! `/`: every shard's reachability, breaker, roles, schema, published
+//! digests, live workers, stranded work, relay and outbox backlog.
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+
+use super::{Chrome, Shared, render};
+use crate::breaker::BreakerState;
+use crate::status::topology_status;
+
+/// One shard's row.
+struct ShardRow {
+    id: String,
+    reachable: bool,
+    breaker: &'static str,
+    roles: String,
+    schema: String,
+    parity: bool,
+    server: String,
+    digests: Vec<String>,
+    workers: usize,
+    stranded: i64,
+    relay_children: i64,
+    outbox: i64,
+    problem: String,
+}
+
+#[derive(Template)]
+#[template(path = "fleet.html")]
+struct FleetPage {
+    chrome: Chrome,
+    schema_version: String,
+    digest: String,
+    shards: Vec<ShardRow>,
+}
+
+pages!(FleetPage);
+
+pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let mut chrome = Chrome::new(&shared, &headers, "fleet");
+    let client = &shared.client;
+    let status = topology_status(client.topology(), client.pools(), shared.options.probe_timeout).await;
+    chrome.missing(
+        status
+            .shards
+            .iter()
+            .filter(|s| !s.probe.reachable)
+            .map(|s| &s.probe.shard),
+    );
+    let shards = status
+        .shards
+        .iter()
+        .map(|s| ShardRow {
+            id: s.probe.shard.to_string(),
+            reachable: s.probe.reachable,
+            breaker: match s.breaker {
+                BreakerState::Closed => "closed",
+                BreakerState::Open => "open",
+                BreakerState::HalfOpen => "half-open",
+            },
+            roles: s.roles(),
+            schema: s.probe.schema_version.clone().unwrap_or_else(|| "-".into()),
+            parity: s.schema_parity,
+            server: s.probe.server_version.clone().unwrap_or_else(|| "-".into()),
+            digests: s.probe.accepted_digests.clone(),
+            workers: s.probe.live_workers.len(),
+            stranded: s.stranded_ready(),
+            relay_children: s.probe.relay.as_ref().map_or(0, |r| r.children),
+            outbox: s.probe.relay.as_ref().map_or(0, |r| r.outbox),
+            problem: s.probe.problem.clone().unwrap_or_default(),
+        })
+        .collect();
+    render(
+        StatusCode::OK,
+        FleetPage {
+            chrome,
+            schema_version: status.schema_version.clone().unwrap_or_else(|| "-".into()),
+            digest: client.topology().digest(),
+            shards,
+        },
+    )
+}

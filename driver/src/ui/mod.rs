@@ -1,0 +1,308 @@
+//! The fleet dashboard (feature `ui`; `sheaf ui`): pages rendered on the
+//! server from the client's bounded fan-out reads, escaped by the templates
+//! (`driver/templates`), with no script. A page names a shard that did not
+//! answer in its partial banner, and never shows a connection string.
+//!
+//! Pages, one module each: the fleet (`fleet`), queues with their depth
+//! over the last minutes and the concurrency keys near their caps
+//! (`queues`), executions and an execution's page (`executions`), dead
+//! letters (`dead_letters`), tasks (`tasks`), usage (`usage`), rebalancing
+//! (`rebalance`). Actions (redrive, purge, cancel) need a signed-in session
+//! (`session`) and a confirmation (`actions`).
+
+/// A rendered page: a template with the chrome around its content.
+trait Page: askama::Template {
+    fn chrome(&mut self) -> &mut Chrome;
+}
+
+/// Makes each template struct (with a `chrome` field) a [`Page`].
+macro_rules! pages {
+    ($($t:ty),* $(,)?) => {
+        $(impl super::Page for $t {
+            fn chrome(&mut self) -> &mut super::Chrome {
+                &mut self.chrome
+            }
+        })*
+    };
+}
+
+mod actions;
+mod dead_letters;
+mod executions;
+mod fleet;
+mod queues;
+mod rebalance;
+mod session;
+mod tasks;
+mod usage;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{Client, ClientError};
+use crate::metrics_http::Served;
+use crate::topology::ShardId;
+
+/// How the dashboard reads the fleet and who may act on it.
+#[derive(Clone)]
+pub struct UiOptions {
+    /// The longest a shard's probe may take on the fleet page (default 3 s).
+    pub probe_timeout: Duration,
+    /// The admin token that signs a session in (`SHEAF_UI_TOKEN` for
+    /// `sheaf ui`); `None`: the dashboard is read-only.
+    pub admin_token: Option<String>,
+    /// How often the queues' depth is sampled for their charts (default
+    /// 10 s; at least 1 s). The last 90 samples of each queue are kept.
+    pub sample_every: Duration,
+}
+
+impl std::fmt::Debug for UiOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UiOptions")
+            .field("probe_timeout", &self.probe_timeout)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("sample_every", &self.sample_every)
+            .finish()
+    }
+}
+
+impl Default for UiOptions {
+    fn default() -> Self {
+        UiOptions {
+            probe_timeout: Duration::from_secs(3),
+            admin_token: None,
+            sample_every: Duration::from_secs(10),
+        }
+    }
+}
+
+struct Shared {
+    client: Arc<Client>,
+    options: UiOptions,
+    sessions: session::Sessions,
+    depth: queues::Depth,
+}
+
+/// A running dashboard.
+pub struct UiServer {
+    addr: SocketAddr,
+    served: Option<Served>,
+    sampler: Option<JoinHandle<()>>,
+    stop: CancellationToken,
+}
+
+impl UiServer {
+    /// Serves the dashboard on `listen` (port 0: any free port, see
+    /// [`UiServer::local_addr`]).
+    pub async fn start(
+        client: Arc<Client>,
+        listen: SocketAddr,
+        options: UiOptions,
+    ) -> std::io::Result<UiServer> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let options = UiOptions {
+            sample_every: options.sample_every.max(Duration::from_secs(1)),
+            ..options
+        };
+        let shared = Arc::new(Shared {
+            client,
+            sessions: session::Sessions::new(options.admin_token.clone()),
+            depth: queues::Depth::default(),
+            options,
+        });
+        let stop = CancellationToken::new();
+        let sampler = tokio::spawn(queues::sample(shared.clone(), stop.clone()));
+        let app = Router::new()
+            .route("/", get(fleet::page))
+            .route("/queues", get(queues::page))
+            .route("/executions", get(executions::list))
+            .route("/executions/{id}", get(executions::one))
+            .route("/dead-letters", get(dead_letters::page))
+            .route("/tasks", get(tasks::page))
+            .route("/usage", get(usage::page))
+            .route("/rebalance", get(rebalance::page))
+            .route("/login", get(session::login_page).post(session::login))
+            .route("/logout", post(session::logout))
+            .route("/confirm", get(actions::confirm))
+            .route("/act/{action}", post(actions::act))
+            .route("/favicon.ico", get(icon))
+            .with_state(shared);
+        let served = Served::spawn(listener, app, "dashboard")?;
+        Ok(UiServer {
+            addr: served.local_addr(),
+            served: Some(served),
+            sampler: Some(sampler),
+            stop,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and sampling, and waits until it has.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(served) = self.served.take() {
+            served.shutdown().await;
+        }
+        if let Some(sampler) = self.sampler.take() {
+            let _ = sampler.await;
+        }
+    }
+}
+
+impl Drop for UiServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// What every page shows around its content (`base.html`).
+struct Chrome {
+    title: &'static str,
+    page: &'static str,
+    /// The shards that did not answer, for the partial banner.
+    unavailable: Vec<String>,
+    rendered_ms: String,
+    /// Who is signed in (`ui:<name>`), if anyone.
+    actor: Option<String>,
+    /// The session's CSRF token for action forms ("" when signed out).
+    csrf: String,
+    /// Whether an admin token is configured (actions possible at all).
+    can_act: bool,
+    began: Instant,
+}
+
+impl Chrome {
+    fn new(shared: &Shared, headers: &HeaderMap, title: &'static str) -> Chrome {
+        let session = shared.sessions.current(headers);
+        Chrome {
+            title,
+            page: title,
+            unavailable: Vec::new(),
+            rendered_ms: String::new(),
+            actor: session.as_ref().map(|s| s.actor.clone()),
+            csrf: session.map(|s| s.csrf.clone()).unwrap_or_default(),
+            can_act: shared.sessions.enabled(),
+            began: Instant::now(),
+        }
+    }
+
+    /// Names the shards of a partial answer in the banner.
+    fn missing<'a>(&mut self, shards: impl IntoIterator<Item = &'a ShardId>) {
+        for s in shards {
+            let s = s.to_string();
+            if !self.unavailable.contains(&s) {
+                self.unavailable.push(s);
+            }
+        }
+    }
+}
+
+/// A page rendered with its time taken, or a plain 500 naming the template
+/// error (never data).
+fn render(status: StatusCode, mut p: impl Page) -> Response {
+    let c = p.chrome();
+    c.rendered_ms = format!("{:.1}", c.began.elapsed().as_secs_f64() * 1000.0);
+    match p.render() {
+        Ok(html) => (
+            status,
+            [
+                (header::CACHE_CONTROL, "no-store"),
+                (
+                    header::HeaderName::from_static("x-content-type-options"),
+                    "nosniff",
+                ),
+                (header::HeaderName::from_static("referrer-policy"), "same-origin"),
+                (header::HeaderName::from_static("x-frame-options"), "DENY"),
+                (
+                    header::CONTENT_SECURITY_POLICY,
+                    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; \
+                     form-action 'self'; frame-ancestors 'none'",
+                ),
+            ],
+            Html(html),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the page could not be rendered: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// The tab's icon (browsers ask for `/favicon.ico` whatever the page says).
+async fn icon() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "image/svg+xml"),
+            (header::CACHE_CONTROL, "max-age=86400"),
+        ],
+        r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#1d2430"/><path d="M4 12V4h2v8zm3 0V6h2v6zm3 0V3h2v9z" fill="#cdd6e4"/></svg>"##,
+    )
+        .into_response()
+}
+
+/// A time as the pages show it (UTC, to the second).
+fn time(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// An age to the second (`3m 12s`).
+fn age(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+/// At most `max` characters of user data (payloads, errors) on a page.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((at, _)) => format!("{}… ({} bytes in all)", &text[..at], text.len()),
+    }
+}
+
+/// A listing's error for the page: a refusal of what was asked (a bad
+/// filter or cursor) says what was wrong; anything else says the read failed.
+fn read_error(e: &ClientError) -> String {
+    cut(&e.to_string(), 300)
+}
+
+/// The pairs of a query string or form body (`a=1&a=2` keeps both).
+fn pairs(raw: &str) -> Vec<(String, String)> {
+    form_urlencoded::parse(raw.as_bytes()).into_owned().collect()
+}
+
+/// The first value of `key` in `pairs`, or "".
+fn first<'a>(pairs: &'a [(String, String)], key: &str) -> &'a str {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map_or("", |(_, v)| v.as_str())
+}
+
+/// A link to `path` with `query` (empty values left out).
+fn link(path: &str, query: &[(&str, &str)]) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in query {
+        if !v.is_empty() {
+            s.append_pair(k, v);
+        }
+    }
+    let q = s.finish();
+    if q.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{q}")
+    }
+}
