@@ -764,6 +764,16 @@ async fn a_stopped_shard_is_named_in_the_partial_banner() {
             "{path}: {banner}"
         );
         save(&d.b, shot).await;
+        if shot == "partial-fleet" {
+            let readiness = d.text("tr[data-shard='1'] td.readiness").await;
+            assert!(readiness.starts_with("unreachable"), "{readiness}");
+            // Up, but held back for what it is: no worker serves it.
+            let up = d.text("tr[data-shard='0'] td.readiness").await;
+            assert!(
+                up.starts_with("no_live_worker") && !up.contains("unreachable"),
+                "{up}"
+            );
+        }
         if shot == "partial-executions" {
             let shown = d.attrs("#executions tr[data-execution]", "data-execution").await;
             assert!(

@@ -1,5 +1,7 @@
 //! `/`: every shard's reachability, breaker, roles, schema, published
-//! digests, live workers, stranded work, relay and outbox backlog.
+//! digests, live workers, stranded work, relay and outbox backlog, and its
+//! readiness with the reasons a degraded shard is held back (as `sheaf
+//! shard health` gives them).
 
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use axum::response::Response;
 
 use super::{Chrome, Shared, render};
 use crate::breaker::BreakerState;
+use crate::health::fleet_readiness;
 use crate::status::topology_status;
 
 /// One shard's row.
@@ -26,7 +29,9 @@ struct ShardRow {
     stranded: i64,
     relay_children: i64,
     outbox: i64,
-    problem: String,
+    ready: bool,
+    /// Each reason it is not ready: its code and what the probe said.
+    reasons: Vec<(&'static str, String)>,
 }
 
 #[derive(Template)]
@@ -43,7 +48,13 @@ pages!(FleetPage);
 pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let mut chrome = Chrome::new(&shared, &headers, "fleet");
     let client = &shared.client;
-    let status = topology_status(client.topology(), client.pools(), shared.options.probe_timeout).await;
+    let digest = client.topology().digest();
+    let (status, configs) = tokio::join!(
+        topology_status(client.topology(), client.pools(), shared.options.probe_timeout),
+        client.fleet_config()
+    );
+    let drift = crate::client::config_drift(&configs);
+    let verdicts = fleet_readiness(&status, &digest, &drift, None);
     chrome.missing(
         status
             .shards
@@ -54,7 +65,8 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
     let shards = status
         .shards
         .iter()
-        .map(|s| ShardRow {
+        .zip(&verdicts)
+        .map(|(s, verdict)| ShardRow {
             id: s.probe.shard.to_string(),
             reachable: s.probe.reachable,
             breaker: match s.breaker {
@@ -71,7 +83,13 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
             stranded: s.stranded_ready(),
             relay_children: s.probe.relay.as_ref().map_or(0, |r| r.children),
             outbox: s.probe.relay.as_ref().map_or(0, |r| r.outbox),
-            problem: s.probe.problem.clone().unwrap_or_default(),
+            ready: verdict.ready,
+            reasons: verdict
+                .reason_codes
+                .iter()
+                .map(|r| r.code())
+                .zip(verdict.details.iter().cloned())
+                .collect(),
         })
         .collect();
     render(
@@ -79,7 +97,7 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
         FleetPage {
             chrome,
             schema_version: status.schema_version.clone().unwrap_or_else(|| "-".into()),
-            digest: client.topology().digest(),
+            digest,
             shards,
         },
     )
