@@ -56,8 +56,8 @@ pub fn cli_binary() -> &'static std::path::Path {
     })
 }
 
-/// `sheaf --json ARGS` against the test fleet: its exit code and output
-/// (`null` when it printed no JSON).
+/// `sheaf --json ARGS` against the test fleet: its exit code and its JSON
+/// (null when it printed nothing; anything else not JSON fails the test).
 pub fn cli_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
     let out = Command::new(cli_binary())
         .arg("--json")
@@ -66,7 +66,16 @@ pub fn cli_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
         .env_remove("SHEAF_TOPOLOGY_DIGEST")
         .output()
         .expect("the CLI runs");
-    let value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    if out.stdout.is_empty() {
+        return (out.status.code(), serde_json::Value::Null);
+    }
+    let value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "sheaf {args:?}: not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     (out.status.code(), value)
 }
 

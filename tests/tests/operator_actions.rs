@@ -16,7 +16,7 @@ use sheaf_driver::{
     Client, ClientError, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, StartOptions,
     TaskContext, TaskDone, TaskFailure, TaskState, Worker, WorkerOptions,
 };
-use sheaf_tests::{cli_binary, connect, fleet, fleet_spec, unique, until};
+use sheaf_tests::{cli_binary, cli_json, connect, fleet, fleet_spec, unique, until};
 
 fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
@@ -318,39 +318,16 @@ async fn a_queue_drops_only_with_force() {
     );
 }
 
-/// `sheaf --json ARGS` against the test fleet: its exit code and its JSON
-/// (null when it printed nothing).
-fn sheaf_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
-    let out = std::process::Command::new(cli_binary())
-        .arg("--json")
-        .args(args)
-        .env("SHEAF_SHARDS", fleet_spec())
-        .env_remove("SHEAF_TOPOLOGY_DIGEST")
-        .output()
-        .expect("the CLI runs");
-    if out.stdout.is_empty() {
-        return (out.status.code(), serde_json::Value::Null);
-    }
-    let value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "sheaf {args:?}: not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), value)
-}
-
 #[tokio::test]
 async fn the_cli_redrives_a_queues_dead_letters_across_shards_and_cancels_a_task() {
     let c = client();
     let n = shards().len();
     let queue = unique("ops-cli");
     dead_letters(&c, &queue, 3, EnqueueOptions::new).await;
-    let (code, listed) = sheaf_json(&["dead-letters", "list", "--queue", &queue]);
+    let (code, listed) = cli_json(&["dead-letters", "list", "--queue", &queue]);
     assert_eq!(code, Some(0));
     assert_eq!(listed["items"].as_array().map(Vec::len), Some(3 * n));
-    let (code, report) = sheaf_json(&["dead-letters", "redrive", "--queue", &queue]);
+    let (code, report) = cli_json(&["dead-letters", "redrive", "--queue", &queue]);
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["redriven"], json!(3 * n));
     for shard in shards() {
@@ -372,7 +349,7 @@ async fn the_cli_redrives_a_queues_dead_letters_across_shards_and_cancels_a_task
         };
         assert_eq!((dead, ready), (0, 3));
     }
-    let (code, queues) = sheaf_json(&["queues"]);
+    let (code, queues) = cli_json(&["queues"]);
     assert_eq!(code, Some(0));
     let mine = queues["queues"]
         .as_array()
@@ -385,9 +362,9 @@ async fn the_cli_redrives_a_queues_dead_letters_across_shards_and_cancels_a_task
         .enqueue(&queue, json!({}), on(shards()[0]))
         .await
         .expect("enqueue");
-    let (code, out) = sheaf_json(&["tasks", "cancel", &task.task_id.to_string(), "--reason", "cli"]);
+    let (code, out) = cli_json(&["tasks", "cancel", &task.task_id.to_string(), "--reason", "cli"]);
     assert_eq!((code, &out["cancelled"]), (Some(0), &json!(true)));
-    let (code, _) = sheaf_json(&["tasks", "get", &task.task_id.to_string()]);
+    let (code, _) = cli_json(&["tasks", "get", &task.task_id.to_string()]);
     assert_eq!(code, Some(4), "a cancelled task is not kept");
 }
 
@@ -468,17 +445,17 @@ async fn the_cli_reads_and_drives_one_execution() {
         .await
         .expect("start");
     let id = started.execution_id.to_string();
-    let (code, got) = sheaf_json(&["executions", "get", &id]);
+    let (code, got) = cli_json(&["executions", "get", &id]);
     assert_eq!(code, Some(0), "{got}");
     assert_eq!(
         (&got["state"], &got["input"]),
         (&json!("RUNNING"), &json!({"n": 1}))
     );
     for (verb, field) in [("pause", "paused"), ("resume", "resumed")] {
-        let (code, out) = sheaf_json(&["executions", verb, &id]);
+        let (code, out) = cli_json(&["executions", verb, &id]);
         assert_eq!((code, &out[field]), (Some(0), &json!(true)), "{verb}: {out}");
     }
-    let (code, out) = sheaf_json(&[
+    let (code, out) = cli_json(&[
         "executions",
         "signal",
         &id,
@@ -489,15 +466,15 @@ async fn the_cli_reads_and_drives_one_execution() {
         "s1",
     ]);
     assert_eq!((code, &out["signalled"]), (Some(0), &json!(true)), "{out}");
-    let (_, again) = sheaf_json(&["executions", "signal", &id, "go", "--signal-id", "s1"]);
+    let (_, again) = cli_json(&["executions", "signal", &id, "go", "--signal-id", "s1"]);
     assert_eq!(
         again["signalled"],
         json!(true),
         "a retry is answered as delivered"
     );
-    let (code, out) = sheaf_json(&["executions", "cancel", &id, "--reason", "cli"]);
+    let (code, out) = cli_json(&["executions", "cancel", &id, "--reason", "cli"]);
     assert_eq!((code, &out["cancelled"]), (Some(0), &json!(true)), "{out}");
-    let (code, history) = sheaf_json(&["executions", "history", &id]);
+    let (code, history) = cli_json(&["executions", "history", &id]);
     assert_eq!(code, Some(0));
     let types: Vec<&str> = history["events"]
         .as_array()
@@ -511,7 +488,7 @@ async fn the_cli_reads_and_drives_one_execution() {
         "{types:?}"
     );
     let unknown = format!("{}", sheaf_driver::ExecutionId::mint(shards()[0]).expect("an id"));
-    let (code, _) = sheaf_json(&["executions", "get", &unknown]);
+    let (code, _) = cli_json(&["executions", "get", &unknown]);
     assert_eq!(code, Some(4));
 }
 
@@ -520,7 +497,7 @@ async fn the_cli_reads_and_drives_one_execution() {
 async fn set_retention_cli(args: &[&str]) -> serde_json::Value {
     let mut all = vec!["retention", "set"];
     all.extend_from_slice(args);
-    let (code, out) = sheaf_json(&all);
+    let (code, out) = cli_json(&all);
     assert_eq!(code, Some(0), "{out}");
     out
 }
@@ -637,7 +614,7 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
     assert!(c.declare_workflow(&workflow, policy).await.is_complete());
     let (past, inside, active) = runs_of_every_age(&c, &workflow, &tenant).await;
     set_retention_cli(&["--workflow", &format!("{workflow}=30days")]).await;
-    let (code, shown) = sheaf_json(&["retention", "get"]);
+    let (code, shown) = cli_json(&["retention", "get"]);
     assert_eq!(code, Some(0));
     assert_eq!(
         shown["per_shard"]["0"]["workflows"][&workflow]["executions"],
@@ -676,7 +653,7 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
         json!("forever"),
         "{out}"
     );
-    let (code, _) = sheaf_json(&["retention", "set", "--executions", "10s"]);
+    let (code, _) = cli_json(&["retention", "set", "--executions", "10s"]);
     assert_eq!(code, Some(1), "a window under a minute is refused");
 }
 
