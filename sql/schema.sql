@@ -444,6 +444,12 @@ CREATE INDEX executions_created ON executions (created_at, id);
 CREATE INDEX executions_state ON executions (state, created_at, id);
 CREATE INDEX executions_name ON executions (workflow_name, created_at, id);
 CREATE INDEX executions_search ON executions USING gin (search_attrs);
+-- A listing filtered by workflow and state: taken as independent columns,
+-- a pair that never occurs (no run of this workflow ever FAILED) is
+-- estimated at thousands of rows, and the planner walks every execution in
+-- created order to find none (ui-bench: 380 ms a page at 250K runs a
+-- shard, 7 ms with this).
+CREATE STATISTICS executions_name_state (mcv) ON workflow_name, state FROM executions;
 -- Retention (sheaf.maintain): ended runs and seals, oldest end first.
 CREATE INDEX executions_ended ON executions (closed_at)
     WHERE state IN ('COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT', 'CONTINUED_AS_NEW');

@@ -41,7 +41,7 @@ struct Cli {
 
 #[path = "../support.rs"]
 mod support;
-use support::{Error, pct};
+use support::{Error, fill, pct};
 
 /// Latencies of one figure.
 struct Timings(Vec<Duration>);
@@ -83,51 +83,6 @@ fn report(what: &str, a: &str, ta: &Timings, b: &str, tb: &Timings) {
         tb.ms(0.5) / ta.ms(0.5),
         tb.ms(0.99) / ta.ms(0.99)
     );
-}
-
-/// `per_shard` executions created over the last 60 days (5 workflows, 100
-/// tenants, 1% with `rare`, 5% FAILED), with their usage events.
-const FILL: &str = "\
-INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state, seq, queue, input, search_attrs, \
-                              created_at, closed_at, last_event_seq) \
-SELECT sheaf.new_id(), 'bench-' || (g % 5), 'b-' || g, s.state, nextval('sheaf.execution_seq'), 'default', '{}', \
-       jsonb_build_object('tenant', 't' || (g % 100)) || CASE WHEN g % 100 = 7 THEN '{\"rare\": true}'::jsonb ELSE '{}'::jsonb END, \
-       t.at, CASE WHEN s.state <> 'RUNNING' THEN t.at + interval '1 minute' END, 3 \
-FROM generate_series(1, $1::int) g, \
-     LATERAL (SELECT now() - random() * interval '60 days' + g * interval '0 seconds' AS at) t, \
-     LATERAL (SELECT CASE WHEN g % 20 = 0 THEN 'FAILED' WHEN g % 20 < 3 THEN 'CANCELLED' \
-                          WHEN g % 20 < 11 THEN 'COMPLETED' ELSE 'RUNNING' END AS state) s";
-const FILL_EVENTS: &str = "\
-INSERT INTO sheaf.events (execution_id, seq, event_type, payload, bytes, created_at) \
-SELECT e.id, k, CASE WHEN k = 1 THEN 'TaskCompleted' WHEN k = 2 THEN 'TaskFailed' \
-                     WHEN e.state = 'COMPLETED' THEN 'WorkflowCompleted' WHEN e.state = 'FAILED' THEN 'WorkflowFailed' \
-                     ELSE 'WorkflowCancelled' END, \
-       '{\"kind\": \"activity\", \"secs\": 1.5}', 40, e.created_at + k * interval '10 seconds' \
-FROM sheaf.executions e CROSS JOIN generate_series(1, 3) k \
-WHERE e.workflow_name LIKE 'bench-%' AND (k < 3 OR e.state <> 'RUNNING')";
-
-async fn fill(url: &str, per_shard: u32) -> Result<(), Error> {
-    let (db, conn) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(conn);
-    let have: i64 = db
-        .query_one(
-            "SELECT count(*) FROM sheaf.executions WHERE workflow_name LIKE 'bench-%'",
-            &[],
-        )
-        .await?
-        .get(0);
-    if have == i64::from(per_shard) {
-        return Ok(());
-    }
-    db.batch_execute("TRUNCATE sheaf.events, sheaf.usage_records, sheaf.executions CASCADE")
-        .await?;
-    db.execute(FILL, &[&(per_shard as i32)]).await?;
-    db.execute(FILL_EVENTS, &[]).await?;
-    // One statement each: a multi-statement string runs as one transaction,
-    // which VACUUM refuses.
-    db.batch_execute("VACUUM ANALYZE sheaf.executions").await?;
-    db.batch_execute("VACUUM ANALYZE sheaf.events").await?;
-    Ok(())
 }
 
 /// The cursor of page `page` (1-based) under `filter`, and how many pages

@@ -269,6 +269,23 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
         )
         .await
         .expect("a child");
+    // A key at its cap of 1 with two tasks waiting for the slot.
+    let key = unique("ui-key");
+    c.set_concurrency_limit(&key, Some(1))
+        .await
+        .into_result()
+        .expect("a cap on every shard");
+    for _ in 0..3 {
+        c.enqueue(
+            &queue,
+            json!({}),
+            EnqueueOptions::new()
+                .concurrency_key(&key)
+                .placement(Placement::Shard(shards[0])),
+        )
+        .await
+        .expect("enqueue");
+    }
     let d = Dash::start(c.clone(), Some("a-token-for-the-ui-tests")).await;
 
     // The checker sees an error when there is one: a missing page's 404.
@@ -292,7 +309,23 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
     );
 
     // Queues: each shard's counts and the total are the CLI's.
-    tokio::time::sleep(Duration::from_millis(1500)).await; // a depth sample or two
+    // The depth and throughput charts need two samples (one a second here);
+    // a loaded machine may take longer to read them.
+    let charted = format!("tr[data-queue='{queue}'] svg.chart polyline");
+    for _ in 0..60 {
+        d.b.goto(&format!("{}/queues", d.base))
+            .await
+            .expect("the queues page");
+        if d.b.find(Locator::Css(&charted)).await.is_ok()
+            && d.b
+                .find(Locator::Css("svg.chart polyline[stroke='#8250df']"))
+                .await
+                .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     visit(&d.b, &d.base, "/queues", "queues").await;
     let (code, cli) = cli_json(&["queues"]);
     assert_eq!(code, Some(0), "{cli}");
@@ -321,13 +354,16 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
         ))
         .await;
     assert_eq!(total_ready, listed["total"]["ready"].to_string());
+    let cell = |n: u32| format!("#near-cap tr[data-key='{key}'] td:nth-child({n})");
+    assert_eq!(d.text(&cell(3)).await, "1", "its cap");
+    assert_eq!(d.text(&cell(6)).await, "2", "waiting for its slot");
     assert!(
-        d.b.find(Locator::Css(&format!(
-            "tr[data-queue='{queue}'] svg.chart polyline"
-        )))
-        .await
-        .is_ok(),
+        d.b.find(Locator::Css(&charted)).await.is_ok(),
         "the queue's depth is charted"
+    );
+    assert!(
+        d.text("#throughput").await.starts_with("Tasks finished"),
+        "the fleet's throughput"
     );
 
     // Executions: the page's rows are the CLI's first page, in order.
@@ -394,7 +430,7 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
     // Tasks: the queue's unfinished tasks are the CLI's.
     visit(&d.b, &d.base, &format!("/tasks?queue={queue}"), "tasks").await;
     let cli_ids = ids_from_cli(&["tasks", "list", &queue, "--page-size", "50"], "task_id");
-    assert_eq!(cli_ids.len(), 3 * shards.len());
+    assert_eq!(cli_ids.len(), 3 * shards.len() + 3);
     assert_eq!(d.attrs("#tasks tr[data-task]", "data-task").await, cli_ids);
 
     // Usage: the runs started above are counted under their workflow.

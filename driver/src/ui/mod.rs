@@ -89,6 +89,8 @@ struct Shared {
     options: UiOptions,
     sessions: session::Sessions,
     depth: queues::Depth,
+    throughput: queues::Throughput,
+    usage: usage::Kept,
 }
 
 /// A running dashboard.
@@ -116,6 +118,8 @@ impl UiServer {
             client,
             sessions: session::Sessions::new(options.admin_token.clone()),
             depth: queues::Depth::default(),
+            throughput: queues::Throughput::default(),
+            usage: usage::Kept::default(),
             options,
         });
         let stop = CancellationToken::new();

@@ -1,13 +1,17 @@
-//! `/queues`: every queue's counts per shard and in total, its depth over
-//! the last minutes (sampled here, bounded), and the concurrency keys near
-//! their caps.
+//! `/queues`: every queue's counts per shard and in total with its depth
+//! over the last minutes, the fleet's throughput over the same minutes,
+//! and the concurrency keys near their caps. Both charts are sampled here
+//! (bounded: [`KEPT`] samples).
 //!
-//! A shard does not count the tasks it finishes (a finished task leaves
-//! `tasks`), so the chart shows what the shards do count: ready and running
-//! over time; a queue draining shows as a falling line.
+//! A shard keeps no count of the tasks it finished (a finished task leaves
+//! `tasks`, and counting on the hot path would cost every completion), so
+//! throughput is read from PostgreSQL's own statistics: the rows deleted
+//! from `sheaf.tasks` (completed, dead-lettered, cancelled, moved away) per
+//! second, per shard. Per queue, the chart shows depth: ready and running.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use askama::Template;
 use axum::extract::State;
@@ -16,12 +20,15 @@ use axum::response::Response;
 use tokio_util::sync::CancellationToken;
 
 use super::{Chrome, Shared, age, render};
-use crate::client::{PageStatus, QueueCounts};
+use crate::client::{Client, Owned, PageStatus, QueueCounts, single};
+use crate::topology::ShardId;
 
 /// Samples kept per queue (15 minutes at the default 10 s).
 const KEPT: usize = 90;
-/// Queues charted (the first by name); the others show counts only.
-const MAX_CHARTED: usize = 200;
+/// Queues charted at most (90 samples of two numbers each: 1.4 KB a
+/// queue): those with the most unfinished work; an idle queue is charted
+/// only while it keeps a series from its busy time.
+const MAX_CHARTED: usize = 1000;
 /// Concurrency keys listed as near their caps.
 const NEAR_CAP_ROWS: usize = 25;
 
@@ -42,12 +49,20 @@ impl Depth {
         self.series.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One complete sample: a point for every queue in it; a queue no
-    /// longer listed is forgotten.
+    /// One complete sample: a point for every charted queue. A queue is
+    /// charted once it has unfinished work, while it is among the
+    /// [`MAX_CHARTED`] with the most; one no longer listed is forgotten.
     fn record(&self, totals: &[(&str, &QueueCounts)]) {
+        let work = |c: &QueueCounts| c.ready + c.scheduled + c.running + c.waiting + c.paused;
         let mut series = self.lock();
-        series.retain(|q, _| totals.iter().any(|(name, _)| name == q));
-        for (name, c) in totals.iter().take(MAX_CHARTED) {
+        let mut charted: Vec<&(&str, &QueueCounts)> = totals
+            .iter()
+            .filter(|(name, c)| work(c) > 0 || series.contains_key(*name))
+            .collect();
+        charted.sort_by_key(|(name, c)| (std::cmp::Reverse(work(c)), *name));
+        charted.truncate(MAX_CHARTED);
+        series.retain(|q, _| charted.iter().any(|(name, _)| name == q));
+        for (name, c) in charted {
             let s = series.entry((*name).to_owned()).or_default();
             if s.len() == KEPT {
                 s.pop_front();
@@ -64,11 +79,64 @@ impl Depth {
     }
 }
 
+/// Rows PostgreSQL counted as deleted from `sheaf.tasks` since its
+/// statistics were last reset, per shard that answered.
+async fn finished(client: &Client) -> crate::client::FleetReport<i64> {
+    const FINISHED: &str = "SELECT pg_stat_get_tuples_deleted('sheaf.tasks'::regclass)";
+    client
+        .fan_out(client.readable_shards(), |shard| async move {
+            let (call, rows) = client.on_shard(shard, Owned::Shard, FINISHED, &[]).await?;
+            single(&call, &rows)?
+                .try_get::<_, i64>(0)
+                .map_err(|e| call.error(e, 1))
+        })
+        .await
+}
+
+/// The fleet's tasks finished per second, from [`finished`] samples.
+#[derive(Default)]
+pub(super) struct Throughput {
+    ticks: Mutex<VecDeque<(Instant, BTreeMap<ShardId, i64>)>>,
+}
+
+impl Throughput {
+    fn record(&self, at: Instant, counts: BTreeMap<ShardId, i64>) {
+        let mut ticks = self.ticks.lock().unwrap_or_else(|e| e.into_inner());
+        if ticks.len() == KEPT + 1 {
+            ticks.pop_front();
+        }
+        ticks.push_back((at, counts));
+    }
+
+    /// Per interval between two samples: the fleet's rate and each
+    /// shard's. A shard missing from either sample, or whose statistics
+    /// were reset in between, counts nothing for it.
+    fn rates(&self) -> Vec<(f64, BTreeMap<ShardId, f64>)> {
+        let ticks = self.ticks.lock().unwrap_or_else(|e| e.into_inner());
+        ticks
+            .iter()
+            .zip(ticks.iter().skip(1))
+            .map(|((t0, before), (t1, after))| {
+                let secs = t1.duration_since(*t0).as_secs_f64().max(0.001);
+                let per_shard: BTreeMap<ShardId, f64> = after
+                    .iter()
+                    .filter_map(|(s, n)| {
+                        let was = before.get(s)?;
+                        (n >= was).then(|| (*s, (n - was) as f64 / secs))
+                    })
+                    .collect();
+                (per_shard.values().sum(), per_shard)
+            })
+            .collect()
+    }
+}
+
 /// Samples every queue's depth until `stop`. A partial answer (a shard
 /// down) is not recorded: its queues would seem to drop to nothing.
 pub(super) async fn sample(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        let listing = shared.client.list_queues().await;
+        let (listing, finished) = tokio::join!(shared.client.list_queues(), finished(&shared.client));
+        shared.throughput.record(Instant::now(), finished.ok);
         if listing.status == PageStatus::Complete {
             let totals: Vec<(&str, &QueueCounts)> = listing
                 .queues
@@ -103,27 +171,54 @@ impl Chart {
             .max()
             .unwrap_or(0)
             .max(1);
-        let line = |v: fn(&Point) -> i64| {
-            let step = CHART_W / (KEPT - 1) as f64;
-            // The newest sample is at the right edge.
-            let offset = (KEPT - points.len()) as f64 * step;
-            points
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let x = offset + i as f64 * step;
-                    let y = CHART_H - (v(p) as f64 / max as f64) * (CHART_H - 2.0) - 1.0;
-                    format!("{x:.1},{y:.1}")
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
         Chart {
-            ready: line(|p| p.ready),
-            running: line(|p| p.running),
+            ready: polyline(points.iter().map(|p| p.ready as f64), max as f64),
+            running: polyline(points.iter().map(|p| p.running as f64), max as f64),
             max,
             samples: points.len(),
         }
+    }
+}
+
+/// The points of a chart's line: the newest value at the right edge, `max`
+/// at the top.
+fn polyline(values: impl ExactSizeIterator<Item = f64>, max: f64) -> String {
+    let step = CHART_W / (KEPT - 1) as f64;
+    let offset = KEPT.saturating_sub(values.len()) as f64 * step;
+    values
+        .enumerate()
+        .map(|(i, v)| {
+            let x = offset + i as f64 * step;
+            let y = CHART_H - (v / max) * (CHART_H - 2.0) - 1.0;
+            format!("{x:.1},{y:.1}")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The fleet's throughput chart and each shard's latest rate.
+struct Rates {
+    line: String,
+    max: String,
+    now: String,
+    per_shard: Vec<(String, String)>,
+    samples: usize,
+}
+
+impl Rates {
+    fn of(rates: &[(f64, BTreeMap<ShardId, f64>)]) -> Option<Rates> {
+        let (now, latest) = rates.last()?;
+        let max = rates.iter().map(|(r, _)| *r).fold(0.0, f64::max).max(1.0);
+        Some(Rates {
+            line: polyline(rates.iter().map(|(r, _)| *r), max),
+            max: format!("{max:.1}"),
+            now: format!("{now:.1}"),
+            per_shard: latest
+                .iter()
+                .map(|(s, r)| (s.to_string(), format!("{r:.1}")))
+                .collect(),
+            samples: rates.len(),
+        })
     }
 }
 
@@ -177,6 +272,7 @@ struct QueuesPage {
     queues: Vec<QueueRows>,
     near_cap: Vec<NearCap>,
     sample_secs: u64,
+    throughput: Option<Rates>,
 }
 
 pages!(QueuesPage);
@@ -235,6 +331,7 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
             queues,
             near_cap,
             sample_secs: shared.options.sample_every.as_secs(),
+            throughput: Rates::of(&shared.throughput.rates()),
         },
     )
 }
@@ -265,6 +362,32 @@ mod tests {
         let chart = depth.chart("a").expect("a chart");
         assert_eq!(chart.samples, KEPT);
         assert_eq!(chart.max, KEPT as i64 + 9);
+        depth.record(&[("a", &counts(0)), ("idle", &counts(0))]);
+        assert!(depth.chart("idle").is_none(), "never busy: not charted");
+        assert!(depth.chart("a").is_some(), "drained: still charted");
+    }
+
+    #[test]
+    fn throughput_is_the_growth_of_each_shards_count_per_second() {
+        let t = Throughput::default();
+        let (a, b) = (ShardId::new(0).expect("an id"), ShardId::new(1).expect("an id"));
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
+        t.record(at(0), BTreeMap::from([(a, 100), (b, 50)]));
+        t.record(at(10), BTreeMap::from([(a, 200), (b, 70)]));
+        // b's statistics were reset; a's shard did not answer.
+        t.record(at(20), BTreeMap::from([(b, 5)]));
+        t.record(at(30), BTreeMap::from([(a, 300), (b, 25)]));
+        let rates = t.rates();
+        assert_eq!(rates.len(), 3);
+        assert_eq!(rates[0].0, 12.0);
+        assert_eq!(rates[0].1[&a], 10.0);
+        assert_eq!(rates[1].0, 0.0, "a reset or a missing shard counts nothing");
+        assert_eq!(rates[2].0, 2.0, "b alone: a was missing from the sample before");
+        for n in 0..(KEPT as u64 + 5) {
+            t.record(at(40 + n), BTreeMap::from([(a, 300)]));
+        }
+        assert_eq!(t.rates().len(), KEPT, "bounded");
     }
 
     #[test]
