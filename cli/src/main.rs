@@ -145,6 +145,11 @@ enum Command {
         /// Where to listen (loopback by default).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// A host name (`host` or `host:port`) the dashboard answers to
+        /// besides its address (and localhost, when on loopback or every
+        /// address); repeatable. Requests naming any other are refused.
+        #[arg(long = "public-host", value_name = "HOST")]
+        public_hosts: Vec<String>,
     },
     /// Rate limits on every shard (each shard paces its own buckets) and
     /// pacing overrides, fanned out to every readable shard. Exits 3 when
@@ -746,7 +751,7 @@ async fn main() -> ExitCode {
         Command::Metrics {
             what: MetricsCommand::Serve { listen, sample_every },
         } => metrics::serve(client, listen, sample_every).await,
-        Command::Ui { listen } => ui::serve(client, listen).await,
+        Command::Ui { listen, public_hosts } => ui::serve(client, listen, public_hosts).await,
         Command::Schedules { what } => schedule_command(&client, what, cli.json).await,
         Command::RateLimits { what } => match what {
             RateLimitsCommand::List => rate_limits::list(&client, cli.json).await,

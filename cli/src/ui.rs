@@ -11,7 +11,7 @@ use sheaf_driver::{Client, UiOptions, UiServer};
 /// The shortest admin token accepted: a guessable one is no protection.
 const MIN_TOKEN: usize = 16;
 
-pub async fn serve(client: Client, listen: SocketAddr) -> ExitCode {
+pub async fn serve(client: Client, listen: SocketAddr, public_hosts: Vec<String>) -> ExitCode {
     let admin_token = std::env::var("SHEAF_UI_TOKEN").ok().filter(|t| !t.is_empty());
     if admin_token.as_ref().is_some_and(|t| t.len() < MIN_TOKEN) {
         return crate::exit::usage(format!(
@@ -20,6 +20,7 @@ pub async fn serve(client: Client, listen: SocketAddr) -> ExitCode {
     }
     let options = UiOptions {
         admin_token,
+        public_hosts,
         ..UiOptions::default()
     };
     let acting = options.admin_token.is_some();

@@ -106,6 +106,15 @@ async fn visit(b: &fantoccini::Client, base: &str, path: &str, shot: &str) {
     b.goto(&format!("{base}{path}")).await.expect("the page");
     let errors = console_errors(b).await;
     assert!(errors.is_empty(), "{path}: console errors {errors:?}");
+    let html = b.source().await.expect("the page's source");
+    assert!(
+        !html.contains("postgres://") && !html.contains("password="),
+        "{path}: no connection string"
+    );
+    assert!(
+        b.find(Locator::Css("script")).await.is_err(),
+        "{path}: no script element, whatever the data"
+    );
     save(b, shot).await;
 }
 
@@ -174,9 +183,32 @@ impl Dash {
         out
     }
 
+    /// Follows the page's *Next page* link and waits until its page is the
+    /// one shown (its address carries the cursor).
+    async fn next_page(&self) {
+        let before = self.b.current_url().await.expect("an address");
+        self.click("#next").await;
+        for _ in 0..100 {
+            let now = self.b.current_url().await.expect("an address");
+            if now != before && now.as_str().contains("cursor=") {
+                self.b
+                    .wait()
+                    .for_element(Locator::Css("main"))
+                    .await
+                    .expect("the next page");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the next page did not load");
+    }
+
+    /// Clicks `css`, waiting for it to be there (a click that navigated
+    /// may still be loading the page it leads to).
     async fn click(&self, css: &str) {
         self.b
-            .find(Locator::Css(css))
+            .wait()
+            .for_element(Locator::Css(css))
             .await
             .unwrap_or_else(|e| panic!("{css}: {e}"))
             .click()
@@ -454,10 +486,10 @@ async fn the_executions_page_pages_across_shards_and_keeps_markup_inert() {
     // 60 runs over every shard (the page holds 50), one with markup in its
     // id and its input.
     for n in 0..60 {
-        let id = if n == 0 {
-            "<script>window.pwned=1</script>".to_owned()
-        } else {
-            format!("run-{n}")
+        let id = match n {
+            0 => "<script>window.pwned=1</script>".to_owned(),
+            1 => r#"run" data-x="1' & <b>bold</b>"#.to_owned(),
+            _ => format!("run-{n}"),
         };
         c.start_workflow(
             &name,
@@ -478,17 +510,7 @@ async fn the_executions_page_pages_across_shards_and_keeps_markup_inert() {
     .await;
     let first = d.attrs("#executions tr[data-execution]", "data-execution").await;
     assert_eq!(first.len(), 50, "a full page");
-    let shards: std::collections::BTreeSet<String> = d
-        .attrs("#executions tr[data-execution] td:nth-child(2)", "class")
-        .await
-        .into_iter()
-        .collect();
-    assert!(!shards.is_empty());
-    d.click("#next").await;
-    d.b.wait()
-        .for_element(Locator::Css("#executions"))
-        .await
-        .expect("the next page");
+    d.next_page().await;
     let second = d.attrs("#executions tr[data-execution]", "data-execution").await;
     assert_eq!(second.len(), 10, "the rest");
     assert!(
@@ -565,6 +587,52 @@ async fn the_executions_page_pages_across_shards_and_keeps_markup_inert() {
             .is_empty(),
         "a filter narrows the list"
     );
+    // Quotes in an id stay inside their attribute and cell (the run is on
+    // the second page: among the oldest).
+    d.b.goto(&format!("{}/executions?workflow={name}", d.base))
+        .await
+        .expect("the list");
+    d.next_page().await;
+    let quoted =
+        d.b.find(Locator::XPath(
+            "//table[@id='executions']//td[contains(., 'data-x')]",
+        ))
+        .await
+        .expect("the run with quotes in its id")
+        .text()
+        .await
+        .expect("its text");
+    assert_eq!(quoted, r#"run" data-x="1' & <b>bold</b>"#);
+    assert!(
+        d.b.find(Locator::Css("[data-x], main b")).await.is_err(),
+        "no attribute or element made of it"
+    );
+    // A window given as an age pages on: the next page's link carries the
+    // instant it stood for.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions?workflow={name}&after=1h"),
+        "executions-age",
+    )
+    .await;
+    assert_eq!(
+        d.attrs("#executions tr[data-execution]", "data-execution")
+            .await
+            .len(),
+        50
+    );
+    d.next_page().await;
+    assert!(
+        d.b.find(Locator::Css("#error")).await.is_err(),
+        "the cursor is this filter's"
+    );
+    assert_eq!(
+        d.attrs("#executions tr[data-execution]", "data-execution")
+            .await
+            .len(),
+        10
+    );
     d.stop().await;
 }
 
@@ -588,11 +656,11 @@ async fn sign_in(d: &Dash, name: &str, token: &str) -> bool {
         .await
         .expect("typed");
     d.click("#login button").await;
+    // Signed in (the fleet page, with the actor) or refused (the error).
     d.b.wait()
-        .for_element(Locator::Css("main h1"))
+        .for_element(Locator::Css("#actor, #error"))
         .await
-        .expect("a page");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+        .expect("an answer");
     d.b.find(Locator::Css("#actor")).await.is_ok()
 }
 
@@ -642,11 +710,37 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
     );
     save(&d.b, "refused").await;
     assert_eq!(dead_now(&c, &queue).await.len(), 4, "nothing was redriven");
-    let untouched =
-        d.b.execute("return window.pwned === undefined", vec![])
-            .await
-            .expect("a script");
-    assert_eq!(untouched, json!(true), "an error with markup stays text");
+    let logged = console_errors(&d.b).await;
+    assert!(
+        logged.iter().all(|e| e.contains("403")),
+        "only the refusal: {logged:?}"
+    );
+    // An error with markup is shown as the text it is.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/dead-letters?queue={queue}"),
+        "dead-letters-markup",
+    )
+    .await;
+    let shown = d
+        .text(&format!("tr[data-task='{}'] td:nth-child(8) code", ids[0]))
+        .await;
+    assert_eq!(shown, "<script>window.pwned=1</script> failed");
+    // A page asked for under another host name (a DNS rebinding) is refused.
+    let host = d.base.trim_start_matches("http://");
+    let rebound = raw(
+        host,
+        "GET / HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(rebound.starts_with("HTTP/1.1 421"), "{rebound}");
+    let own = raw(
+        host,
+        &format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(own.starts_with("HTTP/1.1 200"), "{own}");
 
     // A wrong token does not sign in.
     assert!(!sign_in(&d, "mallory", "not-the-token").await);
@@ -754,16 +848,21 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
 
 /// A POST from outside the browser: its status line and the rest.
 async fn post(base: &str, path: &str, body: &str, session: &str, origin: Option<&str>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let host = base.trim_start_matches("http://");
-    let mut s = tokio::net::TcpStream::connect(host).await.expect("connect");
     let origin = origin.map_or_else(|| base.to_owned(), str::to_owned);
-    let req = format!(
+    let request = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: {origin}\r\nCookie: sheaf_ui={session}\r\n\
          Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    s.write_all(req.as_bytes()).await.expect("sent");
+    raw(host, &request).await
+}
+
+/// `request` sent as it is to `host`: the whole answer.
+async fn raw(host: &str, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(host).await.expect("connect");
+    s.write_all(request.as_bytes()).await.expect("sent");
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
     out
@@ -781,9 +880,16 @@ async fn a_stopped_shard_is_named_in_the_partial_banner() {
     let c = Arc::new(Client::new(topology.clone(), options).expect("a client"));
     let wf = unique("ui-down");
     for n in 0..10 {
-        c.start_workflow(&wf, &format!("r{n}"), json!({}), StartOptions::new())
-            .await
-            .expect("start");
+        // Five on each shard, so both hold some.
+        let on = ShardId::new(n % 2).expect("a shard id");
+        c.start_workflow(
+            &wf,
+            &format!("r{n}"),
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(on)),
+        )
+        .await
+        .expect("start");
     }
     own(&["stop-one", "1"]);
     let d = Dash::start(c.clone(), None).await;
@@ -812,11 +918,7 @@ async fn a_stopped_shard_is_named_in_the_partial_banner() {
         }
         if shot == "partial-executions" {
             let shown = d.attrs("#executions tr[data-execution]", "data-execution").await;
-            assert!(
-                !shown.is_empty() && shown.len() < 10,
-                "shard 0's runs only: {}",
-                shown.len()
-            );
+            assert_eq!(shown.len(), 5, "shard 0's runs, and only them");
         }
     }
     d.stop().await;

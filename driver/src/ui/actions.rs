@@ -15,7 +15,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use super::{Chrome, Shared, cut, first, pairs, read_error, render};
+use super::{Chrome, Shared, cut, first, pairs, read_error, render, status_of};
 use crate::id::TaskId;
 use crate::topology::ShardId;
 
@@ -98,15 +98,27 @@ impl Action {
     /// What it will do, in a sentence.
     fn describe(&self) -> String {
         match self {
-            Action::Redrive(ids) => format!(
-                "Put {} dead letter(s) back in line with fresh attempts.",
-                ids.len()
-            ),
-            Action::Purge { queue, older_than } if older_than.is_zero() => {
-                format!("Delete every dead letter of queue {queue} on every shard. This cannot be undone.")
+            Action::Redrive(ids) => {
+                const NAMED: usize = 10;
+                let named: Vec<String> = ids.iter().take(NAMED).map(ToString::to_string).collect();
+                let more = if ids.len() > NAMED {
+                    format!(" and {} more", ids.len() - NAMED)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "Put {} dead letter(s) back in line with fresh attempts: {}{more}.",
+                    ids.len(),
+                    named.join(", ")
+                )
             }
+            Action::Purge { queue, older_than } if older_than.is_zero() => format!(
+                "Delete every dead letter of queue {} on every shard. This cannot be undone.",
+                sheaf_core::excerpt::quoted(queue)
+            ),
             Action::Purge { queue, older_than } => format!(
-                "Delete the dead letters of queue {queue} older than {} on every shard. This cannot be undone.",
+                "Delete the dead letters of queue {} older than {} on every shard. This cannot be undone.",
+                sheaf_core::excerpt::quoted(queue),
                 humantime::format_duration(*older_than)
             ),
             Action::Cancel { task, .. } => {
@@ -221,6 +233,9 @@ pub(super) async fn act(
         }
     };
     let client = &session.client;
+    // A shard that did not do its part makes it 502; a refusal of what was
+    // asked says so instead.
+    let mut status = StatusCode::OK;
     match &action {
         Action::Redrive(ids) => {
             let report = client.redrive(ids).await;
@@ -238,24 +253,28 @@ pub(super) async fn act(
                     .push(format!("{gone} dead letter(s) of queue {queue} deleted."));
                 page.failures = failures(&report.failed);
             }
-            Err(e) => page.failures.push(("the purge".into(), read_error(&e))),
+            Err(e) => {
+                status = status_of(&e);
+                page.failures.push(("the purge".into(), read_error(&e)));
+            }
         },
         Action::Cancel { task, reason } => {
             let reason = Some(reason.as_str()).filter(|r| !r.is_empty());
             match client.cancel_task(*task, reason).await {
                 Ok(true) => page.lines.push(format!("Task {task} cancelled.")),
                 Ok(false) => page.lines.push(format!("Task {task} had already finished.")),
-                Err(e) => page.failures.push((format!("task {task}"), read_error(&e))),
+                Err(e) => {
+                    status = status_of(&e);
+                    page.failures.push((format!("task {task}"), read_error(&e)));
+                }
             }
         }
     }
     page.lines
         .push(format!("Recorded in the audit log as {}.", session.actor));
-    let status = if page.failures.is_empty() {
-        StatusCode::OK
-    } else {
-        StatusCode::BAD_GATEWAY
-    };
+    if status == StatusCode::OK && !page.failures.is_empty() {
+        status = StatusCode::BAD_GATEWAY;
+    }
     render(status, page)
 }
 

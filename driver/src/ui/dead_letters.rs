@@ -9,7 +9,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, time};
+use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
 
 const PAGE: usize = 50;
 
@@ -58,7 +58,8 @@ pub(super) async fn page(
     match listed {
         Err(e) => {
             page.error = Some(read_error(&e));
-            return render(StatusCode::BAD_REQUEST, page);
+            page.chrome.failed(&e);
+            return render(status_of(&e), page);
         }
         Ok(p) => {
             page.chrome.missing(p.unavailable_shards.keys());

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use askama::Template;
-use axum::extract::{Path, Query, RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, time};
+use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
 use crate::client::{AttrOp, Child, Event, Execution, ExecutionFilter, SortOrder, attr_equality};
 use crate::id::ExecutionId;
 use sheaf_core::state::ExecutionState;
@@ -73,7 +73,17 @@ fn instant(text: &str, field: &str) -> Result<Option<SystemTime>, String> {
         })
 }
 
-fn filter(q: &[(String, String)]) -> Result<ExecutionFilter, String> {
+/// A filter as read from the form, with its creation window resolved to
+/// instants (an age is relative to now: the next page's link carries the
+/// instant, or its cursor would belong to another filter).
+#[derive(Debug)]
+struct Filtered {
+    filter: ExecutionFilter,
+    after: Option<SystemTime>,
+    before: Option<SystemTime>,
+}
+
+fn filter(q: &[(String, String)]) -> Result<Filtered, String> {
     let mut f = ExecutionFilter::new();
     let workflow = first(q, "workflow").trim();
     if !workflow.is_empty() {
@@ -96,13 +106,26 @@ fn filter(q: &[(String, String)]) -> Result<ExecutionFilter, String> {
         })?;
         f = f.attr(&key, AttrOp::Eq, value);
     }
-    if let Some(at) = instant(first(q, "after"), "created after")? {
+    let after = instant(first(q, "after"), "created after")?;
+    if let Some(at) = after {
         f = f.created_after(at);
     }
-    if let Some(at) = instant(first(q, "before"), "created before")? {
+    let before = instant(first(q, "before"), "created before")?;
+    if let Some(at) = before {
         f = f.created_before(at);
     }
-    Ok(f)
+    Ok(Filtered {
+        filter: f,
+        after,
+        before,
+    })
+}
+
+/// An instant as the next page's link carries it (to the nanosecond, so it
+/// reads back as the same filter).
+fn exact(at: Option<SystemTime>) -> String {
+    at.map(|t| humantime::format_rfc3339_nanos(t).to_string())
+        .unwrap_or_default()
 }
 
 pub(super) async fn list(
@@ -124,21 +147,26 @@ pub(super) async fn list(
         rows: Vec::new(),
         next: None,
     };
-    let listed = match filter(&q) {
-        Err(e) => Err(e),
-        Ok(f) => shared
-            .client
-            .list_executions(&f, cursor, PAGE, SortOrder::Desc)
-            .await
-            .map_err(|e| read_error(&e)),
-    };
-    let status = match listed {
+    let filtered = match filter(&q) {
+        Ok(f) => f,
         Err(e) => {
             page.error = Some(e);
-            StatusCode::BAD_REQUEST
+            return render(StatusCode::BAD_REQUEST, page);
+        }
+    };
+    let listed = shared
+        .client
+        .list_executions(&filtered.filter, cursor, PAGE, SortOrder::Desc)
+        .await;
+    let status = match listed {
+        Err(e) => {
+            page.error = Some(read_error(&e));
+            page.chrome.failed(&e);
+            status_of(&e)
         }
         Ok(p) => {
             page.chrome.missing(p.unavailable_shards.keys());
+            let (after, before) = (exact(filtered.after), exact(filtered.before));
             page.next = p.next_cursor.as_ref().map(|c| {
                 link(
                     "/executions",
@@ -146,8 +174,8 @@ pub(super) async fn list(
                         ("workflow", &page.workflow),
                         ("state", &page.state),
                         ("attr", &page.attr),
-                        ("after", &page.after),
-                        ("before", &page.before),
+                        ("after", &after),
+                        ("before", &before),
                         ("cursor", c),
                     ],
                 )
@@ -274,17 +302,11 @@ struct OnePage {
 
 pages!(OnePage);
 
-#[derive(Debug, Default, serde::Deserialize)]
-pub(super) struct OneQuery {
-    #[serde(default)]
-    after: i64,
-}
-
 pub(super) async fn one(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     Path(raw_id): Path<String>,
-    Query(q): Query<OneQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
     let mut page = OnePage {
         chrome: Chrome::new(&shared, &headers, "executions"),
@@ -300,10 +322,21 @@ pub(super) async fn one(
         page.error = Some("not an execution id".into());
         return render(StatusCode::BAD_REQUEST, page);
     };
+    let q = pairs(raw.as_deref().unwrap_or(""));
+    let after = match first(&q, "after") {
+        "" => 0,
+        text => match text.parse::<i64>() {
+            Ok(n) if n >= 0 => n,
+            _ => {
+                page.error = Some("after: expected an event's number".into());
+                return render(StatusCode::BAD_REQUEST, page);
+            }
+        },
+    };
     let client = &shared.client;
     let (execution, history, children) = tokio::join!(
         client.get_execution(id),
-        client.history(id, q.after.max(0), EVENTS),
+        client.history(id, after, EVENTS),
         client.children(id)
     );
     let execution = match execution {
@@ -314,10 +347,8 @@ pub(super) async fn one(
         }
         Err(e) => {
             page.error = Some(read_error(&e));
-            if matches!(e, crate::client::ClientError::Shard { .. }) {
-                page.chrome.missing([&id.route(client.topology())]);
-            }
-            return render(StatusCode::SERVICE_UNAVAILABLE, page);
+            page.chrome.failed(&e);
+            return render(status_of(&e), page);
         }
     };
     let routed = id.route(client.topology());
@@ -335,14 +366,20 @@ pub(super) async fn one(
                 .map(|after| format!("/executions/{id}?after={after}"));
             page.events = h.events.iter().map(EventRow::of).collect();
         }
-        Err(e) => page.error = Some(format!("history: {}", read_error(&e))),
+        Err(e) => {
+            page.chrome.failed(&e);
+            page.error = Some(format!("history: {}", read_error(&e)));
+        }
     }
     match children {
         Ok(c) => {
             page.chrome.missing(c.unavailable_shards.keys());
             page.children = c.items.iter().map(ChildRow::of).collect();
         }
-        Err(e) => page.error = Some(format!("children: {}", read_error(&e))),
+        Err(e) => {
+            page.chrome.failed(&e);
+            page.error = Some(format!("children: {}", read_error(&e)));
+        }
     }
     render(StatusCode::OK, page)
 }
@@ -368,7 +405,8 @@ mod tests {
             ("before", "1h"),
         ]))
         .expect("a filter");
-        let text = f.to_json().to_string();
+        let text = f.filter.to_json().to_string();
+        assert!(f.after.is_some() && f.before.is_some());
         assert!(text.contains("\"tenant\"") && text.contains("acme"), "{text}");
         let e = filter(&q(&[("state", "<b>")])).expect_err("refused");
         assert!(e.starts_with("state:"), "{e}");

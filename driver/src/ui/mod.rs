@@ -62,6 +62,12 @@ pub struct UiOptions {
     /// How often the queues' depth is sampled for their charts (default
     /// 10 s; at least 1 s). The last 90 samples of each queue are kept.
     pub sample_every: Duration,
+    /// The names (`host` or `host:port`) the dashboard answers to besides
+    /// its listening address and, when it listens on loopback or every
+    /// address, `localhost`, `127.0.0.1` and `[::1]` with its port. A
+    /// request naming another host is refused (421), so a web page cannot
+    /// read the dashboard through a name of its own that resolves here.
+    pub public_hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for UiOptions {
@@ -70,6 +76,7 @@ impl std::fmt::Debug for UiOptions {
             .field("probe_timeout", &self.probe_timeout)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("sample_every", &self.sample_every)
+            .field("public_hosts", &self.public_hosts)
             .finish()
     }
 }
@@ -80,6 +87,7 @@ impl Default for UiOptions {
             probe_timeout: Duration::from_secs(3),
             admin_token: None,
             sample_every: Duration::from_secs(10),
+            public_hosts: Vec::new(),
         }
     }
 }
@@ -110,6 +118,7 @@ impl UiServer {
         options: UiOptions,
     ) -> std::io::Result<UiServer> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
+        let hosts = Arc::new(known_hosts(listener.local_addr()?, &options.public_hosts));
         let options = UiOptions {
             sample_every: options.sample_every.max(Duration::from_secs(1)),
             ..options
@@ -138,7 +147,8 @@ impl UiServer {
             .route("/confirm", get(actions::confirm))
             .route("/act/{action}", post(actions::act))
             .route("/favicon.ico", get(icon))
-            .with_state(shared);
+            .with_state(shared)
+            .layer(axum::middleware::from_fn_with_state(hosts, known_host));
         let served = Served::spawn(listener, app, "dashboard")?;
         Ok(UiServer {
             addr: served.local_addr(),
@@ -202,6 +212,14 @@ impl Chrome {
         }
     }
 
+    /// Names the shard of a failed call in the banner, when one could not
+    /// serve it.
+    fn failed(&mut self, e: &ClientError) {
+        if let ClientError::Shard { error, .. } = e {
+            self.missing([&error.shard()]);
+        }
+    }
+
     /// Names the shards of a partial answer in the banner.
     fn missing<'a>(&mut self, shards: impl IntoIterator<Item = &'a ShardId>) {
         for s in shards {
@@ -243,6 +261,67 @@ fn render(status: StatusCode, mut p: impl Page) -> Response {
             format!("the page could not be rendered: {e}"),
         )
             .into_response(),
+    }
+}
+
+/// The `Host` values the dashboard answers to (lowercase).
+fn known_hosts(addr: SocketAddr, public: &[String]) -> Vec<String> {
+    let port = addr.port();
+    let mut hosts = Vec::new();
+    let ip = addr.ip();
+    if ip.is_loopback() || ip.is_unspecified() {
+        for name in ["localhost", "127.0.0.1", "[::1]"] {
+            hosts.push(format!("{name}:{port}"));
+        }
+    }
+    if !ip.is_unspecified() {
+        hosts.push(SocketAddr::new(ip, port).to_string());
+    }
+    for name in public {
+        let name = name.trim().to_ascii_lowercase();
+        // `host` or `[v6]` without a port: with the listening port too.
+        let has_port = name.rsplit_once(':').is_some_and(|(h, p)| {
+            !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']'))
+        });
+        if !has_port {
+            hosts.push(format!("{name}:{port}"));
+        }
+        hosts.push(name);
+    }
+    hosts
+}
+
+/// Refuses a request whose `Host` is not one of [`known_hosts`].
+async fn known_host(
+    axum::extract::State(hosts): axum::extract::State<Arc<Vec<String>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    match host {
+        Some(h) if hosts.contains(&h) => next.run(request).await,
+        _ => (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard does not answer to that host name (sheaf ui --public-host adds one)",
+        )
+            .into_response(),
+    }
+}
+
+/// A failed call's status: the asker's mistake (400, 404, 409), else a
+/// shard's (502).
+fn status_of(e: &ClientError) -> StatusCode {
+    match e {
+        ClientError::BadRequest(_) | ClientError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+        ClientError::UnknownTask { .. }
+        | ClientError::UnknownExecution { .. }
+        | ClientError::UnknownQueue { .. } => StatusCode::NOT_FOUND,
+        ClientError::WrongState { .. } | ClientError::Conflict { .. } => StatusCode::CONFLICT,
+        _ => StatusCode::BAD_GATEWAY,
     }
 }
 
@@ -308,5 +387,30 @@ fn link(path: &str, query: &[(&str, &str)]) -> String {
         path.to_owned()
     } else {
         format!("{path}?{q}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dashboard_answers_to_its_own_names_only() {
+        let local = known_hosts("127.0.0.1:8080".parse().expect("an address"), &[]);
+        assert!(local.contains(&"localhost:8080".to_owned()));
+        assert!(local.contains(&"127.0.0.1:8080".to_owned()));
+        assert!(local.contains(&"[::1]:8080".to_owned()));
+        assert!(!local.iter().any(|h| h.contains("evil")));
+        let every = known_hosts(
+            "0.0.0.0:80".parse().expect("an address"),
+            &["Ops.Example.com".into(), "[fd00::1]".into(), "h:9".into()],
+        );
+        assert!(every.contains(&"ops.example.com".to_owned()));
+        assert!(every.contains(&"ops.example.com:80".to_owned()));
+        assert!(every.contains(&"[fd00::1]:80".to_owned()));
+        assert!(every.contains(&"h:9".to_owned()) && !every.contains(&"h:9:80".to_owned()));
+        assert!(!every.contains(&"0.0.0.0:80".to_owned()));
+        let lan = known_hosts("10.0.0.5:8080".parse().expect("an address"), &[]);
+        assert_eq!(lan, ["10.0.0.5:8080"]);
     }
 }

@@ -137,6 +137,7 @@ pub(super) async fn sample(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let (listing, finished) = tokio::join!(shared.client.list_queues(), finished(&shared.client));
         shared.throughput.record(Instant::now(), finished.ok);
+        shared.sessions.prune();
         if listing.status == PageStatus::Complete {
             let totals: Vec<(&str, &QueueCounts)> = listing
                 .queues
@@ -202,12 +203,19 @@ struct Rates {
     max: String,
     now: String,
     per_shard: Vec<(String, String)>,
+    /// Readable shards the latest interval has no count of.
+    missing: Vec<String>,
     samples: usize,
 }
 
 impl Rates {
-    fn of(rates: &[(f64, BTreeMap<ShardId, f64>)]) -> Option<Rates> {
+    fn of(rates: &[(f64, BTreeMap<ShardId, f64>)], readable: &[ShardId]) -> Option<Rates> {
         let (now, latest) = rates.last()?;
+        let missing = readable
+            .iter()
+            .filter(|s| !latest.contains_key(s))
+            .map(ToString::to_string)
+            .collect();
         let max = rates.iter().map(|(r, _)| *r).fold(0.0, f64::max).max(1.0);
         Some(Rates {
             line: polyline(rates.iter().map(|(r, _)| *r), max),
@@ -217,6 +225,7 @@ impl Rates {
                 .iter()
                 .map(|(s, r)| (s.to_string(), format!("{r:.1}")))
                 .collect(),
+            missing,
             samples: rates.len(),
         })
     }
@@ -331,7 +340,7 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
             queues,
             near_cap,
             sample_secs: shared.options.sample_every.as_secs(),
-            throughput: Rates::of(&shared.throughput.rates()),
+            throughput: Rates::of(&shared.throughput.rates(), &shared.client.readable_shards()),
         },
     )
 }

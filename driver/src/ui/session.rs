@@ -36,6 +36,9 @@ pub(super) struct Session {
 pub(super) struct Sessions {
     token: Option<String>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
+    /// One sign-in at a time, a failed one held 300 ms: guesses run at 3 a
+    /// second however many are sent at once.
+    signing_in: tokio::sync::Mutex<()>,
 }
 
 /// Why an action was refused (a 403 page says it).
@@ -50,9 +53,16 @@ fn secret() -> String {
     )
 }
 
-/// Compares without stopping at the first difference.
+/// Compares without stopping at the first difference, nor at the shorter
+/// one's end: the time says nothing of where they differ, nor of the
+/// secret's length.
 fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len().max(b.len());
+    let differ = (0..n).fold(u8::from(a.len() != b.len()), |d, i| {
+        d | (a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0))
+    });
+    differ == 0
 }
 
 fn cookie(headers: &HeaderMap) -> Option<&str> {
@@ -93,6 +103,7 @@ impl Sessions {
         Sessions {
             token: token.filter(|t| !t.is_empty()),
             by_id: Mutex::new(HashMap::new()),
+            signing_in: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -186,6 +197,12 @@ impl Sessions {
             self.lock().remove(id);
         }
     }
+
+    /// Ends the sessions past their time (and their clients' connections).
+    pub fn prune(&self) {
+        let now = Instant::now();
+        self.lock().retain(|_, s| s.expires > now);
+    }
 }
 
 #[derive(Template)]
@@ -205,24 +222,29 @@ pub(super) async fn login_page(State(shared): State<Arc<Shared>>, headers: Heade
 pub(super) async fn login(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let form = pairs(&String::from_utf8_lossy(&body));
     let refused = if same_origin(&headers) {
+        let _one_at_a_time = shared.sessions.signing_in.lock().await;
         match shared
             .sessions
             .open(&shared.client, first(&form, "name"), first(&form, "token"))
         {
             Ok((id, _)) => {
+                // A new session, never the one the browser came with.
+                shared.sessions.close(&headers);
                 let cookie = format!(
                     "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
                     SESSION_TTL.as_secs()
                 );
                 return ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response();
             }
-            Err(why) => why,
+            Err(why) => {
+                // A wrong guess costs time, and holds the next one back.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                why
+            }
         }
     } else {
         "the request did not come from this dashboard's pages"
     };
-    // A wrong guess costs time.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let chrome = Chrome::new(&shared, &headers, "sign in");
     render(
         StatusCode::FORBIDDEN,
@@ -233,11 +255,21 @@ pub(super) async fn login(State(shared): State<Arc<Shared>>, headers: HeaderMap,
     )
 }
 
+/// Ends the session (with its CSRF token: another site cannot sign one
+/// out) and forgets its cookie.
 pub(super) async fn logout(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let form = pairs(&String::from_utf8_lossy(&body));
-    if shared.sessions.authorize(&headers, first(&form, "csrf")).is_ok() {
-        shared.sessions.close(&headers);
+    if let Err(refusal) = shared.sessions.authorize(&headers, first(&form, "csrf")) {
+        let chrome = Chrome::new(&shared, &headers, "sign in");
+        return render(
+            StatusCode::FORBIDDEN,
+            LoginPage {
+                chrome,
+                error: Some(refusal.0),
+            },
+        );
     }
+    shared.sessions.close(&headers);
     let expired = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
     ([(header::SET_COOKIE, expired)], Redirect::to("/")).into_response()
 }
@@ -283,5 +315,7 @@ mod tests {
         assert_eq!(cookie(&h), Some("abc"));
         assert_eq!(cookie(&headers(&[(header::COOKIE, "sheaf_uix=1")])), None);
         assert!(same("abc", "abc") && !same("abc", "abd") && !same("abc", "ab"));
+        assert!(!same("ab", "abc") && !same("", "a") && same("", ""));
+        assert!(!same("ab\0", "ab"), "a NUL does not pad a shorter one to equal");
     }
 }

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use sheaf_core::state::TaskState;
 
-use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, time};
+use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
 
 const PAGE: usize = 50;
 
@@ -84,7 +84,8 @@ pub(super) async fn page(
     match shared.client.list_tasks(&page.queue, state, cursor, PAGE).await {
         Err(e) => {
             page.error = Some(read_error(&e));
-            return render(StatusCode::BAD_REQUEST, page);
+            page.chrome.failed(&e);
+            return render(status_of(&e), page);
         }
         Ok(p) => {
             page.chrome.missing(p.unavailable_shards.keys());

@@ -14,7 +14,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use super::{Chrome, Shared, cut, first, pairs, read_error, render, time};
+use super::{Chrome, Shared, cut, first, pairs, read_error, render, status_of, time};
 use crate::client::{GroupBy, Usage};
 
 /// The windows offered, ending now.
@@ -27,6 +27,8 @@ const WINDOWS: [(&str, u64); 4] = [
 
 /// Reports kept, at most.
 const KEPT_REPORTS: usize = 32;
+/// The longest search attribute a report may be grouped by.
+const MAX_ATTR: usize = 128;
 
 /// How long a window's report is kept: a 1440th of the window, from 5 s
 /// (the last hour) to 5 minutes (a week or more).
@@ -41,6 +43,9 @@ type Key = (String, String);
 #[derive(Default)]
 pub(super) struct Kept {
     reports: Mutex<HashMap<Key, (Instant, Arc<Computed>)>>,
+    /// One report computed at a time: the same one asked for twice at once
+    /// is computed once, and the shards never run many.
+    computing: tokio::sync::Mutex<()>,
 }
 
 struct Computed {
@@ -126,13 +131,23 @@ pub(super) async fn page(
         computed_at: String::new(),
         kept_secs: 0,
     };
+    if page.attr.len() > MAX_ATTR {
+        page.error = Some(format!(
+            "group by: a search attribute is at most {MAX_ATTR} bytes, got {}",
+            page.attr.len()
+        ));
+        page.attr = cut(&page.attr, 40);
+        return render(StatusCode::BAD_REQUEST, page);
+    }
     let window = Duration::from_secs(secs);
     page.kept_secs = keep_for(window).as_secs();
     let key = (page.window.clone(), page.attr.clone());
     if let Some(kept) = shared.usage.get(&key) {
-        page.rows = kept.rows.clone();
-        page.computed_at = time(kept.at);
-        return render(StatusCode::OK, page);
+        return kept_page(page, &kept);
+    }
+    let _one_at_a_time = shared.usage.computing.lock().await;
+    if let Some(kept) = shared.usage.get(&key) {
+        return kept_page(page, &kept);
     }
     let group = if page.attr.is_empty() {
         GroupBy::WorkflowName
@@ -143,7 +158,8 @@ pub(super) async fn page(
     match shared.client.usage_report(to - window, to, &group).await {
         Err(e) => {
             page.error = Some(read_error(&e));
-            render(StatusCode::BAD_REQUEST, page)
+            page.chrome.failed(&e);
+            render(status_of(&e), page)
         }
         Ok(report) => {
             page.chrome.missing(report.unavailable_shards.keys());
@@ -159,6 +175,13 @@ pub(super) async fn page(
             render(StatusCode::OK, page)
         }
     }
+}
+
+/// The page of a kept report.
+fn kept_page(mut page: UsagePage, kept: &Computed) -> Response {
+    page.rows = kept.rows.clone();
+    page.computed_at = time(kept.at);
+    render(StatusCode::OK, page)
 }
 
 impl UsageRow {
