@@ -8,6 +8,7 @@
 //! of each page is saved under the test's output directory
 //! (`target/.../tmp/ui`).
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +21,16 @@ use sheaf_driver::{
 };
 use sheaf_tests::{cli_json, fleet, unique};
 
-/// A chromedriver on a free port, stopped with the test.
+/// A chromedriver on a free port, stopped with the test: its whole process
+/// group, so a browser it started goes too when a test fails before
+/// closing its session.
 struct Driver(Child, u16);
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0.id())])
+            .status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -37,6 +43,7 @@ fn chromedriver() -> Driver {
         .port();
     let child = Command::new("chromedriver")
         .arg(format!("--port={port}"))
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -163,15 +170,29 @@ impl Dash {
         self.server.shutdown().await;
     }
 
+    /// The first element `css` matches, once there is one. Any error is
+    /// asked again: a page still loading after a click answers "aborted
+    /// by navigation" or a stale element.
+    async fn element(&self, css: &str) -> fantoccini::elements::Element {
+        let mut last = String::new();
+        for _ in 0..200 {
+            match self.b.find(Locator::Css(css)).await {
+                Ok(e) => return e,
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{css}: {last}");
+    }
+
     async fn text(&self, css: &str) -> String {
-        self.b
-            .wait()
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .text()
-            .await
-            .expect("its text")
+        for _ in 0..20 {
+            if let Ok(text) = self.element(css).await.text().await {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{css}: no text");
     }
 
     /// The values of `attr` of the elements `css` matches.
@@ -189,13 +210,12 @@ impl Dash {
         let before = self.b.current_url().await.expect("an address");
         self.click("#next").await;
         for _ in 0..100 {
-            let now = self.b.current_url().await.expect("an address");
+            let Ok(now) = self.b.current_url().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
             if now != before && now.as_str().contains("cursor=") {
-                self.b
-                    .wait()
-                    .for_element(Locator::Css("main"))
-                    .await
-                    .expect("the next page");
+                self.element("main").await;
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -206,14 +226,7 @@ impl Dash {
     /// Clicks `css`, waiting for it to be there (a click that navigated
     /// may still be loading the page it leads to).
     async fn click(&self, css: &str) {
-        self.b
-            .wait()
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .click()
-            .await
-            .expect("a click");
+        self.element(css).await.click().await.expect("a click");
     }
 }
 
@@ -657,10 +670,7 @@ async fn sign_in(d: &Dash, name: &str, token: &str) -> bool {
         .expect("typed");
     d.click("#login button").await;
     // Signed in (the fleet page, with the actor) or refused (the error).
-    d.b.wait()
-        .for_element(Locator::Css("#actor, #error"))
-        .await
-        .expect("an answer");
+    d.element("#actor, #error").await;
     d.b.find(Locator::Css("#actor")).await.is_ok()
 }
 
@@ -673,10 +683,7 @@ async fn ask_redrive(d: &Dash, queue: &str, ids: &[TaskId]) {
         d.click(&format!("input[type=checkbox][value='{id}']")).await;
     }
     d.click("#redrive-selected").await;
-    d.b.wait()
-        .for_element(Locator::Css("#confirm"))
-        .await
-        .expect("the confirmation");
+    d.element("#confirm").await;
 }
 
 async fn dead_now(c: &Client, queue: &str) -> Vec<TaskId> {
@@ -830,10 +837,7 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
     );
     // Signing out ends the session: the next action is refused.
     d.click("form[action='/logout'] button").await;
-    d.b.wait()
-        .for_element(Locator::Css("#signin"))
-        .await
-        .expect("signed out");
+    d.element("#signin").await;
     let after = post(
         &d.base,
         "/act/purge",
