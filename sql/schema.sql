@@ -413,9 +413,11 @@ CREATE TABLE executions (
     -- A staged copy over this shard's own seal: the seal's row, put back if
     -- the move aborts.
     replaced_seal   jsonb,
-    -- A child whose parent lives on another shard: when the relay pulled
-    -- its end into the parent's history (sheaf.relay_pulled). Retention
-    -- keeps such a child until then.
+    -- A child: when its parent had its end (in the child's terminal
+    -- transaction for a parent living here; by the relay, sheaf.relay_pulled,
+    -- for one elsewhere), or the child moved away from its ended parent.
+    -- Retention keeps a child until then, and a parent until its children
+    -- here have it.
     result_pulled_at timestamptz,
     -- opts.execution_timeout: when maintain() ends the run TIMED_OUT (a
     -- successor of continue-as-new keeps its predecessor's deadline).

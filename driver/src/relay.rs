@@ -112,24 +112,26 @@ impl Shared {
     /// A notification heard on `shard`'s `sheaf_relay` channel (or a
     /// reconnect: `None`, sweep now).
     pub(crate) fn heard(&self, shard: ShardId, payload: Option<&str>) {
-        let parent_shard = match payload.and_then(|p| p.strip_prefix("ended ")) {
-            Some(rest) => {
-                let mut parts = rest.split(' ');
-                let (Some(parent), Some(child)) = (parts.next(), parts.next()) else {
-                    return;
-                };
-                let (Ok(parent), Ok(child)) = (parent.parse::<ExecutionId>(), child.parse::<ExecutionId>())
-                else {
-                    return;
-                };
-                let Some(p) = parent.shard() else { return };
-                let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
-                named.entry(p).or_default().insert(child);
-                p
+        let Some(rest) = payload.and_then(|p| p.strip_prefix("ended ")) else {
+            if let Some(w) = self.wake.get(&shard) {
+                w.notify_one();
             }
-            None => shard,
+            return;
         };
-        if let Some(w) = self.wake.get(&parent_shard) {
+        let mut parts = rest.split(' ');
+        let (Some(parent), Some(child)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let (Ok(_), Ok(child)) = (parent.parse::<ExecutionId>(), child.parse::<ExecutionId>()) else {
+            return;
+        };
+        // The child's lifecycle row is where its parent lives, which the
+        // parent's id does not say (it names where the parent was born):
+        // every shard looks for it by name, a lookup by key that finds
+        // nothing on all but one.
+        let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
+        for (s, w) in &self.wake {
+            named.entry(*s).or_default().insert(child);
             w.notify_one();
         }
     }
@@ -478,6 +480,15 @@ async fn outbox_outcome(client: &Client, row: &OutboxRow) -> OutboxOutcome {
                     (Ok(false), _) => continue,
                     (Err(e), _) => return OutboxOutcome::Failed(e.to_string()),
                 }
+            }
+            // Between a move's cutover and its activation the run's only
+            // copies are a seal and a staged copy: it lives, and is
+            // delivered once activated (the row backs off and comes again).
+            Some(run) if run.state.is_migrating() => {
+                return OutboxOutcome::Failed(format!(
+                    "the run of {:?} id {:?} is moving between shards",
+                    row.workflow_name, row.workflow_id
+                ));
             }
             _ if !failed.is_empty() => {
                 let why: Vec<String> = failed.iter().map(|(s, e)| format!("shard {s}: {e}")).collect();

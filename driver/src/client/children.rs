@@ -33,8 +33,9 @@ pub const MAX_CHILDREN: usize = 100_000;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ChildPlacement {
-    /// On its parent's shard (the default): the router is not consulted,
-    /// and the child starts in the parent's transaction.
+    /// On the shard its parent lives on (the default; after a move, the
+    /// parent's new home, not the shard its id names): the router is not
+    /// consulted, and the child starts in the parent's transaction.
     #[default]
     ParentShard,
     /// Spread by rendezvous hashing of `"{parent_id}#{name}#{workflow_id}"`
@@ -223,58 +224,67 @@ impl Client {
     ) -> Result<StartedChild, ClientError> {
         let options = options.into();
         let call = self.by_execution(parent);
-        let target = self.child_target(parent, call.shard, name, workflow_id, &options.placement)?;
-        let opts = Json::from_serialize(&serde_json::json!({
-            "target_shard": target.get(),
-            "parent_close": options.parent_close.as_str(),
-        }))
-        .map_err(|e| ClientError::BadRequest(e.to_string()))?;
+        let target = self.child_target(parent, name, workflow_id, &options.placement)?;
+        // `ParentShard` names no shard: the parent's shard is where the
+        // parent lives, which only the shard that holds it knows (its id
+        // names where it was born; the call follows the forwards there).
+        let opts = match target {
+            Some(target) => serde_json::json!({
+                "target_shard": target.get(),
+                "parent_close": options.parent_close.as_str(),
+            }),
+            None => serde_json::json!({"parent_close": options.parent_close.as_str()}),
+        };
+        let opts = Json::from_serialize(&opts).map_err(|e| ClientError::BadRequest(e.to_string()))?;
         let input = input.into();
-        let rows = self
-            .query(
+        let (answered, rows) = self
+            .query_followed(
                 &call,
                 START_CHILD,
                 &[&parent.as_uuid(), &name, &workflow_id, &input, &opts],
             )
             .await?;
+        let call = Call {
+            shard: answered,
+            ..call
+        };
         let row = single(&call, &rows)?;
         let read = || -> Result<StartedChild, tokio_postgres::Error> {
             let child = ExecutionId::from_uuid(row.try_get("child_id")?);
             let shard: i32 = row.try_get("target_shard")?;
             Ok(StartedChild {
                 child_id: child,
-                shard: ShardId::new(shard as u32).unwrap_or(target),
+                shard: ShardId::new(shard as u32).unwrap_or(answered),
                 created: row.try_get("created")?,
             })
         };
         read().map_err(|e| call.error(e, 1))
     }
 
-    /// The shard a new child goes to.
+    /// The shard a new child goes to; `None`: its parent's (wherever the
+    /// parent lives).
     fn child_target(
         &self,
         parent: ExecutionId,
-        parent_shard: ShardId,
         name: &str,
         workflow_id: &str,
         placement: &ChildPlacement,
-    ) -> Result<ShardId, ClientError> {
+    ) -> Result<Option<ShardId>, ClientError> {
         let t = &self.topology;
         let target = match placement {
-            ChildPlacement::ParentShard => parent_shard,
+            ChildPlacement::ParentShard => None,
             ChildPlacement::Distributed => {
                 let key = format!("{}#{name}#{workflow_id}", parent.as_uuid());
                 let h = hrw::key_hash(key.as_bytes());
-                match hrw::pick(h, t.placeable().map(|s| s.get())).and_then(|s| ShardId::new(s as u32).ok()) {
-                    Some(s) => s,
-                    None => {
-                        tracing::warn!(
-                            workflow_name = name, shard = %parent_shard,
-                            "no writable unreserved shard: a Distributed child stays on its parent's shard"
-                        );
-                        parent_shard
-                    }
+                let picked =
+                    hrw::pick(h, t.placeable().map(|s| s.get())).and_then(|s| ShardId::new(s as u32).ok());
+                if picked.is_none() {
+                    tracing::warn!(
+                        workflow_name = name,
+                        "no writable unreserved shard: a Distributed child stays on its parent's shard"
+                    );
                 }
+                picked
             }
             ChildPlacement::Shard(id) => {
                 if t.get(*id).is_none() {
@@ -286,7 +296,7 @@ impl Client {
                 if !t.is_writable(*id) {
                     return Err(RouteError::ShardNotWritable(*id).into());
                 }
-                *id
+                Some(*id)
             }
             ChildPlacement::ResidencyKey(key) => {
                 if key.trim().is_empty() {
@@ -298,7 +308,7 @@ impl Client {
                 if !t.is_writable(id) {
                     return Err(RouteError::ShardNotWritable(id).into());
                 }
-                id
+                Some(id)
             }
         };
         Ok(target)

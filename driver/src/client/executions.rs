@@ -94,7 +94,20 @@ impl Client {
                 &[&name, &workflow_id, &input, &opts, &options.run_at],
             )
             .await?;
-        started_from_rows(&call, &rows)
+        let started = started_from_rows(&call, &rows)?;
+        if started.created {
+            return Ok(started);
+        }
+        // Attached: the run found may be a seal of one that moved away, and
+        // `shard` says where the run lives (one more read, attaches only).
+        let at = Call {
+            shard: call.shard,
+            owned: Owned::Execution(started.execution_id),
+        };
+        let (shard, _) = self
+            .query_followed(&at, GET_EXECUTION, &[&started.execution_id.as_uuid()])
+            .await?;
+        Ok(Started { shard, ..started })
     }
 
     /// A start's call (its shard, placed by `start_shard`) and its `opts`,

@@ -440,11 +440,30 @@ impl Client {
         Fut: std::future::Future<Output = Result<bool, ClientError>>,
     {
         const TRIES: u32 = 3;
+        // A run in the middle of a move (a seal and a staged copy, no live
+        // copy yet) is alive: wait for its activation, a few times.
+        const MOVING_TRIES: u32 = 6;
         let mut attempt = 0;
+        let mut moving = 0;
         loop {
             attempt += 1;
             let (best, failed) = self.resolve_key(name, workflow_id).await?;
             match best {
+                Some(e) if e.state.is_migrating() => {
+                    moving += 1;
+                    if moving == MOVING_TRIES {
+                        return Err(ClientError::Conflict {
+                            shard: e.shard,
+                            attempts: MOVING_TRIES,
+                            message: format!(
+                                "the run {} is moving between shards and was not live yet",
+                                e.execution_id
+                            ),
+                        });
+                    }
+                    attempt -= 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50 << moving)).await;
+                }
                 Some(e) if e.state.is_active() => {
                     if deliver(e.execution_id).await? {
                         return Ok(ByKey::Delivered {

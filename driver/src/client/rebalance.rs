@@ -693,8 +693,8 @@ const ERASE: &str = "SELECT sheaf.erase_payloads($1)";
 pub struct Erasure {
     /// Where the run lives.
     pub live: ShardId,
-    /// Every other shard of the topology it lived on (each erased too; one
-    /// whose copy retention collected held nothing).
+    /// Every other shard of the topology that held a copy (a seal of a
+    /// residence, or one a drain handed over), each erased too.
     pub prior_residences: Vec<ShardId>,
     /// Events erased where it lives.
     pub events: i64,
@@ -707,9 +707,10 @@ pub struct Erasure {
 impl Client {
     /// Erases an ended execution's payloads on every shard that holds a
     /// copy: where it lives (gated there: it must have ended), then every
-    /// shard it lived on before (`migrated_from_shards`). Fails, after
-    /// trying them all, if one could not be reached: an erasure is never
-    /// reported complete unless it is (run it again; it is idempotent).
+    /// other shard of the topology (a shard it lived on keeps a seal, and a
+    /// drain hands its seals to another). Fails, after trying them all, if
+    /// one could not be reached: an erasure is never reported complete
+    /// unless it is (run it again; it is idempotent).
     pub async fn erase_payloads(&self, id: ExecutionId) -> Result<Erasure, ClientError> {
         let Some(live) = self.get_execution(id).await? else {
             return Err(ClientError::UnknownExecution {
@@ -718,23 +719,25 @@ impl Client {
             });
         };
         let report = self.erase_on(live.shard, id).await?;
-        let prior: Vec<ShardId> = report["migrated_from_shards"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s.as_u64().and_then(|s| ShardId::new(s as u32).ok()))
-            .filter(|s| *s != live.shard)
-            // A shard retired since (drained, out of the topology) keeps
-            // nothing.
-            .filter(|s| self.topology().get(*s).is_some())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        // Every other shard is asked, not only those the run's row names
+        // (`migrated_from_shards`): a drain hands its seals, input and all,
+        // to a shard the run never lived on. A shard holding no copy says
+        // so; one that cannot answer makes the erasure incomplete.
+        let mut prior = Vec::new();
         let mut failed = None;
-        for shard in &prior {
-            if let Err(e) = self.erase_on(*shard, id).await {
-                tracing::error!(%id, %shard, error = %e, "erasing a prior residence failed");
-                failed.get_or_insert(e);
+        for shard in self
+            .topology()
+            .shards()
+            .map(|s| s.id)
+            .filter(|s| *s != live.shard)
+        {
+            match self.erase_on(shard, id).await {
+                Ok(r) if r["found"] == serde_json::Value::Bool(true) => prior.push(shard),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(%id, %shard, error = %e, "erasing a copy failed");
+                    failed.get_or_insert(e);
+                }
             }
         }
         if let Some(e) = failed {

@@ -13,8 +13,9 @@ use crate::workflow::erase;
 /// that lives here must have ended (55000); a seal of a run that moved is
 /// erased as it is. Returns `{"found": false}` when this shard holds no
 /// row of it, else `{"found": true, "state", "events", "rows",
-/// "bytes_before", "bytes_after", "migrated_from_shards"}`: the shards it
-/// lived on before, where `Client::erase_payloads` erases it too.
+/// "bytes_before", "bytes_after", "migrated_from_shards"}` (the shards it
+/// lived on before). `Client::erase_payloads` runs it on every shard: a
+/// drain hands seals to shards a run never lived on.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn erase_payloads(execution_id: Option<pgrx::Uuid>) -> Jsonb {

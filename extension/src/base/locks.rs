@@ -7,7 +7,9 @@
 //! never waits for an earlier one while holding a later one:
 //!
 //! 1. the start lock of (workflow name, workflow id), then the gate lock of
-//!    (workflow name, concurrency key) — `start_workflow` only;
+//!    (workflow name, concurrency key) — a start, and a child started in
+//!    its parent's transaction, which takes them before the parent's row
+//!    (`workflow::start::lock_ahead`);
 //! 2. task rows: a task's `ready` row before its `tasks` row (the claim's
 //!    order), several tasks in id order (`ORDER BY id FOR UPDATE`), and
 //!    every task of an execution before that execution's row;

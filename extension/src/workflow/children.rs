@@ -108,6 +108,11 @@ const SETTLE: Stmt = Stmt::write(
     "DELETE FROM cross_shard_children WHERE child_id = $1",
     &[PgBuiltInOids::UUIDOID],
 );
+// A child whose end its parent here has (or, ended, needs no more).
+const DELIVERED: Stmt = Stmt::write(
+    "UPDATE executions SET result_pulled_at = now() WHERE id = $1 AND result_pulled_at IS NULL",
+    &[PgBuiltInOids::UUIDOID],
+);
 // A child's end in its parent's history, built around the child's result
 // as Postgres stored it.
 const ENDED_EVENT: Stmt = Stmt::read(
@@ -235,7 +240,14 @@ pub fn start_child(
     input: Jsonb,
     o: &ChildOptions,
 ) -> Child {
-    // The parent first: concurrent calls for one parent serialize here.
+    // A child started here takes its start and gate locks before the
+    // parent's row (`base::locks`: advisory locks before rows), so a start
+    // of the child's key that closes runs (latest wins) cannot deadlock
+    // against this. Then the parent: concurrent calls for one parent
+    // serialize on its row.
+    if o.target_shard.is_none_or(|t| i32::from(t) == shard::current()) {
+        start::lock_ahead(name, workflow_id, &input);
+    }
     executions::lock_active(parent, "start a child");
     let found: Option<(pgrx::Uuid, i32)> = Spi::connect_mut(|client| {
         rows::first(
@@ -327,19 +339,21 @@ pub fn append_failed(parent: pgrx::Uuid, child: pgrx::Uuid, error: &str) {
 }
 
 /// A child has ended (its row is locked and closed, in its terminal
-/// transaction): a parent here gets the end in its history and is woken;
-/// a parent elsewhere is told through the relay's channel, and the relay
-/// pulls the end.
+/// transaction). Where its parent *lives* decides, never the shard its id
+/// names (a parent born elsewhere may have moved here, one born here may
+/// have moved away): a parent whose row is here and is not a seal gets the
+/// end in its history and is woken, and the child is marked delivered
+/// (retention may delete it); a parent elsewhere (no row here, or a seal)
+/// is told through the relay's channel, and the relay pulls the end.
 pub fn report_end(child: pgrx::Uuid, parent: pgrx::Uuid) {
-    if i32::from(id::shard_of(parent.as_bytes())) != shard::current() {
-        notify(&format!("ended {parent} {child}"));
-        return;
-    }
     // The child's row, then its parent's (this module's lock order).
-    let Some(p) = executions::try_lock(parent) else {
+    let p = executions::try_lock(parent).filter(|p| p.state != ExecutionState::Migrated);
+    let Some(p) = p else {
+        notify(&format!("ended {parent} {child}"));
         return;
     };
     exec(&SETTLE, &[child.into()]);
+    exec(&DELIVERED, &[child.into()]);
     if !p.state.is_active() {
         return;
     }

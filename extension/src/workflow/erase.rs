@@ -7,7 +7,7 @@
 //! marker's) and the execution's `history_bytes` their sum. Quota counters
 //! do not change: only an ended run (or a seal) is erased, and neither
 //! counts in them. The driver's `Client::erase_payloads` runs it on every
-//! residence the run ever had.
+//! shard (a residence keeps a seal; a drain hands seals to another shard).
 
 use pgrx::prelude::*;
 use sheaf_core::state::ExecutionState;

@@ -92,13 +92,15 @@ macro_rules! digest {
     };
 }
 
-/// The source's high-water mark of execution `$1`: its row and its tasks
-/// as they are here, shard values included. Any change (an event, a wake,
-/// a claim, a promotion) changes it.
+/// The source's high-water mark of execution `$1`: its row, its tasks as
+/// they are here (shard values included) and how many usage records it
+/// has. Any change (an event, a wake, a claim, a promotion, usage recorded
+/// without an event) changes it.
 macro_rules! fingerprint {
     () => {
         "md5(concat_ws(E'\\n', (SELECT to_jsonb(x)::text FROM executions x WHERE x.id = $1), \
-           (SELECT string_agg(to_jsonb(t)::text, E'\\n' ORDER BY t.id) FROM tasks t WHERE t.execution_id = $1)))"
+           (SELECT string_agg(to_jsonb(t)::text, E'\\n' ORDER BY t.id) FROM tasks t WHERE t.execution_id = $1), \
+           (SELECT count(*)::text FROM usage_records u WHERE u.execution_id = $1)))"
     };
 }
 
@@ -129,6 +131,13 @@ const RECORD: Stmt = Stmt::write(
      SELECT $1, $2, left(coalesce(nullif(current_setting('sheaf.actor', true), ''), session_user::text), 256), \
             history_bytes FROM executions WHERE id = $1 RETURNING id",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT4OID],
+);
+const LEAVES_ENDED_PARENT: Stmt = Stmt::write(
+    "UPDATE executions e SET result_pulled_at = now() \
+     WHERE e.id = $1 AND e.parent_id IS NOT NULL AND e.result_pulled_at IS NULL \
+       AND EXISTS (SELECT 1 FROM executions p WHERE p.id = e.parent_id \
+                   AND p.state NOT IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING', 'MIGRATED'))",
+    &[PgBuiltInOids::UUIDOID],
 );
 const EXPORT: Stmt = Stmt::read(
     concat!(
@@ -418,6 +427,10 @@ pub fn begin(id: pgrx::Uuid, target: i32) -> Jsonb {
     if !blockers.is_empty() {
         not_ready(format!("execution {id} cannot move now: {}", blockers.join(", ")));
     }
+    // A child leaving its ended parent here: no relay pulls the end of a
+    // child started in its parent's transaction, so it is marked delivered
+    // now and retention keeps neither waiting for the other.
+    exec(&LEAVES_ENDED_PARENT, &[id.into()]);
     let migration: i64 = Spi::connect_mut(|client| {
         rows::only_value(
             run(client, &RECORD, &[id.into(), target.into()]),

@@ -302,6 +302,10 @@ pub fn start_remote(
     };
     match start::start_as(name, workflow_id, input, &o, Some(parent)) {
         (id, true, _) => ("started", id),
+        // Another relay's start of this same child (its lease lapsed while
+        // it ran) committed while this one waited for the start lock: the
+        // child runs, it is not a conflict.
+        (existing, false, _) if existing == child => ("exists", child),
         (existing, false, _) => ("conflict", existing),
     }
 }

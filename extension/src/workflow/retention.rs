@@ -4,8 +4,8 @@
 //! children links, delivered outbox rows, records of their moves, dead
 //! letters, whose quota counts follow), `MIGRATED` seals by their own
 //! setting, dead letters by theirs. Never an active execution, a staged
-//! copy, a run a move or the relay still works on, or a child whose end its
-//! parent on another shard has not pulled yet.
+//! copy, a run a move or the relay still works on, a child whose end its
+//! parent does not have yet, or a parent whose child here has not ended.
 
 use pgrx::prelude::*;
 use serde_json::Value;
@@ -14,7 +14,7 @@ use sheaf_core::retention::{Keep, Retention};
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
-use crate::base::{rows, shard};
+use crate::base::rows;
 use crate::queue::dead_letters;
 use crate::queue::hooks::ExecutionHooks;
 use crate::workflow::{executions, migration, quota};
@@ -49,8 +49,12 @@ pub fn store(policy: &Retention) {
 
 /// Ended runs a batch may delete: past `$1` seconds, none of what keeps
 /// them (an open move, the relay's rows, an outbox row not yet done, a
-/// child whose parent on another shard has not pulled its end). `[every
-/// workflow but those in $2, only workflow $2]`.
+/// child whose parent does not have its end yet, a parent whose child here
+/// has not reported its end). Where a parent lives decides, not the shard
+/// its id names: a child's end is marked (`result_pulled_at`) when its
+/// parent here gets it in the child's terminal transaction, when the relay
+/// pulled it to a parent elsewhere, or when the child moves away from an
+/// ended parent. `[every workflow but those in $2, only workflow $2]`.
 macro_rules! ended {
     ($which:literal) => {
         concat!(
@@ -58,19 +62,20 @@ macro_rules! ended {
              WHERE e.state IN ('COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT', 'CONTINUED_AS_NEW') \
                AND e.closed_at < now() - make_interval(secs => $1) AND ",
             $which,
-            " AND (e.parent_id IS NULL OR e.result_pulled_at IS NOT NULL OR id_shard(e.parent_id) = $3) \
+            " AND (e.parent_id IS NULL OR e.result_pulled_at IS NOT NULL) \
+               AND NOT EXISTS (SELECT 1 FROM executions k WHERE k.parent_id = e.id \
+                               AND k.state <> 'MIGRATED' AND k.result_pulled_at IS NULL) \
                AND NOT EXISTS (SELECT 1 FROM cross_shard_children c WHERE c.parent_id = e.id) \
                AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.sender_id = e.id AND o.state <> 'DONE') \
                AND NOT EXISTS (SELECT 1 FROM migrations m WHERE m.execution_id = e.id \
                                AND m.phase NOT IN ('DONE', 'ABORTED')) \
-             ORDER BY e.closed_at LIMIT $4 FOR UPDATE OF e SKIP LOCKED"
+             ORDER BY e.closed_at LIMIT $3 FOR UPDATE OF e SKIP LOCKED"
         )
     };
 }
 const ENDED_ARGS: &[PgBuiltInOids] = &[
     PgBuiltInOids::FLOAT8OID,
     PgBuiltInOids::TEXTARRAYOID,
-    PgBuiltInOids::INT4OID,
     PgBuiltInOids::INT8OID,
 ];
 const ENDED_OTHERS: Stmt = Stmt::write(ended!("e.workflow_name <> ALL ($2)"), ENDED_ARGS);
@@ -164,7 +169,6 @@ fn ids(stmt: &Stmt, args: &[pgrx::datum::DatumWithOid<'_>], doing: &str) -> Vec<
 /// seals) and `max` dead letters.
 pub fn prune(policy: &Retention, max: i64, hooks: &dyn ExecutionHooks) -> Pruned {
     let mut out = Pruned::default();
-    let here = shard::current();
     let mut left = max;
     // Each workflow with its own setting, then every other one.
     let own: Vec<String> = policy.workflows.keys().cloned().collect();
@@ -181,7 +185,7 @@ pub fn prune(policy: &Retention, max: i64, hooks: &dyn ExecutionHooks) -> Pruned
         }
         let found = ids(
             stmt,
-            &[secs.into(), names.into(), here.into(), left.into()],
+            &[secs.into(), names.into(), left.into()],
             "choosing ended runs to delete",
         );
         left -= found.len() as i64;
@@ -343,6 +347,39 @@ mod tests {
         );
         assert_eq!(maintain()["executions"], json!(1));
         assert!(!exists(child));
+    }
+
+    #[pg_test]
+    fn a_parent_here_and_its_local_child_wait_for_each_other_by_residence() {
+        init();
+        let (parent, ..) = start("rp", "parent", json!({}));
+        let child = Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT child_id FROM sheaf.start_child($1, 'rk', 'kid', '{}', '{\"parent_close\": \"abandon\"}')",
+            &[parent.into()],
+        )
+        .unwrap()
+        .unwrap();
+        Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[parent.into()]).unwrap();
+        let age =
+            "UPDATE sheaf.executions SET closed_at = now() - interval '40 days' WHERE closed_at IS NOT NULL";
+        Spi::run(age).unwrap();
+        Spi::run(r#"SELECT sheaf.set_retention('{"executions": "30days"}')"#).unwrap();
+        assert_eq!(maintain()["executions"], json!(0));
+        assert!(exists(parent), "kept while its child here has not ended");
+        Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[child.into()]).unwrap();
+        let marked = Spi::get_one_with_args::<bool>(
+            "SELECT result_pulled_at IS NOT NULL FROM sheaf.executions WHERE id = $1",
+            &[child.into()],
+        )
+        .unwrap();
+        assert_eq!(
+            marked,
+            Some(true),
+            "its parent here had its end in its terminal transaction"
+        );
+        Spi::run(age).unwrap();
+        assert_eq!(maintain()["executions"], json!(2));
+        assert!(!exists(parent) && !exists(child));
     }
 
     #[pg_test]

@@ -8,7 +8,9 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::id;
-use sheaf_core::policy::{ConcurrencyPolicy, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key};
+use sheaf_core::policy::{
+    ConcurrencyPolicy, OnConflict, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key,
+};
 use sheaf_core::rate::{Throttle, throttle_name};
 use sheaf_core::state::ExecutionState;
 
@@ -132,6 +134,22 @@ fn resolve_gates<'p>(p: &'p WorkflowPolicy, input: &Jsonb) -> Gates<'p> {
             .quota
             .as_ref()
             .and_then(|q| resolve(&q.key, "policy.quota.key").map(|k| (q, k))),
+    }
+}
+
+/// Takes a start's advisory locks ahead of a row lock its caller needs
+/// first (a parent's, for a child started in its transaction), so the
+/// lock order holds (`base::locks`): the start lock, then the gate lock if
+/// its policy gates admissions. `start_at` takes them again: transaction
+/// advisory locks are reentrant.
+pub fn lock_ahead(name: &str, workflow_id: &str, input: &Jsonb) {
+    let p = policy::load(name);
+    let gates = resolve_gates(&p, input);
+    locks::exclusive_pair(Class::Start, name, workflow_id);
+    if let Some((c, key)) = &gates.concurrency
+        && c.on_conflict != OnConflict::Defer
+    {
+        locks::exclusive_pair(Class::Gate, name, key);
     }
 }
 

@@ -13,13 +13,13 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
+use sheaf_core::state::ExecutionState;
 use sheaf_core::usage::{GroupBy, UNATTRIBUTED};
 
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
-use crate::workflow::executions;
 
 /// The events the report counts; `events_usage` is the partial index of
 /// exactly these (sql/schema.sql), which the statement's predicate repeats.
@@ -111,6 +111,10 @@ const RECORD: Stmt = Stmt::write(
     "INSERT INTO usage_records (execution_id, metrics) VALUES ($1, $2)",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::JSONBOID],
 );
+const SHARE: Stmt = Stmt::write(
+    "SELECT state FROM executions WHERE id = $1 FOR SHARE",
+    &[PgBuiltInOids::UUIDOID],
+);
 
 /// One group's row of the report, in `usage_report`'s column order.
 pub type UsageRow = (String, i64, i64, i64, i64, i64, i64, i64, f64, pgrx::JsonB);
@@ -136,7 +140,14 @@ pub fn report(from: TimestampWithTimeZone, to: TimestampWithTimeZone, group_by: 
 /// Records `metrics` (checked: `sheaf_core::usage::check_metrics`)
 /// against an execution of this shard, now; P0002 if it is not here.
 pub fn record(id: pgrx::Uuid, metrics: Jsonb) {
-    match executions::state_of(id) {
+    // Shared-locked, so a move's cutover (which locks the row) comes
+    // wholly before this (then the seal forwards the call where the run
+    // lives) or after (then its fingerprint has the record, and a record
+    // added after the move's verify declines the cutover): never a record
+    // left behind on a seal.
+    let state: Option<ExecutionState> =
+        Spi::connect_mut(|client| rows::value(run(client, &SHARE, &[id.into()]), "locking an execution"));
+    match state {
         None => unknown_execution(id),
         Some(state) => crate::workflow::migration::forward(id, state),
     }

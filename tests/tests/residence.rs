@@ -1,0 +1,498 @@
+//! Residence, not origin: an id names the shard a run was born on; where it
+//! lives after moves is reached through its seals' forwards, and every
+//! decision about where a run is follows residence (README, "Residence").
+//! Each test here failed before the decision it checks followed residence:
+//! a moved parent's local child reported its end to nobody; a default
+//! child of a moved parent went to the parent's old shard; an attach to a
+//! seal reported the seal's shard; a key lookup between a move's cutover
+//! and its activation answered "ended MIGRATED" for a live run; usage
+//! recorded between a move's verify and its cutover stayed on the seal;
+//! an erasure missed a seal a drain had handed to another shard; a child
+//! start deadlocked against a start of its key that closes runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sheaf_driver::{
+    ByKey, ChildPlacement, Client, ExecutionId, MoveOutcome, Placement, PoolOptions, Relay, RelayOptions,
+    ShardId, StartOptions,
+};
+use sheaf_tests::{connect, fleet, sid, unique, until};
+
+fn client() -> Arc<Client> {
+    Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
+}
+
+async fn start_on(c: &Client, shard: ShardId, name: &str, workflow_id: &str) -> ExecutionId {
+    c.start_workflow(
+        name,
+        workflow_id,
+        json!({"card": "4111-secret"}),
+        StartOptions::new().placement(Placement::Shard(shard)),
+    )
+    .await
+    .expect("a start")
+    .execution_id
+}
+
+async fn moved(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) {
+    match c.move_execution(from, id, to).await {
+        Ok(MoveOutcome::Moved { .. }) => {}
+        other => panic!("moving {id} {from} -> {to}: {other:?}"),
+    }
+}
+
+async fn event_types(c: &Client, id: ExecutionId) -> Vec<String> {
+    let page = c.history(id, 0, 1000).await.expect("a history page");
+    page.events.iter().map(|e| e.event_type.clone()).collect()
+}
+
+fn count(events: &[String], kind: &str) -> usize {
+    events.iter().filter(|e| *e == kind).count()
+}
+
+/// The issue's repro, in SQL on the parent's new home: a child started
+/// there with the default placement reports its end to its parent, once,
+/// in its own terminal transaction (no relay runs in this test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_child_of_a_moved_parent_reports_its_end_once() {
+    let c = client();
+    let (born, home) = (sid(0), sid(1));
+    let name = unique("res-parent");
+    let parent = start_on(&c, born, &name, "p-1").await;
+    moved(&c, born, parent, home).await;
+    let db = connect(fleet().get(home).expect("shard 1")).await;
+    let row = db
+        .query_one(
+            "SELECT child_id, target_shard FROM sheaf.start_child($1, 'res-child', 'c-1', '{}', '{}')",
+            &[&parent.as_uuid()],
+        )
+        .await
+        .expect("a child started where the parent lives");
+    let (child, target): (uuid::Uuid, i32) = (row.get(0), row.get(1));
+    assert_eq!(target, 1, "the default placement is where the parent lives");
+    db.execute("SELECT sheaf.complete_execution($1, '{\"ok\": 1}')", &[&child])
+        .await
+        .expect("the child completes");
+    let events = event_types(&c, parent).await;
+    assert_eq!(count(&events, "ChildStarted"), 1, "{events:?}");
+    assert_eq!(count(&events, "ChildCompleted"), 1, "{events:?}");
+    let rows: i64 = db
+        .query_one(
+            "SELECT count(*) FROM sheaf.cross_shard_children WHERE child_id = $1",
+            &[&child],
+        )
+        .await
+        .expect("the relay's rows")
+        .get(0);
+    assert_eq!(rows, 0, "nothing left for a relay");
+}
+
+/// Through the driver: `ParentShard` is where the parent lives, and a
+/// child on a third shard of a moved parent gets its end back through the
+/// relay exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn children_of_a_moved_parent_follow_its_residence() {
+    let c = client();
+    let (born, home, third) = (sid(0), sid(1), sid(2));
+    let name = unique("res-parent");
+    let parent = start_on(&c, born, &name, "p-1").await;
+    moved(&c, born, parent, home).await;
+    let local = c
+        .start_child(
+            parent,
+            "res-child",
+            "here",
+            json!({}),
+            ChildPlacement::ParentShard,
+        )
+        .await
+        .expect("a default child");
+    assert_eq!(local.shard, home, "{local:?}");
+    assert_eq!(
+        local.child_id.shard(),
+        Some(home),
+        "minted where the parent lives"
+    );
+    let remote = c
+        .start_child(
+            parent,
+            "res-child",
+            "there",
+            json!({}),
+            ChildPlacement::Shard(third),
+        )
+        .await
+        .expect("a child on a third shard");
+    assert_eq!(remote.shard, third);
+    let relay = Relay::start(
+        c.clone(),
+        fleet().shards().map(|s| s.id).collect(),
+        RelayOptions::default(),
+    );
+    until(
+        "the relay starts the remote child",
+        Duration::from_secs(20),
+        async || c.get_execution(remote.child_id).await.ok().flatten().is_some(),
+    )
+    .await;
+    assert!(
+        c.complete_execution(local.child_id, json!({"n": 1}))
+            .await
+            .expect("the local child completes")
+    );
+    assert!(
+        c.complete_execution(remote.child_id, json!({"n": 2}))
+            .await
+            .expect("the remote child completes")
+    );
+    until(
+        "both ends reach the parent",
+        Duration::from_secs(30),
+        async || count(&event_types(&c, parent).await, "ChildCompleted") == 2,
+    )
+    .await;
+    relay.shutdown().await;
+    let events = event_types(&c, parent).await;
+    assert_eq!(
+        count(&events, "ChildCompleted"),
+        2,
+        "exactly once each: {events:?}"
+    );
+}
+
+/// A start placed on the shard that holds the run's seal attaches to it,
+/// and says where the run lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attach_to_a_seal_reports_where_the_run_lives() {
+    let c = client();
+    let (born, home) = (sid(0), sid(2));
+    let name = unique("res-attach");
+    let id = start_on(&c, born, &name, "w-1").await;
+    moved(&c, born, id, home).await;
+    let again = c
+        .start_workflow(
+            &name,
+            "w-1",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(born)),
+        )
+        .await
+        .expect("an attach");
+    assert!(!again.created);
+    assert_eq!((again.execution_id, again.shard), (id, home));
+}
+
+/// Steps a move to its cutover, leaving it unactivated: the run's only
+/// copies are a seal on `from` and a staged copy on `to`.
+async fn cut_over(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) {
+    let export = c.migration_begin(from, id, to).await.expect("begun");
+    let migration = export.to_value().expect("an export")["migration_id"]
+        .as_i64()
+        .expect("a move id");
+    let digest = c.migration_stage(to, &export).await.expect("staged");
+    assert!(
+        c.migration_verify(from, migration, &digest)
+            .await
+            .expect("verified")
+    );
+    assert!(c.migration_cutover(from, migration).await.expect("cut over"));
+}
+
+/// A signal by key between a move's cutover and its activation waits for
+/// the live copy and is delivered there, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_lookup_mid_move_waits_for_the_live_copy() {
+    let c = client();
+    let (from, to) = (sid(1), sid(2));
+    let name = unique("res-key");
+    let id = start_on(&c, from, &name, "k-1").await;
+    cut_over(&c, from, id, to).await;
+    let activate = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            c.migration_activate(to, id).await.expect("activated")
+        })
+    };
+    let by_key = c
+        .signal_by_key(&name, "k-1", "poke", json!({"n": 1}), Some("poke-1"))
+        .await
+        .expect("a signal by key");
+    assert!(activate.await.expect("the activation task"));
+    match by_key {
+        ByKey::Delivered { execution_id, .. } => assert_eq!(execution_id, id),
+        other => panic!("a live run mid-move is not {other:?}"),
+    }
+    let events = event_types(&c, id).await;
+    assert_eq!(count(&events, "SignalReceived"), 1, "{events:?}");
+}
+
+/// Usage recorded after a move's verify declines its cutover, and is kept
+/// where the run still lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn usage_recorded_during_a_move_is_kept() {
+    let c = client();
+    let (from, to) = (sid(0), sid(1));
+    let name = unique("res-usage");
+    let id = start_on(&c, from, &name, "u-1").await;
+    let export = c.migration_begin(from, id, to).await.expect("begun");
+    let migration = export.to_value().expect("an export")["migration_id"]
+        .as_i64()
+        .expect("a move id");
+    let digest = c.migration_stage(to, &export).await.expect("staged");
+    assert!(
+        c.migration_verify(from, migration, &digest)
+            .await
+            .expect("verified")
+    );
+    c.record_usage(id, json!({"tokens": 7}))
+        .await
+        .expect("usage recorded mid-move");
+    assert!(
+        !c.migration_cutover(from, migration).await.expect("a cutover"),
+        "the cutover declines a run whose usage changed after its verify"
+    );
+    assert!(c.migration_discard(to, id).await.expect("discarded"));
+    c.migration_report(from, migration, "aborted", Some("usage changed"))
+        .await
+        .expect("aborted");
+    let db = connect(fleet().get(from).expect("the source")).await;
+    let kept: i64 = db
+        .query_one(
+            "SELECT count(*) FROM sheaf.usage_records u JOIN sheaf.executions e ON e.id = u.execution_id \
+             WHERE u.execution_id = $1 AND e.state = 'RUNNING'",
+            &[&id.as_uuid()],
+        )
+        .await
+        .expect("usage records")
+        .get(0);
+    assert_eq!(kept, 1, "the record stays with the live run");
+    // The move, again, carries it.
+    moved(&c, from, id, to).await;
+    let db = connect(fleet().get(to).expect("the target")).await;
+    let carried: i64 = db
+        .query_one(
+            "SELECT count(*) FROM sheaf.usage_records WHERE execution_id = $1",
+            &[&id.as_uuid()],
+        )
+        .await
+        .expect("usage records")
+        .get(0);
+    assert_eq!(carried, 1);
+}
+
+async fn payload_left(shard: ShardId, id: ExecutionId) -> bool {
+    let db = connect(fleet().get(shard).expect("a shard")).await;
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM sheaf.executions WHERE id = $1 AND input::text LIKE '%secret%')",
+        &[&id.as_uuid()],
+    )
+    .await
+    .expect("reading payloads")
+    .get(0)
+}
+
+/// A seal handed to a shard the run never lived on (what a drain does) is
+/// erased too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_erasure_reaches_a_seal_a_drain_handed_over() {
+    let c = client();
+    let (born, home, adopter) = (sid(0), sid(1), sid(2));
+    let name = unique("res-erase");
+    let id = start_on(&c, born, &name, "e-1").await;
+    moved(&c, born, id, home).await;
+    let db = connect(fleet().get(born).expect("the origin")).await;
+    let seal: serde_json::Value = db
+        .query_one(
+            "SELECT seal FROM sheaf.migration_seals(NULL, 10000) WHERE execution_id = $1",
+            &[&id.as_uuid()],
+        )
+        .await
+        .expect("its seal")
+        .get(0);
+    let seal = sheaf_driver::Json::from_serialize(&seal).expect("a seal document");
+    assert!(c.migration_adopt_seal(adopter, &seal).await.expect("adopted"));
+    assert!(
+        payload_left(adopter, id).await,
+        "the handed-over seal holds the input"
+    );
+    assert!(c.cancel_execution(id, None).await.expect("a cancel"));
+    let erased = c.erase_payloads(id).await.expect("an erasure");
+    assert_eq!(erased.live, home);
+    assert_eq!(erased.prior_residences, vec![born, adopter]);
+    for shard in [born, home, adopter] {
+        assert!(
+            !payload_left(shard, id).await,
+            "shard {shard} still holds the input"
+        );
+    }
+}
+
+/// A plain connection to `shard`, for transactions held open by hand.
+async fn connect_raw(shard: ShardId) -> tokio_postgres::Client {
+    let url = &fleet().get(shard).expect("a shard").url;
+    let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("a connection");
+    tokio::spawn(conn);
+    db
+}
+
+/// Whether another backend running a statement containing `marker` waits
+/// on a lock.
+async fn waits_on_lock(db: &tokio_postgres::Client, marker: &str) -> bool {
+    let pattern = format!("%{marker}%");
+    let waiting: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1 \
+             AND pid <> pg_backend_pid()",
+            &[&pattern],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0);
+    waiting > 0
+}
+
+/// Waits until the backend running a statement containing `marker` waits
+/// on a lock.
+async fn until_blocked(db: &tokio_postgres::Client, marker: &str) {
+    until(
+        "a backend to wait on a lock",
+        Duration::from_secs(20),
+        async || waits_on_lock(db, marker).await,
+    )
+    .await;
+}
+
+/// Runs `sql` with `params` on a connection of its own, in a task.
+fn spawn_query(
+    db: tokio_postgres::Client,
+    sql: &'static str,
+    a: uuid::Uuid,
+    b: String,
+) -> tokio::task::JoinHandle<Result<(), tokio_postgres::Error>> {
+    tokio::spawn(async move { db.query(sql, &[&a, &b]).await.map(drop) })
+}
+
+fn deadlocked(r: &Result<(), tokio_postgres::Error>) -> bool {
+    r.as_ref()
+        .err()
+        .and_then(|e| e.code())
+        .is_some_and(|c| c.code() == "40P01")
+}
+
+/// The lock order (README, "Deadlocks"): a child started in its parent's
+/// transaction takes the child's start and gate locks before the parent's
+/// row. Interleaved against a latest-wins start of the child's key that
+/// supersedes the parent, it waits instead of deadlocking: before, the
+/// child start held the parent's row while waiting for the gate, and the
+/// superseding start held the gate while waiting for the parent's row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_child_start_and_a_superseding_start_do_not_deadlock() {
+    let c = client();
+    let shard = sid(0);
+    let name = unique("res-latest");
+    c.declare_workflow(
+        &name,
+        json!({"concurrency": {"key": "input.k", "limit": 1, "on_conflict": "cancel_running"}}),
+    )
+    .await
+    .into_result()
+    .expect("declared");
+    let parent = c
+        .start_workflow(
+            &name,
+            "parent",
+            json!({"k": "x"}),
+            StartOptions::new().placement(Placement::Shard(shard)),
+        )
+        .await
+        .expect("the parent")
+        .execution_id;
+    // A start of the child's key holds its start lock in an open transaction.
+    let holder = connect_raw(shard).await;
+    holder.batch_execute("BEGIN").await.expect("begin");
+    holder
+        .query(
+            "SELECT * FROM sheaf.start_workflow($1, 'child', '{\"k\": \"y\"}', '{}')",
+            &[&name],
+        )
+        .await
+        .expect("a start holding the child's start lock");
+    // The child start waits for it.
+    let child_start = spawn_query(
+        connect_raw(shard).await,
+        "SELECT * FROM sheaf.start_child($1, $2, 'child', '{\"k\": \"x\"}', '{}') -- res-child-start",
+        parent.as_uuid(),
+        name.clone(),
+    );
+    let watcher = connect_raw(shard).await;
+    until_blocked(&watcher, "res-child-start").await;
+    // A start of the parent's key supersedes the parent.
+    let superseding = {
+        let db = connect_raw(shard).await;
+        let name = name.clone();
+        tokio::spawn(async move {
+            db.query(
+                "SELECT * FROM sheaf.start_workflow($1, 'newer', '{\"k\": \"x\"}', '{}') -- res-supersede",
+                &[&name],
+            )
+            .await
+            .map(drop)
+        })
+    };
+    // It finishes, or waits for a lock; then the holder lets go.
+    until(
+        "the superseding start to finish or wait",
+        Duration::from_secs(20),
+        async || superseding.is_finished() || waits_on_lock(&watcher, "res-supersede").await,
+    )
+    .await;
+    holder.batch_execute("ROLLBACK").await.expect("rollback");
+    let superseded = superseding.await.expect("the superseding task");
+    let child = child_start.await.expect("the child task");
+    assert!(
+        !deadlocked(&superseded) && !deadlocked(&child),
+        "no deadlock: superseding {superseded:?}, child start {child:?}"
+    );
+    assert!(superseded.is_ok(), "{superseded:?}");
+}
+
+/// A relay whose lease on a child's start lapsed while the start ran, and a
+/// second relay starting the same child meanwhile: the second waits for the
+/// first's start lock and then finds the child itself, which is `exists`
+/// (it runs), never a `conflict` that would fail the child in its parent's
+/// history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_start_that_meets_its_own_child_is_not_a_conflict() {
+    let shard = sid(2);
+    let child = ExecutionId::mint(shard).expect("a child id").as_uuid();
+    let parent = ExecutionId::mint(sid(0)).expect("a parent id").as_uuid();
+    let name = unique("res-relay-child");
+    let start = "SELECT outcome FROM sheaf.relay_start_child($1, $2, $3, 'c-1', '{}') -- res-relay-start";
+    let first = connect_raw(shard).await;
+    first.batch_execute("BEGIN").await.expect("begin");
+    let outcome: String = first
+        .query_one(start, &[&child, &parent, &name])
+        .await
+        .expect("the first start")
+        .get(0);
+    assert_eq!(outcome, "started");
+    let second = {
+        let db = connect_raw(shard).await;
+        let name = name.clone();
+        tokio::spawn(async move {
+            db.query_one(start, &[&child, &parent, &name])
+                .await
+                .map(|r| r.get::<_, String>(0))
+        })
+    };
+    let watcher = connect_raw(shard).await;
+    until_blocked(&watcher, "res-relay-start").await;
+    first.batch_execute("COMMIT").await.expect("commit");
+    let outcome = second.await.expect("the second start").expect("its outcome");
+    assert_eq!(outcome, "exists");
+}
