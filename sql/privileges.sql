@@ -1,24 +1,38 @@
 -- Least privilege. Runs last in the install script, after every function exists.
 --
--- Two roles, created once per cluster (roles are cluster-wide, so a second
--- database's CREATE EXTENSION reuses them). Neither can touch a table: every
+-- Three roles, created once per cluster (roles are cluster-wide, so a second
+-- database's CREATE EXTENSION reuses them). None can touch a table: every
 -- function is SECURITY DEFINER with a pinned search_path, so a role's rights are
 -- exactly the functions granted to it.
 --   sheaf_worker: enqueue, claim, complete, fail, heartbeat, start and drive
---                 executions, the mutex, and read-only helpers.
---   sheaf_admin:  everything a worker may do, plus init, policies, limits,
---                 redrive, terminate/pause/resume, quota recounts and migration.
+--                 executions, the mutex, and read-only helpers (the relay's
+--                 and the outbox's backlogs among them: metrics read them).
+--   sheaf_relay:  the protocol: the relay's steps (take, start and close a
+--                 child, report its end, deliver the outbox) and settling a
+--                 committed move (activate, repoint, report). A member of
+--                 sheaf_worker, because the relay also reads and signals
+--                 runs through the worker surface (get_execution,
+--                 find_execution, signal, cancel_execution): one role per
+--                 relay login.
+--   sheaf_admin:  everything a worker and the relay may do, plus init,
+--                 policies, limits, redrive, terminate/pause/resume, quota
+--                 recounts and migration.
 DO $roles$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'sheaf_worker') THEN
         CREATE ROLE sheaf_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'sheaf_relay') THEN
+        CREATE ROLE sheaf_relay NOLOGIN;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'sheaf_admin') THEN
         CREATE ROLE sheaf_admin NOLOGIN;
     END IF;
 END
 $roles$;
+GRANT sheaf_worker TO sheaf_relay;
 GRANT sheaf_worker TO sheaf_admin;
+GRANT sheaf_relay TO sheaf_admin;
 
 REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA @extschema@ FROM PUBLIC;
@@ -62,7 +76,6 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.rate_limits(),
     @extschema@.pending_starts(text, integer),
     @extschema@.schedule_fires(text, timestamp with time zone, integer),
-    @extschema@.relay_pulled(uuid),
     @extschema@.concurrency_stats(),
     @extschema@.start_workflow(text, text, jsonb, jsonb),
     @extschema@.find_execution(text, text),
@@ -78,15 +91,9 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.start_child(uuid, text, text, jsonb, jsonb),
     @extschema@.cancel_child(uuid, uuid, text),
     @extschema@.list_children(uuid, uuid, integer),
-    @extschema@.relay_take(integer, interval, uuid[]),
-    @extschema@.relay_report(uuid, bigint, jsonb),
-    @extschema@.relay_start_child(uuid, uuid, text, text, jsonb),
-    @extschema@.relay_close_child(uuid, uuid, text, text),
     @extschema@.relay_backlog(),
     @extschema@.signal_external(uuid, text, text, text, jsonb, jsonb),
     @extschema@.cancel_external(uuid, text, text, text, jsonb),
-    @extschema@.outbox_take(integer, interval),
-    @extschema@.outbox_report(uuid, bigint, jsonb),
     @extschema@.outbox_backlog(),
     @extschema@.published_topology(),
     @extschema@.fleet_config(),
@@ -101,12 +108,25 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.mutex_leave(text, uuid),
     @extschema@.mutex_renew(text, uuid, bigint, interval),
     @extschema@.mutex_reclaim(integer),
-    @extschema@.mutex_status(text),
+    @extschema@.mutex_status(text)
+TO sheaf_worker;
+
+-- Protocol surface: the relay's and rebalancing's steps. Each one trusts what
+-- its caller reports (a child's end, a committed move, where a forward
+-- points), so a worker credential must not reach them.
+GRANT EXECUTE ON FUNCTION
+    @extschema@.relay_take(integer, interval, uuid[]),
+    @extschema@.relay_report(uuid, bigint, jsonb),
+    @extschema@.relay_start_child(uuid, uuid, text, text, jsonb),
+    @extschema@.relay_close_child(uuid, uuid, text, text),
+    @extschema@.relay_pulled(uuid),
+    @extschema@.outbox_take(integer, interval),
+    @extschema@.outbox_report(uuid, bigint, jsonb),
     @extschema@.migration_activate(uuid),
     @extschema@.migration_report(bigint, text, text),
     @extschema@.migration_stalled(interval, integer, integer[]),
     @extschema@.migration_repoint(uuid, integer)
-TO sheaf_worker;
+TO sheaf_relay;
 
 -- Admin surface.
 GRANT EXECUTE ON FUNCTION

@@ -109,7 +109,7 @@ pub async fn audit(client: &Client, limit: i32, as_json: bool) -> ExitCode {
                 json!({
                     "shard": e.shard.get(), "id": e.id,
                     "at": humantime::format_rfc3339_micros(e.at).to_string(),
-                    "actor": e.actor, "action": e.action, "target": e.target, "outcome": e.outcome,
+                    "actor": e.actor, "login": e.login, "action": e.action, "target": e.target, "outcome": e.outcome,
                     "detail": e.detail.as_ref().and_then(|d| d.to_value().ok()),
                 })
             })
@@ -117,15 +117,16 @@ pub async fn audit(client: &Client, limit: i32, as_json: bool) -> ExitCode {
         exit::print_json(&json!({"items": items, "failed": exit::failures_json(&report.failed)}));
     } else {
         println!(
-            "{:<27} {:<6} {:<16} {:<22} {:<10} target",
-            "at", "shard", "actor", "action", "outcome"
+            "{:<27} {:<6} {:<16} {:<16} {:<22} {:<10} target",
+            "at", "shard", "actor", "login", "action", "outcome"
         );
         for e in entries {
             println!(
-                "{:<27} {:<6} {:<16} {:<22} {:<10} {}",
+                "{:<27} {:<6} {:<16} {:<16} {:<22} {:<10} {}",
                 humantime::format_rfc3339_seconds(e.at).to_string(),
                 e.shard,
                 e.actor,
+                e.login,
                 e.action,
                 e.outcome,
                 e.target.as_deref().unwrap_or("")

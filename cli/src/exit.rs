@@ -4,7 +4,9 @@
 //! answer (a shard did not answer; the output names it). 4: `find` found
 //! nothing on any shard. 5: an audit found what it looks for (`orphans`,
 //! `topology diff`, `config diff`; `shard drain`: executions stayed).
-//! 6: `shard health` found a shard that is not ready.
+//! 6: `shard health` found a shard that is not ready. 7: the login lacks a
+//! role the command needs (`relay` without `sheaf_relay`): a fix for the
+//! operator, not a fault to retry.
 
 use std::process::ExitCode;
 
@@ -16,6 +18,7 @@ pub const PARTIAL: u8 = 3;
 pub const NOT_FOUND: u8 = 4;
 pub const FOUND: u8 = 5;
 pub const NOT_READY: u8 = 6;
+pub const NO_ROLE: u8 = 7;
 
 pub fn usage(why: String) -> ExitCode {
     eprintln!("sheaf: {why}");

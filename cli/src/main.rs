@@ -185,9 +185,6 @@ enum Command {
     /// to different instants: see the README). Exits 5 when it finds any,
     /// 3 when partial.
     Orphans,
-    /// Run the relay alone (every Worker runs one for its shards): child
-    /// workflows across shards and the outbox of signals and cancels by
-    /// key. Runs until SIGINT or SIGTERM, printing each shard's backlog.
     /// The fleet's workflow policies, queue options and caps, declared once
     /// in a JSON file ({"workflows": {...}, "queues": {...}, "caps": {...}}).
     Config {
@@ -195,7 +192,8 @@ enum Command {
         what: ConfigCommand,
     },
     /// What operators did, newest first, from every shard's audit log
-    /// (configuration, topology digests, redrives, terminations).
+    /// (configuration, topology digests, redrives, terminations), each with
+    /// the actor its session declared (--actor) and its login role.
     Audit {
         /// Entries per shard.
         #[arg(long, default_value_t = 50)]
@@ -241,6 +239,11 @@ enum Command {
         #[command(subcommand)]
         what: TopologyCommand,
     },
+    /// Run the relay alone (every Worker runs one for its shards): child
+    /// workflows across shards and the outbox of signals and cancels by
+    /// key. Runs until SIGINT or SIGTERM, printing each shard's backlog.
+    /// Its login needs role sheaf_relay on every shard it relays (exits 7
+    /// naming the shard and the fix when one lacks it).
     Relay {
         /// Only this shard's rows (repeatable; default: every shard).
         #[arg(long = "shard", value_name = "N")]

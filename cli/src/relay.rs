@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sheaf_driver::{Child, Client, ExecutionId, Relay, RelayOptions, ShardId, Tree};
+use sheaf_driver::{Child, Client, ClientError, ExecutionId, Relay, RelayOptions, ShardId, Tree};
 
 use crate::exit;
 
@@ -149,6 +149,8 @@ pub async fn orphans(client: &Client, as_json: bool) -> ExitCode {
 
 /// `sheaf relay`: the relay alone, for `shards` (all when empty), until
 /// SIGINT or SIGTERM; every `report_every` a line per shard with its backlog.
+/// Exits 7 at once when the login lacks `sheaf_relay` on one of them; a
+/// shard that does not answer yet is relayed once it does.
 pub async fn run(client: Client, shards: Vec<u32>, report_every: Duration, as_json: bool) -> ExitCode {
     let all: Vec<ShardId> = client.topology().shards().map(|s| s.id).collect();
     let mut chosen = Vec::new();
@@ -160,6 +162,16 @@ pub async fn run(client: Client, shards: Vec<u32>, report_every: Duration, as_js
     }
     if chosen.is_empty() {
         chosen = all;
+    }
+    for &shard in &chosen {
+        match client.check_protocol_role(shard).await {
+            Ok(()) => {}
+            Err(e @ ClientError::MissingRole { .. }) => {
+                eprintln!("sheaf: the relay needs role sheaf_relay: {e}");
+                return exit::NO_ROLE.into();
+            }
+            Err(e) => eprintln!("sheaf: shard {shard} did not answer ({e}); relayed once it does"),
+        }
     }
     let client = Arc::new(client);
     let relay = Relay::start(client.clone(), chosen.clone(), RelayOptions::default());

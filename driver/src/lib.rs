@@ -120,4 +120,4 @@ pub use tls::ROOT_CERT_VAR;
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
 #[cfg(feature = "ui")]
 pub use ui::{UiOptions, UiServer};
-pub use worker::{Coverage, DrainReport, Worker, WorkerError, WorkerOptions, WorkerStats};
+pub use worker::{Coverage, DrainReport, ProtocolRole, Worker, WorkerError, WorkerOptions, WorkerStats};

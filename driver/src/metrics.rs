@@ -27,6 +27,10 @@
 //!   and, from `outbox_backlog()`, `sheaf_outbox_pending{shard,kind}` and
 //!   `sheaf_outbox_oldest_indeterminate_seconds{shard,kind}` (how long a row
 //!   has waited on a shard that cannot be read: what to alert on).
+//! - `sheaf_protocol_role{shard}`: 1 when this client's login on the shard
+//!   holds `sheaf_relay`, so the relay and rebalance auto-resume run there;
+//!   0 when it does not and they are off (a `Worker` running either, or a
+//!   [`Relay`](crate::Relay), asks each shard once at start).
 //! - Sampled by [`Client::sample_queues`](crate::Client::sample_queues)
 //!   (the metrics server does it at most every 15 s per scrape):
 //!   `sheaf_queue_tasks{shard,queue,state}` (`ready`, `scheduled`,
@@ -148,6 +152,7 @@ struct RelayMetrics {
     over_incomplete: IntCounterVec,
     outbox_pending: IntGaugeVec,
     oldest_indeterminate: IntGaugeVec,
+    protocol_role: IntGaugeVec,
 }
 
 impl RelayMetrics {
@@ -200,6 +205,12 @@ impl RelayMetrics {
                 "sheaf_outbox_oldest_indeterminate_seconds",
                 "How long the shard's longest-indeterminate outbox row has been so, by kind",
                 &["shard", "kind"],
+            ),
+            protocol_role: gauge(
+                "sheaf_protocol_role",
+                "1 if this client's login on the shard holds sheaf_relay (the relay and rebalance auto-resume run), \
+                 0 if not (they are off there)",
+                &["shard"],
             ),
         }
     }
@@ -459,6 +470,22 @@ impl Metrics {
         }
     }
 
+    pub(crate) fn protocol_role(&self, shard: ShardId, held: bool) {
+        self.relay
+            .protocol_role
+            .with_label_values(&[&shard.to_string()])
+            .set(i64::from(held));
+    }
+
+    /// The last `sheaf_protocol_role` of `shard` (false until it is known).
+    pub fn protocol_role_held(&self, shard: ShardId) -> bool {
+        self.relay
+            .protocol_role
+            .with_label_values(&[&shard.to_string()])
+            .get()
+            == 1
+    }
+
     pub(crate) fn outbox_delivery(&self, shard: ShardId, kind: &str, outcome: &str) {
         self.relay
             .deliveries
@@ -607,6 +634,7 @@ mod tests {
         m.task(s1, "q", TaskOutcome::DeadLettered);
         m.claim_took(s1, "q", Duration::from_millis(3));
         m.task_took(s1, "q", Duration::from_secs(2));
+        m.protocol_role(s1, false);
         let text = m.render();
         for line in [
             r#"sheaf_shard_requests_total{outcome="ok",shard="1"} 2"#,
@@ -623,6 +651,7 @@ mod tests {
             r#"sheaf_task_duration_seconds_bucket{queue="q",shard="1",le="1"} 0"#,
             r#"sheaf_task_duration_seconds_count{queue="q",shard="1"} 1"#,
             "# TYPE sheaf_claim_duration_seconds histogram",
+            r#"sheaf_protocol_role{shard="1"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
@@ -631,5 +660,8 @@ mod tests {
         assert_eq!(m.claims_timed(s1, "q"), 1);
         assert!(m.shard_up(s1));
         assert_eq!(m.stranded_ready(s1), 3);
+        assert!(!m.protocol_role_held(s1));
+        m.protocol_role(s1, true);
+        assert!(m.protocol_role_held(s1));
     }
 }

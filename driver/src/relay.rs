@@ -22,6 +22,12 @@
 //! and the row is taken at once by name) and sweeps every
 //! [`RelayOptions::sweep_every`] anyway: a lost notification costs one sweep
 //! interval, never a child.
+//!
+//! The relay's steps are granted to `sheaf_relay`, not to `sheaf_worker`
+//! (README "Roles"): before it sweeps a shard, a relay asks whether its
+//! login there holds that role, and on a shard where it does not it says so
+//! once (a warning, and `sheaf_protocol_role{shard}` 0) and leaves the
+//! shard alone, rather than failing every sweep.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -147,38 +153,48 @@ impl Shared {
 
 impl Relay {
     /// Starts a relay for the lifecycle rows of `shards` (each of them must
-    /// be in the client's topology). It calls any shard a child is on.
+    /// be in the client's topology). It calls any shard a child is on. A
+    /// shard where the client's login lacks `sheaf_relay` is left alone
+    /// (logged once; [`Client::check_protocol_role`] asks beforehand).
     pub fn start(client: Arc<Client>, shards: Vec<ShardId>, options: RelayOptions) -> Relay {
         let stop = CancellationToken::new();
         let shared = Shared::new(&shards);
         let mut tasks = Vec::new();
         for &shard in &shards {
-            tasks.push(tokio::spawn(run_shard(
-                client.clone(),
-                shard,
-                options.clone(),
-                shared.clone(),
-                stop.clone(),
-            )));
-            if options.listen
-                && let Some(url) = client.topology().get(shard).map(|s| s.url.clone())
-            {
-                let (client, shared, stop) = (client.clone(), shared.clone(), stop.clone());
-                tasks.push(tokio::spawn(async move {
-                    listen::listen(
-                        &client,
+            let (client, options, shared, stop) =
+                (client.clone(), options.clone(), shared.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                if protocol_role(&client, shard, "the relay is", &stop).await != Some(true) {
+                    return;
+                }
+                let url = client.topology().get(shard).map(|s| s.url.clone());
+                let listening = async {
+                    if let (true, Some(url)) = (options.listen, url) {
+                        listen::listen(
+                            &client,
+                            shard,
+                            &url,
+                            &["sheaf_relay"],
+                            &stop,
+                            |heard| match heard {
+                                Heard::Connected => shared.heard(shard, None),
+                                Heard::Notification { payload, .. } => shared.heard(shard, Some(payload)),
+                            },
+                        )
+                        .await;
+                    }
+                };
+                tokio::join!(
+                    run_shard(
+                        client.clone(),
                         shard,
-                        &url,
-                        &["sheaf_relay"],
-                        &stop,
-                        |heard| match heard {
-                            Heard::Connected => shared.heard(shard, None),
-                            Heard::Notification { payload, .. } => shared.heard(shard, Some(payload)),
-                        },
-                    )
-                    .await;
-                }));
-            }
+                        options.clone(),
+                        shared.clone(),
+                        stop.clone()
+                    ),
+                    listening
+                );
+            }));
         }
         Relay { stop, tasks }
     }
@@ -189,6 +205,48 @@ impl Relay {
         self.stop.cancel();
         for t in self.tasks {
             let _ = t.await;
+        }
+    }
+}
+
+/// Whether this client's login on `shard` holds `sheaf_relay`, asked until
+/// the shard answers: `Some(true)` if it does; `Some(false)` if not, after
+/// a warning that `off` (what will not run there: "the relay is") off on
+/// that shard and why; `None` if `stop` came first. Sets
+/// `sheaf_protocol_role{shard}` either way.
+pub(crate) async fn protocol_role(
+    client: &Client,
+    shard: ShardId,
+    off: &str,
+    stop: &CancellationToken,
+) -> Option<bool> {
+    const FIRST_WAIT: Duration = Duration::from_millis(250);
+    const MAX_WAIT: Duration = Duration::from_secs(30);
+    let mut wait = FIRST_WAIT;
+    loop {
+        match client.check_protocol_role(shard).await {
+            Ok(()) => {
+                client.metrics().protocol_role(shard, true);
+                return Some(true);
+            }
+            Err(e @ ClientError::MissingRole { .. }) => {
+                client.metrics().protocol_role(shard, false);
+                tracing::warn!(%shard, "{off} off on shard {shard}: {e}; restart after the grant");
+                return Some(false);
+            }
+            Err(e) => {
+                // Said once: the shard's other calls report its trouble too.
+                if wait == FIRST_WAIT {
+                    tracing::warn!(%shard, error = %e, "cannot ask shard {shard} whether this login holds sheaf_relay yet; {off} waiting for it");
+                } else {
+                    tracing::debug!(%shard, error = %e, "asking again whether this login holds sheaf_relay");
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(MAX_WAIT);
+            }
         }
     }
 }

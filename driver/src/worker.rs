@@ -8,10 +8,16 @@
 //! It sleeps on `LISTEN sheaf_ready` (one dedicated connection per shard,
 //! outside the pools) when idle, and polls anyway, so a lost notification
 //! costs at most one poll interval.
+//!
+//! Its relay and rebalance auto-resume run the protocol's steps, granted to
+//! `sheaf_relay` only: on each shard it asks once whether its login holds
+//! that role, and where it does not, it warns once and runs neither there
+//! ([`Worker::protocol_role`], `sheaf_protocol_role{shard}`); claiming is
+//! unaffected.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -68,13 +74,16 @@ pub struct WorkerOptions {
     pub drain_timeout: Duration,
     /// Sleep on `LISTEN sheaf_ready` between polls.
     pub listen: bool,
-    /// Run a relay for the lifecycle rows of its shards (`None`: not).
+    /// Run a relay for the lifecycle rows of its shards (`None`: not). On
+    /// a shard where its login lacks `sheaf_relay`, it does not run (warned
+    /// once at start; [`Worker::protocol_role`]).
     pub relay: Option<RelayOptions>,
     /// Auto-resume of rebalancing: with each maintenance pass, activate the
     /// moves off its shards whose cutover committed and then stalled this
     /// long (at least 5 s; default 30 s), each recorded with an audit entry
     /// (`Client::settle_stalled`). `None`: only `sheaf rebalance-resume`
-    /// settles them.
+    /// settles them. Like the relay, only on shards where its login holds
+    /// `sheaf_relay`.
     pub rebalance_resume: Option<Duration>,
     /// Serve `/metrics` here (feature `http`): the client's series and the
     /// queues of every readable shard, sampled at most every 15 s.
@@ -198,6 +207,37 @@ pub enum WorkerError {
     MetricsListen(String),
 }
 
+/// Whether a worker runs the protocol (its relay, rebalance auto-resume) on
+/// a shard: that needs its login there to hold `sheaf_relay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolRole {
+    /// Not known yet: the shard has not answered.
+    Unknown,
+    /// The login holds it: they run.
+    Held,
+    /// It does not: they are off on that shard (warned once, at start).
+    Missing,
+}
+
+impl ProtocolRole {
+    fn from_u8(n: u8) -> ProtocolRole {
+        match n {
+            1 => ProtocolRole::Held,
+            2 => ProtocolRole::Missing,
+            _ => ProtocolRole::Unknown,
+        }
+    }
+
+    fn as_u8(self) -> u8 {
+        match self {
+            ProtocolRole::Unknown => 0,
+            ProtocolRole::Held => 1,
+            ProtocolRole::Missing => 2,
+        }
+    }
+}
+
 /// Counts of what a worker did, so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerStats {
@@ -255,6 +295,9 @@ struct Ctx {
     wake: BTreeMap<ShardId, Notify>,
     /// Its relay's wakes, when it runs one.
     relay: Option<Arc<relay::Shared>>,
+    /// Per shard, a [`ProtocolRole`]; empty when it runs neither a relay
+    /// nor auto-resume.
+    protocol: BTreeMap<ShardId, AtomicU8>,
     stop: CancellationToken,
     abandon: CancellationToken,
     /// The task runners. Not a `JoinSet`: dropping the worker must not
@@ -322,8 +365,15 @@ impl Worker {
         }
         let warnings = count_scanners(&client, &shards, &options.name);
         let relay = options.relay.as_ref().map(|_| relay::Shared::new(&shards));
+        let runs_protocol = options.relay.is_some() || options.rebalance_resume.is_some();
+        let protocol = if runs_protocol {
+            shards.iter().map(|&s| (s, AtomicU8::new(0))).collect()
+        } else {
+            BTreeMap::new()
+        };
         let ctx = Arc::new(Ctx {
             relay,
+            protocol,
             slots: Arc::new(Semaphore::new(options.concurrency)),
             client,
             options,
@@ -346,16 +396,8 @@ impl Worker {
             Vec::new()
         };
         let mut background: Vec<JoinHandle<()>> = listeners;
-        if let (Some(shared), Some(relay_options)) = (&ctx.relay, &ctx.options.relay) {
-            for &shard in &ctx.shards {
-                background.push(tokio::spawn(relay::run_shard(
-                    ctx.client.clone(),
-                    shard,
-                    relay_options.clone(),
-                    shared.clone(),
-                    ctx.stop.clone(),
-                )));
-            }
+        for &shard in ctx.protocol.keys() {
+            background.push(tokio::spawn(run_protocol(ctx.clone(), shard)));
         }
         let housekeeping = Some(tokio::spawn(housekeep(ctx.clone())));
         let coordinator = tokio::spawn(coordinate(ctx.clone(), Arc::new(handler)));
@@ -394,6 +436,12 @@ impl Worker {
     /// Under-sized pools found at start (also logged).
     pub fn startup_warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// Whether its relay and rebalance auto-resume run on `shard`; `None`
+    /// when it runs neither or does not cover `shard`.
+    pub fn protocol_role(&self, shard: ShardId) -> Option<ProtocolRole> {
+        self.ctx.protocol_role(shard)
     }
 
     /// What it did so far.
@@ -711,6 +759,42 @@ where
     claimed
 }
 
+impl Ctx {
+    fn protocol_role(&self, shard: ShardId) -> Option<ProtocolRole> {
+        self.protocol
+            .get(&shard)
+            .map(|p| ProtocolRole::from_u8(p.load(Ordering::Acquire)))
+    }
+}
+
+/// Asks `shard` whether this worker's login holds `sheaf_relay`, then runs
+/// its relay there if it does (auto-resume, in `maintain`, reads the answer).
+async fn run_protocol(ctx: Arc<Ctx>, shard: ShardId) {
+    let off = match (&ctx.options.relay, &ctx.options.rebalance_resume) {
+        (Some(_), Some(_)) => "the relay and rebalance auto-resume are",
+        (Some(_), None) => "the relay is",
+        (None, _) => "rebalance auto-resume is",
+    };
+    let role = match relay::protocol_role(&ctx.client, shard, off, &ctx.stop).await {
+        Some(true) => ProtocolRole::Held,
+        Some(false) => ProtocolRole::Missing,
+        None => return,
+    };
+    if let Some(p) = ctx.protocol.get(&shard) {
+        p.store(role.as_u8(), Ordering::Release);
+    }
+    if let (ProtocolRole::Held, Some(shared), Some(options)) = (role, &ctx.relay, &ctx.options.relay) {
+        relay::run_shard(
+            ctx.client.clone(),
+            shard,
+            options.clone(),
+            shared.clone(),
+            ctx.stop.clone(),
+        )
+        .await;
+    }
+}
+
 /// Registration and maintenance, on their own task so a slow or
 /// unreachable shard never holds up the claim loop.
 async fn housekeep(ctx: Arc<Ctx>) {
@@ -783,7 +867,10 @@ async fn maintain(ctx: &Ctx) {
             log_failure(ctx, shard, "maintenance", &e);
             return;
         }
-        if let Some(grace) = ctx.options.rebalance_resume {
+        // Not before the shard said this login may (`run_protocol`).
+        if let Some(grace) = ctx.options.rebalance_resume
+            && ctx.protocol_role(shard) == Some(ProtocolRole::Held)
+        {
             match ctx.client.settle_stalled(shard, grace).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(%shard, settled = n, "auto-resume activated stalled moves"),

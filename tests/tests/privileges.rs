@@ -1,25 +1,89 @@
 //! Privileges: a login role granted only `sheaf_worker` cannot call an admin
 //! function, read or write any table of schema sheaf, or create objects in
-//! it (42501 each); every SECURITY DEFINER function pins a safe
-//! `search_path` (live, from `pg_proc.proconfig`); and no function runs SQL
-//! built from caller text (a check over the extension's source and SQL
-//! files, and over the live catalog).
+//! it (42501 each); the protocol's steps (the relay's, settling a move) are
+//! `sheaf_relay`'s alone, and a `Worker` or `sheaf relay` under a login
+//! without it says so instead of failing each sweep; audit rows name the
+//! login beside the declared actor; every SECURITY DEFINER function pins a
+//! safe `search_path` (live, from `pg_proc.proconfig`); and no function
+//! runs SQL built from caller text (a check over the extension's source and
+//! SQL files, and over the live catalog).
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sheaf_driver::{
+    ChildPlacement, EnqueueOptions, ExecutionId, ExecutionState, Outcome, Placement, PoolOptions,
+    ProtocolRole, RelayEdge, ShardId, StartOptions, TaskDone, Topology, Worker, WorkerOptions,
+};
 use sheaf_tests::source_check::{check_file, check_repository, dynamic_sql, lex, without_tests};
-use sheaf_tests::{code, connect, fleet, repo_root};
+use sheaf_tests::{cli_binary, code, connect, fleet, repo_root, unique, until};
 use tokio_postgres::{Client, Config, NoTls};
 
 const ROLE: &str = "sheaf_test_worker_login";
 
 async fn as_worker(url: &str) -> Client {
+    as_login(url, ROLE).await
+}
+
+async fn as_login(url: &str, login: &str) -> Client {
     let mut config: Config = url.parse().expect("a shard URL parses");
-    config.user(ROLE);
+    config.user(login);
     let (client, connection) = config
         .connect(NoTls)
         .await
-        .unwrap_or_else(|e| panic!("connecting as {ROLE}: {e}"));
+        .unwrap_or_else(|e| panic!("connecting as {login}: {e}"));
     tokio::spawn(connection);
     client
+}
+
+/// On every shard: `login`, a login role granted `role` alone (made anew).
+async fn make_login(login: &str, role: &str) {
+    for shard in fleet().shards() {
+        connect(shard)
+            .await
+            .batch_execute(&format!(
+                "DROP ROLE IF EXISTS {login}; CREATE ROLE {login} LOGIN; GRANT {role} TO {login}"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("creating {login} on shard {}: {e}", shard.id));
+    }
+}
+
+async fn drop_login(login: &str) {
+    for shard in fleet().shards() {
+        connect(shard)
+            .await
+            .batch_execute(&format!("DROP ROLE {login}"))
+            .await
+            .unwrap_or_else(|e| panic!("dropping {login} on shard {}: {e}", shard.id));
+    }
+}
+
+/// `url` with its user replaced by `login` (a URL, as scripts/shards prints).
+fn url_as(url: &str, login: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{login}@{host}")
+}
+
+/// The test fleet's shards, connecting as `login`, in the SHEAF_SHARDS format.
+fn spec_as(login: &str) -> String {
+    fleet()
+        .shards()
+        .map(|s| format!("{}={}", s.id, url_as(&s.url, login)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A client of the test fleet connecting as `login`.
+fn client_as(login: &str, actor: Option<&str>) -> Arc<sheaf_driver::Client> {
+    let topology = Topology::parse(&spec_as(login)).expect("the fleet as another login");
+    let options = PoolOptions {
+        actor: actor.map(str::to_owned),
+        ..PoolOptions::default()
+    };
+    Arc::new(sheaf_driver::Client::new(topology, options).expect("a client"))
 }
 
 /// `Err` unless `sql` is refused with 42501.
@@ -49,6 +113,7 @@ const INTRUSIONS: &[&str] = &[
     "ALTER TABLE sheaf.tasks ADD COLUMN intruder int",
     "CREATE TRIGGER intruder BEFORE INSERT ON sheaf.tasks FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger()",
     "SET ROLE sheaf_admin",
+    "SET ROLE sheaf_relay",
     "SET SESSION AUTHORIZATION postgres",
 ];
 
@@ -195,6 +260,440 @@ async fn a_worker_login_cannot_call_admin_functions_touch_tables_or_create_objec
             problems.join("\n  ")
         );
     }
+}
+
+/// Held by a test while a relay of its own runs: another's would drive its
+/// children too.
+static RELAYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The protocol's steps (README "Roles"): granted to `sheaf_relay` (and so
+/// to `sheaf_admin`), never to `sheaf_worker`.
+const PROTOCOL: [&str; 11] = [
+    "migration_activate",
+    "migration_repoint",
+    "migration_report",
+    "migration_stalled",
+    "outbox_report",
+    "outbox_take",
+    "relay_close_child",
+    "relay_pulled",
+    "relay_report",
+    "relay_start_child",
+    "relay_take",
+];
+
+/// Each protocol step as a relay calls it, for `child` of `parent`, a run
+/// started on this shard for this caller (`key`: a fresh workflow id for
+/// the child it starts): the function, the statement, and what a login
+/// that may call it gets (`None`: an answer; a SQLSTATE: the function's
+/// own refusal, which means it ran). `other`: another shard's id. The
+/// takes lease nothing another test's relay is waiting for.
+fn protocol_calls(
+    child: uuid::Uuid,
+    parent: uuid::Uuid,
+    key: &str,
+    other: ShardId,
+) -> Vec<(&'static str, String, Option<&'static str>)> {
+    vec![
+        (
+            "relay_take",
+            format!("SELECT * FROM sheaf.relay_take(10, '1 second', ARRAY['{child}'::uuid])"),
+            None,
+        ),
+        // No row of this child is taken: `stale`.
+        (
+            "relay_report",
+            format!("SELECT sheaf.relay_report('{child}', 1, '{{\"pending\": 10}}')"),
+            None,
+        ),
+        (
+            "relay_start_child",
+            format!(
+                "SELECT * FROM sheaf.relay_start_child(sheaf.new_id(), '{parent}', 'proto-child', '{key}', '{{}}')"
+            ),
+            None,
+        ),
+        (
+            "relay_close_child",
+            format!("SELECT sheaf.relay_close_child('{child}', '{parent}', 'cancel', 'roles test')"),
+            None,
+        ),
+        (
+            "relay_pulled",
+            format!("SELECT sheaf.relay_pulled('{child}')"),
+            None,
+        ),
+        (
+            "outbox_take",
+            "SELECT * FROM sheaf.outbox_take(1, '1 second')".into(),
+            None,
+        ),
+        (
+            "outbox_report",
+            "SELECT sheaf.outbox_report(gen_random_uuid(), 1, '{\"failed\": \"roles test\"}')".into(),
+            None,
+        ),
+        // Nothing staged: `false`.
+        (
+            "migration_activate",
+            format!("SELECT sheaf.migration_activate('{child}')"),
+            None,
+        ),
+        (
+            "migration_report",
+            "SELECT sheaf.migration_report(9223372036854775807, 'failed', 'roles test')".into(),
+            Some("P0002"),
+        ),
+        (
+            "migration_stalled",
+            "SELECT * FROM sheaf.migration_stalled('30 seconds', 10, '{}')".into(),
+            None,
+        ),
+        // No seal of it here: `false`.
+        (
+            "migration_repoint",
+            format!("SELECT sheaf.migration_repoint(sheaf.new_id(), {other})"),
+            None,
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn the_protocol_steps_are_the_relay_roles_alone() {
+    const WORKER: &str = "sheaf_test_proto_worker";
+    const RELAY: &str = "sheaf_test_proto_relay";
+    const ADMIN: &str = "sheaf_test_proto_admin";
+    make_login(WORKER, "sheaf_worker").await;
+    make_login(RELAY, "sheaf_relay").await;
+    make_login(ADMIN, "sheaf_admin").await;
+    let mut problems = Vec::new();
+    for shard in fleet().shards() {
+        let owner = connect(shard).await;
+        // The catalog: exactly these are the relay's and not the worker's.
+        let rows = owner
+            .query(
+                "SELECT p.proname::text FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'sheaf'::regnamespace \
+                   AND has_function_privilege('sheaf_relay', p.oid, 'EXECUTE') \
+                   AND NOT has_function_privilege('sheaf_worker', p.oid, 'EXECUTE') ORDER BY 1",
+                &[],
+            )
+            .await
+            .expect("reading the grants");
+        let relays: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        if relays != PROTOCOL {
+            problems.push(format!(
+                "shard {}: the relay's own functions are {relays:?}",
+                shard.id
+            ));
+        }
+        for (login, may) in [(WORKER, false), (RELAY, true), (ADMIN, true)] {
+            // A child of a parent on another shard, started here for this caller.
+            let parent = ExecutionId::mint(ShardId::new(9).expect("an id"))
+                .expect("an id")
+                .as_uuid();
+            let child: uuid::Uuid = owner
+                .query_one(
+                    "SELECT execution_id FROM sheaf.relay_start_child(sheaf.new_id(), $1, 'proto-child', $2, '{}')",
+                    &[&parent, &unique("proto")],
+                )
+                .await
+                .expect("a child to act on")
+                .get(0);
+            let db = as_login(&shard.url, login).await;
+            let other = fleet()
+                .shards()
+                .map(|s| s.id)
+                .find(|s| *s != shard.id)
+                .expect("another shard");
+            for (function, sql, refusal) in protocol_calls(child, parent, &unique("proto"), other) {
+                let got = db.query(sql.as_str(), &[]).await;
+                let got = got
+                    .as_ref()
+                    .map(drop)
+                    .map_err(|e| code(e).unwrap_or("none").to_owned());
+                let want: Result<(), String> = match (may, refusal) {
+                    (false, _) => Err("42501".into()),
+                    (true, None) => Ok(()),
+                    (true, Some(code)) => Err(code.into()),
+                };
+                if got != want {
+                    problems.push(format!(
+                        "shard {} {login} {function}: {got:?}, not {want:?}",
+                        shard.id
+                    ));
+                }
+            }
+            // The backlogs stay the worker's: its metrics read them.
+            for sql in [
+                "SELECT * FROM sheaf.relay_backlog()",
+                "SELECT * FROM sheaf.outbox_backlog()",
+            ] {
+                if let Err(e) = db.query(sql, &[]).await {
+                    problems.push(format!("shard {} {login}: {sql}: {e}", shard.id));
+                }
+            }
+        }
+    }
+    drop_login(WORKER).await;
+    drop_login(RELAY).await;
+    drop_login(ADMIN).await;
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Waits until the parent `p` has its child's end in its history.
+async fn child_completed(p: ExecutionId) -> bool {
+    let shard = fleet().get(p.route(fleet())).expect("its shard");
+    let db = connect(shard).await;
+    let n: i64 = db
+        .query_one(
+            "SELECT count(*) FROM sheaf.events WHERE execution_id = $1 AND event_type = 'ChildCompleted'",
+            &[&p.as_uuid()],
+        )
+        .await
+        .expect("reading its history")
+        .get(0);
+    n > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_login_works_without_the_protocol_and_a_relay_login_drives_a_child() {
+    const WORKER: &str = "sheaf_test_proto_worker_w";
+    const RELAY: &str = "sheaf_test_proto_relay_w";
+    let _relaying = RELAYING.lock().await;
+    make_login(WORKER, "sheaf_worker").await;
+    make_login(RELAY, "sheaf_relay").await;
+    let shards: Vec<ShardId> = fleet().shards().map(|s| s.id).collect();
+    let owner =
+        Arc::new(sheaf_driver::Client::new(fleet().clone(), PoolOptions::default()).expect("a client"));
+    // A child on another shard than its parent's: the relay's to start.
+    let parent = owner
+        .start_workflow(
+            &unique("proto-parent"),
+            "p",
+            json!({}),
+            StartOptions::new().placement(Placement::Shard(shards[0])),
+        )
+        .await
+        .expect("a parent")
+        .execution_id;
+    let child = owner
+        .start_child(
+            parent,
+            &unique("proto-child"),
+            "c",
+            json!({}),
+            ChildPlacement::Shard(shards[1]),
+        )
+        .await
+        .expect("a child")
+        .child_id;
+    a_worker_login_runs_no_relay(&owner, child, &shards, WORKER).await;
+    a_relay_login_drives_the_child(&owner, parent, child, &shards, RELAY).await;
+    drop_login(WORKER).await;
+    drop_login(RELAY).await;
+}
+
+/// A worker under `login` (sheaf_worker alone) claims and completes, and
+/// runs no relay: the protocol is off on every shard, and it says so.
+async fn a_worker_login_runs_no_relay(
+    owner: &sheaf_driver::Client,
+    child: ExecutionId,
+    shards: &[ShardId],
+    login: &str,
+) {
+    let worker = client_as(login, None);
+    let queue = unique("proto-q");
+    for &s in shards {
+        for i in 0..3 {
+            worker
+                .enqueue(
+                    &queue,
+                    json!({"i": i}),
+                    EnqueueOptions::new().placement(Placement::Shard(s)),
+                )
+                .await
+                .expect("a worker login enqueues");
+        }
+    }
+    let w = Worker::start(
+        worker.clone(),
+        WorkerOptions::new(unique("proto-w"), [queue.clone()]),
+        |_ctx| async { Ok(TaskDone::Complete(None)) },
+    )
+    .expect("a worker starts");
+    until(
+        "the worker login's tasks are done",
+        Duration::from_secs(30),
+        async || w.stats().completed == 3 * shards.len() as u64,
+    )
+    .await;
+    until(
+        "every shard answered about sheaf_relay",
+        Duration::from_secs(10),
+        async || {
+            shards
+                .iter()
+                .all(|&s| w.protocol_role(s) == Some(ProtocolRole::Missing))
+        },
+    )
+    .await;
+    // Two sweeps' time: the relay ran nowhere, so nothing was refused.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let text = worker.metrics_text();
+    for &s in shards {
+        assert!(!worker.metrics().protocol_role_held(s));
+        assert!(
+            text.contains(&format!("sheaf_protocol_role{{shard=\"{s}\"}} 0")),
+            "{text}"
+        );
+        assert_eq!(
+            worker.metrics().requests_total(s, Outcome::Error),
+            0,
+            "shard {s}: refused calls"
+        );
+    }
+    assert_eq!(
+        owner.get_execution(child).await.expect("a read"),
+        None,
+        "not started by anyone"
+    );
+    w.shutdown().await;
+}
+
+/// A worker under `login` (sheaf_relay alone) starts `child` of `parent`
+/// and reports its end.
+async fn a_relay_login_drives_the_child(
+    owner: &sheaf_driver::Client,
+    parent: ExecutionId,
+    child: ExecutionId,
+    shards: &[ShardId],
+    login: &str,
+) {
+    let relay = client_as(login, None);
+    let r = Worker::start(
+        relay.clone(),
+        WorkerOptions::new(unique("proto-r"), [unique("proto-none")]),
+        |_ctx| async { Ok(TaskDone::Complete(None)) },
+    )
+    .expect("a relay login's worker starts");
+    until("the relay started the child", Duration::from_secs(20), async || {
+        matches!(owner.get_execution(child).await, Ok(Some(e)) if e.state == ExecutionState::Running)
+    })
+    .await;
+    for &s in shards {
+        assert_eq!(r.protocol_role(s), Some(ProtocolRole::Held));
+        assert!(relay.metrics().protocol_role_held(s));
+    }
+    // Counted once the start is reported (the lock keeps any other relay away).
+    until(
+        "this worker's relay counted the start",
+        Duration::from_secs(10),
+        async || {
+            relay
+                .metrics()
+                .relay_attempts_total(shards[1], RelayEdge::Start, false)
+                >= 1
+        },
+    )
+    .await;
+    owner
+        .complete_execution(child, json!({"done": true}))
+        .await
+        .expect("the child completes");
+    until(
+        "the parent has the child's end",
+        Duration::from_secs(20),
+        async || child_completed(parent).await,
+    )
+    .await;
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn sheaf_relay_needs_the_relay_role_and_says_so() {
+    const WORKER: &str = "sheaf_test_proto_worker_cli";
+    const RELAY: &str = "sheaf_test_proto_relay_cli";
+    let _relaying = RELAYING.lock().await;
+    make_login(WORKER, "sheaf_worker").await;
+    make_login(RELAY, "sheaf_relay").await;
+    let refused = tokio::process::Command::new(cli_binary())
+        .args(["relay", "--report-every", "1s"])
+        .env("SHEAF_SHARDS", spec_as(WORKER))
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .kill_on_drop(true)
+        .output();
+    let refused = tokio::time::timeout(Duration::from_secs(30), refused)
+        .await
+        .expect("it exits at once")
+        .expect("the CLI runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(7), "{stderr}");
+    assert!(
+        stderr.contains("sheaf_relay") && stderr.contains(WORKER) && stderr.contains("GRANT"),
+        "{stderr}"
+    );
+    for shard in fleet().shards() {
+        let host = url_as(&shard.url, "x");
+        let host = host.split_once('@').map_or("", |(_, h)| h);
+        assert!(
+            !stderr.contains(host) && !stderr.contains("://"),
+            "a connection string in {stderr}"
+        );
+    }
+
+    let mut running = tokio::process::Command::new(cli_binary())
+        .args(["relay", "--report-every", "1s"])
+        .env("SHEAF_SHARDS", spec_as(RELAY))
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the CLI starts");
+    let mut lines = tokio::io::BufReader::new(running.stdout.take().expect("stdout"));
+    // Its start, then one report of every shard's backlog.
+    for _ in 0..=fleet().shards().count() {
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut line),
+        )
+        .await
+        .expect("a line in time")
+        .expect("a line");
+        assert!(
+            line.starts_with("relay running") || line.starts_with("shard "),
+            "{line}"
+        );
+    }
+    running.kill().await.expect("stopped");
+    drop_login(WORKER).await;
+    drop_login(RELAY).await;
+}
+
+#[tokio::test]
+async fn audit_rows_carry_the_login_beside_the_declared_actor() {
+    const ADMIN: &str = "sheaf_test_audit_login";
+    make_login(ADMIN, "sheaf_admin").await;
+    let c = client_as(ADMIN, Some("ann"));
+    let key = unique("audit-login");
+    let set = c.set_concurrency_limit(&key, Some(3)).await;
+    assert!(set.failed.is_empty(), "{:?}", set.failed);
+    let audit = c.fleet_audit_log(50).await;
+    assert!(audit.failed.is_empty(), "{:?}", audit.failed);
+    for shard in fleet().shards() {
+        let entry = audit.ok[&shard.id]
+            .iter()
+            .find(|e| e.target.as_deref() == Some(key.as_str()))
+            .expect("the cap's entry");
+        assert_eq!(
+            (entry.actor.as_str(), entry.login.as_str()),
+            ("ann", ADMIN),
+            "shard {}",
+            shard.id
+        );
+    }
+    drop(c);
+    drop_login(ADMIN).await;
 }
 
 #[tokio::test]

@@ -402,15 +402,31 @@ async fn a_rebalance_moves_quiescent_runs_and_names_every_blocker() {
     assert_eq!(held(b, f.plain).await.map(|h| h.0).as_deref(), Some("CANCELLED"));
     assert_eq!(held(a, f.plain).await.map(|h| h.0).as_deref(), Some("MIGRATED"));
     counted_once(&c, &f, b).await;
-    // One audit entry per move, naming the actor.
+    // One audit entry per move, naming the actor and the login beside it
+    // (as does the move's record).
     let audit = c.audit_log(a, None, 100).await.expect("the audit log");
+    let login: String = sql(a)
+        .await
+        .query_one("SELECT session_user::text", &[])
+        .await
+        .expect("the login")
+        .get(0);
+    assert_ne!(login, "rb-test");
+    let moves = c.migrations(a, false, 1000).await.expect("the moves");
     for id in f.movable() {
         assert!(
             audit.iter().any(|e| e.action == "rebalance.migrate"
                 && e.target.as_deref() == Some(&id.to_string())
                 && e.outcome == "moved"
-                && e.actor == "rb-test"),
+                && e.actor == "rb-test"
+                && e.login == login),
             "{id}: {audit:?}"
+        );
+        assert!(
+            moves
+                .iter()
+                .any(|m| m.execution_id == id && m.actor == "rb-test" && m.login == login),
+            "{id}: {moves:?}"
         );
     }
     c.release(f.held_task.task_id, f.held_task.token)

@@ -7,7 +7,8 @@ use super::{Client, ClientError, Owned};
 use crate::json::Json;
 use crate::topology::ShardId;
 
-const PAGE: &str = "SELECT id, at, actor, action, target, outcome, detail FROM sheaf.audit_log($1, $2)";
+const PAGE: &str =
+    "SELECT id, at, actor, login, action, target, outcome, detail FROM sheaf.audit_log($1, $2)";
 
 /// One operator action on one shard.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,8 +20,12 @@ pub struct AuditEntry {
     pub id: i64,
     /// When.
     pub at: SystemTime,
-    /// Who (`PoolOptions::actor`, else the login role).
+    /// Who, as the session declared it (`PoolOptions::actor`, else the
+    /// login role).
     pub actor: String,
+    /// The login role whose session did it (`session_user`), whatever actor
+    /// it declared.
+    pub login: String,
     /// What, e.g. `set_concurrency_limit`, `publish_topology`.
     pub action: String,
     /// To what.
@@ -51,6 +56,7 @@ impl Client {
                         id: row.try_get("id")?,
                         at: row.try_get("at")?,
                         actor: row.try_get("actor")?,
+                        login: row.try_get("login")?,
                         action: row.try_get("action")?,
                         target: row.try_get("target")?,
                         outcome: row.try_get("outcome")?,

@@ -264,6 +264,33 @@ pub enum ClientError {
     /// The driver refused the request before sending it anywhere.
     #[error("invalid request: {0}")]
     BadRequest(String),
+    /// This client's login on `shard` lacks `role`, which what it was asked
+    /// to run needs (`sheaf_relay`: the relay and rebalance auto-resume).
+    /// `defined` is false when the shard has no such role at all: its sheaf
+    /// predates the role (`ALTER EXTENSION sheaf UPDATE`).
+    #[error("{}", missing_role(*.shard, .role, .login, *.defined))]
+    MissingRole {
+        /// The shard whose login lacks it.
+        shard: ShardId,
+        /// The role, e.g. `sheaf_relay`.
+        role: &'static str,
+        /// The login role (the connection's user; never its connection string).
+        login: String,
+        /// Whether the role exists on that shard's cluster.
+        defined: bool,
+    },
+}
+
+/// [`ClientError::MissingRole`]'s message, with the statement that fixes it.
+fn missing_role(shard: ShardId, role: &str, login: &str, defined: bool) -> String {
+    let grant = format!("GRANT {role} TO \"{}\"", login.replace('"', "\"\""));
+    if defined {
+        format!("the login role {login:?} on shard {shard} lacks role {role} ({grant})")
+    } else {
+        format!(
+            "shard {shard} has no role {role}: its sheaf predates it (ALTER EXTENSION sheaf UPDATE there, then {grant})"
+        )
+    }
 }
 
 /// The most forwards a call about one execution follows
@@ -390,7 +417,8 @@ impl ClientError {
             | ClientError::Conflict { shard, .. }
             | ClientError::Moved { shard, .. }
             | ClientError::TooManyForwards { shard, .. }
-            | ClientError::Database { shard, .. } => Some(*shard),
+            | ClientError::Database { shard, .. }
+            | ClientError::MissingRole { shard, .. } => Some(*shard),
             _ => None,
         }
     }
@@ -529,6 +557,32 @@ mod tests {
         };
         assert!(!schema.is_retryable());
         assert!(!ClientError::BadRequest("x".into()).is_retryable());
+    }
+
+    #[test]
+    fn a_missing_role_names_the_role_the_login_and_the_fix() {
+        let e = ClientError::MissingRole {
+            shard: shard(2),
+            role: "sheaf_relay",
+            login: "app".into(),
+            defined: true,
+        };
+        assert_eq!(
+            e.to_string(),
+            "the login role \"app\" on shard 2 lacks role sheaf_relay (GRANT sheaf_relay TO \"app\")"
+        );
+        assert_eq!(e.shard(), Some(shard(2)));
+        assert!(!e.is_retryable());
+        let e = ClientError::MissingRole {
+            shard: shard(2),
+            role: "sheaf_relay",
+            login: "a\"b".into(),
+            defined: false,
+        };
+        assert!(
+            e.to_string().ends_with("then GRANT sheaf_relay TO \"a\"\"b\")"),
+            "{e}"
+        );
     }
 
     #[test]

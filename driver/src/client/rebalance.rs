@@ -29,7 +29,7 @@ const STALLED: &str = "SELECT migration_id, execution_id, target_shard, attempts
                        FROM sheaf.migration_stalled(make_interval(secs => $1), $2, $3)";
 const REPOINT: &str = "SELECT sheaf.migration_repoint($1, $2)";
 const MIGRATIONS: &str = "SELECT migration_id, execution_id, target_shard, phase, attempts, last_error, \
-                          verified_event_seq, bytes, actor, created_at, updated_at FROM sheaf.migrations($1, $2)";
+                          verified_event_seq, bytes, actor, login, created_at, updated_at FROM sheaf.migrations($1, $2)";
 
 /// Candidates read per page.
 const PAGE: i32 = 500;
@@ -82,8 +82,11 @@ pub struct Migration {
     pub verified_event_seq: Option<i64>,
     /// History bytes moved.
     pub bytes: i64,
-    /// Who started it.
+    /// Who started it, as its session declared (`PoolOptions::actor`, else
+    /// the login role).
     pub actor: String,
+    /// The login role that started it, whatever the session declared.
+    pub login: String,
     /// When it started.
     pub created_at: SystemTime,
     /// When it last changed.
@@ -289,6 +292,7 @@ impl Client {
                         verified_event_seq: row.try_get("verified_event_seq")?,
                         bytes: row.try_get("bytes")?,
                         actor: row.try_get("actor")?,
+                        login: row.try_get("login")?,
                         created_at: row.try_get("created_at")?,
                         updated_at: row.try_get("updated_at")?,
                     })

@@ -20,6 +20,14 @@ const START: &str = "SELECT outcome, execution_id FROM sheaf.relay_start_child($
 const CLOSE: &str = "SELECT sheaf.relay_close_child($1, $2, $3, $4)";
 const BACKLOG: &str = "SELECT target_shard, state, close_requested, rows, failing, oldest, max_attempts, last_error \
      FROM sheaf.relay_backlog()";
+/// Whether the login holds the protocol's role. `to_regrole`, not a cast:
+/// a shard whose sheaf predates the role answers rather than failing.
+const PROTOCOL_ROLE: &str = "SELECT current_user::text, r IS NOT NULL, \
+     coalesce(pg_catalog.pg_has_role(current_user, r, 'USAGE'), false) \
+     FROM (SELECT pg_catalog.to_regrole('sheaf_relay') AS r) AS role";
+
+/// The role the relay's and rebalancing's steps are granted to.
+pub(crate) const PROTOCOL_ROLE_NAME: &str = "sheaf_relay";
 
 /// How a child is closed from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,6 +331,28 @@ impl Client {
             )
             .await?;
         first_column(&call, &rows)
+    }
+
+    /// Whether this client's login on `shard` may run the protocol: the
+    /// relay and rebalance auto-resume need `sheaf_relay` (directly or
+    /// through a role that has it, as `sheaf_admin` does; a superuser has
+    /// every role). [`ClientError::MissingRole`] when it does not.
+    pub async fn check_protocol_role(&self, shard: ShardId) -> Result<(), ClientError> {
+        let (call, rows) = self.on_shard(shard, Owned::Shard, PROTOCOL_ROLE, &[]).await?;
+        let row = single(&call, &rows)?;
+        let read = || -> Result<(String, bool, bool), tokio_postgres::Error> {
+            Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+        };
+        let (login, defined, held) = read().map_err(|e| call.error(e, 1))?;
+        if held {
+            return Ok(());
+        }
+        Err(ClientError::MissingRole {
+            shard,
+            role: PROTOCOL_ROLE_NAME,
+            login,
+            defined,
+        })
     }
 
     /// `shard`'s lifecycle rows, grouped by target, state and close.

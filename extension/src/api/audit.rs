@@ -13,7 +13,9 @@ const MAX_PAGE: i32 = 1000;
 /// This shard's audit log, newest first: the entries before `before_id`
 /// (NULL: from the newest), at most `max_rows` (1..1000). Every operator
 /// action writes one (`action`, its `target`, `outcome`, `detail`), with
-/// the `actor` its session named (`sheaf.actor`, else the login role).
+/// the `actor` its session named (`sheaf.actor`, else the login role) and
+/// the `login` role that did it (`session_user`: an actor is the session's
+/// claim, the login is whose credential it was).
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn audit_log(
@@ -25,6 +27,7 @@ fn audit_log(
         name!(id, i64),
         name!(at, TimestampWithTimeZone),
         name!(actor, String),
+        name!(login, String),
         name!(action, String),
         name!(target, Option<String>),
         name!(outcome, String),

@@ -65,7 +65,8 @@ fn rebalance_candidates(
 }
 
 /// Starts moving a quiescent execution to shard `target_shard`: a STARTED
-/// move recorded here (the actor is `sheaf.actor`, else the login role) and
+/// move recorded here (the actor is `sheaf.actor`, else the login role;
+/// the login beside it) and
 /// the export to stage there (`migration_stage`). 55000 naming every
 /// blocker if it cannot move now.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -218,6 +219,7 @@ fn migrations(
         name!(verified_event_seq, Option<i64>),
         name!(bytes, i64),
         name!(actor, String),
+        name!(login, String),
         name!(created_at, TimestampWithTimeZone),
         name!(updated_at, TimestampWithTimeZone),
     ),

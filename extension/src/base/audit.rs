@@ -12,9 +12,9 @@ use crate::base::rows;
 const MAX_TEXT: usize = 256;
 
 const RECORD: Stmt = Stmt::write(
-    "INSERT INTO audit_log (actor, action, target, outcome, detail) \
+    "INSERT INTO audit_log (actor, login, action, target, outcome, detail) \
      VALUES (left(coalesce(nullif(current_setting('sheaf.actor', true), ''), session_user::text), 256), \
-             $1, left($2, 256), $3, $4)",
+             session_user::text, $1, left($2, 256), $3, $4)",
     &[
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::TEXTOID,
@@ -23,7 +23,7 @@ const RECORD: Stmt = Stmt::write(
     ],
 );
 const PAGE: Stmt = Stmt::read(
-    "SELECT id, at, actor, action, target, outcome, detail FROM audit_log \
+    "SELECT id, at, actor, login, action, target, outcome, detail FROM audit_log \
      WHERE id < $1 ORDER BY id DESC LIMIT $2",
     &[PgBuiltInOids::INT8OID, PgBuiltInOids::INT8OID],
 );
@@ -57,6 +57,7 @@ pub type Entry = (
     pgrx::datum::TimestampWithTimeZone,
     String,
     String,
+    String,
     Option<String>,
     String,
     Option<pgrx::JsonB>,
@@ -83,16 +84,16 @@ mod tests {
     use pgrx::prelude::*;
 
     #[pg_test]
-    fn operator_actions_are_recorded_with_their_actor() {
+    fn operator_actions_are_recorded_with_their_actor_and_login() {
         init();
         Spi::run("SELECT set_config('sheaf.actor', 'ann', true)").unwrap();
         Spi::run("SELECT sheaf.set_concurrency_limit('tenant-a', 3)").unwrap();
         Spi::run("SELECT sheaf.configure_queue('q', '{\"aging_secs\": 5}')").unwrap();
         Spi::run("SELECT set_config('sheaf.actor', '', true)").unwrap();
         Spi::run("SELECT sheaf.declare_workflow('w', '{}')").unwrap();
-        let rows: Vec<(String, String, String)> = Spi::connect(|c| {
+        let rows: Vec<(String, String, String, String)> = Spi::connect(|c| {
             c.select(
-                "SELECT actor, action, target FROM sheaf.audit_log(NULL, 10)",
+                "SELECT actor, login, action, target FROM sheaf.audit_log(NULL, 10)",
                 None,
                 &[],
             )
@@ -102,21 +103,27 @@ mod tests {
                     r.get(1).unwrap().unwrap(),
                     r.get(2).unwrap().unwrap(),
                     r.get(3).unwrap().unwrap(),
+                    r.get(4).unwrap().unwrap(),
                 )
             })
             .collect()
         });
+        // The login is the session's whatever actor it declared.
         let session: String = Spi::get_one("SELECT session_user::text").unwrap().unwrap();
+        let row = |actor: &str, action: &str, target: &str| {
+            (
+                actor.to_owned(),
+                session.clone(),
+                action.to_owned(),
+                target.to_owned(),
+            )
+        };
         assert_eq!(
             rows,
             [
-                (session, "declare_workflow".to_owned(), "w".to_owned()),
-                ("ann".to_owned(), "configure_queue".to_owned(), "q".to_owned()),
-                (
-                    "ann".to_owned(),
-                    "set_concurrency_limit".to_owned(),
-                    "tenant-a".to_owned()
-                ),
+                row(&session, "declare_workflow", "w"),
+                row("ann", "configure_queue", "q"),
+                row("ann", "set_concurrency_limit", "tenant-a"),
             ]
         );
         let older: i64 = Spi::get_one(

@@ -127,9 +127,9 @@ const BLOCKERS_OF: Stmt = Stmt::write(
 // Ready rows before task rows, tasks in id order, as every path
 // (`base::locks`); a claim takes ready rows SKIP LOCKED.
 const RECORD: Stmt = Stmt::write(
-    "INSERT INTO migrations (execution_id, target_shard, actor, bytes) \
+    "INSERT INTO migrations (execution_id, target_shard, actor, login, bytes) \
      SELECT $1, $2, left(coalesce(nullif(current_setting('sheaf.actor', true), ''), session_user::text), 256), \
-            history_bytes FROM executions WHERE id = $1 RETURNING id",
+            session_user::text, history_bytes FROM executions WHERE id = $1 RETURNING id",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT4OID],
 );
 const LEAVES_ENDED_PARENT: Stmt = Stmt::write(
@@ -224,7 +224,7 @@ const STALLED: Stmt = Stmt::write(
 );
 const LIST: Stmt = Stmt::read(
     "SELECT id, execution_id, target_shard, phase, attempts, last_error, verified_event_seq, bytes, actor, \
-            created_at, updated_at FROM migrations \
+            login, created_at, updated_at FROM migrations \
      WHERE NOT $1 OR phase NOT IN ('DONE', 'ABORTED') ORDER BY id DESC LIMIT $2",
     &[PgBuiltInOids::BOOLOID, PgBuiltInOids::INT8OID],
 );
@@ -641,6 +641,7 @@ pub type Listed = (
     Option<String>,
     Option<i64>,
     i64,
+    String,
     String,
     pgrx::datum::TimestampWithTimeZone,
     pgrx::datum::TimestampWithTimeZone,
