@@ -123,7 +123,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.outbox_take(integer, interval),
     @extschema@.outbox_report(uuid, bigint, jsonb),
     @extschema@.migration_activate(uuid),
-    @extschema@.migration_report(bigint, text, text),
+    @extschema@.migration_report(bigint, bigint, text, text),
     @extschema@.migration_stalled(interval, integer, integer[]),
     @extschema@.migration_repoint(uuid, integer)
 TO sheaf_relay;
@@ -163,9 +163,10 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.rebalance_candidates(uuid, integer),
     @extschema@.migration_begin(uuid, integer),
     @extschema@.migration_stage(jsonb),
-    @extschema@.migration_verify(bigint, text),
-    @extschema@.migration_cutover(bigint),
-    @extschema@.migration_discard(uuid),
+    @extschema@.migration_verify(bigint, bigint, text),
+    @extschema@.migration_cutover(bigint, bigint),
+    @extschema@.migration_takeover(bigint, interval),
+    @extschema@.migration_discard(uuid, integer, bigint),
     @extschema@.migrations(boolean, integer),
     @extschema@.erase_payloads(uuid),
     @extschema@.migration_seals(uuid, integer),

@@ -261,6 +261,7 @@ CREATE TABLE signals_seen (
     signal_id       text NOT NULL CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
     PRIMARY KEY (execution_id, signal_id)
 );
+CREATE INDEX signals_seen_id ON signals_seen (signal_id);
 REVOKE ALL ON signals_seen FROM PUBLIC;
 CREATE FUNCTION "signal"(
 	"execution_id" uuid,
@@ -661,7 +662,9 @@ CREATE TABLE migrations (
     actor           text NOT NULL,
     login           text NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now(),
-    updated_at      timestamptz NOT NULL DEFAULT now()
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    lease_token     bigint NOT NULL,
+    lease_until     timestamptz NOT NULL
 );
 CREATE UNIQUE INDEX migrations_open ON migrations (execution_id) WHERE phase NOT IN ('DONE', 'ABORTED');
 CREATE INDEX migrations_pending ON migrations (phase, updated_at) WHERE phase NOT IN ('DONE', 'ABORTED');
@@ -705,23 +708,25 @@ REVOKE EXECUTE ON FUNCTION @extschema@.migration_stage(jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.migration_stage(jsonb) TO sheaf_admin;
 CREATE FUNCTION "migration_verify"(
 	"migration_id" bigint,
+	"lease_token" bigint,
 	"staged_digest" TEXT
 ) RETURNS bool
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO @extschema@, pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'migration_verify_wrapper';
-REVOKE EXECUTE ON FUNCTION @extschema@.migration_verify(bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.migration_verify(bigint, text) TO sheaf_admin;
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_verify(bigint, bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_verify(bigint, bigint, text) TO sheaf_admin;
 CREATE FUNCTION "migration_cutover"(
-	"migration_id" bigint
+	"migration_id" bigint,
+	"lease_token" bigint
 ) RETURNS bool
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO @extschema@, pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'migration_cutover_wrapper';
-REVOKE EXECUTE ON FUNCTION @extschema@.migration_cutover(bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.migration_cutover(bigint) TO sheaf_admin;
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_cutover(bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_cutover(bigint, bigint) TO sheaf_admin;
 CREATE FUNCTION "migration_activate"(
 	"execution_id" uuid
 ) RETURNS bool
@@ -732,16 +737,19 @@ AS 'MODULE_PATHNAME', 'migration_activate_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.migration_activate(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.migration_activate(uuid) TO sheaf_relay;
 CREATE FUNCTION "migration_discard"(
-	"execution_id" uuid
+	"execution_id" uuid,
+	"source_shard" INT,
+	"migration_id" bigint
 ) RETURNS bool
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO @extschema@, pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'migration_discard_wrapper';
-REVOKE EXECUTE ON FUNCTION @extschema@.migration_discard(uuid) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.migration_discard(uuid) TO sheaf_admin;
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_discard(uuid, integer, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_discard(uuid, integer, bigint) TO sheaf_admin;
 CREATE FUNCTION "migration_report"(
 	"migration_id" bigint,
+	"lease_token" bigint,
 	"outcome" TEXT,
 	"error" TEXT DEFAULT NULL
 ) RETURNS TEXT
@@ -749,8 +757,8 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO @extschema@, pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'migration_report_wrapper';
-REVOKE EXECUTE ON FUNCTION @extschema@.migration_report(bigint, text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.migration_report(bigint, text, text) TO sheaf_relay;
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_report(bigint, bigint, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_report(bigint, bigint, text, text) TO sheaf_relay;
 CREATE FUNCTION "migration_stalled"(
 	"grace" interval DEFAULT '30 seconds',
 	"max_rows" INT DEFAULT 10,
@@ -759,7 +767,8 @@ CREATE FUNCTION "migration_stalled"(
 	"migration_id" bigint,
 	"execution_id" uuid,
 	"target_shard" INT,
-	"attempts" INT
+	"attempts" INT,
+	"lease_token" bigint
 )
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO @extschema@, pg_catalog, pg_temp
@@ -767,6 +776,16 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'migration_stalled_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.migration_stalled(interval, integer, integer[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.migration_stalled(interval, integer, integer[]) TO sheaf_relay;
+CREATE FUNCTION "migration_takeover"(
+	"migration_id" bigint,
+	"lease" interval DEFAULT '60 seconds'
+) RETURNS bigint
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'migration_takeover_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_takeover(bigint, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_takeover(bigint, interval) TO sheaf_admin;
 CREATE FUNCTION "migration_repoint"(
 	"execution_id" uuid,
 	"home_shard" INT
@@ -1068,6 +1087,7 @@ GRANT EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) TO sheaf_relay;
 
 -- Execution timeouts, continue-as-new and signal-with-start.
 ALTER TABLE @extschema@.executions ADD COLUMN timeout_at timestamptz;
+ALTER TABLE @extschema@.executions ADD COLUMN staged_by text;
 CREATE INDEX executions_timeout ON @extschema@.executions (timeout_at)
     WHERE timeout_at IS NOT NULL AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED');
 CREATE FUNCTION "continue_as_new"(
@@ -1311,6 +1331,7 @@ CREATE TABLE @extschema@.debounces (
     PRIMARY KEY (workflow_name, debounce_key)
 );
 CREATE INDEX debounces_until ON @extschema@.debounces (until);
+CREATE INDEX debounces_execution ON @extschema@.debounces (execution_id);
 REVOKE ALL ON @extschema@.debounces FROM PUBLIC;
 CREATE FUNCTION "declare_rate_limit"(
 	"name" TEXT,

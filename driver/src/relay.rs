@@ -559,7 +559,23 @@ async fn outbox_outcome(client: &Client, row: &OutboxRow) -> OutboxOutcome {
             }
             // A confirming cancel's later fan-out, complete: no live run.
             _ if row.confirming.is_some() => return OutboxOutcome::Confirmed,
-            Some(run) => return OutboxOutcome::Ended(run.execution_id, run.state),
+            // A signal whose run ended: it may have got it before it ended
+            // (a relay that died after delivering and before reporting),
+            // which the run's signal ids say.
+            Some(run) => {
+                if let OutboxKind::Signal { signal, payload } = &row.kind {
+                    let signal_id = row.outbox_id.to_string();
+                    match client
+                        .signal(run.execution_id, signal, payload.clone(), Some(&signal_id))
+                        .await
+                    {
+                        Ok(true) => return OutboxOutcome::Delivered(run.execution_id),
+                        Ok(false) => {}
+                        Err(e) => return OutboxOutcome::Failed(e.to_string()),
+                    }
+                }
+                return OutboxOutcome::Ended(run.execution_id, run.state);
+            }
             None => return OutboxOutcome::Unknown,
         }
     }

@@ -184,8 +184,9 @@ impl Topology {
     }
 
     /// HRW over every shard; a winner that is not placeable re-hashes among
-    /// the placeable ones, so adding a read-only shard moves nothing.
-    fn hash(&self, key: &[u8]) -> Result<ShardId, RouteError> {
+    /// the placeable ones, so adding a read-only shard moves nothing. Starts
+    /// and hashed mutex keys are placed by it.
+    pub(crate) fn hash(&self, key: &[u8]) -> Result<ShardId, RouteError> {
         let h = hrw::key_hash(key);
         let winner = hrw::pick(h, self.shards().map(|s| s.id.get())).ok_or(RouteError::NoWritableShard)?;
         let winner = ShardId::new(winner as u32).map_err(|_| RouteError::NoWritableShard)?;

@@ -613,17 +613,21 @@ pub const VALID_CALLS: &[ValidCall] = &[
         ],
     ),
     call(
-        "sheaf.migration_verify(bigint, text)",
+        "sheaf.migration_verify(bigint, bigint, text)",
         &[],
         &[
             "(SELECT (export->>'migration_id')::bigint FROM vc_export)",
+            "(SELECT (export->>'lease_token')::bigint FROM vc_export)",
             "(SELECT export->>'digest' FROM vc_export)",
         ],
     ),
     call(
-        "sheaf.migration_cutover(bigint)",
+        "sheaf.migration_cutover(bigint, bigint)",
         &[],
-        &["(SELECT (export->>'migration_id')::bigint FROM vc_export)"],
+        &[
+            "(SELECT (export->>'migration_id')::bigint FROM vc_export)",
+            "(SELECT (export->>'lease_token')::bigint FROM vc_export)",
+        ],
     ),
     call(
         "sheaf.migration_activate(uuid)",
@@ -636,20 +640,33 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &["(SELECT execution_id FROM vc_move2)", "9"],
     ),
     call(
-        "sheaf.migration_report(bigint, text, text)",
+        "sheaf.migration_report(bigint, bigint, text, text)",
         &[],
         &[
             "(SELECT (export->>'migration_id')::bigint FROM vc_export)",
+            "(SELECT (export->>'lease_token')::bigint FROM vc_export)",
             "'done'",
             "NULL",
         ],
     ),
     call(
-        "sheaf.migration_discard(uuid)",
+        "sheaf.migration_discard(uuid, integer, bigint)",
         &[
             r#"SELECT sheaf.migration_stage(replace(replace(export::text, (SELECT execution_id FROM vc_move2)::text, 'b0000000-0000-8000-8000-000000000002'), '"vc-move-2"', '"vc-move-2d"')::jsonb || '{"source_shard": 8}') FROM vc_export"#,
         ],
-        &["'b0000000-0000-8000-8000-000000000002'"],
+        &[
+            "'b0000000-0000-8000-8000-000000000002'",
+            "8",
+            "(SELECT (export->>'migration_id')::bigint FROM vc_export)",
+        ],
+    ),
+    call(
+        "sheaf.migration_takeover(bigint, interval)",
+        &[],
+        &[
+            "(SELECT (export->>'migration_id')::bigint FROM vc_export)",
+            "'60 seconds'",
+        ],
     ),
     call(
         "sheaf.migration_stalled(interval, integer, integer[])",

@@ -341,7 +341,7 @@ fn protocol_calls(
         ),
         (
             "migration_report",
-            "SELECT sheaf.migration_report(9223372036854775807, 'failed', 'roles test')".into(),
+            "SELECT sheaf.migration_report(9223372036854775807, 1, 'failed', 'roles test')".into(),
             Some("P0002"),
         ),
         (

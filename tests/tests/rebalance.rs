@@ -474,17 +474,21 @@ async fn a_run_that_changes_after_verification_is_not_cut_over() {
     declare(&c, &name, &unique("rb-late-q")).await;
     let id = start_on(&c, a, &name).await;
     let export = c.migration_begin(a, id, b).await.expect("begun");
-    let migration = export.to_value().expect("json")["migration_id"]
-        .as_i64()
-        .expect("an id");
+    let value = export.to_value().expect("json");
+    let migration = value["migration_id"].as_i64().expect("an id");
+    let token = value["lease_token"].as_i64().expect("a lease token");
     let digest = c.migration_stage(b, &export).await.expect("staged");
-    assert!(c.migration_verify(a, migration, &digest).await.expect("verified"));
+    assert!(
+        c.migration_verify(a, migration, token, &digest)
+            .await
+            .expect("verified")
+    );
     // It wakes and appends between verify and a late cutover.
     c.append_event(id, "Late", json!({})).await.expect("an event");
-    assert!(!c.migration_cutover(a, migration).await.expect("a cutover"));
-    assert!(c.migration_discard(b, id).await.expect("discarded"));
+    assert!(!c.migration_cutover(a, migration, token).await.expect("a cutover"));
+    assert!(c.migration_discard(b, id, a, migration).await.expect("discarded"));
     assert_eq!(
-        c.migration_report(a, migration, "aborted", Some("test"))
+        c.migration_report(a, migration, token, "aborted", Some("test"))
             .await
             .expect("aborted"),
         "ABORTED"
@@ -590,6 +594,17 @@ async fn the_cli_killed_after_any_phase_leaves_one_authoritative_copy() {
             // Live on the target already; the record is not done yet.
             assert_eq!(live_on(id).await, vec![to], "{phase}");
         }
+        // The killed mover's lease lapses (60 s; lapsed from outside here):
+        // only then may a resume take its move over.
+        sql(from)
+            .await
+            .execute(
+                "UPDATE sheaf.migrations SET lease_until = now() - interval '1 second' \
+                 WHERE phase NOT IN ('DONE', 'ABORTED')",
+                &[],
+            )
+            .await
+            .expect("the lease lapses");
         if phase == "committed" {
             auto_resumed(&c, from, to, id).await;
         } else {

@@ -184,20 +184,31 @@ async fn an_attach_to_a_seal_reports_where_the_run_lives() {
     assert_eq!((again.execution_id, again.shard), (id, home));
 }
 
+/// Begins moving `id` and stages it: the move's id and its lease token.
+async fn begun(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) -> (i64, i64, String) {
+    let export = c.migration_begin(from, id, to).await.expect("begun");
+    let value = export.to_value().expect("an export");
+    let migration = value["migration_id"].as_i64().expect("a move id");
+    let token = value["lease_token"].as_i64().expect("a lease token");
+    let digest = c.migration_stage(to, &export).await.expect("staged");
+    (migration, token, digest)
+}
+
 /// Steps a move to its cutover, leaving it unactivated: the run's only
 /// copies are a seal on `from` and a staged copy on `to`.
-async fn cut_over(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) {
-    let export = c.migration_begin(from, id, to).await.expect("begun");
-    let migration = export.to_value().expect("an export")["migration_id"]
-        .as_i64()
-        .expect("a move id");
-    let digest = c.migration_stage(to, &export).await.expect("staged");
+async fn cut_over(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) -> (i64, i64) {
+    let (migration, token, digest) = begun(c, from, id, to).await;
     assert!(
-        c.migration_verify(from, migration, &digest)
+        c.migration_verify(from, migration, token, &digest)
             .await
             .expect("verified")
     );
-    assert!(c.migration_cutover(from, migration).await.expect("cut over"));
+    assert!(
+        c.migration_cutover(from, migration, token)
+            .await
+            .expect("cut over")
+    );
+    (migration, token)
 }
 
 /// A signal by key between a move's cutover and its activation waits for
@@ -208,7 +219,7 @@ async fn a_key_lookup_mid_move_waits_for_the_live_copy() {
     let (from, to) = (sid(1), sid(2));
     let name = unique("res-key");
     let id = start_on(&c, from, &name, "k-1").await;
-    cut_over(&c, from, id, to).await;
+    let (migration, token) = cut_over(&c, from, id, to).await;
     let activate = {
         let c = c.clone();
         tokio::spawn(async move {
@@ -221,6 +232,9 @@ async fn a_key_lookup_mid_move_waits_for_the_live_copy() {
         .await
         .expect("a signal by key");
     assert!(activate.await.expect("the activation task"));
+    c.migration_report(from, migration, token, "done", None)
+        .await
+        .expect("done");
     match by_key {
         ByKey::Delivered { execution_id, .. } => assert_eq!(execution_id, id),
         other => panic!("a live run mid-move is not {other:?}"),
@@ -237,13 +251,9 @@ async fn usage_recorded_during_a_move_is_kept() {
     let (from, to) = (sid(0), sid(1));
     let name = unique("res-usage");
     let id = start_on(&c, from, &name, "u-1").await;
-    let export = c.migration_begin(from, id, to).await.expect("begun");
-    let migration = export.to_value().expect("an export")["migration_id"]
-        .as_i64()
-        .expect("a move id");
-    let digest = c.migration_stage(to, &export).await.expect("staged");
+    let (migration, token, digest) = begun(&c, from, id, to).await;
     assert!(
-        c.migration_verify(from, migration, &digest)
+        c.migration_verify(from, migration, token, &digest)
             .await
             .expect("verified")
     );
@@ -251,13 +261,19 @@ async fn usage_recorded_during_a_move_is_kept() {
         .await
         .expect("usage recorded mid-move");
     assert!(
-        !c.migration_cutover(from, migration).await.expect("a cutover"),
+        !c.migration_cutover(from, migration, token)
+            .await
+            .expect("a cutover"),
         "the cutover declines a run whose usage changed after its verify"
     );
-    assert!(c.migration_discard(to, id).await.expect("discarded"));
-    c.migration_report(from, migration, "aborted", Some("usage changed"))
+    c.migration_report(from, migration, token, "aborted", Some("usage changed"))
         .await
         .expect("aborted");
+    assert!(
+        c.migration_discard(to, id, from, migration)
+            .await
+            .expect("discarded")
+    );
     let db = connect(fleet().get(from).expect("the source")).await;
     let kept: i64 = db
         .query_one(
@@ -495,4 +511,139 @@ async fn a_relay_start_that_meets_its_own_child_is_not_a_conflict() {
     first.batch_execute("COMMIT").await.expect("commit");
     let outcome = second.await.expect("the second start").expect("its outcome");
     assert_eq!(outcome, "exists");
+}
+
+/// Which shards hold `id`, and in what state.
+async fn copies(id: ExecutionId) -> Vec<(ShardId, String)> {
+    let mut out = Vec::new();
+    for shard in fleet().shards() {
+        let db = connect(shard).await;
+        if let Some(row) = db
+            .query_opt(
+                "SELECT state FROM sheaf.executions WHERE id = $1",
+                &[&id.as_uuid()],
+            )
+            .await
+            .expect("a read")
+        {
+            out.push((shard.id, row.get(0)));
+        }
+    }
+    out
+}
+
+/// A move has one mover at a time: a resume leaves a move whose mover's
+/// lease is live alone, a step under another token is refused and changes
+/// nothing, and the mover goes on to the end. Once its lease lapses (the
+/// mover "crashed": its lease is expired from outside), a resume takes it
+/// over, and the old mover's steps are refused from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_move_has_one_mover_at_a_time() {
+    let c = client();
+    let (from, to) = (sid(0), sid(2));
+    let name = unique("res-lease");
+    let id = start_on(&c, from, &name, "l-1").await;
+    let (migration, token, digest) = begun(&c, from, id, to).await;
+    let resumed = c.rebalance_resume(from).await.expect("a resume");
+    let mine = resumed.iter().find(|r| r.id == id).expect("the move is listed");
+    assert!(
+        matches!(&mine.outcome, Ok(MoveOutcome::Blocked(why)) if why[0].contains("lease")),
+        "a move in progress is not taken over: {mine:?}"
+    );
+    assert!(
+        c.migration_verify(from, migration, token + 1_000_000, &digest)
+            .await
+            .is_err(),
+        "a step under another token is refused"
+    );
+    assert!(
+        c.migration_verify(from, migration, token, &digest)
+            .await
+            .expect("its mover verifies")
+    );
+    assert!(
+        c.migration_cutover(from, migration, token)
+            .await
+            .expect("its mover cuts over")
+    );
+    assert!(c.migration_activate(to, id).await.expect("activated"));
+    assert_eq!(
+        c.migration_report(from, migration, token, "done", None)
+            .await
+            .expect("done"),
+        "DONE"
+    );
+    let mut held = copies(id).await;
+    held.sort();
+    assert_eq!(held, vec![(from, "MIGRATED".into()), (to, "RUNNING".into())]);
+
+    // A second move, whose mover dies after staging.
+    let other = start_on(&c, from, &name, "l-2").await;
+    let (migration, token, digest) = begun(&c, from, other, to).await;
+    let db = connect(fleet().get(from).expect("the source")).await;
+    db.execute(
+        "UPDATE sheaf.migrations SET lease_until = now() - interval '1 second' WHERE id = $1",
+        &[&migration],
+    )
+    .await
+    .expect("the lease expired from outside");
+    let resumed = c.rebalance_resume(from).await.expect("a resume");
+    let mine = resumed
+        .iter()
+        .find(|r| r.id == other)
+        .expect("the move is listed");
+    assert!(
+        matches!(&mine.outcome, Ok(MoveOutcome::Moved { .. })),
+        "a lapsed move is taken over and moved again: {mine:?}"
+    );
+    assert!(
+        c.migration_verify(from, migration, token, &digest).await.is_err(),
+        "the old mover is fenced out"
+    );
+    let mut held = copies(other).await;
+    held.sort();
+    assert_eq!(held, vec![(from, "MIGRATED".into()), (to, "RUNNING".into())]);
+}
+
+/// An abort records ABORTED before it discards, and a discard removes only
+/// the copy its own move staged: an aborted move's late discard (its mover
+/// stalled between the two) leaves a newer move's copy alone, and that
+/// move completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_discard_never_removes_a_newer_moves_copy() {
+    let c = client();
+    let (from, to) = (sid(1), sid(0));
+    let name = unique("res-discard");
+    let id = start_on(&c, from, &name, "d-1").await;
+    let (first, token, _) = begun(&c, from, id, to).await;
+    assert_eq!(
+        c.migration_report(from, first, token, "aborted", Some("test"))
+            .await
+            .expect("aborted"),
+        "ABORTED"
+    );
+    assert!(
+        c.migration_cutover(from, first, token).await.is_err(),
+        "no cutover after an abort"
+    );
+    let (second, token, digest) = begun(&c, from, id, to).await;
+    assert!(
+        !c.migration_discard(to, id, from, first)
+            .await
+            .expect("a late discard"),
+        "the newer move's copy is not the late discard's"
+    );
+    assert!(
+        c.migration_verify(from, second, token, &digest)
+            .await
+            .expect("verified")
+    );
+    assert!(c.migration_cutover(from, second, token).await.expect("cut over"));
+    assert!(c.migration_activate(to, id).await.expect("activated"));
+    c.migration_report(from, second, token, "done", None)
+        .await
+        .expect("done");
+    let mut held = copies(id).await;
+    held.sort();
+    assert_eq!(held, vec![(to, "RUNNING".into()), (from, "MIGRATED".into())]);
 }

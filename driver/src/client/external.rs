@@ -485,7 +485,16 @@ impl Client {
                         unavailable_shards: failed,
                     });
                 }
+                // An ended run may have got this delivery before it ended
+                // (a retry with the same signal id reads as delivered).
                 Some(e) => {
+                    if deliver(e.execution_id).await? {
+                        return Ok(ByKey::Delivered {
+                            execution_id: e.execution_id,
+                            shard: e.shard,
+                            complete: true,
+                        });
+                    }
                     return Ok(ByKey::Ended {
                         execution_id: e.execution_id,
                         state: e.state,

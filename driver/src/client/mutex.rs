@@ -3,14 +3,22 @@
 //! when dropped.
 //!
 //! **Routing.** A mutex is shard-local: contending owners must meet on one
-//! shard. A [`MutexKey`] says which: by default the key is placed by
-//! rendezvous hashing over *every* shard of the topology (key bytes
-//! `0x01 ‖ "mutex__" ‖ key`, i.e. the routing key `mutex__<key>`), with no
-//! re-hash among writable shards, so draining a shard moves no lock; forwards
-//! are followed. Adding or removing a shard moves ~1/N of the keys: do not
-//! change the shard set while a key is contended, or pin it with
-//! [`MutexKey::on_shard`]. [`MutexKey::of_execution`] puts the lock on an
-//! execution's shard, where the execution ending releases it.
+//! shard, one home per key at a time. A [`MutexKey`] says which: by default
+//! the key is placed as a start is (routing key `mutex__<key>`, key bytes
+//! `0x01 ‖ "mutex__" ‖ key`): rendezvous hashing over every shard, a winner
+//! that is not writable and unreserved re-hashed among those that are, so
+//! adding a read-only shard (the first step of a rollout) moves no key. A
+//! change of the writable set moves ~1/N of the keys at once, for each
+//! client as it reloads its topology; `mutex_acquire` checks the client's
+//! declared topology digest as placed work does, so a client the shards no
+//! longer accept is refused, but a lock held across such a change can get a
+//! second holder at the key's new home: let contended keys go idle across
+//! it, or pin them with [`MutexKey::on_shard`].
+//! [`MutexKey::of_execution`] puts the lock on the shard the execution's id
+//! names, its *origin*, not where it lives now: contenders must meet on one
+//! shard however the run moves, and the origin is the one every holder of
+//! the id can compute. The execution ending releases such a lock while it
+//! lives there; after it moved away, the lock's lease ends it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -48,7 +56,7 @@ enum Route {
 }
 
 impl MutexKey {
-    /// `key` on the shard its rendezvous hash picks among every shard.
+    /// `key` on the shard its rendezvous hash picks, as a start's.
     pub fn new(key: impl Into<String>) -> MutexKey {
         MutexKey {
             key: key.into(),
@@ -64,8 +72,9 @@ impl MutexKey {
         }
     }
 
-    /// `key` on the shard of `execution` (its id routes there): an owner
-    /// that is that execution releases it when the execution ends.
+    /// `key` on the shard `execution`'s id names (its origin; see the
+    /// module's "Routing"): an owner that is that execution releases it
+    /// when the execution ends there.
     pub fn of_execution(key: impl Into<String>, execution: ExecutionId) -> MutexKey {
         MutexKey {
             key: key.into(),
@@ -128,12 +137,15 @@ impl Client {
     pub fn mutex_shard(&self, key: &MutexKey) -> ShardId {
         match key.route {
             Route::Shard(shard) => shard,
+            // Origin, not residence: the one shard every contender computes
+            // from the id alone, whatever moves the run made.
             Route::Execution(id) => id.route(&self.topology),
             Route::Hashed => {
-                let h = hrw::key_hash(&hrw::routing_key(&format!("{ROUTING_PREFIX}{}", key.key)));
-                let winner = hrw::pick(h, self.topology.shards().map(|s| s.id.get()))
-                    .and_then(|s| ShardId::new(u32::from(s)).ok())
-                    .unwrap_or_else(|| self.topology.default_shard());
+                let routing = hrw::routing_key(&format!("{ROUTING_PREFIX}{}", key.key));
+                let winner = self
+                    .topology
+                    .hash(&routing)
+                    .unwrap_or_else(|_| self.topology.default_shard());
                 self.topology.serving(winner)
             }
         }
@@ -593,20 +605,22 @@ mod tests {
     use crate::pool::PoolOptions;
     use crate::topology::Topology;
 
-    fn client(n: u32) -> Client {
+    /// `n` shards, the first `writable` of them writable.
+    fn client(n: u32, writable: u32) -> Client {
         let t = (0..n)
             .fold(Topology::builder(), |b, i| {
                 b.shard(i, format!("postgres://h{i}/d"))
             })
-            .writable([0])
+            .writable(0..writable)
             .build()
             .unwrap();
         Client::new(t, PoolOptions::default()).unwrap()
     }
 
     #[test]
-    fn a_hashed_key_is_the_routing_key_mutex_key_over_every_shard() {
-        let c = client(4);
+    fn a_hashed_key_is_placed_as_a_start_and_a_read_only_shard_moves_none() {
+        let c = client(4, 4);
+        let staged = client(5, 4);
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..64 {
             let key = format!("k{i}");
@@ -614,11 +628,19 @@ mod tests {
             let expected = hrw::pick(h, 0..4u16).unwrap();
             let shard = c.mutex_shard(&MutexKey::new(key.as_str()));
             assert_eq!(shard.get(), expected);
+            assert_eq!(
+                staged.mutex_shard(&MutexKey::new(key.as_str())),
+                shard,
+                "adding a read-only shard moves no key"
+            );
             seen.insert(shard.get());
         }
-        // Only shard 0 is writable, yet keys spread over all four: a drain
-        // moves no lock.
         assert_eq!(seen.len(), 4, "{seen:?}");
+        // A shard that is not writable holds no hashed key.
+        let one = client(4, 1);
+        for i in 0..64 {
+            assert_eq!(one.mutex_shard(&MutexKey::new(format!("k{i}"))).get(), 0);
+        }
         let pinned = ShardId::new(3).unwrap();
         assert_eq!(c.mutex_shard(&MutexKey::on_shard("k", pinned)), pinned);
         let id = ExecutionId::mint(ShardId::new(2).unwrap()).unwrap();

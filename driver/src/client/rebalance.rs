@@ -20,12 +20,13 @@ const CANDIDATES: &str = "SELECT execution_id, workflow_name, workflow_id, state
                           FROM sheaf.rebalance_candidates($1, $2)";
 const BEGIN: &str = "SELECT sheaf.migration_begin($1, $2)";
 const STAGE: &str = "SELECT sheaf.migration_stage($1)";
-const VERIFY: &str = "SELECT sheaf.migration_verify($1, $2)";
-const CUTOVER: &str = "SELECT sheaf.migration_cutover($1)";
+const VERIFY: &str = "SELECT sheaf.migration_verify($1, $2, $3)";
+const CUTOVER: &str = "SELECT sheaf.migration_cutover($1, $2)";
 const ACTIVATE: &str = "SELECT sheaf.migration_activate($1)";
-const DISCARD: &str = "SELECT sheaf.migration_discard($1)";
-const REPORT: &str = "SELECT sheaf.migration_report($1, $2, $3)";
-const STALLED: &str = "SELECT migration_id, execution_id, target_shard, attempts \
+const DISCARD: &str = "SELECT sheaf.migration_discard($1, $2, $3)";
+const REPORT: &str = "SELECT sheaf.migration_report($1, $2, $3, $4)";
+const TAKEOVER: &str = "SELECT sheaf.migration_takeover($1, make_interval(secs => $2))";
+const STALLED: &str = "SELECT migration_id, execution_id, target_shard, attempts, lease_token \
                        FROM sheaf.migration_stalled(make_interval(secs => $1), $2, $3)";
 const REPOINT: &str = "SELECT sheaf.migration_repoint($1, $2)";
 const MIGRATIONS: &str = "SELECT migration_id, execution_id, target_shard, phase, attempts, last_error, \
@@ -37,6 +38,18 @@ const PAGE: i32 = 500;
 pub const STALL_AFTER: Duration = Duration::from_secs(30);
 /// The shortest grace the shards accept.
 pub const MIN_STALL_AFTER: Duration = Duration::from_secs(5);
+/// The lease `rebalance_resume` takes on a move it takes over.
+const RESUME_LEASE: Duration = Duration::from_secs(60);
+
+/// One move as its mover holds it: every step on the source names the
+/// lease token (`sheaf.migration_begin`'s, or a takeover's).
+struct Lease {
+    from: ShardId,
+    to: ShardId,
+    id: ExecutionId,
+    migration: i64,
+    token: i64,
+}
 
 /// An unfinished execution of a shard and every reason it cannot move now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +118,8 @@ pub struct StalledMove {
     pub target: ShardId,
     /// Failed steps so far.
     pub attempts: i32,
+    /// The lease token the claim gave this settler.
+    pub lease_token: i64,
 }
 
 /// How one execution's move ended.
@@ -326,23 +341,49 @@ impl Client {
     }
 
     /// Verifies move `migration` on its source against the staged digest
-    /// (`sheaf.migration_verify`).
+    /// (`sheaf.migration_verify`), as the holder of `lease_token` (the
+    /// export's, or a takeover's).
     pub async fn migration_verify(
         &self,
         from: ShardId,
         migration: i64,
+        lease_token: i64,
         digest: &str,
     ) -> Result<bool, ClientError> {
         let (call, rows) = self
-            .on_shard(from, Owned::Shard, VERIFY, &[&migration, &digest])
+            .on_shard(from, Owned::Shard, VERIFY, &[&migration, &lease_token, &digest])
             .await?;
         first_column(&call, &rows)
     }
 
     /// The cutover of move `migration` on its source
-    /// (`sheaf.migration_cutover`): `false` if it declined.
-    pub async fn migration_cutover(&self, from: ShardId, migration: i64) -> Result<bool, ClientError> {
-        let (call, rows) = self.on_shard(from, Owned::Shard, CUTOVER, &[&migration]).await?;
+    /// (`sheaf.migration_cutover`), as the holder of `lease_token`: `false`
+    /// if it declined.
+    pub async fn migration_cutover(
+        &self,
+        from: ShardId,
+        migration: i64,
+        lease_token: i64,
+    ) -> Result<bool, ClientError> {
+        let (call, rows) = self
+            .on_shard(from, Owned::Shard, CUTOVER, &[&migration, &lease_token])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Takes move `migration` over when its mover's lease has lapsed
+    /// (`sheaf.migration_takeover`): the new lease token, or `None` while
+    /// its mover still holds it or the move is over.
+    pub async fn migration_takeover(
+        &self,
+        from: ShardId,
+        migration: i64,
+        lease: Duration,
+    ) -> Result<Option<i64>, ClientError> {
+        let secs = lease.as_secs_f64();
+        let (call, rows) = self
+            .on_shard(from, Owned::Shard, TAKEOVER, &[&migration, &secs])
+            .await?;
         first_column(&call, &rows)
     }
 
@@ -354,26 +395,46 @@ impl Client {
         first_column(&call, &rows)
     }
 
-    /// Discards the staged copy of `id` on `to` (`sheaf.migration_discard`).
-    pub async fn migration_discard(&self, to: ShardId, id: ExecutionId) -> Result<bool, ClientError> {
+    /// Discards the copy of `id` that move `migration` of `from` staged on
+    /// `to` (`sheaf.migration_discard`); `false` if nothing is staged there
+    /// or the copy is another move's.
+    pub async fn migration_discard(
+        &self,
+        to: ShardId,
+        id: ExecutionId,
+        from: ShardId,
+        migration: i64,
+    ) -> Result<bool, ClientError> {
+        let source = from.get() as i32;
         let (call, rows) = self
-            .on_shard(to, Owned::Execution(id), DISCARD, &[&id.as_uuid()])
+            .on_shard(
+                to,
+                Owned::Execution(id),
+                DISCARD,
+                &[&id.as_uuid(), &source, &migration],
+            )
             .await?;
         first_column(&call, &rows)
     }
 
     /// Records how move `migration` ended on its source
-    /// (`sheaf.migration_report`: `done`, `resumed`, `aborted`, `failed`);
-    /// its phase after.
+    /// (`sheaf.migration_report`: `done`, `resumed`, `aborted`, `failed`),
+    /// as the holder of `lease_token`; its phase after.
     pub async fn migration_report(
         &self,
         from: ShardId,
         migration: i64,
+        lease_token: i64,
         outcome: &str,
         error: Option<&str>,
     ) -> Result<String, ClientError> {
         let (call, rows) = self
-            .on_shard(from, Owned::Shard, REPORT, &[&migration, &outcome, &error])
+            .on_shard(
+                from,
+                Owned::Shard,
+                REPORT,
+                &[&migration, &lease_token, &outcome, &error],
+            )
             .await?;
         first_column(&call, &rows)
     }
@@ -393,15 +454,22 @@ impl Client {
             .await?;
         rows.iter()
             .map(|row| {
-                let read = || -> Result<(i64, uuid::Uuid, i32, i32), tokio_postgres::Error> {
-                    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?))
+                let read = || -> Result<(i64, uuid::Uuid, i32, i32, i64), tokio_postgres::Error> {
+                    Ok((
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                    ))
                 };
-                let (id, execution, target, attempts) = read().map_err(|e| call.error(e, 1))?;
+                let (id, execution, target, attempts, lease_token) = read().map_err(|e| call.error(e, 1))?;
                 Ok(StalledMove {
                     id,
                     execution_id: ExecutionId::from_uuid(execution),
                     target: ShardId::new(target as u32).map_err(|e| read_err(shard, "a move's target", e))?,
                     attempts,
+                    lease_token,
                 })
             })
             .collect()
@@ -455,22 +523,30 @@ impl Client {
         let migration = value["migration_id"]
             .as_i64()
             .ok_or_else(|| read_err(from, "an export", "no migration_id"))?;
+        let lease = value["lease_token"]
+            .as_i64()
+            .ok_or_else(|| read_err(from, "an export", "no lease_token"))?;
+        let mv = Lease {
+            from,
+            to,
+            id,
+            migration,
+            token: lease,
+        };
         let bytes = value["execution"]["history_bytes"].as_i64().unwrap_or_default();
         drop(value);
         after(Phase::Begun);
         let staged = match self.migration_stage(to, &export).await {
             Ok(digest) => digest,
-            Err(e) => return self.abort(from, to, id, migration, &e.to_string()).await,
+            Err(e) => return self.abort(&mv, &e.to_string()).await,
         };
         drop(export);
         after(Phase::Staged);
-        if !self.migration_verify(from, migration, &staged).await? {
-            return self
-                .abort(from, to, id, migration, "the staged copy differs from the source")
-                .await;
+        if !self.migration_verify(from, migration, lease, &staged).await? {
+            return self.abort(&mv, "the staged copy differs from the source").await;
         }
         after(Phase::Verified);
-        if !self.migration_cutover(from, migration).await? {
+        if !self.migration_cutover(from, migration, lease).await? {
             // The cutover noted why on the record.
             let why = self
                 .migrations(from, true, 10_000)
@@ -479,11 +555,11 @@ impl Client {
                 .find(|m| m.id == migration)
                 .and_then(|m| m.last_error)
                 .unwrap_or_else(|| "the cutover declined".to_owned());
-            return self.abort(from, to, id, migration, &why).await;
+            return self.abort(&mv, &why).await;
         }
         let cut = Instant::now();
         after(Phase::Committed);
-        let live = self.settle(from, to, id, migration, "done", hook).await?;
+        let live = self.settle(&mv, "done", hook).await?;
         Ok(MoveOutcome::Moved {
             bytes,
             unavailable: live.duration_since(cut),
@@ -495,16 +571,20 @@ impl Client {
     /// recorded (`failed`) and returned: the record stays COMMITTED.
     async fn settle(
         &self,
-        from: ShardId,
-        to: ShardId,
-        id: ExecutionId,
-        migration: i64,
+        mv: &Lease,
         outcome: &str,
         hook: Option<&PhaseHook>,
     ) -> Result<Instant, ClientError> {
+        let &Lease {
+            from,
+            to,
+            id,
+            migration,
+            token,
+        } = mv;
         if let Err(e) = self.migration_activate(to, id).await {
             if let Err(r) = self
-                .migration_report(from, migration, "failed", Some(&e.to_string()))
+                .migration_report(from, migration, token, "failed", Some(&e.to_string()))
                 .await
             {
                 tracing::warn!(%id, error = %r, "recording a failed activation failed");
@@ -523,22 +603,20 @@ impl Client {
                 tracing::warn!(%id, %origin, error = %e, "repointing the origin's seal failed; the chain is followed");
             }
         }
-        self.migration_report(from, migration, outcome, None).await?;
+        self.migration_report(from, migration, token, outcome, None)
+            .await?;
         Ok(live)
     }
 
-    /// A move that will not complete: its staged copy discarded on `to`,
-    /// then the record aborted with `why`.
-    async fn abort(
-        &self,
-        from: ShardId,
-        to: ShardId,
-        id: ExecutionId,
-        migration: i64,
-        why: &str,
-    ) -> Result<MoveOutcome, ClientError> {
-        self.migration_discard(to, id).await?;
-        self.migration_report(from, migration, "aborted", Some(why))
+    /// A move that will not complete: the record aborted with `why` first
+    /// (fenced by the lease: no cutover can follow it), then the copy this
+    /// move staged on `to` discarded (only this move's: a later move's copy
+    /// is never touched). A copy left by a failed discard is never live and
+    /// is replaced by the next stage of the run there.
+    async fn abort(&self, mv: &Lease, why: &str) -> Result<MoveOutcome, ClientError> {
+        self.migration_report(mv.from, mv.migration, mv.token, "aborted", Some(why))
+            .await?;
+        self.migration_discard(mv.to, mv.id, mv.from, mv.migration)
             .await?;
         Ok(MoveOutcome::Aborted(why.to_owned()))
     }
@@ -632,24 +710,43 @@ impl Client {
         Ok(moves)
     }
 
-    /// Finishes `from`'s unfinished moves after a crash: one before the
-    /// cutover has its staged copy discarded and is aborted, then moved
-    /// again from its current history (if it still may move); one after it
-    /// is activated on its target and recorded done.
+    /// Finishes `from`'s unfinished moves after a crash, each only once its
+    /// mover's lease has lapsed (taken over with a new lease; a move still
+    /// held is reported `Blocked` and left to its mover): one before the
+    /// cutover is aborted and its staged copy discarded, then moved again
+    /// from its current history (if it still may move); one after it is
+    /// activated on its target and recorded done.
     pub async fn rebalance_resume(&self, from: ShardId) -> Result<Vec<MoveReport>, ClientError> {
         let mut reports = Vec::new();
         for m in self.migrations(from, true, 10_000).await? {
+            // Only a move whose mover's lease lapsed is taken over: one
+            // still in progress elsewhere is left to it.
+            let Some(token) = self.migration_takeover(from, m.id, RESUME_LEASE).await? else {
+                reports.push(MoveReport {
+                    id: m.execution_id,
+                    workflow_name: String::new(),
+                    outcome: Ok(MoveOutcome::Blocked(vec![format!(
+                        "move {} ({}) is held by a mover whose lease has not lapsed",
+                        m.id, m.phase
+                    )])),
+                });
+                continue;
+            };
+            let mv = Lease {
+                from,
+                to: m.target,
+                id: m.execution_id,
+                migration: m.id,
+                token,
+            };
             let outcome = match m.phase.as_str() {
-                "COMMITTED" => self
-                    .settle(from, m.target, m.execution_id, m.id, "done", None)
-                    .await
-                    .map(|_| MoveOutcome::Moved {
-                        bytes: m.bytes,
-                        unavailable: Duration::ZERO,
-                    }),
+                "COMMITTED" => self.settle(&mv, "done", None).await.map(|_| MoveOutcome::Moved {
+                    bytes: m.bytes,
+                    unavailable: Duration::ZERO,
+                }),
                 _ => {
                     let why = format!("interrupted at {}; resumed", m.phase);
-                    match self.abort(from, m.target, m.execution_id, m.id, &why).await {
+                    match self.abort(&mv, &why).await {
                         Ok(_) => self.move_execution(from, m.execution_id, m.target).await,
                         Err(e) => Err(e),
                     }
@@ -674,10 +771,14 @@ impl Client {
             .migration_stalled(shard, grace.max(MIN_STALL_AFTER), 10)
             .await?
         {
-            match self
-                .settle(shard, m.target, m.execution_id, m.id, "resumed", None)
-                .await
-            {
+            let mv = Lease {
+                from: shard,
+                to: m.target,
+                id: m.execution_id,
+                migration: m.id,
+                token: m.lease_token,
+            };
+            match self.settle(&mv, "resumed", None).await {
                 Ok(_) => settled += 1,
                 Err(e) => {
                     tracing::error!(execution = %m.execution_id, %shard, target = %m.target, error = %e,

@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 
 use crate::base::args::{self, required};
 use crate::base::errors::require_read_committed;
+use crate::base::topology;
 use crate::mutex;
 
 /// Acquires `key` for `owner`, or queues it. Granted: the fencing token and
@@ -31,6 +32,10 @@ fn mutex_acquire(
     let key = args::key(key, "key");
     let owner = required(owner, "owner");
     let lease_secs = args::lease_secs("lease", required(lease, "lease"));
+    // A key's home is placed like a start: a client this shard's fleet no
+    // longer accepts may have placed it elsewhere. Renew, release and leave
+    // act on a lock wherever it is, so they are not checked.
+    topology::check_declared();
     TableIterator::once(mutex::acquire(key, owner, lease_secs))
 }
 

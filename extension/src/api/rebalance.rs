@@ -42,7 +42,8 @@ fn migration_arg(value: Option<i64>) -> i64 {
 /// every reason it cannot move now (`blockers`; empty: it may move):
 /// `not_running` (paused), `migration_in_progress`, `task_claimed`, `mutex`
 /// (holds one or waits in a line), `children_unsettled`, `parent_here` (its
-/// parent, on this shard, still runs), `outbox_unsettled`, `dead_letters`.
+/// parent, on this shard, still runs), `outbox_unsettled`, `dead_letters`,
+/// `rate_limited`, `debounce_open` (starts in its window join it here).
 /// What a dry run reports; nothing is locked or written.
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
@@ -95,8 +96,13 @@ fn migration_stage(export: Option<Jsonb>) -> String {
 /// (noted in the move's `last_error`).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn migration_verify(migration_id: Option<i64>, staged_digest: Option<&str>) -> bool {
+fn migration_verify(
+    migration_id: Option<i64>,
+    lease_token: Option<i64>,
+    staged_digest: Option<&str>,
+) -> bool {
     let id = migration_arg(migration_id);
+    let token = required(lease_token, "lease_token");
     let digest = required(staged_digest, "staged_digest");
     if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
         bad_argument(
@@ -107,7 +113,7 @@ fn migration_verify(migration_id: Option<i64>, staged_digest: Option<&str>) -> b
             ),
         );
     }
-    migration::verify(id, digest)
+    migration::verify(id, token, digest)
 }
 
 /// The cutover, on the source: seals the execution MIGRATED, pointing at
@@ -116,8 +122,8 @@ fn migration_verify(migration_id: Option<i64>, staged_digest: Option<&str>) -> b
 /// in `last_error`: discard the staged copy and abort).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn migration_cutover(migration_id: Option<i64>) -> bool {
-    migration::cutover(migration_arg(migration_id))
+fn migration_cutover(migration_id: Option<i64>, lease_token: Option<i64>) -> bool {
+    migration::cutover(migration_arg(migration_id), required(lease_token, "lease_token"))
 }
 
 /// Makes the staged copy of an execution live on this shard (the target):
@@ -129,13 +135,22 @@ fn migration_activate(execution_id: Option<pgrx::Uuid>) -> bool {
     migration::activate(required(execution_id, "execution_id"))
 }
 
-/// Removes the staged copy of an execution from this shard (a move that
-/// will not complete), or puts back the seal a move back replaced; `false`
-/// if nothing is staged here.
+/// Removes the copy of an execution that move `migration_id` of shard
+/// `source_shard` staged on this shard (a move that will not complete), or
+/// puts back the seal a move back replaced; `false` if nothing is staged
+/// here or the copy here is another move's.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn migration_discard(execution_id: Option<pgrx::Uuid>) -> bool {
-    migration::discard(required(execution_id, "execution_id"))
+fn migration_discard(
+    execution_id: Option<pgrx::Uuid>,
+    source_shard: Option<i32>,
+    migration_id: Option<i64>,
+) -> bool {
+    migration::discard_staged(
+        required(execution_id, "execution_id"),
+        shard_arg(source_shard, "source_shard"),
+        migration_arg(migration_id),
+    )
 }
 
 /// Records how a move ended, on the source: `done` (activated; after the
@@ -146,18 +161,43 @@ fn migration_discard(execution_id: Option<pgrx::Uuid>) -> bool {
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn migration_report(
     migration_id: Option<i64>,
+    lease_token: Option<i64>,
     outcome: Option<&str>,
     error: default!(Option<&str>, "NULL"),
 ) -> String {
     let id = migration_arg(migration_id);
+    let token = required(lease_token, "lease_token");
     let outcome = required(outcome, "outcome");
-    migration::report(id, outcome, error)
+    migration::report(id, token, outcome, error)
+}
+
+/// Takes move `migration_id` over for `lease` (5 seconds to 1 hour) when
+/// its mover's lease has lapsed (a crashed or stuck mover): the new lease
+/// token for its next steps, or NULL while its mover still holds it (a
+/// move in progress is never taken from under it) or the move is over.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn migration_takeover(
+    migration_id: Option<i64>,
+    lease: default!(Option<Interval>, "'60 seconds'"),
+) -> Option<i64> {
+    let id = migration_arg(migration_id);
+    let lease = required(lease, "lease");
+    let secs = lease.as_micros() as f64 / 1e6;
+    if !(5.0..=3600.0).contains(&secs) {
+        bad_argument(
+            "lease",
+            format!("must be from 5 seconds to 1 hour, got {secs} seconds"),
+        );
+    }
+    migration::takeover(id, secs)
 }
 
 /// Claims up to `max_rows` (1..10000) COMMITTED moves on this shard not
-/// touched for `grace` (at least 5 seconds) whose target is in
-/// `target_shards` (NULL: any), touching each so that one settler has it:
-/// what a worker's auto-resume activates.
+/// touched for `grace` (at least 5 seconds), whose mover's lease has
+/// lapsed, and whose target is in `target_shards` (NULL: any), each with a
+/// new lease token, so that one settler has it: what a worker's auto-resume
+/// activates.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn migration_stalled(
@@ -171,6 +211,7 @@ fn migration_stalled(
         name!(execution_id, pgrx::Uuid),
         name!(target_shard, i32),
         name!(attempts, i32),
+        name!(lease_token, i64),
     ),
 > {
     let grace = required(grace, "grace");

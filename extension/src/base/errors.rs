@@ -208,6 +208,16 @@ pub fn not_mutex_holder(key: &str, owner: pgrx::Uuid, token: i64) -> ! {
     );
 }
 
+/// 55P03: a step of a move by a mover whose lease on its record was taken
+/// over (it lapsed). Nothing was changed.
+pub fn lease_lost(what: impl std::fmt::Display) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        format!("{what}; nothing changed")
+    );
+}
+
 /// 0A000 unless the transaction runs at READ COMMITTED. The gates serialize
 /// on locks and then must see what the previous lock holder committed; a
 /// REPEATABLE READ or SERIALIZABLE snapshot is older than the lock.

@@ -496,32 +496,34 @@ mod tests {
     /// nobody claims from, so lookups do not read more and more of them.
     #[pg_test]
     fn an_advance_folds_a_bands_lowering_rows_into_one() {
+        // A queue of its own: pg_tests run side by side, and another test's
+        // transaction holding queue 'q''s floor lock would skip the advance.
         init();
         for n in 0..5 {
-            enqueue("q", json!({"n": n}), json!({}));
+            enqueue("q-fold", json!({"n": n}), json!({}));
         }
-        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'q'");
+        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'q-fold'");
         Spi::run_with_args(
             "INSERT INTO sheaf.ready_floors (queue, band, ngen, base, k1, k2, seq) \
-             SELECT 'q', 0, -nextval('sheaf.ready_floor_gen'), false, 0, 0, $1 + i FROM generate_series(1, 4) i",
+             SELECT 'q-fold', 0, -nextval('sheaf.ready_floor_gen'), false, 0, 0, $1 + i FROM generate_series(1, 4) i",
             &[head.into()],
         )
         .expect("late readiers' rows");
-        let rows = || count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q' AND band = 0");
+        let rows = || count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q-fold' AND band = 0");
         assert_eq!(rows(), 5);
         for n in 0..super::ADVANCE_EVERY {
-            enqueue("q", json!({"n": 100 + n}), json!({"priority": 1}));
+            enqueue("q-fold", json!({"n": 100 + n}), json!({"priority": 1}));
         }
         for _ in 0..super::ADVANCE_EVERY {
-            claim("q", 1);
+            claim("q-fold", 1);
         }
         assert_eq!(rows(), 1, "one row left in band 0");
         assert_eq!(
-            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q' AND band = 0 AND base"),
+            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'q-fold' AND band = 0 AND base"),
             1
         );
-        assert_eq!(floor_seq("q", 0.0), Some(head), "at the same floor");
-        assert_eq!(ns(&claim("q", 10)), vec![0, 1, 2, 3, 4]);
+        assert_eq!(floor_seq("q-fold", 0.0), Some(head), "at the same floor");
+        assert_eq!(ns(&claim("q-fold", 10)), vec![0, 1, 2, 3, 4]);
     }
 
     /// In an aging queue each priority is a band of its own (its aging

@@ -15,7 +15,9 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use sheaf_core::state::ExecutionState;
 
-use crate::base::errors::{bad_argument, moved, not_found, not_ready, sqlstate_text, unknown_execution};
+use crate::base::errors::{
+    bad_argument, lease_lost, moved, not_found, not_ready, sqlstate_text, unknown_execution,
+};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::{audit, ids, rows, shard};
@@ -60,7 +62,9 @@ macro_rules! blockers {
            CASE WHEN EXISTS (SELECT 1 FROM dead_letters d WHERE d.execution_id = e.id OFFSET 0) \
                 THEN 'dead_letters' END, \
            CASE WHEN EXISTS (SELECT 1 FROM tasks t WHERE t.execution_id = e.id AND t.run_at = 'infinity' OFFSET 0) \
-                THEN 'rate_limited' END], NULL)"
+                THEN 'rate_limited' END, \
+           CASE WHEN EXISTS (SELECT 1 FROM debounces d WHERE d.execution_id = e.id AND d.until > now() OFFSET 0) \
+                THEN 'debounce_open' END], NULL)"
     };
 }
 
@@ -72,7 +76,7 @@ macro_rules! digest {
     () => {
         "encode(sha256(convert_to(concat_ws(E'\\n', \
            (SELECT (to_jsonb(x) - ARRAY['state', 'seq', 'paused_from', 'closed_at', 'migrated_to_shard', \
-                                        'migrated_from_shards', 'replaced_seal']) \
+                                        'migrated_from_shards', 'replaced_seal', 'staged_by']) \
                    || jsonb_build_object('state', CASE WHEN x.state = 'MIGRATING' THEN x.paused_from ELSE x.state END) \
             FROM executions x WHERE x.id = $1)::text, \
            (SELECT string_agg(to_jsonb(v)::text, E'\\n' ORDER BY v.seq) FROM events v WHERE v.execution_id = $1), \
@@ -127,10 +131,15 @@ const BLOCKERS_OF: Stmt = Stmt::write(
 // Ready rows before task rows, tasks in id order, as every path
 // (`base::locks`); a claim takes ready rows SKIP LOCKED.
 const RECORD: Stmt = Stmt::write(
-    "INSERT INTO migrations (execution_id, target_shard, actor, login, bytes) \
+    "INSERT INTO migrations (execution_id, target_shard, actor, login, bytes, lease_token, lease_until) \
      SELECT $1, $2, left(coalesce(nullif(current_setting('sheaf.actor', true), ''), session_user::text), 256), \
-            session_user::text, history_bytes FROM executions WHERE id = $1 RETURNING id",
-    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT4OID],
+            session_user::text, history_bytes, nextval('fence_token'), now() + make_interval(secs => $3) \
+     FROM executions WHERE id = $1 RETURNING id, lease_token",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::FLOAT8OID,
+    ],
 );
 const LEAVES_ENDED_PARENT: Stmt = Stmt::write(
     "UPDATE executions e SET result_pulled_at = now() \
@@ -142,7 +151,7 @@ const LEAVES_ENDED_PARENT: Stmt = Stmt::write(
 const EXPORT: Stmt = Stmt::read(
     concat!(
         "SELECT jsonb_build_object(\
-       'migration_id', $2::bigint, 'source_shard', $3::int, 'digest', ",
+       'migration_id', $2::bigint, 'lease_token', $5::bigint, 'source_shard', $3::int, 'digest', ",
         digest!(),
         ", \
        'columns', (SELECT jsonb_object_agg(c.relname, c.cols) FROM (\
@@ -162,11 +171,25 @@ const EXPORT: Stmt = Stmt::read(
         PgBuiltInOids::INT8OID,
         PgBuiltInOids::INT4OID,
         PgBuiltInOids::TEXTARRAYOID,
+        PgBuiltInOids::INT8OID,
     ],
 );
 const RECORD_FOR_UPDATE: Stmt = Stmt::write(
-    "SELECT execution_id, target_shard, phase, verified_fingerprint FROM migrations WHERE id = $1 FOR UPDATE",
+    "SELECT execution_id, target_shard, phase, verified_fingerprint, lease_token FROM migrations \
+     WHERE id = $1 FOR UPDATE",
     &[PgBuiltInOids::INT8OID],
+);
+// A step of the record's mover: its lease runs another LEASE_SECS.
+const RENEW: Stmt = Stmt::write(
+    "UPDATE migrations SET lease_until = now() + make_interval(secs => $2) WHERE id = $1",
+    &[PgBuiltInOids::INT8OID, PgBuiltInOids::FLOAT8OID],
+);
+// A new mover for a record whose lease lapsed (a crashed or stuck one).
+const TAKEOVER: Stmt = Stmt::write(
+    "UPDATE migrations SET lease_token = nextval('fence_token'), \
+            lease_until = now() + make_interval(secs => $2), updated_at = now() \
+     WHERE id = $1 AND phase NOT IN ('DONE', 'ABORTED') AND lease_until < now() RETURNING lease_token",
+    &[PgBuiltInOids::INT8OID, PgBuiltInOids::FLOAT8OID],
 );
 const MARKS: Stmt = Stmt::write(
     concat!(
@@ -212,14 +235,17 @@ const SEAL_DONE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 const STALLED: Stmt = Stmt::write(
-    "UPDATE migrations m SET updated_at = now() FROM (\
+    "UPDATE migrations m SET updated_at = now(), lease_token = nextval('fence_token'), \
+            lease_until = now() + make_interval(secs => $4) FROM (\
        SELECT id FROM migrations WHERE phase = 'COMMITTED' AND updated_at < now() - make_interval(secs => $1) \
-       AND ($3::int[] IS NULL OR target_shard = ANY($3)) ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) s \
-     WHERE m.id = s.id RETURNING m.id, m.execution_id, m.target_shard, m.attempts",
+       AND lease_until < now() AND ($3::int[] IS NULL OR target_shard = ANY($3)) \
+       ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) s \
+     WHERE m.id = s.id RETURNING m.id, m.execution_id, m.target_shard, m.attempts, m.lease_token",
     &[
         PgBuiltInOids::FLOAT8OID,
         PgBuiltInOids::INT8OID,
         PgBuiltInOids::INT4ARRAYOID,
+        PgBuiltInOids::FLOAT8OID,
     ],
 );
 const LIST: Stmt = Stmt::read(
@@ -229,7 +255,7 @@ const LIST: Stmt = Stmt::read(
     &[PgBuiltInOids::BOOLOID, PgBuiltInOids::INT8OID],
 );
 const HERE: Stmt = Stmt::write(
-    "SELECT state, workflow_name, workflow_id, migrated_to_shard, replaced_seal IS NOT NULL \
+    "SELECT state, workflow_name, workflow_id, migrated_to_shard, replaced_seal IS NOT NULL, staged_by \
      FROM executions WHERE id = $1",
     &[PgBuiltInOids::UUIDOID],
 );
@@ -255,7 +281,7 @@ macro_rules! staged {
         "$1 || jsonb_build_object('state', 'MIGRATING', 'paused_from', $1->>'state', \
            'seq', nextval('execution_seq'), 'closed_at', NULL, 'migrated_to_shard', $2::int, \
            'migrated_from_shards', coalesce($1->'migrated_from_shards', '[]') || to_jsonb($3::int), \
-           'replaced_seal', $4::jsonb)"
+           'replaced_seal', $4::jsonb, 'staged_by', $5::text)"
     };
 }
 const INSERT_STAGED: Stmt = Stmt::write(
@@ -269,6 +295,7 @@ const INSERT_STAGED: Stmt = Stmt::write(
         PgBuiltInOids::INT4OID,
         PgBuiltInOids::INT4OID,
         PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::TEXTOID,
     ],
 );
 const SEAL_ROW: Stmt = Stmt::write(
@@ -330,7 +357,7 @@ const DELETE_NEWER_EVENTS: Stmt = Stmt::write(
 );
 const ACTIVATE: Stmt = Stmt::write(
     "UPDATE executions SET state = coalesce(paused_from, 'RUNNING'), paused_from = NULL, \
-     migrated_to_shard = NULL, replaced_seal = NULL WHERE id = $1 AND state = 'MIGRATING' \
+     migrated_to_shard = NULL, replaced_seal = NULL, staged_by = NULL WHERE id = $1 AND state = 'MIGRATING' \
      RETURNING history_bytes, quota_key",
     &[PgBuiltInOids::UUIDOID],
 );
@@ -431,9 +458,9 @@ pub fn begin(id: pgrx::Uuid, target: i32) -> Jsonb {
     // child started in its parent's transaction, so it is marked delivered
     // now and retention keeps neither waiting for the other.
     exec(&LEAVES_ENDED_PARENT, &[id.into()]);
-    let migration: i64 = Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &RECORD, &[id.into(), target.into()]),
+    let (migration, token): (i64, i64) = Spi::connect_mut(|client| {
+        rows::only(
+            run(client, &RECORD, &[id.into(), target.into(), LEASE_SECS.into()]),
             "recording a move",
         )
     });
@@ -443,7 +470,13 @@ pub fn begin(id: pgrx::Uuid, target: i32) -> Jsonb {
             run(
                 client,
                 &EXPORT,
-                &[id.into(), migration.into(), here.into(), tables.into()],
+                &[
+                    id.into(),
+                    migration.into(),
+                    here.into(),
+                    tables.into(),
+                    token.into(),
+                ],
             ),
             "exporting an execution",
         )
@@ -457,17 +490,26 @@ struct Record {
     fingerprint: Option<String>,
 }
 
-fn lock_record(migration: i64) -> Record {
+/// Locks move `migration`'s record for a step of its mover, the holder of
+/// `token`: 55P03 for anyone else (a mover whose lease lapsed and was
+/// taken over). The step renews the lease.
+fn lock_record(migration: i64, token: i64) -> Record {
     require_enabled();
-    let found: Option<(pgrx::Uuid, i32, String, Option<String>)> = Spi::connect_mut(|client| {
+    let found: Option<(pgrx::Uuid, i32, String, Option<String>, i64)> = Spi::connect_mut(|client| {
         rows::first(
             run(client, &RECORD_FOR_UPDATE, &[migration.into()]),
             "locking a move",
         )
     });
-    let Some((execution_id, target, phase, fingerprint)) = found else {
+    let Some((execution_id, target, phase, fingerprint, held_by)) = found else {
         not_found(format!("no move {migration} on this shard"));
     };
+    if held_by != token {
+        lease_lost(format!(
+            "move {migration} is not held under lease token {token}: another mover took it over"
+        ));
+    }
+    exec(&RENEW, &[migration.into(), LEASE_SECS.into()]);
     Record {
         execution_id,
         target,
@@ -476,13 +518,30 @@ fn lock_record(migration: i64) -> Record {
     }
 }
 
+/// How long a mover holds a move's record without a step: a step renews
+/// it; a resume takes over a record only after it lapsed.
+pub const LEASE_SECS: f64 = 60.0;
+
+/// A new lease on move `migration` for `lease_secs`, when its mover's has
+/// lapsed: the new token, or `None` while the mover still holds it (or
+/// the move is over).
+pub fn takeover(migration: i64, lease_secs: f64) -> Option<i64> {
+    require_enabled();
+    Spi::connect_mut(|client| {
+        rows::value(
+            run(client, &TAKEOVER, &[migration.into(), lease_secs.into()]),
+            "taking a move over",
+        )
+    })
+}
+
 /// Records that the staged copy's digest is `target_digest`: VERIFIED with
 /// this shard's high-water mark if it equals this shard's; else `false`
 /// (the error noted, the phase kept: the driver discards the copy and
 /// aborts). A VERIFIED record verifies again.
-pub fn verify(migration: i64, target_digest: &str) -> bool {
+pub fn verify(migration: i64, token: i64, target_digest: &str) -> bool {
     canonical();
-    let r = lock_record(migration);
+    let r = lock_record(migration, token);
     if r.phase != "STARTED" && r.phase != "VERIFIED" {
         not_ready(format!(
             "move {migration} is {}: only a STARTED move verifies",
@@ -511,9 +570,9 @@ pub fn verify(migration: i64, target_digest: &str) -> bool {
 /// mark and nothing blocks it; `false` if not (the reason noted, the phase
 /// kept: the driver discards the copy and aborts). A COMMITTED record is
 /// `true` again.
-pub fn cutover(migration: i64) -> bool {
+pub fn cutover(migration: i64, token: i64) -> bool {
     canonical();
-    let r = lock_record(migration);
+    let r = lock_record(migration, token);
     match r.phase.as_str() {
         "COMMITTED" | "DONE" => return true,
         "VERIFIED" => {}
@@ -575,8 +634,8 @@ fn set_phase(migration: i64, phase: &str, error: Option<&str>) -> (pgrx::Uuid, i
 /// auto-resume), `aborted` (nothing moved; before the cutover only) or
 /// `failed` (an attempt and its error; the phase stays). The record's phase
 /// after it.
-pub fn report(migration: i64, outcome: &str, error: Option<&str>) -> String {
-    let r = lock_record(migration);
+pub fn report(migration: i64, token: i64, outcome: &str, error: Option<&str>) -> String {
+    let r = lock_record(migration, token);
     let committed = r.phase == "COMMITTED";
     let (phase, action) = match outcome {
         "done" | "resumed" if r.phase == "DONE" => return r.phase,
@@ -611,8 +670,9 @@ pub fn report(migration: i64, outcome: &str, error: Option<&str>) -> String {
     phase.to_owned()
 }
 
-/// A COMMITTED move a worker may settle: id, execution, target, attempts.
-pub type Stalled = (i64, pgrx::Uuid, i32, i32);
+/// A COMMITTED move a worker may settle: id, execution, target, attempts,
+/// and the lease token the claim gave it.
+pub type Stalled = (i64, pgrx::Uuid, i32, i32, i64);
 
 /// Claims up to `max_rows` COMMITTED moves not touched for `grace_secs`
 /// (at least 5) whose target is in `targets` (NULL: any), for one settler
@@ -624,7 +684,12 @@ pub fn stalled(grace_secs: f64, max_rows: i64, targets: Option<Vec<i32>>) -> Vec
             run(
                 client,
                 &STALLED,
-                &[grace_secs.into(), max_rows.into(), targets.into()],
+                &[
+                    grace_secs.into(),
+                    max_rows.into(),
+                    targets.into(),
+                    LEASE_SECS.into(),
+                ],
             ),
             "claiming stalled moves",
         )
@@ -658,9 +723,15 @@ pub fn list(open_only: bool, max_rows: i64) -> Vec<Listed> {
     })
 }
 
-/// What this shard holds of an execution: state, name, id, pointer, and
-/// whether it is a staged copy over this shard's own seal.
-type Held = (ExecutionState, String, String, Option<i32>, bool);
+/// What this shard holds of an execution: state, name, id, pointer,
+/// whether it is a staged copy over this shard's own seal, and the move
+/// that staged it.
+type Held = (ExecutionState, String, String, Option<i32>, bool, Option<String>);
+
+/// How a staged copy names the move that staged it (`staged_by`).
+fn staged_by(source: i32, migration: i64) -> String {
+    format!("{source}:{migration}")
+}
 
 fn held(id: pgrx::Uuid) -> Option<Held> {
     Spi::connect_mut(|client| rows::first(run(client, &HERE, &[id.into()]), "reading an execution"))
@@ -693,7 +764,7 @@ pub fn stage(export: &serde_json::Value) -> String {
     let mut pointer: Option<i32> = None;
     match held(id) {
         None => {}
-        Some((ExecutionState::Migrated, _, _, to, _)) => {
+        Some((ExecutionState::Migrated, _, _, to, ..)) => {
             // A move back: this shard's own seal goes into the staged row,
             // which keeps its pointer until activation.
             seal = Some(Spi::connect_mut(|client| {
@@ -735,7 +806,14 @@ fn write_staged(
 ) {
     let execution = &export["execution"];
     let row = Jsonb::from_value(execution.clone());
-    let args = [row.into(), pointer.into(), source.into(), seal.clone().into()];
+    let by = staged_by(source, export["migration_id"].as_i64().unwrap_or_default());
+    let args = [
+        row.into(),
+        pointer.into(),
+        source.into(),
+        seal.clone().into(),
+        by.into(),
+    ];
     if seal.is_some() {
         let staged: Jsonb = Spi::connect_mut(|client| {
             rows::only_value(run(client, &STAGED_ROW, &args), "building a staged row")
@@ -812,6 +890,9 @@ pub fn check_export(export: &serde_json::Value) {
     }
     if !matches!(e["state"].as_str(), Some("RUNNING" | "SUSPENDED")) {
         bad("execution.state must be RUNNING or SUSPENDED".to_owned());
+    }
+    if export["migration_id"].as_i64().is_none_or(|m| m <= 0) {
+        bad("migration_id must be a positive move id".to_owned());
     }
     if !export["source_shard"]
         .as_i64()
@@ -891,7 +972,7 @@ macro_rules! replaced_columns {
     () => {
         "workflow_name, workflow_id, state, seq, queue, input, result, error, parent_id, concurrency_key, \
          quota_key, paused_from, wake_at, search_attrs, history_bytes, last_event_seq, created_at, closed_at, \
-         migrated_to_shard, migrated_from_shards, replaced_seal, result_pulled_at, timeout_at"
+         migrated_to_shard, migrated_from_shards, replaced_seal, result_pulled_at, timeout_at, staged_by"
     };
 }
 const REPLACE_ROW: Stmt = Stmt::write(
@@ -911,6 +992,7 @@ const STAGED_ROW: Stmt = Stmt::write(
         PgBuiltInOids::INT4OID,
         PgBuiltInOids::INT4OID,
         PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::TEXTOID,
     ],
 );
 
@@ -945,9 +1027,22 @@ pub fn activate(id: pgrx::Uuid) -> bool {
     true
 }
 
-/// Removes a staged copy (a move that aborted), or puts back the seal it
-/// replaced; `false` if nothing is staged here.
-pub fn discard(id: pgrx::Uuid) -> bool {
+/// Removes the staged copy move `migration` of `source` staged here (a
+/// move that aborted), or puts back the seal it replaced; `false` if
+/// nothing is staged here, or the copy here is another move's (a later
+/// move's copy is never removed by an earlier move's late abort).
+pub fn discard_staged(id: pgrx::Uuid, source: i32, migration: i64) -> bool {
+    require_enabled();
+    match held(id) {
+        Some((ExecutionState::Migrating, .., Some(by))) if by == staged_by(source, migration) => {}
+        _ => return false,
+    }
+    discard(id)
+}
+
+/// Removes whatever copy is staged here (restaging replaces it), or puts
+/// back the seal it replaced; `false` if nothing is staged here.
+fn discard(id: pgrx::Uuid) -> bool {
     require_enabled();
     if !matches!(held(id), Some((ExecutionState::Migrating, ..))) {
         return false;
@@ -1074,6 +1169,14 @@ mod tests {
         claim("mq", 10);
         assert_eq!(blockers(busy), ["task_claimed"]);
         assert_eq!(state(busy), "RUNNING");
+        // A trailing debounced run waits in its window: starts in it join it here.
+        let waiting = Spi::get_one::<pgrx::Uuid>(
+            "SELECT execution_id FROM sheaf.start_workflow('mw', 'deb', '{}', \
+             '{\"debounce\": {\"key\": \"k\", \"window\": \"1 hour\"}}')",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(blockers(waiting), ["debounce_open"]);
     }
 
     /// `replaced_columns!` names every column of `executions` but `id`.
@@ -1119,7 +1222,7 @@ mod tests {
         init();
         let e = json!({"id": "00000000-0000-8000-8000-000000000001", "workflow_name": "w",
                        "workflow_id": "x", "state": "RUNNING"});
-        let export = json!({"execution": e, "source_shard": 3, "columns": {},
+        let export = json!({"execution": e, "migration_id": 1, "source_shard": 3, "columns": {},
             "events": [{"execution_id": "00000000-0000-8000-8000-000000000002"}],
             "tasks": [], "signals_seen": [], "children": [], "outbox": [], "usage_records": []});
         super::check_export(&export);
@@ -1176,5 +1279,54 @@ mod tests {
         );
         let ready = claim("msq", 10);
         assert_eq!(ready.len(), 1, "the activated copy's workflow task");
+    }
+
+    /// A move's steps belong to the holder of its lease token; a takeover
+    /// waits for the lease to lapse, then fences the old holder out.
+    #[pg_test]
+    fn a_move_has_one_holder() {
+        init();
+        let (id, ..) = start("ml", "one", json!({}));
+        let export =
+            Spi::get_one_with_args::<pgrx::JsonB>("SELECT sheaf.migration_begin($1, 9)", &[id.into()])
+                .unwrap()
+                .unwrap()
+                .0;
+        let (migration, token) = (
+            export["migration_id"].as_i64().unwrap(),
+            export["lease_token"].as_i64().unwrap(),
+        );
+        let takeover = || {
+            Spi::get_one_with_args::<i64>("SELECT sheaf.migration_takeover($1)", &[migration.into()]).unwrap()
+        };
+        assert_eq!(takeover(), None, "the mover's lease is live");
+        Spi::run_with_args(
+            "UPDATE sheaf.migrations SET lease_until = now() - interval '1 second' WHERE id = $1",
+            &[migration.into()],
+        )
+        .unwrap();
+        let new = takeover().expect("a lapsed lease is taken over");
+        assert_ne!(new, token);
+        assert_eq!(
+            Spi::get_one_with_args::<String>(
+                "SELECT sheaf.migration_report($1, $2, 'aborted', 'taken over')",
+                &[migration.into(), new.into()],
+            )
+            .unwrap()
+            .as_deref(),
+            Some("ABORTED")
+        );
+        assert_eq!(takeover(), None, "a move that is over");
+    }
+
+    #[pg_test(
+        error = "move 4242 is not held under lease token 0: another mover took it over; nothing changed"
+    )]
+    fn a_step_under_another_token_is_refused() {
+        init();
+        let (id, ..) = start("ml", "two", json!({}));
+        Spi::run("ALTER TABLE sheaf.migrations ALTER COLUMN id RESTART WITH 4242").unwrap();
+        Spi::run_with_args("SELECT sheaf.migration_begin($1, 9)", &[id.into()]).unwrap();
+        Spi::run("SELECT sheaf.migration_cutover(4242, 0)").unwrap();
     }
 }

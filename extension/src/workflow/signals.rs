@@ -1,6 +1,9 @@
 //! Signals: a message to one execution, appended to its history as
 //! `SignalReceived`, waking it when it is suspended. A sender's retries
-//! carry the same `signal_id` and are delivered once (`signals_seen`).
+//! carry the same `signal_id` and are delivered once (`signals_seen`): once
+//! per (workflow, workflow id) on this shard, so a retry that resolves the
+//! key again finds the signal in a continue-as-new predecessor, or in the
+//! run that got it and ended since, and reads as delivered.
 
 use pgrx::prelude::*;
 
@@ -21,6 +24,16 @@ const EVENT: Stmt = Stmt::read(
         PgBuiltInOids::JSONBOID,
     ],
 );
+// Some run of the key got this signal id (`signals_seen_id`).
+const SEEN_BY_KEY: Stmt = Stmt::write(
+    "SELECT EXISTS (SELECT 1 FROM signals_seen s JOIN executions x ON x.id = s.execution_id \
+                    WHERE s.signal_id = $1 AND x.workflow_name = $2 AND x.workflow_id = $3)",
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+);
 const FIRST_SEEN: Stmt = Stmt::write(
     "INSERT INTO signals_seen (execution_id, signal_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING true",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID],
@@ -28,7 +41,9 @@ const FIRST_SEEN: Stmt = Stmt::write(
 
 /// Delivers `signal` to execution `id`: `SignalReceived` in its history, and
 /// a wake (a new workflow task) if it is suspended. `true` if delivered now
-/// or before (the same `signal_id`); `false` if the execution has ended. An
+/// or before (the same `signal_id`, to this run or another run of its key
+/// here, even one that has ended since); `false` if the execution has
+/// ended without it. An
 /// unknown id raises P0002; a run being moved to another shard 55000.
 pub fn signal(id: pgrx::Uuid, signal: &str, payload: Jsonb, signal_id: Option<&str>) -> bool {
     // Locked: no end slips in between the check and the append, and two
@@ -39,6 +54,25 @@ pub fn signal(id: pgrx::Uuid, signal: &str, payload: Jsonb, signal_id: Option<&s
             "execution {id} is {}: signal it where it now lives (its id's forward)",
             e.state
         ));
+    }
+    if let Some(signal_id) = signal_id {
+        let seen = Spi::connect_mut(|client| {
+            rows::only_value::<bool>(
+                run(
+                    client,
+                    &SEEN_BY_KEY,
+                    &[
+                        signal_id.into(),
+                        e.workflow_name.as_str().into(),
+                        e.workflow_id.as_str().into(),
+                    ],
+                ),
+                "looking up a signal id",
+            )
+        });
+        if seen {
+            return true;
+        }
     }
     if !e.state.is_active() {
         return false;
@@ -92,6 +126,34 @@ mod tests {
         )
         .expect("history")
         .unwrap_or(0)
+    }
+
+    #[pg_test]
+    fn a_signal_id_is_seen_across_a_continue_as_new_chain_and_an_end() {
+        init();
+        let first = start("w", "chain", json!({})).0;
+        assert!(signal(first, json!({"signal_id": "once"})));
+        let next =
+            Spi::get_one_with_args::<pgrx::Uuid>("SELECT sheaf.continue_as_new($1, '{}')", &[first.into()])
+                .unwrap()
+                .unwrap();
+        assert!(
+            signal(next, json!({"signal_id": "once"})),
+            "a redelivery to the successor reads as delivered"
+        );
+        assert_eq!(events(next, "SignalReceived"), 0, "and appends nothing");
+        Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[next.into()]).unwrap();
+        let other = start("w", "ended", json!({})).0;
+        assert!(signal(other, json!({"signal_id": "got-it"})));
+        Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[other.into()]).unwrap();
+        assert!(
+            signal(other, json!({"signal_id": "got-it"})),
+            "a run that got it and ended: delivered, not failed"
+        );
+        assert!(
+            !signal(other, json!({"signal_id": "never"})),
+            "an ended run that never got it"
+        );
     }
 
     #[pg_test]
