@@ -1,0 +1,948 @@
+//! The fleet model test (README, "Reliability suites"; docs/residence.md):
+//! on the suite's own three shards, a seeded random sequence of operations
+//! through the driver — starts, children with every placement, signals and
+//! cancels by id and by key, continue-as-new, completions and failures,
+//! moves between shards, erasure — while a relay process runs and is
+//! SIGKILLed and restarted, and one shard is stopped and started again.
+//! After quiescence, invariants are checked against a model built only
+//! from what the API acknowledged (never re-read from the shards):
+//!
+//! - every child's end reaches a parent that is still running exactly once
+//!   (a parent that ended may have it once or not at all, never twice);
+//! - no execution is live on two shards, no business key has two live runs;
+//! - every signal reported delivered is in exactly one history, once;
+//! - an erased payload is gone from every shard;
+//! - quota counters equal a recount;
+//! - every run the model ended has ended, and every id resolves.
+//!
+//! A failure prints the seed and the operation log. `SHEAF_MODEL_SEED`
+//! replays a seed's operation sequence (not the interleaving of the relay
+//! and the shards with it); `SHEAF_MODEL_OPS` sets the number of operations
+//! and `SHEAF_MODEL_SEEDS` (`a..b`) runs a range of seeds: the long form.
+//! `the_checks_catch_each_sabotage` breaks each invariant once from outside
+//! (out-of-protocol SQL) and requires its check to say so.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sheaf_driver::{
+    ByKey, ChildPlacement, Client, ExecutionId, MoveOutcome, Placement, PoolOptions, ShardId, StartOptions,
+    Topology,
+};
+use sheaf_tests::{Rng, connect, until};
+use tokio::process::{Child, Command};
+
+const SHARDS: u16 = 3;
+const WORKFLOW: &str = "fm-work";
+const TENANTS: [&str; 3] = ["t-a", "t-b", "t-c"];
+
+/// A fleet of three shards of the suite's own: the model's, and one the
+/// sabotage test damages.
+#[derive(Debug, Clone, Copy)]
+struct Fleet {
+    name: &'static str,
+    base_port: u32,
+    spec: &'static std::sync::OnceLock<String>,
+}
+
+static MODEL_SPEC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static SABOTAGE_SPEC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+const MODEL: Fleet = Fleet {
+    name: "model",
+    base_port: 24100,
+    spec: &MODEL_SPEC,
+};
+const SABOTAGE: Fleet = Fleet {
+    name: "model-sabotage",
+    base_port: 23900,
+    spec: &SABOTAGE_SPEC,
+};
+
+impl Fleet {
+    fn own(self, args: &[&str]) -> String {
+        sheaf_tests::own_shards(self.name, self.base_port, args)
+    }
+
+    fn spec(self) -> &'static str {
+        self.spec.get_or_init(|| {
+            let out = self.own(&["up", "--count", "3", "--no-install"]);
+            out.lines().collect::<Vec<_>>().join(",")
+        })
+    }
+
+    fn topology(self) -> Topology {
+        Topology::parse(self.spec()).expect("a topology")
+    }
+}
+
+fn sid(n: u16) -> ShardId {
+    sheaf_tests::sid(n)
+}
+
+/// The relay, as its own process, killed and restarted.
+struct RelayProcess {
+    running: Option<Child>,
+}
+
+impl RelayProcess {
+    fn spawn(fleet: Fleet) -> RelayProcess {
+        let child = Command::new(env!("CARGO_BIN_EXE_relay-process"))
+            .env("SHEAF_SHARDS", fleet.spec())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("relay-process starts");
+        RelayProcess { running: Some(child) }
+    }
+
+    async fn kill(&mut self) {
+        if let Some(mut c) = self.running.take() {
+            let _ = c.start_kill();
+            let _ = c.wait().await;
+        }
+    }
+}
+
+/// A run as the API acknowledged it.
+#[derive(Debug, Clone)]
+struct Run {
+    name: String,
+    workflow_id: String,
+    parent: Option<ExecutionId>,
+    /// The operation that ended it, when one the model made did.
+    ended_at: Option<usize>,
+}
+
+/// What the API acknowledged.
+#[derive(Debug, Default)]
+struct Model {
+    runs: BTreeMap<ExecutionId, Run>,
+    /// Signal ids reported delivered, and the run each went to.
+    signals: BTreeMap<String, ExecutionId>,
+    /// Runs whose erasure was reported complete.
+    erased: BTreeSet<ExecutionId>,
+    /// Runs an erasure was tried on (one that failed may have erased some
+    /// shards: their payloads are no evidence either way).
+    erasing: BTreeSet<ExecutionId>,
+    log: Vec<String>,
+    next: u64,
+    /// How many of each operation ran (moves: completed moves).
+    stats: BTreeMap<&'static str, usize>,
+}
+
+impl Model {
+    fn live(&self) -> Vec<ExecutionId> {
+        self.runs
+            .iter()
+            .filter(|(_, r)| r.ended_at.is_none())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    fn pick(&self, rng: &mut Rng, from: &[ExecutionId]) -> Option<ExecutionId> {
+        (!from.is_empty()).then(|| from[rng.below(from.len() as u64) as usize])
+    }
+
+    fn fresh(&mut self, prefix: &str, seed: u64) -> String {
+        self.next += 1;
+        format!("{prefix}-{seed:x}-{}", self.next)
+    }
+
+    /// Ends `id` at operation `op` (and, for a parent that ends, the model
+    /// does not guess what its parent_close did to its children).
+    fn ended(&mut self, id: ExecutionId, op: usize) {
+        if let Some(r) = self.runs.get_mut(&id) {
+            r.ended_at.get_or_insert(op);
+        }
+    }
+}
+
+/// One seeded run of the model: `ops` operations, then quiescence.
+async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) {
+    let c = Arc::new(Client::new(fleet.topology(), PoolOptions::default()).expect("a client"));
+    let declared = c
+        .declare_workflow(
+            WORKFLOW,
+            json!({"quota": {"key": "input.tenant", "max_active_executions": 1_000_000}}),
+        )
+        .await;
+    assert!(declared.is_complete(), "{:?}", declared.failed);
+    let mut relay = RelayProcess::spawn(fleet);
+    let mut rng = Rng::new(seed);
+    let mut m = Model::default();
+    // One shard stopped for a stretch of operations, once per run.
+    let outage_at = ops / 3 + rng.below((ops / 3).max(1) as u64) as usize;
+    let outage_shard = rng.below(u64::from(SHARDS)) as u16;
+    let mut down: Option<(u16, usize)> = None;
+    for op in 0..ops {
+        if op == outage_at {
+            fleet.own(&["stop-one", &outage_shard.to_string()]);
+            down = Some((outage_shard, op + 8));
+            m.log.push(format!("{op}: stop shard {outage_shard}"));
+        }
+        if let Some((shard, until_op)) = down
+            && op == until_op
+        {
+            fleet.own(&["start-one", &shard.to_string()]);
+            down = None;
+            m.log.push(format!("{op}: start shard {shard}"));
+        }
+        step(&c, &mut rng, &mut m, op, seed, &mut relay, fleet).await;
+    }
+    if let Some((shard, _)) = down {
+        fleet.own(&["start-one", &shard.to_string()]);
+    }
+    relay.kill().await;
+    let mut relay = RelayProcess::spawn(fleet);
+    end_everything(&c, &mut m, ops).await;
+    quiesce(fleet, &c, &m).await;
+    relay.kill().await;
+    (c, m)
+}
+
+/// Ends every run still live, children before their parents (so each
+/// child's end finds its parent running), each end acknowledged. A child
+/// the relay has yet to start is waited for.
+async fn end_everything(c: &Client, m: &mut Model, op: usize) {
+    let mut live = m.live();
+    live.sort_by_key(|id| m.runs[id].parent.is_none());
+    for id in live {
+        until("a run to resolve", Duration::from_secs(60), async || {
+            c.get_execution(id).await.ok().flatten().is_some()
+        })
+        .await;
+        // A shard just restarted may still be short-circuited: retryable
+        // refusals are asked again (conditions, not sleeps, end the wait).
+        let mut outcome = None;
+        until("a run's final end", Duration::from_secs(60), async || {
+            match c.complete_execution(id, json!({"final": true})).await {
+                Err(e) if e.is_retryable() => false,
+                other => {
+                    outcome = Some(other);
+                    true
+                }
+            }
+        })
+        .await;
+        // `false`: it ended meanwhile (its parent's parent_close).
+        let ended = match outcome {
+            Some(Ok(ended)) => ended,
+            Some(Err(e)) => panic!("completing {id}: {e}\noperations:\n{}", m.log.join("\n")),
+            None => false,
+        };
+        if ended {
+            m.ended(id, op);
+        }
+        m.log.push(format!("{op}: final end {id}: {ended}"));
+    }
+}
+
+/// One operation; what the API acknowledged goes into the model.
+async fn step(
+    c: &Arc<Client>,
+    rng: &mut Rng,
+    m: &mut Model,
+    op: usize,
+    seed: u64,
+    relay: &mut RelayProcess,
+    fleet: Fleet,
+) {
+    let live = m.live();
+    let roots: Vec<ExecutionId> = live
+        .iter()
+        .copied()
+        .filter(|id| m.runs[id].parent.is_none())
+        .collect();
+    let kind = rng.below(100);
+    *m.stats
+        .entry(match kind {
+            0..=17 => "starts",
+            18..=31 => "children",
+            32..=45 => "ends",
+            46..=52 => "cancels",
+            53..=67 => "signals",
+            68..=73 => "continues",
+            74..=87 => "move attempts",
+            88..=93 => "erasures",
+            _ => "relay kills",
+        })
+        .or_default() += 1;
+    let line = match kind {
+        0..=17 => Some(op_start(c, rng, m, seed).await),
+        18..=31 => op_child(c, rng, m, &roots, seed).await,
+        32..=45 => op_end(c, rng, m, &live, op).await,
+        46..=52 => op_cancel(c, rng, m, &live, op).await,
+        53..=67 => op_signal(c, rng, m, &live, op, seed).await,
+        68..=73 => op_continue(c, rng, m, &roots, op).await,
+        74..=87 => op_move(c, rng, m, &live).await,
+        88..=93 => op_erase(c, rng, m).await,
+        _ => {
+            relay.kill().await;
+            *relay = RelayProcess::spawn(fleet);
+            Some("relay killed and restarted".to_owned())
+        }
+    };
+    if let Some(line) = line {
+        m.log.push(format!("{op}: {line}"));
+    }
+}
+
+async fn op_start(c: &Client, rng: &mut Rng, m: &mut Model, seed: u64) -> String {
+    let wid = m.fresh("w", seed);
+    let tenant = TENANTS[rng.below(3) as usize];
+    let input = json!({"tenant": tenant, "card": format!("secret-{wid}")});
+    match c
+        .start_workflow(
+            WORKFLOW,
+            &wid,
+            input,
+            StartOptions::new().placement(Placement::Auto),
+        )
+        .await
+    {
+        Ok(s) => {
+            m.runs.insert(
+                s.execution_id,
+                Run {
+                    name: WORKFLOW.into(),
+                    workflow_id: wid.clone(),
+                    parent: None,
+                    ended_at: None,
+                },
+            );
+            format!("start {wid} -> {} on {}", s.execution_id, s.shard)
+        }
+        Err(e) => format!("start {wid}: {e}"),
+    }
+}
+
+async fn op_child(
+    c: &Client,
+    rng: &mut Rng,
+    m: &mut Model,
+    roots: &[ExecutionId],
+    seed: u64,
+) -> Option<String> {
+    let parent = m.pick(rng, roots)?;
+    let wid = m.fresh("c", seed);
+    let placement = match rng.below(3) {
+        0 => ChildPlacement::ParentShard,
+        1 => ChildPlacement::Shard(sid(rng.below(u64::from(SHARDS)) as u16)),
+        _ => ChildPlacement::Distributed,
+    };
+    let input = json!({"tenant": "t-a", "card": format!("secret-{wid}")});
+    Some(
+        match c
+            .start_child(parent, WORKFLOW, &wid, input, placement.clone())
+            .await
+        {
+            Ok(s) => {
+                m.runs.insert(
+                    s.child_id,
+                    Run {
+                        name: WORKFLOW.into(),
+                        workflow_id: wid.clone(),
+                        parent: Some(parent),
+                        ended_at: None,
+                    },
+                );
+                format!(
+                    "child {wid} of {parent} ({placement:?}) -> {} on {}",
+                    s.child_id, s.shard
+                )
+            }
+            Err(e) => format!("child {wid} of {parent}: {e}"),
+        },
+    )
+}
+
+async fn op_end(c: &Client, rng: &mut Rng, m: &mut Model, live: &[ExecutionId], op: usize) -> Option<String> {
+    let id = m.pick(rng, live)?;
+    let result = if rng.below(4) == 0 {
+        c.fail_execution(id, "model failure").await
+    } else {
+        c.complete_execution(id, json!({"op": op})).await
+    };
+    if let Ok(true) = result {
+        m.ended(id, op);
+    }
+    Some(format!("end {id}: {result:?}"))
+}
+
+async fn op_cancel(
+    c: &Client,
+    rng: &mut Rng,
+    m: &mut Model,
+    live: &[ExecutionId],
+    op: usize,
+) -> Option<String> {
+    let id = m.pick(rng, live)?;
+    let r = m.runs[&id].clone();
+    if rng.below(2) == 0 || r.parent.is_some() {
+        let result = c.cancel_execution(id, Some("model")).await;
+        if let Ok(true) = result {
+            m.ended(id, op);
+        }
+        return Some(format!("cancel {id}: {result:?}"));
+    }
+    let result = c.cancel_by_key(&r.name, &r.workflow_id, Some("model")).await;
+    if let Ok(ByKey::Delivered { execution_id, .. }) = &result {
+        m.ended(*execution_id, op);
+    }
+    Some(format!("cancel by key {}: {result:?}", r.workflow_id))
+}
+
+async fn op_signal(
+    c: &Client,
+    rng: &mut Rng,
+    m: &mut Model,
+    live: &[ExecutionId],
+    op: usize,
+    seed: u64,
+) -> Option<String> {
+    let id = m.pick(rng, live)?;
+    let r = m.runs[&id].clone();
+    let signal_id = m.fresh("s", seed);
+    if rng.below(2) == 0 || r.parent.is_some() {
+        let result = c.signal(id, "poke", json!({"op": op}), Some(&signal_id)).await;
+        if let Ok(true) = result {
+            m.signals.insert(signal_id.clone(), id);
+        }
+        return Some(format!("signal {id} {signal_id}: {result:?}"));
+    }
+    let result = c
+        .signal_by_key(
+            &r.name,
+            &r.workflow_id,
+            "poke",
+            json!({"op": op}),
+            Some(&signal_id),
+        )
+        .await;
+    if let Ok(ByKey::Delivered { execution_id, .. }) = result {
+        m.signals.insert(signal_id.clone(), execution_id);
+    }
+    Some(format!("signal by key {} {signal_id}: {result:?}", r.workflow_id))
+}
+
+async fn op_continue(
+    c: &Client,
+    rng: &mut Rng,
+    m: &mut Model,
+    roots: &[ExecutionId],
+    op: usize,
+) -> Option<String> {
+    let id = m.pick(rng, roots)?;
+    Some(
+        match c
+            .continue_as_new(id, json!({"tenant": "t-b", "card": "secret-next"}))
+            .await
+        {
+            Ok(next) => {
+                let r = m.runs[&id].clone();
+                m.ended(id, op);
+                m.runs.insert(next, Run { ended_at: None, ..r });
+                format!("continue {id} -> {next}")
+            }
+            Err(e) => format!("continue {id}: {e}"),
+        },
+    )
+}
+
+async fn op_move(c: &Client, rng: &mut Rng, m: &mut Model, live: &[ExecutionId]) -> Option<String> {
+    let id = m.pick(rng, live)?;
+    let to = sid(rng.below(u64::from(SHARDS)) as u16);
+    Some(match c.get_execution(id).await {
+        Ok(Some(e)) if e.shard != to => {
+            let outcome = c.move_execution(e.shard, id, to).await;
+            let brief = match &outcome {
+                Ok(MoveOutcome::Moved { .. }) => {
+                    *m.stats.entry("moves").or_default() += 1;
+                    "moved".to_owned()
+                }
+                other => format!("{other:?}"),
+            };
+            format!("move {id} {} -> {to}: {brief}", e.shard)
+        }
+        other => format!("move {id}: not moved ({:?})", other.map(|e| e.map(|e| e.shard))),
+    })
+}
+
+async fn op_erase(c: &Client, rng: &mut Rng, m: &mut Model) -> Option<String> {
+    let ended: Vec<ExecutionId> = m
+        .runs
+        .iter()
+        .filter(|(id, r)| r.ended_at.is_some() && !m.erased.contains(id))
+        .map(|(id, _)| *id)
+        .collect();
+    let id = m.pick(rng, &ended)?;
+    m.erasing.insert(id);
+    let result = c.erase_payloads(id).await;
+    if result.is_ok() {
+        m.erased.insert(id);
+    }
+    Some(format!(
+        "erase {id}: {}",
+        result.map(|_| "ok".to_owned()).unwrap_or_else(|e| e.to_string())
+    ))
+}
+
+/// Every shard, as a superuser connection.
+async fn dbs(fleet: Fleet) -> Vec<(ShardId, tokio_postgres::Client)> {
+    let t = fleet.topology();
+    let mut out = Vec::new();
+    for shard in t.shards() {
+        out.push((shard.id, connect(shard).await));
+    }
+    out
+}
+
+/// Waits until nothing is left in flight: every relay row and outbox row
+/// settled, no move open, every remote child the model started exists.
+async fn quiesce(fleet: Fleet, c: &Client, m: &Model) {
+    until("the fleet to quiesce", Duration::from_secs(120), async || {
+        for (_, db) in dbs(fleet).await {
+            let busy: i64 = db
+                .query_one(
+                    "SELECT (SELECT count(*) FROM sheaf.cross_shard_children) \
+                          + (SELECT count(*) FROM sheaf.outbox WHERE state <> 'DONE') \
+                          + (SELECT count(*) FROM sheaf.migrations WHERE phase NOT IN ('DONE', 'ABORTED'))",
+                    &[],
+                )
+                .await
+                .expect("the backlog")
+                .get(0);
+            if busy > 0 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    for id in m.runs.keys() {
+        assert!(
+            c.get_execution(*id).await.expect("a read").is_some(),
+            "{id} does not resolve"
+        );
+    }
+}
+
+/// Live copies (not seals, not staged) of every execution, per shard.
+async fn live_copies(fleet: Fleet) -> Copies {
+    let mut out: Copies = BTreeMap::new();
+    for (shard, db) in dbs(fleet).await {
+        for row in db
+            .query(
+                "SELECT id, state, workflow_name, workflow_id FROM sheaf.executions \
+                 WHERE state NOT IN ('MIGRATED', 'MIGRATING')",
+                &[],
+            )
+            .await
+            .expect("executions")
+        {
+            out.entry(row.get(0))
+                .or_default()
+                .push((shard, row.get(1), row.get(2), row.get(3)));
+        }
+    }
+    out
+}
+
+/// Each invariant's violations (empty: it holds).
+struct Checks {
+    children: Vec<String>,
+    copies: Vec<String>,
+    signals: Vec<String>,
+    erasure: Vec<String>,
+    quota: Vec<String>,
+    ends: Vec<String>,
+}
+
+impl Checks {
+    fn all(&self) -> Vec<String> {
+        [
+            &self.children,
+            &self.copies,
+            &self.signals,
+            &self.erasure,
+            &self.quota,
+            &self.ends,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+    }
+}
+
+type Copies = BTreeMap<uuid::Uuid, Vec<(ShardId, String, String, String)>>;
+type Dbs = [(ShardId, tokio_postgres::Client)];
+
+fn active(state: &str) -> bool {
+    matches!(state, "RUNNING" | "SUSPENDED" | "PAUSED")
+}
+
+async fn check(fleet: Fleet, m: &Model) -> Checks {
+    let copies = live_copies(fleet).await;
+    let dbs = dbs(fleet).await;
+    Checks {
+        children: check_children(m, &copies, &dbs).await,
+        copies: check_copies(&copies),
+        signals: check_signals(m, &dbs).await,
+        erasure: check_erasure(m, &dbs).await,
+        quota: check_quota(&dbs).await,
+        ends: check_ends(m, &copies),
+    }
+}
+
+/// Counts of `sql`'s (key, count) rows over every shard.
+async fn counts(dbs: &Dbs, sql: &str) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    for (_, db) in dbs {
+        for row in db.query(sql, &[]).await.expect("counting events") {
+            // An erased run's events keep their types, not their payloads.
+            if let Some(key) = row.get::<_, Option<String>>(0) {
+                *out.entry(key).or_default() += row.get::<_, i64>(1);
+            }
+        }
+    }
+    out
+}
+
+/// Every child's end reaches a running parent exactly once (a parent that
+/// ended: at most once).
+async fn check_children(m: &Model, copies: &Copies, dbs: &Dbs) -> Vec<String> {
+    let ends = counts(
+        dbs,
+        "SELECT v.execution_id::text || ' ' || (v.payload->>'child_id'), count(*) FROM sheaf.events v \
+         JOIN sheaf.executions e ON e.id = v.execution_id AND e.state NOT IN ('MIGRATED', 'MIGRATING') \
+         WHERE v.event_type IN ('ChildCompleted', 'ChildFailed', 'ChildCancelled', 'ChildTerminated', \
+                                'ChildTimedOut', 'ChildContinuedAsNew') GROUP BY 1",
+    )
+    .await;
+    let mut out = Vec::new();
+    for (id, run) in &m.runs {
+        let Some(parent) = run.parent else { continue };
+        let n = ends
+            .get(&format!("{} {id}", parent.as_uuid()))
+            .copied()
+            .unwrap_or(0);
+        let parent_running = copies
+            .get(&parent.as_uuid())
+            .is_some_and(|c| c.iter().any(|(_, state, ..)| active(state)));
+        let child_ended = copies
+            .get(&id.as_uuid())
+            .is_some_and(|c| c.iter().all(|(_, state, ..)| !active(state)));
+        if n > 1 || (parent_running && child_ended && n != 1) {
+            out.push(format!(
+                "child {id} of {parent}: {n} end events (parent running: {parent_running})"
+            ));
+        }
+    }
+    out
+}
+
+/// No execution live on two shards; no business key with two live runs.
+fn check_copies(copies: &Copies) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut keys: BTreeMap<(String, String), Vec<uuid::Uuid>> = BTreeMap::new();
+    for (id, held) in copies {
+        if held.len() > 1 {
+            out.push(format!(
+                "{id} is live on {:?}",
+                held.iter().map(|h| h.0).collect::<Vec<_>>()
+            ));
+        }
+        for (_, state, name, wid) in held {
+            if active(state) {
+                keys.entry((name.clone(), wid.clone())).or_default().push(*id);
+            }
+        }
+    }
+    for (key, ids) in keys {
+        if ids.len() > 1 {
+            out.push(format!("business key {key:?} has live runs {ids:?}"));
+        }
+    }
+    out
+}
+
+/// Every signal reported delivered is in exactly one history, once.
+async fn check_signals(m: &Model, dbs: &Dbs) -> Vec<String> {
+    let seen = counts(
+        dbs,
+        "SELECT v.payload->>'signal_id', count(*) FROM sheaf.events v \
+         JOIN sheaf.executions e ON e.id = v.execution_id AND e.state NOT IN ('MIGRATED', 'MIGRATING') \
+         WHERE v.event_type = 'SignalReceived' AND v.payload ? 'signal_id' GROUP BY 1",
+    )
+    .await;
+    m.signals
+        .iter()
+        .filter_map(|(id, to)| {
+            let n = seen.get(id).copied().unwrap_or(0);
+            // An erased run's signal events no longer name their ids.
+            (n != 1 && !(n == 0 && m.erasing.contains(to)))
+                .then(|| format!("signal {id} is in {n} histories"))
+        })
+        .collect()
+}
+
+/// An erased payload is gone from every shard.
+async fn check_erasure(m: &Model, dbs: &Dbs) -> Vec<String> {
+    let mut out = Vec::new();
+    for id in &m.erased {
+        let marker = format!("%secret-{}%", m.runs[id].workflow_id);
+        for (shard, db) in dbs {
+            let left: bool = db
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM sheaf.executions WHERE id = $1 AND input::text LIKE $2) \
+                        OR EXISTS (SELECT 1 FROM sheaf.events WHERE execution_id = $1 AND payload::text LIKE $2)",
+                    &[&id.as_uuid(), &marker],
+                )
+                .await
+                .expect("payloads")
+                .get(0);
+            if left {
+                out.push(format!("erased {id} still on shard {shard}"));
+            }
+        }
+    }
+    out
+}
+
+/// Quota counters equal a recount, on every shard.
+async fn check_quota(dbs: &Dbs) -> Vec<String> {
+    let mut out = Vec::new();
+    for (shard, db) in dbs {
+        for tenant in TENANTS {
+            let read = async |sql: &str| -> (i64, i64) {
+                db.query_opt(sql, &[&tenant])
+                    .await
+                    .expect("quota usage")
+                    .map_or((0, 0), |r| (r.get(0), r.get(1)))
+            };
+            let a = read("SELECT active_executions, history_bytes FROM sheaf.quota_usage($1)").await;
+            let b = read("SELECT active_executions, history_bytes FROM sheaf.quota_recompute($1)").await;
+            if a != b {
+                out.push(format!(
+                    "shard {shard} tenant {tenant}: counted {a:?}, recounted {b:?}"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Every run the model ended has ended.
+fn check_ends(m: &Model, copies: &Copies) -> Vec<String> {
+    m.runs
+        .iter()
+        .filter(|(id, run)| {
+            run.ended_at.is_some()
+                && copies
+                    .get(&id.as_uuid())
+                    .is_some_and(|c| c.iter().any(|(_, state, ..)| active(state)))
+        })
+        .map(|(id, _)| format!("{id} was ended and is live"))
+        .collect()
+}
+
+fn seeds() -> Vec<u64> {
+    if let Ok(seed) = std::env::var("SHEAF_MODEL_SEED") {
+        return vec![seed.parse().expect("SHEAF_MODEL_SEED is a number")];
+    }
+    if let Ok(range) = std::env::var("SHEAF_MODEL_SEEDS") {
+        let (a, b) = range.split_once("..").expect("SHEAF_MODEL_SEEDS is a..b");
+        return (a.parse().expect("a number")..b.parse().expect("a number")).collect();
+    }
+    vec![11, 12, 13]
+}
+
+fn ops() -> usize {
+    std::env::var("SHEAF_MODEL_OPS").map_or(250, |n| n.parse().expect("SHEAF_MODEL_OPS is a number"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fleet_keeps_its_promises_under_random_operations() {
+    for seed in seeds() {
+        let (_, m) = run_model(MODEL, seed, ops()).await;
+        let violations = check(MODEL, &m).await.all();
+        assert!(
+            violations.is_empty(),
+            "seed {seed} (replay: SHEAF_MODEL_SEED={seed}): {} violation(s):\n{}\noperations:\n{}",
+            violations.len(),
+            violations.join("\n"),
+            m.log.join("\n")
+        );
+        eprintln!(
+            "fleet model: seed {seed}, {} runs, {} signals delivered, {} erased, one shard stopped and started; \
+             {:?}: every invariant holds",
+            m.runs.len(),
+            m.signals.len(),
+            m.erased.len(),
+            m.stats
+        );
+    }
+}
+
+/// Each check, shown to fail: a violation injected from outside
+/// (out-of-protocol SQL as the shards' owner), on a fleet of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checks_catch_each_sabotage() {
+    let f = SABOTAGE;
+    let (_, m) = run_model(f, 7, 80).await;
+    assert!(check(f, &m).await.all().is_empty(), "the run itself holds");
+    let dbs = dbs(f).await;
+    let on = |shard: ShardId| &dbs.iter().find(|(s, _)| *s == shard).expect("a shard").1;
+    let copies = live_copies(f).await;
+    let where_live = |id: &ExecutionId| copies.get(&id.as_uuid()).map(|c| c[0].0);
+
+    // A child's end delivered twice.
+    copy_event(
+        &dbs,
+        "SELECT execution_id, seq FROM sheaf.events WHERE event_type = 'ChildCompleted' ORDER BY seq LIMIT 1",
+    )
+    .await;
+    assert!(
+        !check(f, &m).await.children.is_empty(),
+        "a doubled child end is caught"
+    );
+
+    // A second live copy of a run, on another shard.
+    let (id, _) = m
+        .runs
+        .iter()
+        .find(|(id, _)| where_live(id).is_some())
+        .expect("a run with a live copy");
+    let home = where_live(id).expect("its shard");
+    copy_run(on(home), on(sid((home.get() + 1) % SHARDS)), *id).await;
+    assert!(
+        !check(f, &m).await.copies.is_empty(),
+        "a second live copy is caught"
+    );
+
+    // A delivered signal appended again.
+    let (signal, _) = m
+        .signals
+        .iter()
+        .find(|(_, to)| !m.erasing.contains(to))
+        .expect("a delivered signal");
+    copy_event(
+        &dbs,
+        &format!(
+            "SELECT execution_id, seq FROM sheaf.events WHERE event_type = 'SignalReceived' \
+             AND payload->>'signal_id' = '{signal}' LIMIT 1"
+        ),
+    )
+    .await;
+    assert!(
+        !check(f, &m).await.signals.is_empty(),
+        "a doubled signal is caught"
+    );
+
+    // An erased payload put back, a quota counter off by one, an ended run
+    // live again.
+    let erased = m.erased.iter().next().expect("an erased run");
+    let marker = format!("secret-{}", m.runs[erased].workflow_id);
+    let put = on(where_live(erased).unwrap_or(sid(0)))
+        .execute(
+            "UPDATE sheaf.executions SET input = jsonb_build_object('card', $2::text) WHERE id = $1",
+            &[&erased.as_uuid(), &marker],
+        )
+        .await
+        .expect("a payload put back from outside");
+    assert_eq!(put, 1, "the erased run's shard holds it");
+    assert!(
+        !check(f, &m).await.erasure.is_empty(),
+        "an unerased payload is caught"
+    );
+    bump_quota(on(sid(0))).await;
+    assert!(
+        !check(f, &m).await.quota.is_empty(),
+        "a drifted counter is caught"
+    );
+    let (ended, _) = m
+        .runs
+        .iter()
+        .find(|(id, r)| r.ended_at.is_some() && where_live(id).is_some() && !m.erasing.contains(id))
+        .expect("an ended run");
+    on(where_live(ended).expect("its shard"))
+        .execute(
+            "UPDATE sheaf.executions SET state = 'SUSPENDED', closed_at = NULL WHERE id = $1",
+            &[&ended.as_uuid()],
+        )
+        .await
+        .expect("a run revived from outside");
+    assert!(!check(f, &m).await.ends.is_empty(), "a revived run is caught");
+    retire(f);
+}
+
+/// Bumps a quota counter from outside.
+async fn bump_quota(db: &tokio_postgres::Client) {
+    db.execute(
+        "INSERT INTO sheaf.quota_usage (key, active_executions) VALUES ('t-a', 1) \
+         ON CONFLICT (key) DO UPDATE SET active_executions = sheaf.quota_usage.active_executions + 1",
+        &[],
+    )
+    .await
+    .expect("a counter bumped from outside");
+}
+
+/// A damaged fleet goes: the next run starts it afresh.
+fn retire(f: Fleet) {
+    f.own(&["down"]);
+    std::fs::remove_dir_all(format!(
+        "/tmp/sheaf-test-{}/pg{}",
+        f.name,
+        std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into())
+    ))
+    .ok();
+}
+
+/// Copies run `id`'s row from one shard to another, live, from outside.
+async fn copy_run(from: &tokio_postgres::Client, to: &tokio_postgres::Client, id: ExecutionId) {
+    let row: serde_json::Value = from
+        .query_one(
+            "SELECT to_jsonb(e) FROM sheaf.executions e WHERE id = $1",
+            &[&id.as_uuid()],
+        )
+        .await
+        .expect("its row")
+        .get(0);
+    to.execute(
+        "INSERT INTO sheaf.executions SELECT * FROM jsonb_populate_record(NULL::sheaf.executions, \
+         $1::jsonb || jsonb_build_object('seq', nextval('sheaf.execution_seq'), 'state', 'RUNNING'))",
+        &[&row],
+    )
+    .await
+    .expect("a copy inserted from outside");
+}
+
+/// Copies the event `sql` finds (execution id, seq) under the next seq of
+/// its execution, from outside.
+async fn copy_event(dbs: &Dbs, sql: &str) {
+    let (shard, execution, seq) = on_any(dbs, sql).await.expect("an event to copy");
+    let db = &dbs.iter().find(|(s, _)| *s == shard).expect("its shard").1;
+    db.execute(
+        "INSERT INTO sheaf.events (execution_id, seq, event_type, payload, bytes) \
+         SELECT execution_id, (SELECT max(seq) + 1 FROM sheaf.events WHERE execution_id = $1), \
+                event_type, payload, bytes FROM sheaf.events WHERE execution_id = $1 AND seq = $2",
+        &[&execution, &seq],
+    )
+    .await
+    .expect("an event copied from outside");
+}
+
+/// The first row `sql` (execution id, seq) finds on any shard.
+async fn on_any(dbs: &Dbs, sql: &str) -> Option<(ShardId, uuid::Uuid, i64)> {
+    for (shard, db) in dbs {
+        if let Some(r) = db.query_opt(sql, &[]).await.expect("a lookup") {
+            return Some((*shard, r.get(0), r.get(1)));
+        }
+    }
+    None
+}
