@@ -712,9 +712,11 @@ CREATE TABLE migrations (
     login           text NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
-    -- The mover's lease: its token (from fence_token) and until when.
+    -- The mover's lease: its token (from fence_token), until when, and
+    -- how long each step renews it for.
     lease_token     bigint NOT NULL,
-    lease_until     timestamptz NOT NULL
+    lease_until     timestamptz NOT NULL,
+    lease_secs      double precision NOT NULL CHECK (lease_secs BETWEEN 5 AND 3600)
 );
 -- One move at a time per execution.
 CREATE UNIQUE INDEX migrations_open ON migrations (execution_id) WHERE phase NOT IN ('DONE', 'ABORTED');

@@ -664,7 +664,8 @@ CREATE TABLE migrations (
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
     lease_token     bigint NOT NULL,
-    lease_until     timestamptz NOT NULL
+    lease_until     timestamptz NOT NULL,
+    lease_secs      double precision NOT NULL CHECK (lease_secs BETWEEN 5 AND 3600)
 );
 CREATE UNIQUE INDEX migrations_open ON migrations (execution_id) WHERE phase NOT IN ('DONE', 'ABORTED');
 CREATE INDEX migrations_pending ON migrations (phase, updated_at) WHERE phase NOT IN ('DONE', 'ABORTED');
@@ -689,14 +690,15 @@ REVOKE EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) FROM 
 GRANT EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) TO sheaf_admin;
 CREATE FUNCTION "migration_begin"(
 	"execution_id" uuid,
-	"target_shard" INT
+	"target_shard" INT,
+	"lease" interval DEFAULT '60 seconds'
 ) RETURNS jsonb
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO @extschema@, pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'migration_begin_wrapper';
-REVOKE EXECUTE ON FUNCTION @extschema@.migration_begin(uuid, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.migration_begin(uuid, integer) TO sheaf_admin;
+REVOKE EXECUTE ON FUNCTION @extschema@.migration_begin(uuid, integer, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.migration_begin(uuid, integer, interval) TO sheaf_admin;
 CREATE FUNCTION "migration_stage"(
 	"export" jsonb
 ) RETURNS TEXT

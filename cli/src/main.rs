@@ -218,6 +218,11 @@ enum Command {
         /// Report what would move and why the rest would not; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// How long each move is this process's without a step, in seconds
+        /// (5..3600): `rebalance-resume` takes a move over only after it
+        /// lapsed.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(5..=3600))]
+        lease: u64,
     },
     /// Finish the moves a crash or an interruption left on a shard: before
     /// the cutover, discard the staged copy and move it again; after it,
@@ -805,7 +810,8 @@ async fn main() -> ExitCode {
             to,
             limit,
             dry_run,
-        } => rebalance::rebalance(&client, from, to, limit, dry_run, cli.json).await,
+            lease,
+        } => rebalance::rebalance(&client, from, to, limit, dry_run, lease, cli.json).await,
         Command::RebalanceResume { from } => rebalance::resume(&client, from, cli.json).await,
         Command::Config {
             what: ConfigCommand::Apply { file },

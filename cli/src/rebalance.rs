@@ -158,13 +158,16 @@ pub async fn rebalance(
     to: u32,
     limit: Option<usize>,
     dry_run: bool,
+    lease_secs: u64,
     as_json: bool,
 ) -> ExitCode {
     let (from, to) = match (shard_arg(client, from, "--from"), shard_arg(client, to, "--to")) {
         (Ok(f), Ok(t)) => (f, t),
         (Err(e), _) | (_, Err(e)) => return e,
     };
-    let mut options = RebalanceOptions::default().dry_run(dry_run);
+    let mut options = RebalanceOptions::default()
+        .dry_run(dry_run)
+        .lease(std::time::Duration::from_secs(lease_secs));
     options.limit = limit;
     options.after_phase = kill_hook();
     let bar = bar(as_json);

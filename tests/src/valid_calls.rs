@@ -593,11 +593,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
     call("sheaf.audit_log(bigint, integer)", &[], &["NULL", "10"]),
     call("sheaf.rebalance_candidates(uuid, integer)", &[], &["NULL", "100"]),
     call(
-        "sheaf.migration_begin(uuid, integer)",
+        "sheaf.migration_begin(uuid, integer, interval)",
         &[
             r#"CREATE TEMP TABLE vc_move AS SELECT execution_id FROM sheaf.start_workflow('vc_wf', 'vc-move', '{"tenant": "vc_t"}', '{}')"#,
         ],
-        &["(SELECT execution_id FROM vc_move)", "8"],
+        &["(SELECT execution_id FROM vc_move)", "8", "'60 seconds'"],
     ),
     // A move of vc-move-2 to shard 8, whose export is also staged here as if
     // it came from shard 8 under another id (vc-move-2s): the source's and

@@ -132,6 +132,8 @@ struct Model {
     next: u64,
     /// How many of each operation ran (moves: completed moves).
     stats: BTreeMap<&'static str, usize>,
+    /// A shard is stopped.
+    outage: bool,
 }
 
 impl Model {
@@ -182,6 +184,7 @@ async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) 
         if op == outage_at {
             fleet.own(&["stop-one", &outage_shard.to_string()]);
             down = Some((outage_shard, op + 8));
+            m.outage = true;
             m.log.push(format!("{op}: stop shard {outage_shard}"));
         }
         if let Some((shard, until_op)) = down
@@ -189,6 +192,7 @@ async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) 
         {
             fleet.own(&["start-one", &shard.to_string()]);
             down = None;
+            m.outage = false;
             m.log.push(format!("{op}: start shard {shard}"));
         }
         step(&c, &mut rng, &mut m, op, seed, &mut relay, fleet).await;
@@ -268,6 +272,7 @@ async fn step(
             68..=73 => "continues",
             74..=87 => "move attempts",
             88..=93 => "erasures",
+            94 => "cli moves killed",
             _ => "relay kills",
         })
         .or_default() += 1;
@@ -280,6 +285,7 @@ async fn step(
         68..=73 => op_continue(c, rng, m, &roots, op).await,
         74..=87 => op_move(c, rng, m, &live).await,
         88..=93 => op_erase(c, rng, m).await,
+        94 => op_cli_move_killed(c, rng, m, fleet).await,
         _ => {
             relay.kill().await;
             *relay = RelayProcess::spawn(fleet);
@@ -470,6 +476,47 @@ async fn op_move(c: &Client, rng: &mut Rng, m: &mut Model, live: &[ExecutionId])
         }
         other => format!("move {id}: not moved ({:?})", other.map(|e| e.map(|e| e.shard))),
     })
+}
+
+/// `sheaf rebalance --limit 1` SIGKILLed after a random phase of its move,
+/// then `rebalance_resume` until nothing is open (it takes the move over
+/// once the killed mover's 5 s lease lapses). Not while a shard is down.
+async fn op_cli_move_killed(c: &Client, rng: &mut Rng, m: &mut Model, fleet: Fleet) -> Option<String> {
+    if m.outage {
+        return None;
+    }
+    let from = rng.below(u64::from(SHARDS)) as u16;
+    let to = (from + 1 + rng.below(u64::from(SHARDS) - 1) as u16) % SHARDS;
+    let phase = ["begun", "staged", "verified", "committed", "activated"][rng.below(5) as usize];
+    let status = std::process::Command::new(sheaf_tests::cli_binary())
+        .args(["--actor", "fleet-model", "rebalance", "--from", &from.to_string()])
+        .args(["--to", &to.to_string(), "--limit", "1", "--lease", "5"])
+        .env("SHEAF_SHARDS", fleet.spec())
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .env("SHEAF_TEST_KILL_AFTER", phase)
+        .output()
+        .expect("the CLI runs")
+        .status;
+    let mut resumed = 0;
+    until(
+        "the killed move to be resumed",
+        Duration::from_secs(60),
+        async || match c.migrations(sid(from), true, 100).await {
+            Ok(open) if open.is_empty() => true,
+            _ => {
+                resumed += 1;
+                let _ = c.rebalance_resume(sid(from)).await;
+                false
+            }
+        },
+    )
+    .await;
+    if resumed > 0 {
+        *m.stats.entry("killed moves taken over").or_default() += 1;
+    }
+    Some(format!(
+        "cli move {from} -> {to} killed after {phase} ({status}); resumed after {resumed} looks"
+    ))
 }
 
 async fn op_erase(c: &Client, rng: &mut Rng, m: &mut Model) -> Option<String> {

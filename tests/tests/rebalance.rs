@@ -473,7 +473,10 @@ async fn a_run_that_changes_after_verification_is_not_cut_over() {
     let name = unique("rb-late");
     declare(&c, &name, &unique("rb-late-q")).await;
     let id = start_on(&c, a, &name).await;
-    let export = c.migration_begin(a, id, b).await.expect("begun");
+    let export = c
+        .migration_begin(a, id, b, Duration::from_secs(60))
+        .await
+        .expect("begun");
     let value = export.to_value().expect("json");
     let migration = value["migration_id"].as_i64().expect("an id");
     let token = value["lease_token"].as_i64().expect("a lease token");

@@ -186,7 +186,10 @@ async fn an_attach_to_a_seal_reports_where_the_run_lives() {
 
 /// Begins moving `id` and stages it: the move's id and its lease token.
 async fn begun(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) -> (i64, i64, String) {
-    let export = c.migration_begin(from, id, to).await.expect("begun");
+    let export = c
+        .migration_begin(from, id, to, Duration::from_secs(60))
+        .await
+        .expect("begun");
     let value = export.to_value().expect("an export");
     let migration = value["migration_id"].as_i64().expect("a move id");
     let token = value["lease_token"].as_i64().expect("a lease token");

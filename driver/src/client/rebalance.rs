@@ -18,7 +18,7 @@ use crate::topology::ShardId;
 
 const CANDIDATES: &str = "SELECT execution_id, workflow_name, workflow_id, state, history_bytes, blockers \
                           FROM sheaf.rebalance_candidates($1, $2)";
-const BEGIN: &str = "SELECT sheaf.migration_begin($1, $2)";
+const BEGIN: &str = "SELECT sheaf.migration_begin($1, $2, make_interval(secs => $3))";
 const STAGE: &str = "SELECT sheaf.migration_stage($1)";
 const VERIFY: &str = "SELECT sheaf.migration_verify($1, $2, $3)";
 const CUTOVER: &str = "SELECT sheaf.migration_cutover($1, $2)";
@@ -40,6 +40,8 @@ pub const STALL_AFTER: Duration = Duration::from_secs(30);
 pub const MIN_STALL_AFTER: Duration = Duration::from_secs(5);
 /// The lease `rebalance_resume` takes on a move it takes over.
 const RESUME_LEASE: Duration = Duration::from_secs(60);
+/// A move's lease unless its options say otherwise.
+const MOVE_LEASE: Duration = Duration::from_secs(60);
 
 /// One move as its mover holds it: every step on the source names the
 /// lease token (`sheaf.migration_begin`'s, or a takeover's).
@@ -196,6 +198,9 @@ pub struct RebalanceOptions {
     pub limit: Option<usize>,
     /// Report what would move and why the rest would not; change nothing.
     pub dry_run: bool,
+    /// How long each move is this mover's without a step (`None`: 60 s;
+    /// 5 s to 1 h): a resume takes a move over only after it lapsed.
+    pub lease: Option<Duration>,
     /// Called after each step of each move commits (logging, or a crash
     /// test's hook that kills the process right there).
     pub after_phase: Option<PhaseHook>,
@@ -206,6 +211,7 @@ impl std::fmt::Debug for RebalanceOptions {
         f.debug_struct("RebalanceOptions")
             .field("limit", &self.limit)
             .field("dry_run", &self.dry_run)
+            .field("lease", &self.lease)
             .field("after_phase", &self.after_phase.is_some())
             .finish()
     }
@@ -221,6 +227,12 @@ impl RebalanceOptions {
     /// Changes nothing.
     pub fn dry_run(mut self, yes: bool) -> Self {
         self.dry_run = yes;
+        self
+    }
+
+    /// Holds each move for `lease` without a step.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
         self
     }
 }
@@ -317,18 +329,26 @@ impl Client {
             .collect()
     }
 
-    /// Begins moving `id` from `from` to `to` (`sheaf.migration_begin`):
-    /// the export to stage. [`ClientError::WrongState`] names every
+    /// Begins moving `id` from `from` to `to` (`sheaf.migration_begin`),
+    /// held for `lease` (5 s to 1 h) without a step: the export to stage,
+    /// with its `lease_token`. [`ClientError::WrongState`] names every
     /// blocker if it is not quiescent.
     pub async fn migration_begin(
         &self,
         from: ShardId,
         id: ExecutionId,
         to: ShardId,
+        lease: Duration,
     ) -> Result<Json, ClientError> {
         let target = to.get() as i32;
+        let secs = lease.as_secs_f64();
         let (call, rows) = self
-            .on_shard(from, Owned::Execution(id), BEGIN, &[&id.as_uuid(), &target])
+            .on_shard(
+                from,
+                Owned::Execution(id),
+                BEGIN,
+                &[&id.as_uuid(), &target, &secs],
+            )
             .await?;
         first_column(&call, &rows)
     }
@@ -499,7 +519,8 @@ impl Client {
         id: ExecutionId,
         to: ShardId,
     ) -> Result<MoveOutcome, ClientError> {
-        self.move_observed(from, id, to, None).await
+        self.move_observed(from, id, to, &RebalanceOptions::default())
+            .await
     }
 
     async fn move_observed(
@@ -507,14 +528,16 @@ impl Client {
         from: ShardId,
         id: ExecutionId,
         to: ShardId,
-        hook: Option<&PhaseHook>,
+        options: &RebalanceOptions,
     ) -> Result<MoveOutcome, ClientError> {
+        let hook = options.after_phase.as_ref();
         let after = |phase| {
             if let Some(hook) = hook {
                 hook(id, phase);
             }
         };
-        let export = match self.migration_begin(from, id, to).await {
+        let lease = options.lease.unwrap_or(MOVE_LEASE);
+        let export = match self.migration_begin(from, id, to, lease).await {
             Ok(export) => export,
             Err(ClientError::WrongState { message, .. }) => return Ok(MoveOutcome::Blocked(vec![message])),
             Err(e) => return Err(e),
@@ -686,7 +709,7 @@ impl Client {
                         unavailable: Duration::ZERO,
                     })
                 } else {
-                    self.move_observed(from, c.id, to, options.after_phase.as_ref())
+                    self.move_observed(from, c.id, to, options)
                         .await
                         .map_err(|e| e.to_string())
                 };

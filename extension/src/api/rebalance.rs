@@ -67,15 +67,32 @@ fn rebalance_candidates(
 
 /// Starts moving a quiescent execution to shard `target_shard`: a STARTED
 /// move recorded here (the actor is `sheaf.actor`, else the login role;
-/// the login beside it) and
-/// the export to stage there (`migration_stage`). 55000 naming every
+/// the login beside it), held by the caller for `lease` (5 seconds to 1
+/// hour; each later step renews it), and the export to stage there
+/// (`migration_stage`), carrying the lease token. 55000 naming every
 /// blocker if it cannot move now.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
-fn migration_begin(execution_id: Option<pgrx::Uuid>, target_shard: Option<i32>) -> Jsonb {
+fn migration_begin(
+    execution_id: Option<pgrx::Uuid>,
+    target_shard: Option<i32>,
+    lease: default!(Option<Interval>, "'60 seconds'"),
+) -> Jsonb {
     let id = required(execution_id, "execution_id");
     let target = shard_arg(target_shard, "target_shard");
-    migration::begin(id, target)
+    migration::begin(id, target, lease_arg(lease))
+}
+
+/// A mover's lease, 5 seconds to 1 hour.
+fn lease_arg(lease: Option<Interval>) -> f64 {
+    let secs = required(lease, "lease").as_micros() as f64 / 1e6;
+    if !(5.0..=3600.0).contains(&secs) {
+        bad_argument(
+            "lease",
+            format!("must be from 5 seconds to 1 hour, got {secs} seconds"),
+        );
+    }
+    secs
 }
 
 /// Stages an export from `migration_begin` on this shard (the target): the
@@ -181,16 +198,7 @@ fn migration_takeover(
     migration_id: Option<i64>,
     lease: default!(Option<Interval>, "'60 seconds'"),
 ) -> Option<i64> {
-    let id = migration_arg(migration_id);
-    let lease = required(lease, "lease");
-    let secs = lease.as_micros() as f64 / 1e6;
-    if !(5.0..=3600.0).contains(&secs) {
-        bad_argument(
-            "lease",
-            format!("must be from 5 seconds to 1 hour, got {secs} seconds"),
-        );
-    }
-    migration::takeover(id, secs)
+    migration::takeover(migration_arg(migration_id), lease_arg(lease))
 }
 
 /// Claims up to `max_rows` (1..10000) COMMITTED moves on this shard not

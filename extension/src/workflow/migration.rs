@@ -131,9 +131,9 @@ const BLOCKERS_OF: Stmt = Stmt::write(
 // Ready rows before task rows, tasks in id order, as every path
 // (`base::locks`); a claim takes ready rows SKIP LOCKED.
 const RECORD: Stmt = Stmt::write(
-    "INSERT INTO migrations (execution_id, target_shard, actor, login, bytes, lease_token, lease_until) \
+    "INSERT INTO migrations (execution_id, target_shard, actor, login, bytes, lease_token, lease_until, lease_secs) \
      SELECT $1, $2, left(coalesce(nullif(current_setting('sheaf.actor', true), ''), session_user::text), 256), \
-            session_user::text, history_bytes, nextval('fence_token'), now() + make_interval(secs => $3) \
+            session_user::text, history_bytes, nextval('fence_token'), now() + make_interval(secs => $3), $3 \
      FROM executions WHERE id = $1 RETURNING id, lease_token",
     &[
         PgBuiltInOids::UUIDOID,
@@ -179,14 +179,14 @@ const RECORD_FOR_UPDATE: Stmt = Stmt::write(
      WHERE id = $1 FOR UPDATE",
     &[PgBuiltInOids::INT8OID],
 );
-// A step of the record's mover: its lease runs another LEASE_SECS.
+// A step of the record's mover: its lease runs its length again.
 const RENEW: Stmt = Stmt::write(
-    "UPDATE migrations SET lease_until = now() + make_interval(secs => $2) WHERE id = $1",
-    &[PgBuiltInOids::INT8OID, PgBuiltInOids::FLOAT8OID],
+    "UPDATE migrations SET lease_until = now() + make_interval(secs => lease_secs) WHERE id = $1",
+    &[PgBuiltInOids::INT8OID],
 );
 // A new mover for a record whose lease lapsed (a crashed or stuck one).
 const TAKEOVER: Stmt = Stmt::write(
-    "UPDATE migrations SET lease_token = nextval('fence_token'), \
+    "UPDATE migrations SET lease_token = nextval('fence_token'), lease_secs = $2, \
             lease_until = now() + make_interval(secs => $2), updated_at = now() \
      WHERE id = $1 AND phase NOT IN ('DONE', 'ABORTED') AND lease_until < now() RETURNING lease_token",
     &[PgBuiltInOids::INT8OID, PgBuiltInOids::FLOAT8OID],
@@ -235,7 +235,7 @@ const SEAL_DONE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 const STALLED: Stmt = Stmt::write(
-    "UPDATE migrations m SET updated_at = now(), lease_token = nextval('fence_token'), \
+    "UPDATE migrations m SET updated_at = now(), lease_token = nextval('fence_token'), lease_secs = $4, \
             lease_until = now() + make_interval(secs => $4) FROM (\
        SELECT id FROM migrations WHERE phase = 'COMMITTED' AND updated_at < now() - make_interval(secs => $1) \
        AND lease_until < now() AND ($3::int[] IS NULL OR target_shard = ANY($3)) \
@@ -439,7 +439,7 @@ fn lock_all(id: pgrx::Uuid) -> executions::Locked {
 /// Starts moving execution `id` to `target`: 55000 naming every blocker if
 /// it is not quiescent; else a STARTED record and the export the target
 /// stages (`stage`).
-pub fn begin(id: pgrx::Uuid, target: i32) -> Jsonb {
+pub fn begin(id: pgrx::Uuid, target: i32, lease_secs: f64) -> Jsonb {
     require_enabled();
     let here = shard::current();
     if target == here {
@@ -460,7 +460,7 @@ pub fn begin(id: pgrx::Uuid, target: i32) -> Jsonb {
     exec(&LEAVES_ENDED_PARENT, &[id.into()]);
     let (migration, token): (i64, i64) = Spi::connect_mut(|client| {
         rows::only(
-            run(client, &RECORD, &[id.into(), target.into(), LEASE_SECS.into()]),
+            run(client, &RECORD, &[id.into(), target.into(), lease_secs.into()]),
             "recording a move",
         )
     });
@@ -509,7 +509,7 @@ fn lock_record(migration: i64, token: i64) -> Record {
             "move {migration} is not held under lease token {token}: another mover took it over"
         ));
     }
-    exec(&RENEW, &[migration.into(), LEASE_SECS.into()]);
+    exec(&RENEW, &[migration.into()]);
     Record {
         execution_id,
         target,
@@ -518,8 +518,9 @@ fn lock_record(migration: i64, token: i64) -> Record {
     }
 }
 
-/// How long a mover holds a move's record without a step: a step renews
-/// it; a resume takes over a record only after it lapsed.
+/// How long a worker's auto-resume holds a move it claimed (a mover's own
+/// lease is `migration_begin`'s, 60 s unless it says otherwise): a step
+/// renews it; a resume takes over a record only after it lapsed.
 pub const LEASE_SECS: f64 = 60.0;
 
 /// A new lease on move `migration` for `lease_secs`, when its mover's has
