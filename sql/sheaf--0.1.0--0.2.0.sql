@@ -892,6 +892,16 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'get_task_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.get_task(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.get_task(uuid) TO sheaf_worker;
+CREATE FUNCTION "find_task"(
+	"queue" TEXT,
+	"idempotency_key" TEXT
+) RETURNS uuid
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'find_task_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.find_task(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.find_task(text, text) TO sheaf_worker;
 CREATE FUNCTION "list_tasks"(
 	"queue" TEXT,
 	"state" TEXT DEFAULT NULL,
@@ -1395,7 +1405,8 @@ REVOKE EXECUTE ON FUNCTION @extschema@.audit_note(text, text, text, jsonb) FROM 
 GRANT EXECUTE ON FUNCTION @extschema@.audit_note(text, text, text, jsonb) TO sheaf_admin;
 CREATE FUNCTION "pending_starts"(
 	"name" TEXT DEFAULT NULL,
-	"max_rows" INT DEFAULT 1000
+	"max_rows" INT DEFAULT 1000,
+	"debounce_key" TEXT DEFAULT NULL
 ) RETURNS TABLE (
 	"workflow_name" TEXT,
 	"debounce_key" TEXT,
@@ -1409,8 +1420,8 @@ STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO @extschema@, pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'pending_starts_wrapper';
-REVOKE EXECUTE ON FUNCTION @extschema@.pending_starts(text, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.pending_starts(text, integer) TO sheaf_worker;
+REVOKE EXECUTE ON FUNCTION @extschema@.pending_starts(text, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.pending_starts(text, integer, text) TO sheaf_worker;
 CREATE FUNCTION "cancel_pending_start"(
 	"name" TEXT,
 	"debounce_key" TEXT,

@@ -92,6 +92,23 @@ impl RouteError {
     }
 }
 
+/// The bytes a hashed placement scores shards by; `None` for a pin.
+fn hashed_key(
+    workflow_name: &str,
+    workflow_id: &str,
+    placement: &Placement,
+    tenant: Option<&str>,
+) -> Option<Vec<u8>> {
+    match placement {
+        Placement::RoutingKey(key) => Some(hrw::routing_key(key)),
+        Placement::Auto => Some(match tenant.filter(|t| !t.trim().is_empty()) {
+            Some(t) => hrw::routing_key(&tenant_routing_key(t, workflow_name)),
+            None => hrw::workflow_key(workflow_name, workflow_id),
+        }),
+        Placement::Shard(_) | Placement::ResidencyKey(_) => None,
+    }
+}
+
 /// The routing key an ambient tenant implies (the second seed's convention).
 pub fn tenant_routing_key(tenant: &str, workflow_name: &str) -> String {
     format!("tenant__{tenant}__{workflow_name}")
@@ -136,17 +153,34 @@ impl Topology {
                     .ok_or_else(|| RouteError::UndeclaredResidencyKey(key.clone()))?;
                 self.writable_or_refuse(id)
             }
-            Placement::RoutingKey(key) => {
-                if key.trim().is_empty() {
-                    return Err(RouteError::BlankRoutingKey);
-                }
-                self.hash(&hrw::routing_key(key))
+            Placement::RoutingKey(key) if key.trim().is_empty() => Err(RouteError::BlankRoutingKey),
+            Placement::RoutingKey(_) | Placement::Auto => {
+                let key = hashed_key(workflow_name, workflow_id, placement, tenant)
+                    .ok_or(RouteError::BlankRoutingKey)?;
+                self.hash(&key)
             }
-            Placement::Auto => match tenant.filter(|t| !t.trim().is_empty()) {
-                Some(t) => self.hash(&hrw::routing_key(&tenant_routing_key(t, workflow_name))),
-                None => self.hash(&hrw::workflow_key(workflow_name, workflow_id)),
-            },
         }
+    }
+
+    /// Where a hashed key lived before its home stopped taking work: its
+    /// rendezvous winner over every shard, when that is not the shard
+    /// [`place`](Self::place) picks now and is still readable (a shard being
+    /// drained, or read-only). What a key's record there (an unfinished
+    /// task holding an idempotency key, an open debounce window) still
+    /// answers for, the new home cannot: the caller asks it first. `None`
+    /// for a pinned placement or a key that did not move.
+    pub(crate) fn former_home(
+        &self,
+        workflow_name: &str,
+        workflow_id: &str,
+        placement: &Placement,
+        tenant: Option<&str>,
+    ) -> Option<ShardId> {
+        let key = hashed_key(workflow_name, workflow_id, placement, tenant)?;
+        let winner = hrw::pick(hrw::key_hash(&key), self.shards().map(|s| s.id.get()))?;
+        let winner = ShardId::new(u32::from(winner)).ok()?;
+        let now = self.hash(&key).ok()?;
+        (winner != now && !self.is_writable(winner) && self.is_readable(winner)).then_some(winner)
     }
 
     /// Where a drain of `leaving` sends an execution of (`workflow_name`,
@@ -261,6 +295,43 @@ mod tests {
                 assert_eq!(before, after, "only the drained shard's keys move");
             }
         }
+    }
+
+    #[test]
+    fn a_drained_keys_former_home_is_where_it_was_placed_before() {
+        let all = fleet(4).build().unwrap();
+        let drained = fleet(4).writable([0, 1, 2]).build().unwrap();
+        let mut moved = 0;
+        for i in 0..2000 {
+            let id = i.to_string();
+            for placement in [Placement::Auto, Placement::RoutingKey(format!("k{i}"))] {
+                let before = all.place("wf", &id, &placement, None).unwrap();
+                let former = drained.former_home("wf", &id, &placement, None);
+                assert_eq!(
+                    all.former_home("wf", &id, &placement, None),
+                    None,
+                    "nothing moved"
+                );
+                if before.get() == 3 {
+                    moved += 1;
+                    assert_eq!(former, Some(before), "asked where it was");
+                } else {
+                    assert_eq!(former, None, "a key that stayed asks nobody else");
+                }
+            }
+            let pinned = Placement::Shard(sid(3));
+            assert_eq!(drained.former_home("wf", &id, &pinned, None), None);
+        }
+        assert!(
+            moved > 500,
+            "a quarter of the keys lived on the drained shard: {moved}"
+        );
+        let retired = fleet(3).build().unwrap();
+        assert_eq!(
+            retired.former_home("wf", "1", &Placement::Auto, None),
+            None,
+            "a retired shard is no home"
+        );
     }
 
     #[test]

@@ -216,6 +216,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
     call("sheaf.queue_stats(text)", &[], &["'vc_q'"]),
     call("sheaf.get_task(uuid)", &[], &["(SELECT task_id FROM vc_redrive)"]),
     call(
+        "sheaf.find_task(text, text)",
+        &[],
+        &["'vc_redrive'", "'vc-no-such-key'"],
+    ),
+    call(
         "sheaf.list_tasks(text, text, jsonb, integer)",
         &[],
         &["'vc_redrive'", "NULL", "NULL", "100"],
@@ -745,11 +750,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
     call("sheaf.delete_schedule(text)", &[], &["'vc_sched'"]),
     // Debounced starts.
     call(
-        "sheaf.pending_starts(text, integer)",
+        "sheaf.pending_starts(text, integer, text)",
         &[
             "SELECT * FROM sheaf.start_workflow('vc_wf', 'vc-debounced', '{\"tenant\": \"vc_t\"}', '{\"debounce\": {\"key\": \"vc-doc\", \"window\": \"1 hour\"}}')",
         ],
-        &["'vc_wf'", "10"],
+        &["'vc_wf'", "10", "'vc-doc'"],
     ),
     call(
         "sheaf.cancel_pending_start(text, text, text)",

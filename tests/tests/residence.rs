@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    ByKey, ChildPlacement, Client, ExecutionId, MoveOutcome, Placement, PoolOptions, Relay, RelayOptions,
-    ShardId, StartOptions,
+    ByKey, ChildPlacement, Client, DebounceMode, EnqueueOptions, ExecutionId, MoveOutcome, Placement,
+    PoolOptions, Relay, RelayOptions, ShardId, StartOptions, TopologyBuilder,
 };
-use sheaf_tests::{connect, fleet, sid, unique, until};
+use sheaf_tests::{connect, fleet, fleet_spec, sid, unique, until};
 
 fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
@@ -649,4 +649,129 @@ async fn a_late_discard_never_removes_a_newer_moves_copy() {
     let mut held = copies(id).await;
     held.sort();
     assert_eq!(held, vec![(to, "RUNNING".into()), (from, "MIGRATED".into())]);
+}
+
+/// Keys of `name` (as the router hashes them) whose home is `home` while
+/// every shard takes work.
+fn keys_homed_on(name: &str, home: ShardId, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("key-{i}"))
+        .filter(|k| fleet().place(name, k, &Placement::Auto, None) == Ok(home))
+        .take(n)
+        .collect()
+}
+
+/// The test fleet with `leaving` out of the writable set, as a drain's
+/// runbook first does.
+fn draining_without(leaving: ShardId) -> sheaf_driver::Topology {
+    let writable: Vec<u32> = fleet()
+        .shards()
+        .map(|s| u32::from(s.id.get()))
+        .filter(|&s| s != u32::from(leaving.get()))
+        .collect();
+    TopologyBuilder::from_spec(fleet_spec())
+        .expect("a spec")
+        .writable(writable)
+        .build()
+        .expect("a topology")
+}
+
+/// A keyed task stays on its shard while that shard drains (no drain moves
+/// it): an enqueue with its idempotency key returns it there, where it once
+/// made a second task at the key's new home. Once the key is free, its next
+/// task goes to the new home.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_held_on_a_draining_shard_are_answered_there() {
+    let c = client();
+    let leaving = sid(2);
+    let queue = unique("res-idem");
+    let keys = keys_homed_on(&queue, leaving, 2);
+    let mut held = Vec::new();
+    for k in &keys {
+        let e = c
+            .enqueue(
+                &queue,
+                json!({ "k": k }),
+                EnqueueOptions::new().idempotency_key(k.clone()),
+            )
+            .await
+            .expect("an enqueue");
+        assert_eq!(e.shard, leaving, "homed where the router says");
+        held.push(e.task_id);
+    }
+    let d = Client::new(draining_without(leaving), PoolOptions::default()).expect("a client");
+    let again = d
+        .enqueue(
+            &queue,
+            json!({}),
+            EnqueueOptions::new().idempotency_key(keys[0].clone()),
+        )
+        .await
+        .expect("an enqueue");
+    assert_eq!(
+        (again.task_id, again.shard),
+        (held[0], leaving),
+        "the holder answers"
+    );
+    let batch = d
+        .enqueue_batch(
+            &queue,
+            [json!({})],
+            EnqueueOptions::new().idempotency_key(keys[1].clone()),
+        )
+        .await
+        .expect("a batch");
+    assert_eq!((batch.task_ids, batch.shard), (vec![held[1]], leaving));
+
+    let claimed = c
+        .claim(leaving, &queue, "res-idem", 10, Duration::from_secs(60))
+        .await
+        .expect("a claim");
+    let first = claimed.iter().find(|t| t.task_id == held[0]).expect("claimed");
+    c.complete(first.task_id, first.token, None)
+        .await
+        .expect("completed");
+    let fresh = d
+        .enqueue(
+            &queue,
+            json!({}),
+            EnqueueOptions::new().idempotency_key(keys[0].clone()),
+        )
+        .await
+        .expect("an enqueue");
+    assert_ne!(fresh.task_id, held[0], "a free key makes a new task");
+    assert_ne!(fresh.shard, leaving, "at the key's new home");
+}
+
+/// A debounce window stays on its shard while that shard drains (the run
+/// does not move while it is open): a start of its key joins it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_on_a_draining_shard_meets_where_it_began() {
+    let c = client();
+    let leaving = sid(2);
+    let d = Client::new(draining_without(leaving), PoolOptions::default()).expect("a client");
+    let name = unique("res-debounce");
+    let dkey = keys_homed_on(&format!("debounce:{name}"), leaving, 1).remove(0);
+    let debounced =
+        || StartOptions::new().debounce(dkey.clone(), Duration::from_secs(3600), DebounceMode::Trailing);
+    let opened = c
+        .start_workflow(&name, "d-1", json!({"rev": 1}), debounced())
+        .await
+        .expect("a debounced start");
+    assert!(opened.created);
+    assert_eq!(opened.shard, leaving);
+    let joined = d
+        .start_workflow(&name, "d-2", json!({"rev": 2}), debounced())
+        .await
+        .expect("a debounced start");
+    assert_eq!(
+        (joined.execution_id, joined.created, joined.shard),
+        (opened.execution_id, false, leaving),
+        "the burst meets where it began"
+    );
+    assert!(
+        d.cancel_pending_start(&name, &dkey, None)
+            .await
+            .expect("a cancel")
+    );
 }

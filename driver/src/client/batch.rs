@@ -45,6 +45,20 @@ impl Client {
                 payloads.len()
             )));
         }
+        if let (None, Some((name, key)), [_]) =
+            (&options.execution, options.affinity(queue), payloads.as_slice())
+        {
+            let placement = options.placement.clone().unwrap_or(Placement::Auto);
+            if let Some(held) = self
+                .held_elsewhere(queue, &options, &name, &key, &placement)
+                .await?
+            {
+                return Ok(EnqueuedBatch {
+                    task_ids: vec![held.task_id],
+                    shard: held.shard,
+                });
+            }
+        }
         let shard = self.batch_shard(queue, &options).await?;
         let call = Call {
             shard,

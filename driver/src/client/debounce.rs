@@ -69,8 +69,9 @@ impl Client {
         .await
     }
 
-    /// Cancels the pending start of (`name`, `key`) on the shard the key
-    /// routes to: a trailing one's run is cancelled before it ran; a
+    /// Cancels the pending start of (`name`, `key`) where its window is
+    /// open: the shard the key routes to, or its former home while that
+    /// shard drains. A trailing one's run is cancelled before it ran; a
     /// leading one's run goes on. `false` if no window was open.
     pub async fn cancel_pending_start(
         &self,
@@ -78,9 +79,12 @@ impl Client {
         key: &str,
         reason: Option<&str>,
     ) -> Result<bool, ClientError> {
-        let shard = self
-            .topology
-            .place(&format!("debounce:{name}"), key, &Placement::Auto, None)?;
+        let shard = match self.open_window_at_former_home(name, key).await? {
+            Some(former) => former,
+            None => self
+                .topology
+                .place(&format!("debounce:{name}"), key, &Placement::Auto, None)?,
+        };
         let call = Call {
             shard,
             owned: Owned::Workflow {

@@ -20,6 +20,7 @@ const SIGNAL_WITH_START: &str = "SELECT execution_id, created, superseded \
      FROM sheaf.signal_with_start($1, $2, $3, $4, $5, \
           $6 || jsonb_build_object('run_at', $7::timestamptz, 'signal_id', $8::text))";
 const SEAL_OF: &str = "SELECT execution_id FROM sheaf.find_execution($1, $2)";
+const OPEN_WINDOW: &str = "SELECT 1 FROM sheaf.pending_starts($1, 1, $2)";
 const CONTINUE_AS_NEW: &str = "SELECT sheaf.continue_as_new($1, $2)";
 const CANCEL_EXECUTION: &str = "SELECT sheaf.cancel_execution($1, $2)";
 const COMPLETE_EXECUTION: &str = "SELECT sheaf.complete_execution($1, $2)";
@@ -86,7 +87,11 @@ impl Client {
         options: StartOptions,
     ) -> Result<Started, ClientError> {
         let input = input.into();
-        let (call, opts) = self.start_call(name, workflow_id, &options)?;
+        let mut shard = self.start_shard(name, workflow_id, &options)?;
+        if let Some(window) = self.window_elsewhere(name, &options).await? {
+            shard = window;
+        }
+        let (call, opts) = self.start_call_on(shard, name, workflow_id, &options)?;
         let rows = self
             .query(
                 &call,
@@ -119,6 +124,16 @@ impl Client {
         options: &StartOptions,
     ) -> Result<(Call, serde_json::Value), ClientError> {
         let shard = self.start_shard(name, workflow_id, options)?;
+        self.start_call_on(shard, name, workflow_id, options)
+    }
+
+    fn start_call_on(
+        &self,
+        shard: ShardId,
+        name: &str,
+        workflow_id: &str,
+        options: &StartOptions,
+    ) -> Result<(Call, serde_json::Value), ClientError> {
         let opts = options.to_sql_opts(ExecutionId::mint(shard)?);
         let call = Call {
             shard,
@@ -158,6 +173,42 @@ impl Client {
                 .topology
                 .place(name, workflow_id, &placement, options.tenant.as_deref())?),
         }
+    }
+
+    /// A debounced start whose key's home stopped taking work (its shard is
+    /// being drained) joins the window still open there: a window does not
+    /// move (`debounce_open`), so the burst meets where it began. Asks only
+    /// for the keys that moved.
+    async fn window_elsewhere(
+        &self,
+        name: &str,
+        options: &StartOptions,
+    ) -> Result<Option<ShardId>, ClientError> {
+        let Some((key, ..)) = &options.debounce else {
+            return Ok(None);
+        };
+        self.open_window_at_former_home(name, key).await
+    }
+
+    /// The former home of debounce key (`name`, `key`) if a window of it is
+    /// open there.
+    pub(super) async fn open_window_at_former_home(
+        &self,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<ShardId>, ClientError> {
+        let Some(former) =
+            self.topology
+                .former_home(&format!("debounce:{name}"), key, &Placement::Auto, None)
+        else {
+            return Ok(None);
+        };
+        let owned = Owned::Workflow {
+            name: name.to_owned(),
+            workflow_id: key.to_owned(),
+        };
+        let (_, rows) = self.on_shard(former, owned, OPEN_WINDOW, &[&name, &key]).await?;
+        Ok((!rows.is_empty()).then_some(former))
     }
 
     /// Signal-with-start: starts `name` with `workflow_id` as

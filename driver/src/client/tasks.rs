@@ -13,6 +13,7 @@ use crate::topology::ShardId;
 // `run_at` goes as a timestamptz parameter; a NULL one is `"run_at": null`,
 // which the shard reads as "not given".
 const ENQUEUE: &str = "SELECT sheaf.enqueue($1, $2, $3 || jsonb_build_object('run_at', $4::timestamptz))";
+const FIND_TASK: &str = "SELECT sheaf.find_task($1, $2)";
 const CLAIM: &str = "SELECT task_id, token, payload, attempt, execution_id, concurrency_key, kind \
      FROM sheaf.claim($1, $2, $3, make_interval(secs => $4))";
 const COMPLETE: &str = "SELECT sheaf.complete($1, $2, $3)";
@@ -93,7 +94,15 @@ impl Client {
                 }
                 id.route(&self.topology)
             }
-            (None, Some((name, key))) => self.topology.place(&name, &key, &placement, None)?,
+            (None, Some((name, key))) => {
+                if let Some(held) = self
+                    .held_elsewhere(queue, &options, &name, &key, &placement)
+                    .await?
+                {
+                    return Ok(held);
+                }
+                self.topology.place(&name, &key, &placement, None)?
+            }
             (None, None) if placement == Placement::Auto => {
                 return self.enqueue_anywhere(queue, &payload, &options).await;
             }
@@ -103,6 +112,40 @@ impl Client {
             }
         };
         self.enqueue_on(shard, queue, &payload, &options).await
+    }
+
+    /// An idempotency key whose home stopped taking work (its shard is
+    /// being drained) may still be held there by an unfinished task: that
+    /// task is the answer, as the key's home would give it. The former home
+    /// is asked first, so a drain never doubles a keyed task; it takes no
+    /// new task. Costs a round trip only for the keys that moved.
+    pub(super) async fn held_elsewhere(
+        &self,
+        queue: &str,
+        options: &EnqueueOptions,
+        name: &str,
+        key: &str,
+        placement: &Placement,
+    ) -> Result<Option<Enqueued>, ClientError> {
+        let Some(idempotency_key) = options.idempotency_key.as_deref() else {
+            return Ok(None);
+        };
+        let Some(former) = self.topology.former_home(name, key, placement, None) else {
+            return Ok(None);
+        };
+        let (call, rows) = self
+            .on_shard(
+                former,
+                Owned::Queue(queue.to_owned()),
+                FIND_TASK,
+                &[&queue, &idempotency_key],
+            )
+            .await?;
+        let held: Option<uuid::Uuid> = first_column(&call, &rows)?;
+        Ok(held.map(|id| Enqueued {
+            task_id: TaskId::from_uuid(id),
+            shard: former,
+        }))
     }
 
     async fn enqueue_on(

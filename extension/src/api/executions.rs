@@ -140,13 +140,15 @@ fn find_execution(
 }
 
 /// The pending debounced starts of workflow `name` (every workflow's if
-/// NULL) whose window is open: the run each burst joins, its mode, when the
-/// window ends and how many starts it took. At most `max_rows` (1..10000).
+/// NULL; of one `debounce_key` if given) whose window is open: the run each
+/// burst joins, its mode, when the window ends and how many starts it took.
+/// At most `max_rows` (1..10000).
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn pending_starts(
     name: default!(Option<&str>, "NULL"),
     max_rows: default!(Option<i32>, 1000),
+    debounce_key: default!(Option<&str>, "NULL"),
 ) -> TableIterator<
     'static,
     (
@@ -161,7 +163,10 @@ fn pending_starts(
 > {
     let name = name.map(|n| policy::check_name(Some(n)));
     let max = crate::base::args::page_rows(max_rows, 10_000);
-    TableIterator::new(debounce::pending(name, max))
+    if let Some(key) = debounce_key {
+        check_debounce_key(key);
+    }
+    TableIterator::new(debounce::pending(name, debounce_key, max))
 }
 
 /// Cancels the pending debounced start of (`name`, `debounce_key`): a
@@ -177,12 +182,7 @@ fn cancel_pending_start(
 ) -> bool {
     let name = policy::check_name(name);
     let key = required(debounce_key, "debounce_key");
-    if key.is_empty() || key.len() > 256 {
-        bad_argument(
-            "debounce_key",
-            format!("must be 1 to 256 bytes, got {}", key.len()),
-        );
-    }
+    check_debounce_key(key);
     let cancelled = debounce::cancel(name, key, reason);
     crate::base::audit::record(
         "cancel_pending_start",
@@ -191,4 +191,13 @@ fn cancel_pending_start(
         serde_json::json!({"debounce_key": sheaf_core::children::cut(key, 64), "cancelled": cancelled}),
     );
     cancelled
+}
+
+fn check_debounce_key(key: &str) {
+    if key.is_empty() || key.len() > 256 {
+        bad_argument(
+            "debounce_key",
+            format!("must be 1 to 256 bytes, got {}", key.len()),
+        );
+    }
 }

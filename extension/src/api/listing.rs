@@ -9,7 +9,7 @@ use sheaf_core::state::TaskState;
 use crate::base::args::{page_rows, required};
 use crate::base::errors::{bad_argument, not_found};
 use crate::base::jsonb::Jsonb;
-use crate::queue::{cancel, listing, queues};
+use crate::queue::{cancel, listing, queues, tasks};
 
 /// The most rows one page of a listing returns.
 const MAX_PAGE: i32 = 1000;
@@ -59,6 +59,24 @@ fn get_task(
             )),
         },
     }
+}
+
+/// The unfinished task of `queue` holding `idempotency_key` on this shard,
+/// NULL if none: what an enqueue with the key would return. The driver asks
+/// a key's former home with it while that shard drains (README, "Keys have
+/// one home").
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn find_task(queue: Option<&str>, idempotency_key: Option<&str>) -> Option<pgrx::Uuid> {
+    let queue = queues::check_name(queue);
+    let key = required(idempotency_key, "idempotency_key");
+    if key.is_empty() || key.len() > 256 {
+        bad_argument(
+            "idempotency_key",
+            format!("must be 1 to 256 bytes, got {}", key.len()),
+        );
+    }
+    tasks::by_idempotency_key(queue, key)
 }
 
 /// A queue's tasks in `state` (NULL: every state, running, ready,

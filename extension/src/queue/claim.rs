@@ -567,8 +567,11 @@ mod tests {
         let b = enqueue("q", json!({"n": 2}), json!({"idempotency_key": "once"}));
         assert_eq!(a, b);
         assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 1);
+        let holder = || Spi::get_one::<pgrx::Uuid>("SELECT sheaf.find_task('q', 'once')").expect("find_task");
+        assert_eq!(holder(), Some(a), "find_task names the holder");
         let claimed = claim("q", 1);
         complete(&claimed[0]);
+        assert_eq!(holder(), None, "a completed task holds no key");
         let c = enqueue("q", json!({"n": 3}), json!({"idempotency_key": "once"}));
         assert_ne!(a, c);
     }

@@ -538,7 +538,8 @@ pub fn insert_at(
     new_ids
 }
 
-fn by_idempotency_key(queue: &str, key: &str) -> Option<pgrx::Uuid> {
+/// The unfinished task of `queue` holding idempotency `key`, if any.
+pub fn by_idempotency_key(queue: &str, key: &str) -> Option<pgrx::Uuid> {
     Spi::connect_mut(|client| {
         rows::value(
             run(client, &BY_IDEMPOTENCY_KEY, &[queue.into(), key.into()]),

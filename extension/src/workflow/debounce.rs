@@ -82,8 +82,13 @@ const RECORD: Stmt = Stmt::write(
 const LIST: Stmt = Stmt::read(
     "SELECT workflow_name, debounce_key, execution_id, mode, until, starts, created_at FROM debounces \
      WHERE until > now() AND ($1::text IS NULL OR workflow_name = $1) \
+       AND ($3::text IS NULL OR debounce_key = $3) \
      ORDER BY workflow_name, debounce_key LIMIT $2",
-    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::TEXTOID,
+    ],
 );
 const TAKE: Stmt = Stmt::write(
     "DELETE FROM debounces WHERE workflow_name = $1 AND debounce_key = $2 AND until > now() \
@@ -172,14 +177,15 @@ pub type Pending = (
     TimestampWithTimeZone,
 );
 
-/// The pending starts of `name` (every workflow's if `None`), by name and key.
-pub fn pending(name: Option<&str>, max: i64) -> Vec<Pending> {
+/// The pending starts of `name` (every workflow's if `None`; of `key` if
+/// given), by name and key.
+pub fn pending(name: Option<&str>, key: Option<&str>, max: i64) -> Vec<Pending> {
     if !enabled() {
         return Vec::new();
     }
     Spi::connect_mut(|client| {
         rows::all(
-            run(client, &LIST, &[name.into(), max.into()]),
+            run(client, &LIST, &[name.into(), max.into(), key.into()]),
             "listing pending starts",
         )
     })
@@ -276,6 +282,15 @@ mod tests {
             2
         );
         assert_eq!(count("SELECT starts FROM sheaf.pending_starts('edit')"), 3);
+        assert_eq!(
+            count("SELECT starts FROM sheaf.pending_starts('edit', 10, 'doc-1')"),
+            3
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.pending_starts('edit', 10, 'doc-2')"),
+            0,
+            "one key's window only"
+        );
         assert_eq!(
             Spi::get_one::<bool>("SELECT sheaf.cancel_pending_start('edit', 'doc-1')").unwrap(),
             Some(true)
