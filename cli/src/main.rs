@@ -565,6 +565,11 @@ enum ShardCommand {
         /// Report what would move and why the rest would not; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// How long each move is this process's without a step, in seconds
+        /// (5..3600): `rebalance-resume` takes a move over only after it
+        /// lapsed.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(5..=3600))]
+        lease: u64,
     },
     /// Each shard `ready` or `degraded` with reason codes (unreachable,
     /// identity_mismatch, schema_incompatible, schema_behind_fleet,
@@ -831,8 +836,9 @@ async fn main() -> ExitCode {
                     shard,
                     limit,
                     dry_run,
+                    lease,
                 },
-        } => rebalance::drain(&client, shard, limit, dry_run, cli.json).await,
+        } => rebalance::drain(&client, shard, limit, dry_run, lease, cli.json).await,
         Command::Topology { what } => match what {
             TopologyCommand::Digest => topology::digest(client.topology(), cli.json),
             TopologyCommand::Diff { a, b } => topology::diff(&a, &b, cli.json),

@@ -232,13 +232,16 @@ pub async fn drain(
     shard: u32,
     limit: Option<usize>,
     dry_run: bool,
+    lease_secs: u64,
     as_json: bool,
 ) -> ExitCode {
     let leaving = match shard_arg(client, shard, "SHARD") {
         Ok(s) => s,
         Err(e) => return e,
     };
-    let mut options = RebalanceOptions::default().dry_run(dry_run);
+    let mut options = RebalanceOptions::default()
+        .dry_run(dry_run)
+        .lease(std::time::Duration::from_secs(lease_secs));
     options.limit = limit;
     options.after_phase = kill_hook();
     let bar = bar(as_json);

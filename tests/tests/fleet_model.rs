@@ -1,19 +1,25 @@
 //! The fleet model test (README, "Reliability suites"; docs/residence.md):
 //! on the suite's own three shards, a seeded random sequence of operations
-//! through the driver — starts, children with every placement, signals and
-//! cancels by id and by key, continue-as-new, completions and failures,
-//! moves between shards, erasure — while a relay process runs and is
-//! SIGKILLed and restarted, and one shard is stopped and started again.
-//! After quiescence, invariants are checked against a model built only
-//! from what the API acknowledged (never re-read from the shards):
+//! through the driver and the CLI — starts, children with every placement,
+//! signals and cancels by id and by key, continue-as-new, completions and
+//! failures, moves, rebalances and drains SIGKILLed after a random phase
+//! and resumed, drains run through or called off, erasure, tasks (plain,
+//! keyed, of runs) worked, failed, snoozed and released, retention sweeps —
+//! while a relay process runs and is SIGKILLed and restarted, and one shard
+//! is stopped and started again. After quiescence, invariants are checked
+//! against a model built only from what the API acknowledged (never re-read
+//! from the shards):
 //!
-//! - every child's end reaches a parent that is still running exactly once
-//!   (a parent that ended may have it once or not at all, never twice);
+//! - every child's end reaches a parent that waited for it exactly once
+//!   (any other parent may have it once or not at all, never twice);
 //! - no execution is live on two shards, no business key has two live runs;
 //! - every signal reported delivered is in exactly one history, once;
 //! - an erased payload is gone from every shard;
 //! - quota counters equal a recount;
-//! - every run the model ended has ended, and every id resolves.
+//! - every run the model ended has ended, and every id resolves (but those
+//!   a retention sweep may have deleted);
+//! - no acknowledged task is lost or done twice, and no keyed enqueue made
+//!   a second task while the first held the key.
 //!
 //! A failure prints the seed and the operation log. `SHEAF_MODEL_SEED`
 //! replays a seed's operation sequence (not the interleaving of the relay
@@ -28,8 +34,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    ByKey, ChildPlacement, Client, ExecutionId, MoveOutcome, Placement, PoolOptions, ShardId, StartOptions,
-    Topology,
+    ByKey, ChildPlacement, ClaimedTask, Client, EnqueueOptions, ExecutionId, MoveOutcome, Placement,
+    PoolOptions, RebalanceOptions, ShardId, StartOptions, TaskId, Topology, TopologyBuilder,
 };
 use sheaf_tests::{Rng, connect, until};
 use tokio::process::{Child, Command};
@@ -37,6 +43,7 @@ use tokio::process::{Child, Command};
 const SHARDS: u16 = 3;
 const WORKFLOW: &str = "fm-work";
 const TENANTS: [&str; 3] = ["t-a", "t-b", "t-c"];
+const TASKS: &str = "fm-tasks";
 
 /// A fleet of three shards of the suite's own: the model's, and one the
 /// sabotage test damages.
@@ -54,6 +61,39 @@ const MODEL: Fleet = Fleet {
     base_port: 24100,
     spec: &MODEL_SPEC,
 };
+/// The long form's parallel fleets (`SHEAF_MODEL_FLEET=1..3`): several
+/// processes, each over a fleet of its own, overlap their waits for lapsed
+/// leases.
+const LONG_FORM: [Fleet; 3] = [
+    Fleet {
+        name: "model-1",
+        base_port: 26000,
+        spec: &MODEL_SPEC,
+    },
+    Fleet {
+        name: "model-2",
+        base_port: 26100,
+        spec: &MODEL_SPEC,
+    },
+    Fleet {
+        name: "model-3",
+        base_port: 26200,
+        spec: &MODEL_SPEC,
+    },
+];
+
+/// The fleet `the_fleet_keeps_its_promises…` runs on.
+fn model_fleet() -> Fleet {
+    match std::env::var("SHEAF_MODEL_FLEET") {
+        Ok(k) => {
+            let k: usize = k.parse().expect("SHEAF_MODEL_FLEET is 1, 2 or 3");
+            *LONG_FORM
+                .get(k.wrapping_sub(1))
+                .expect("SHEAF_MODEL_FLEET is 1, 2 or 3")
+        }
+        Err(_) => MODEL,
+    }
+}
 const SABOTAGE: Fleet = Fleet {
     name: "model-sabotage",
     base_port: 23900,
@@ -74,6 +114,19 @@ impl Fleet {
 
     fn topology(self) -> Topology {
         Topology::parse(self.spec()).expect("a topology")
+    }
+
+    /// The fleet while `leaving` drains: readable, not writable.
+    fn draining(self, leaving: u16) -> Topology {
+        TopologyBuilder::from_spec(self.spec())
+            .expect("a spec")
+            .writable(self.writable_without(leaving))
+            .build()
+            .expect("a topology")
+    }
+
+    fn writable_without(self, leaving: u16) -> Vec<u32> {
+        (0..SHARDS).filter(|s| *s != leaving).map(u32::from).collect()
     }
 }
 
@@ -134,6 +187,31 @@ struct Model {
     stats: BTreeMap<&'static str, usize>,
     /// A shard is stopped.
     outage: bool,
+    /// The shard being drained (out of the writable set), if one is.
+    draining: Option<u16>,
+    /// The operation of the last retention sweep: a run ended before it
+    /// may be gone (retention keeps ended runs a minute).
+    last_sweep: Option<usize>,
+    /// Parents ended after every child's end had settled: each ended
+    /// child's end is in their history exactly once.
+    settled_parents: BTreeSet<ExecutionId>,
+    /// Tasks acknowledged enqueued, by payload marker.
+    tasks: BTreeMap<String, TaskRec>,
+    /// Completions acknowledged, by marker.
+    completed: BTreeMap<String, usize>,
+    /// Markers whose finishing call failed: done or not, unknown.
+    uncertain: BTreeSet<String>,
+    /// Idempotency keys the model knows held by an unfinished task.
+    held: BTreeMap<String, (TaskId, String)>,
+    /// Keyed enqueues that made a second task while the first held the key.
+    doubled: Vec<String>,
+}
+
+/// A task as the API acknowledged it.
+#[derive(Debug, Clone)]
+struct TaskRec {
+    /// Its execution's (such a task ends with it).
+    execution: Option<ExecutionId>,
 }
 
 impl Model {
@@ -161,11 +239,29 @@ impl Model {
             r.ended_at.get_or_insert(op);
         }
     }
+
+    /// Whether retention may have deleted `id` (it ended before a sweep).
+    fn maybe_swept(&self, id: &ExecutionId) -> bool {
+        let ended = self.runs.get(id).and_then(|r| r.ended_at);
+        matches!((ended, self.last_sweep), (Some(e), Some(s)) if e <= s)
+    }
+
+    /// A finishing call on `marker`'s task failed: its outcome is unknown,
+    /// and so is whether its key is still held.
+    fn unsure(&mut self, marker: &str) {
+        self.uncertain.insert(marker.to_owned());
+        self.held.retain(|_, (_, m)| m != marker);
+    }
+
+    /// `marker`'s task finished (completed or dead-lettered): its key is free.
+    fn finished(&mut self, marker: &str) {
+        self.held.retain(|_, (_, m)| m != marker);
+    }
 }
 
 /// One seeded run of the model: `ops` operations, then quiescence.
 async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) {
-    let c = Arc::new(Client::new(fleet.topology(), PoolOptions::default()).expect("a client"));
+    let mut c = Arc::new(Client::new(fleet.topology(), PoolOptions::default()).expect("a client"));
     let declared = c
         .declare_workflow(
             WORKFLOW,
@@ -173,6 +269,10 @@ async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) 
         )
         .await;
     assert!(declared.is_complete(), "{:?}", declared.failed);
+    // Ended runs are kept a minute: the sweeps (op_sweep) delete those of
+    // earlier seeds and, in the long form, of this one.
+    let retention = c.set_retention(json!({"executions": "1m"})).await;
+    assert!(retention.is_complete(), "{:?}", retention.failed);
     let mut relay = RelayProcess::spawn(fleet);
     let mut rng = Rng::new(seed);
     let mut m = Model::default();
@@ -195,26 +295,37 @@ async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) 
             m.outage = false;
             m.log.push(format!("{op}: start shard {shard}"));
         }
-        step(&c, &mut rng, &mut m, op, seed, &mut relay, fleet).await;
+        step(&mut c, &mut rng, &mut m, op, seed, &mut relay, fleet).await;
     }
     if let Some((shard, _)) = down {
         fleet.own(&["start-one", &shard.to_string()]);
     }
     relay.kill().await;
     let mut relay = RelayProcess::spawn(fleet);
-    end_everything(&c, &mut m, ops).await;
+    end_everything(fleet, &c, &mut m, ops).await;
+    finish_tasks(&c, &mut m).await;
     quiesce(fleet, &c, &m).await;
     relay.kill().await;
     (c, m)
 }
 
-/// Ends every run still live, children before their parents (so each
-/// child's end finds its parent running), each end acknowledged. A child
-/// the relay has yet to start is waited for.
-async fn end_everything(c: &Client, m: &mut Model, op: usize) {
-    let mut live = m.live();
-    live.sort_by_key(|id| m.runs[id].parent.is_none());
-    for id in live {
+/// Ends every run still live, children first; once every child's end has
+/// settled (the relay's backlog is empty), the parents, each end
+/// acknowledged. A child the relay has yet to start is waited for.
+async fn end_everything(fleet: Fleet, c: &Client, m: &mut Model, op: usize) {
+    let (children, roots): (Vec<_>, Vec<_>) =
+        m.live().into_iter().partition(|id| m.runs[id].parent.is_some());
+    end_runs(c, m, op, children).await;
+    settle(fleet).await;
+    for id in end_runs(c, m, op, roots).await {
+        m.settled_parents.insert(id);
+    }
+}
+
+/// Ends `runs`; those it ended.
+async fn end_runs(c: &Client, m: &mut Model, op: usize, runs: Vec<ExecutionId>) -> Vec<ExecutionId> {
+    let mut out = Vec::new();
+    for id in runs {
         until("a run to resolve", Duration::from_secs(60), async || {
             c.get_execution(id).await.ok().flatten().is_some()
         })
@@ -240,14 +351,16 @@ async fn end_everything(c: &Client, m: &mut Model, op: usize) {
         };
         if ended {
             m.ended(id, op);
+            out.push(id);
         }
         m.log.push(format!("{op}: final end {id}: {ended}"));
     }
+    out
 }
 
 /// One operation; what the API acknowledged goes into the model.
 async fn step(
-    c: &Arc<Client>,
+    c: &mut Arc<Client>,
     rng: &mut Rng,
     m: &mut Model,
     op: usize,
@@ -261,7 +374,7 @@ async fn step(
         .copied()
         .filter(|id| m.runs[id].parent.is_none())
         .collect();
-    let kind = rng.below(100);
+    let kind = rng.below(120);
     *m.stats
         .entry(match kind {
             0..=17 => "starts",
@@ -273,7 +386,11 @@ async fn step(
             74..=87 => "move attempts",
             88..=93 => "erasures",
             94 => "cli moves killed",
-            _ => "relay kills",
+            95..=96 => "relay kills",
+            97..=104 => "enqueues",
+            105..=114 => "work",
+            115..=116 => "sweeps",
+            _ => "drain steps",
         })
         .or_default() += 1;
     let line = match kind {
@@ -286,6 +403,10 @@ async fn step(
         74..=87 => op_move(c, rng, m, &live).await,
         88..=93 => op_erase(c, rng, m).await,
         94 => op_cli_move_killed(c, rng, m, fleet).await,
+        97..=104 => Some(op_enqueue(c, rng, m, &live, seed).await),
+        105..=114 => Some(op_work(c, rng, m).await),
+        115..=116 => Some(op_sweep(c, m, op).await),
+        117.. => op_drain(c, rng, m, fleet, seed).await,
         _ => {
             relay.kill().await;
             *relay = RelayProcess::spawn(fleet);
@@ -491,12 +612,33 @@ async fn op_cli_move_killed(c: &Client, rng: &mut Rng, m: &mut Model, fleet: Fle
     let status = std::process::Command::new(sheaf_tests::cli_binary())
         .args(["--actor", "fleet-model", "rebalance", "--from", &from.to_string()])
         .args(["--to", &to.to_string(), "--limit", "1", "--lease", "5"])
+        .envs(writable_env(fleet, m))
         .env("SHEAF_SHARDS", fleet.spec())
         .env_remove("SHEAF_TOPOLOGY_DIGEST")
         .env("SHEAF_TEST_KILL_AFTER", phase)
         .output()
         .expect("the CLI runs")
         .status;
+    let resumed = resume(c, from).await;
+    Some(format!(
+        "cli move {from} -> {to} killed after {phase} ({status}); resumed after {resumed} looks"
+    ))
+}
+
+/// `SHEAF_WRITABLE` as the model's topology has it.
+fn writable_env(fleet: Fleet, m: &Model) -> Vec<(&'static str, String)> {
+    m.draining
+        .map(|d| {
+            let ids: Vec<String> = fleet.writable_without(d).iter().map(u32::to_string).collect();
+            ("SHEAF_WRITABLE", ids.join(","))
+        })
+        .into_iter()
+        .collect()
+}
+
+/// `rebalance_resume` until nothing is open on `from` (it takes a killed
+/// mover's move over once its 5 s lease lapses); how many looks it took.
+async fn resume(c: &Client, from: u16) -> usize {
     let mut resumed = 0;
     until(
         "the killed move to be resumed",
@@ -511,12 +653,225 @@ async fn op_cli_move_killed(c: &Client, rng: &mut Rng, m: &mut Model, fleet: Fle
         },
     )
     .await;
-    if resumed > 0 {
-        *m.stats.entry("killed moves taken over").or_default() += 1;
+    resumed
+}
+
+/// A task: standalone, keyed (a small pool of idempotency keys, so keys
+/// are met again, across drains too) or of a live run.
+async fn op_enqueue(c: &Client, rng: &mut Rng, m: &mut Model, live: &[ExecutionId], seed: u64) -> String {
+    let (mut execution, mut key) = (None, None);
+    match rng.below(10) {
+        0..=2 => execution = m.pick(rng, live),
+        3..=5 => {
+            // Half the time a key the model knows held: a producer's retry.
+            let held: Vec<&String> = m.held.keys().collect();
+            key = Some(match rng.below(2) {
+                0 if !held.is_empty() => held[rng.below(held.len() as u64) as usize].clone(),
+                _ => format!("k-{seed:x}-{}", rng.below(6)),
+            });
+        }
+        _ => {}
     }
-    Some(format!(
-        "cli move {from} -> {to} killed after {phase} ({status}); resumed after {resumed} looks"
-    ))
+    enqueue_task(c, m, seed, execution, key).await
+}
+
+/// Enqueues a task (of `execution`, or with idempotency `key`): a keyed
+/// one the model knows held must come back as its holder.
+async fn enqueue_task(
+    c: &Client,
+    m: &mut Model,
+    seed: u64,
+    execution: Option<ExecutionId>,
+    key: Option<String>,
+) -> String {
+    let marker = m.fresh("t", seed);
+    let mut options = EnqueueOptions::new().max_attempts(3);
+    if let Some(id) = execution {
+        options = options.execution(id);
+    }
+    if let Some(k) = &key {
+        options = options.idempotency_key(k.clone());
+    }
+    let e = match c.enqueue(TASKS, json!({ "t": marker }), options).await {
+        Ok(e) => e,
+        Err(err) => {
+            // It may exist: whatever becomes of it is no evidence.
+            m.unsure(&marker);
+            m.tasks.insert(marker.clone(), TaskRec { execution });
+            return format!("enqueue {marker}: {err}");
+        }
+    };
+    if let Some(k) = &key
+        && let Some((held, _)) = m.held.get(k)
+    {
+        if *held == e.task_id {
+            return format!("enqueue {marker} with key {k}: held by {held} on {}", e.shard);
+        }
+        m.doubled.push(format!(
+            "key {k} held by unfinished {held} made {} on {}",
+            e.task_id, e.shard
+        ));
+    }
+    if let Some(k) = key {
+        m.held.insert(k, (e.task_id, marker.clone()));
+    }
+    m.tasks.insert(marker.clone(), TaskRec { execution });
+    format!("enqueue {marker} -> {} on {}", e.task_id, e.shard)
+}
+
+fn marker_of(t: &ClaimedTask) -> String {
+    t.payload
+        .to_value()
+        .ok()
+        .and_then(|v| v.get("t").and_then(|t| t.as_str().map(str::to_owned)))
+        .unwrap_or_default()
+}
+
+/// A worker's turn on one shard: claims a few tasks and completes, fails
+/// (at once, three attempts then a dead letter), snoozes or releases each.
+async fn op_work(c: &Client, rng: &mut Rng, m: &mut Model) -> String {
+    let shard = sid(rng.below(u64::from(SHARDS)) as u16);
+    let claimed = match c
+        .claim(shard, TASKS, "fm-worker", 4, Duration::from_secs(20))
+        .await
+    {
+        Ok(t) => t,
+        Err(e) => return format!("claim on {shard}: {e}"),
+    };
+    let mut line = format!("work on {shard}:");
+    for t in claimed {
+        let marker = marker_of(&t);
+        let outcome = match rng.below(10) {
+            0..=5 => finish_one(c, m, &t, &marker).await,
+            6..=7 => match c
+                .fail(t.task_id, t.token, "model failure", Some(Duration::ZERO))
+                .await
+            {
+                Ok(out) if out.dead_lettered => {
+                    m.finished(&marker);
+                    "dead".to_owned()
+                }
+                Ok(_) => "failed".to_owned(),
+                Err(e) => {
+                    m.unsure(&marker);
+                    format!("fail: {e}")
+                }
+            },
+            8 => format!(
+                "{:?}",
+                c.snooze(t.task_id, t.token, Duration::ZERO)
+                    .await
+                    .map(|_| "snoozed")
+            ),
+            _ => format!("{:?}", c.release(t.task_id, t.token).await.map(|_| "released")),
+        };
+        line.push_str(&format!(" {marker} {outcome};"));
+    }
+    line
+}
+
+/// Completes a claimed task; what the model learned.
+async fn finish_one(c: &Client, m: &mut Model, t: &ClaimedTask, marker: &str) -> String {
+    match c.complete(t.task_id, t.token, None).await {
+        Ok(()) => {
+            *m.completed.entry(marker.to_owned()).or_default() += 1;
+            m.finished(marker);
+            "completed".to_owned()
+        }
+        Err(e) => {
+            m.unsure(marker);
+            format!("complete: {e}")
+        }
+    }
+}
+
+/// A retention sweep (`maintain`) on every shard that answers.
+async fn op_sweep(c: &Client, m: &mut Model, op: usize) -> String {
+    m.last_sweep = Some(op);
+    let mut line = "sweep:".to_owned();
+    for shard in 0..SHARDS {
+        let swept = c.maintain(sid(shard)).await;
+        let n = swept.map(|v| v.get("executions_deleted").cloned().unwrap_or_default());
+        line.push_str(&format!(" {shard} {n:?};"));
+    }
+    line
+}
+
+/// A drain, step by step: the first step takes a shard out of the
+/// writable set (the model's client follows) and runs `sheaf shard drain`
+/// SIGKILLed after a random phase of its first move, then resumes that
+/// move; a later step either runs the drain through again or calls it
+/// off (the shard takes work again). Not while a shard is down.
+async fn op_drain(
+    c: &mut Arc<Client>,
+    rng: &mut Rng,
+    m: &mut Model,
+    fleet: Fleet,
+    seed: u64,
+) -> Option<String> {
+    if m.outage {
+        return None;
+    }
+    let Some(leaving) = m.draining else {
+        let leaving = rng.below(u64::from(SHARDS)) as u16;
+        m.draining = Some(leaving);
+        *c = Arc::new(Client::new(fleet.draining(leaving), PoolOptions::default()).expect("a client"));
+        let phase = ["begun", "staged", "verified", "committed", "activated"][rng.below(5) as usize];
+        let status = std::process::Command::new(sheaf_tests::cli_binary())
+            .args([
+                "--actor",
+                "fleet-model",
+                "shard",
+                "drain",
+                &leaving.to_string(),
+                "--lease",
+                "5",
+            ])
+            .envs(writable_env(fleet, m))
+            .env("SHEAF_SHARDS", fleet.spec())
+            .env_remove("SHEAF_TOPOLOGY_DIGEST")
+            .env("SHEAF_TEST_KILL_AFTER", phase)
+            .output()
+            .expect("the CLI runs")
+            .status;
+        let resumed = resume(c, leaving).await;
+        // Producers retry the keys they hold: some are homed on the shard
+        // that just stopped taking work.
+        let mut line = format!(
+            "drain {leaving}: taken out; cli drain killed after {phase} ({status}); resumed after {resumed} looks;"
+        );
+        for k in m.held.keys().cloned().collect::<Vec<_>>() {
+            line.push_str(&format!(" {};", enqueue_task(c, m, seed, None, Some(k)).await));
+        }
+        return Some(line);
+    };
+    if rng.below(2) == 0 {
+        // Calling a drain off gives the shard its keys back, as adding a
+        // shard does: the runbook waits until no keyed task is held
+        // (docs/residence.md, "The former home").
+        if !m.held.is_empty() {
+            return Some(format!(
+                "drain {leaving}: not called off, {} keys held",
+                m.held.len()
+            ));
+        }
+        *c = Arc::new(Client::new(fleet.topology(), PoolOptions::default()).expect("a client"));
+        m.draining = None;
+        return Some(format!("drain {leaving}: called off"));
+    }
+    Some(
+        match c
+            .drain(sid(leaving), &RebalanceOptions::default(), |_, _| {})
+            .await
+        {
+            Ok(d) => {
+                let stragglers = d.stragglers().count();
+                *m.stats.entry("drained runs").or_default() += d.moves.len() - stragglers;
+                format!("drain {leaving}: {} considered, {stragglers} stay", d.moves.len())
+            }
+            Err(e) => format!("drain {leaving}: {e}"),
+        },
+    )
 }
 
 async fn op_erase(c: &Client, rng: &mut Rng, m: &mut Model) -> Option<String> {
@@ -548,10 +903,37 @@ async fn dbs(fleet: Fleet) -> Vec<(ShardId, tokio_postgres::Client)> {
     out
 }
 
+/// Claims and completes every task left, on every shard, until none is
+/// left anywhere (a failed one is due at once; a lease lost in a crash
+/// lapses in 20 s).
+async fn finish_tasks(c: &Client, m: &mut Model) {
+    until("every task to finish", Duration::from_secs(120), async || {
+        for shard in 0..SHARDS {
+            let Ok(claimed) = c
+                .claim(sid(shard), TASKS, "fm-final", 100, Duration::from_secs(20))
+                .await
+            else {
+                return false;
+            };
+            for t in &claimed {
+                let marker = marker_of(t);
+                let line = finish_one(c, m, t, &marker).await;
+                m.log.push(format!("final: {marker} {line}"));
+            }
+        }
+        c.queue_stats(TASKS).await.into_result().is_ok_and(|stats| {
+            stats
+                .values()
+                .all(|s| s.ready + s.scheduled + s.running + s.waiting == 0)
+        })
+    })
+    .await;
+}
+
 /// Waits until nothing is left in flight: every relay row and outbox row
-/// settled, no move open, every remote child the model started exists.
-async fn quiesce(fleet: Fleet, c: &Client, m: &Model) {
-    until("the fleet to quiesce", Duration::from_secs(120), async || {
+/// settled, no move open.
+async fn settle(fleet: Fleet) {
+    until("the fleet to settle", Duration::from_secs(120), async || {
         for (_, db) in dbs(fleet).await {
             let busy: i64 = db
                 .query_one(
@@ -570,7 +952,13 @@ async fn quiesce(fleet: Fleet, c: &Client, m: &Model) {
         true
     })
     .await;
-    for id in m.runs.keys() {
+}
+
+/// Settles the fleet; then every id resolves (but those retention may
+/// have swept).
+async fn quiesce(fleet: Fleet, c: &Client, m: &Model) {
+    settle(fleet).await;
+    for id in m.runs.keys().filter(|id| !m.maybe_swept(id)) {
         assert!(
             c.get_execution(*id).await.expect("a read").is_some(),
             "{id} does not resolve"
@@ -607,6 +995,7 @@ struct Checks {
     erasure: Vec<String>,
     quota: Vec<String>,
     ends: Vec<String>,
+    tasks: Vec<String>,
 }
 
 impl Checks {
@@ -618,6 +1007,7 @@ impl Checks {
             &self.erasure,
             &self.quota,
             &self.ends,
+            &self.tasks,
         ]
         .into_iter()
         .flatten()
@@ -643,6 +1033,7 @@ async fn check(fleet: Fleet, m: &Model) -> Checks {
         erasure: check_erasure(m, &dbs).await,
         quota: check_quota(&dbs).await,
         ends: check_ends(m, &copies),
+        tasks: check_tasks(m, &dbs).await,
     }
 }
 
@@ -678,15 +1069,19 @@ async fn check_children(m: &Model, copies: &Copies, dbs: &Dbs) -> Vec<String> {
             .get(&format!("{} {id}", parent.as_uuid()))
             .copied()
             .unwrap_or(0);
-        let parent_running = copies
-            .get(&parent.as_uuid())
-            .is_some_and(|c| c.iter().any(|(_, state, ..)| active(state)));
-        let child_ended = copies
-            .get(&id.as_uuid())
-            .is_some_and(|c| c.iter().all(|(_, state, ..)| !active(state)));
-        if n > 1 || (parent_running && child_ended && n != 1) {
+        // A parent still running, or ended only after every child's end
+        // had settled, has each ended child's end; a child retention swept
+        // had ended.
+        let parent_waited = m.settled_parents.contains(&parent)
+            || copies
+                .get(&parent.as_uuid())
+                .is_some_and(|c| c.iter().any(|(_, state, ..)| active(state)));
+        let child_ended = copies.get(&id.as_uuid()).map_or(m.maybe_swept(id), |c| {
+            c.iter().all(|(_, state, ..)| !active(state))
+        });
+        if n > 1 || (parent_waited && child_ended && n != 1) {
             out.push(format!(
-                "child {id} of {parent}: {n} end events (parent running: {parent_running})"
+                "child {id} of {parent}: {n} end events (parent waited: {parent_waited})"
             ));
         }
     }
@@ -731,8 +1126,9 @@ async fn check_signals(m: &Model, dbs: &Dbs) -> Vec<String> {
         .iter()
         .filter_map(|(id, to)| {
             let n = seen.get(id).copied().unwrap_or(0);
-            // An erased run's signal events no longer name their ids.
-            (n != 1 && !(n == 0 && m.erasing.contains(to)))
+            // An erased run's signal events no longer name their ids; a
+            // swept run's are gone.
+            (n != 1 && !(n == 0 && (m.erasing.contains(to) || m.maybe_swept(to))))
                 .then(|| format!("signal {id} is in {n} histories"))
         })
         .collect()
@@ -798,6 +1194,36 @@ fn check_ends(m: &Model, copies: &Copies) -> Vec<String> {
         .collect()
 }
 
+/// No acknowledged task lost or done twice: a standalone task the model
+/// is sure of was completed once or is one dead letter; a run's task
+/// (which ends with its run) at most that; no keyed enqueue made a second
+/// task while the first held the key; none is left unfinished.
+async fn check_tasks(m: &Model, dbs: &Dbs) -> Vec<String> {
+    let dead = counts(
+        dbs,
+        "SELECT payload->>'t', count(*) FROM sheaf.dead_letters WHERE queue = 'fm-tasks' GROUP BY 1",
+    )
+    .await;
+    let left = counts(
+        dbs,
+        "SELECT payload->>'t', count(*) FROM sheaf.tasks WHERE queue = 'fm-tasks' GROUP BY 1",
+    )
+    .await;
+    let mut out = m.doubled.clone();
+    for (marker, task) in &m.tasks {
+        let done = m.completed.get(marker).copied().unwrap_or(0);
+        let dead = dead.get(marker).copied().unwrap_or(0);
+        let kept = done + usize::try_from(dead).unwrap_or(usize::MAX);
+        if kept > 1 || (task.execution.is_none() && !m.uncertain.contains(marker) && kept != 1) {
+            out.push(format!(
+                "task {marker}: completed {done} times, {dead} dead letters"
+            ));
+        }
+    }
+    out.extend(left.keys().map(|marker| format!("task {marker} left unfinished")));
+    out
+}
+
 fn seeds() -> Vec<u64> {
     if let Ok(seed) = std::env::var("SHEAF_MODEL_SEED") {
         return vec![seed.parse().expect("SHEAF_MODEL_SEED is a number")];
@@ -816,8 +1242,9 @@ fn ops() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_fleet_keeps_its_promises_under_random_operations() {
     for seed in seeds() {
-        let (_, m) = run_model(MODEL, seed, ops()).await;
-        let violations = check(MODEL, &m).await.all();
+        let fleet = model_fleet();
+        let (_, m) = run_model(fleet, seed, ops()).await;
+        let violations = check(fleet, &m).await.all();
         assert!(
             violations.is_empty(),
             "seed {seed} (replay: SHEAF_MODEL_SEED={seed}): {} violation(s):\n{}\noperations:\n{}",
@@ -842,22 +1269,17 @@ async fn the_fleet_keeps_its_promises_under_random_operations() {
 async fn the_checks_catch_each_sabotage() {
     let f = SABOTAGE;
     let (_, m) = run_model(f, 7, 80).await;
-    assert!(check(f, &m).await.all().is_empty(), "the run itself holds");
+    let held = check(f, &m).await.all();
+    assert!(held.is_empty(), "the run itself holds: {held:?}");
     let dbs = dbs(f).await;
     let on = |shard: ShardId| &dbs.iter().find(|(s, _)| *s == shard).expect("a shard").1;
     let copies = live_copies(f).await;
     let where_live = |id: &ExecutionId| copies.get(&id.as_uuid()).map(|c| c[0].0);
 
     // A child's end delivered twice.
-    copy_event(
-        &dbs,
-        "SELECT execution_id, seq FROM sheaf.events WHERE event_type = 'ChildCompleted' ORDER BY seq LIMIT 1",
-    )
-    .await;
-    assert!(
-        !check(f, &m).await.children.is_empty(),
-        "a doubled child end is caught"
-    );
+    copy_event(&dbs, "v.event_type = 'ChildCompleted'").await;
+    let caught = check(f, &m).await.children;
+    assert!(!caught.is_empty(), "a doubled child end is caught");
 
     // A second live copy of a run, on another shard.
     let (id, _) = m
@@ -876,20 +1298,15 @@ async fn the_checks_catch_each_sabotage() {
     let (signal, _) = m
         .signals
         .iter()
-        .find(|(_, to)| !m.erasing.contains(to))
+        .find(|(_, to)| !m.erasing.contains(to) && !m.maybe_swept(to))
         .expect("a delivered signal");
     copy_event(
         &dbs,
-        &format!(
-            "SELECT execution_id, seq FROM sheaf.events WHERE event_type = 'SignalReceived' \
-             AND payload->>'signal_id' = '{signal}' LIMIT 1"
-        ),
+        &format!("v.event_type = 'SignalReceived' AND v.payload->>'signal_id' = '{signal}'"),
     )
     .await;
-    assert!(
-        !check(f, &m).await.signals.is_empty(),
-        "a doubled signal is caught"
-    );
+    let caught = check(f, &m).await.signals;
+    assert!(!caught.is_empty(), "a doubled signal is caught");
 
     // An erased payload put back, a quota counter off by one, an ended run
     // live again.
@@ -925,7 +1342,32 @@ async fn the_checks_catch_each_sabotage() {
         .await
         .expect("a run revived from outside");
     assert!(!check(f, &m).await.ends.is_empty(), "a revived run is caught");
+
+    // A completed task dead-lettered too, from outside: done twice.
+    dead_letter_a_completed_task(on(sid(0)), &m).await;
+    assert!(
+        !check(f, &m).await.tasks.is_empty(),
+        "a task done twice is caught"
+    );
     retire(f);
+}
+
+/// Puts a dead letter of a task the model saw completed, from outside.
+async fn dead_letter_a_completed_task(db: &tokio_postgres::Client, m: &Model) {
+    let (marker, _) = m
+        .completed
+        .iter()
+        .find(|(marker, n)| **n == 1 && m.tasks.get(*marker).is_some_and(|t| t.execution.is_none()))
+        .expect("a completed task");
+    db.execute(
+        "INSERT INTO sheaf.dead_letters (id, queue, kind, payload, priority, attempts, max_attempts, \
+                                         fairness_weight, last_error, enqueued_at) \
+         VALUES (gen_random_uuid(), 'fm-tasks', 'activity', jsonb_build_object('t', $1::text), 0, 1, 3, 1, \
+                 'sabotage', now())",
+        &[marker],
+    )
+    .await
+    .expect("a dead letter put in from outside");
 }
 
 /// Bumps a quota counter from outside.
@@ -969,10 +1411,15 @@ async fn copy_run(from: &tokio_postgres::Client, to: &tokio_postgres::Client, id
     .expect("a copy inserted from outside");
 }
 
-/// Copies the event `sql` finds (execution id, seq) under the next seq of
-/// its execution, from outside.
-async fn copy_event(dbs: &Dbs, sql: &str) {
-    let (shard, execution, seq) = on_any(dbs, sql).await.expect("an event to copy");
+/// Copies an event of a live run (not a seal's, not a staged copy's) that
+/// matches `condition` (on `v`, the events) under the next seq of its
+/// execution, from outside.
+async fn copy_event(dbs: &Dbs, condition: &str) {
+    let sql = format!(
+        "SELECT v.execution_id, v.seq FROM sheaf.events v JOIN sheaf.executions e ON e.id = v.execution_id \
+         AND e.state NOT IN ('MIGRATED', 'MIGRATING') WHERE {condition} LIMIT 1"
+    );
+    let (shard, execution, seq) = on_any(dbs, &sql).await.expect("an event to copy");
     let db = &dbs.iter().find(|(s, _)| *s == shard).expect("its shard").1;
     db.execute(
         "INSERT INTO sheaf.events (execution_id, seq, event_type, payload, bytes) \
