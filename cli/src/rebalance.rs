@@ -261,8 +261,8 @@ pub async fn drain(
         print_table(&drain.moves, dry_run);
         if stragglers == 0 {
             println!(
-                "shard {leaving} holds no unfinished execution{}; before retiring it, add SHEAF_FORWARDS entry {forwards} \
-                 ({} seal(s) handed to shard {}) and remove {leaving} from SHEAF_WRITABLE and SHEAF_SHARDS",
+                "shard {leaving} holds no unfinished execution{}; to retire it, remove {leaving} from SHEAF_SHARDS (and \
+                 SHEAF_WRITABLE) and add SHEAF_FORWARDS entry {forwards} in the same change ({} seal(s) handed to shard {})",
                 if dry_run { " that could not move" } else { "" },
                 drain.seals_adopted,
                 drain.forward_to
@@ -270,7 +270,7 @@ pub async fn drain(
         } else {
             println!(
                 "{stragglers} execution(s) stay on shard {leaving} (see their blockers); drain again once they are \
-                 quiescent or ended. The forwards entry to add before retiring it: {forwards}"
+                 quiescent or ended. The forwards entry to add when it leaves SHEAF_SHARDS: {forwards}"
             );
         }
     }
