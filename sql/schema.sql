@@ -605,8 +605,10 @@ CREATE TABLE outbox (
     reason          text,
     signal_id       text CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
     state           text NOT NULL DEFAULT 'PENDING' CHECK (state IN ('PENDING', 'CONFIRMING', 'DONE')),
-    -- CONFIRMING: the run the cancel ended.
+    -- CONFIRMING: the run the cancel ended, and the shard it lived on then
+    -- (its residence, which its id does not say).
     delivered_to    uuid,
+    delivered_shard integer CHECK (delivered_shard BETWEEN 0 AND 65534),
     attempts        integer NOT NULL DEFAULT 0,
     -- Resolutions in a row that a shard could not answer, since when.
     indeterminate   integer NOT NULL DEFAULT 0,

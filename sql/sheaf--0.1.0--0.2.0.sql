@@ -452,6 +452,7 @@ CREATE TABLE outbox (
     signal_id       text CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
     state           text NOT NULL DEFAULT 'PENDING' CHECK (state IN ('PENDING', 'CONFIRMING', 'DONE')),
     delivered_to    uuid,
+    delivered_shard integer CHECK (delivered_shard BETWEEN 0 AND 65534),
     attempts        integer NOT NULL DEFAULT 0,
     indeterminate   integer NOT NULL DEFAULT 0,
     indeterminate_since timestamptz,
