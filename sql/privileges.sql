@@ -161,6 +161,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.publish_topology(text, boolean),
     @extschema@.audit_log(bigint, integer),
     @extschema@.rebalance_candidates(uuid, integer),
+    @extschema@.relay_rows_to(integer, uuid, integer),
     @extschema@.migration_begin(uuid, integer, interval),
     @extschema@.migration_stage(jsonb),
     @extschema@.migration_verify(bigint, bigint, text),

@@ -689,6 +689,21 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'rebalance_candidates_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) TO sheaf_admin;
+CREATE FUNCTION "relay_rows_to"(
+	"target_shard" INT,
+	"after" uuid DEFAULT NULL,
+	"max_rows" INT DEFAULT 1000
+) RETURNS TABLE (
+	"child_id" uuid,
+	"parent_id" uuid,
+	"state" TEXT
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_rows_to_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_rows_to(integer, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_rows_to(integer, uuid, integer) TO sheaf_admin;
 CREATE FUNCTION "migration_begin"(
 	"execution_id" uuid,
 	"target_shard" INT,

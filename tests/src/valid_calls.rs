@@ -593,6 +593,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
     call("sheaf.audit_log(bigint, integer)", &[], &["NULL", "10"]),
     call("sheaf.rebalance_candidates(uuid, integer)", &[], &["NULL", "100"]),
     call(
+        "sheaf.relay_rows_to(integer, uuid, integer)",
+        &[],
+        &["1", "NULL", "100"],
+    ),
+    call(
         "sheaf.migration_begin(uuid, integer, interval)",
         &[
             r#"CREATE TEMP TABLE vc_move AS SELECT execution_id FROM sheaf.start_workflow('vc_wf', 'vc-move', '{"tenant": "vc_t"}', '{}')"#,

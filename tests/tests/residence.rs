@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::json;
 use sheaf_driver::{
     ByKey, ChildPlacement, Client, ClientError, EnqueueOptions, ExecutionId, MoveOutcome, OnShard, Placement,
-    PoolOptions, Relay, RelayOptions, ShardId, StartOptions,
+    PoolOptions, RebalanceOptions, Relay, RelayOptions, ShardId, StartOptions,
 };
 use sheaf_tests::{connect, fleet, sid, unique, until};
 
@@ -881,4 +881,119 @@ async fn an_external_signal_names_where_its_target_lives() {
     let event = delivered().await.expect("delivered");
     assert_eq!(event["execution_id"], json!(target.to_string()));
     assert_eq!(event["shard"], json!(home.get()), "{event}");
+}
+
+/// Two children of `parent` for shard `leaving`, their lifecycle rows held
+/// out of every relay's reach (a lease no relay has): the first still to
+/// be started; the second started (as the relay would) and ended there,
+/// its end waiting for the relay's pull.
+async fn held_children(
+    c: &Client,
+    db: &mut tokio_postgres::Client,
+    parent: ExecutionId,
+    leaving: ShardId,
+) -> (ExecutionId, ExecutionId) {
+    let tx = db.transaction().await.expect("begin");
+    let mut children = Vec::new();
+    let keys = [unique("to-start"), unique("ended")];
+    for wid in &keys {
+        let row = tx
+            .query_one(
+                "SELECT child_id FROM sheaf.start_child($1, 'res-drain-child', $2, '{}', $3)",
+                &[&parent.as_uuid(), &wid, &json!({"target_shard": leaving.get()})],
+            )
+            .await
+            .expect("a child for the leaving shard");
+        children.push(ExecutionId::from_uuid(row.get(0)));
+    }
+    tx.execute(
+        "UPDATE sheaf.cross_shard_children SET lease_token = -1, due_at = now() + interval '1 hour' \
+         WHERE parent_id = $1",
+        &[&parent.as_uuid()],
+    )
+    .await
+    .expect("held");
+    tx.commit().await.expect("commit");
+    let (to_start, ended) = (children[0], children[1]);
+    let input = sheaf_driver::Json::from_serialize(&json!({})).expect("an input");
+    c.relay_start_child(ended, parent, "res-drain-child", &keys[1], &input)
+        .await
+        .expect("started on the leaving shard");
+    db.execute(
+        "UPDATE sheaf.cross_shard_children SET state = 'RUNNING', input = NULL WHERE child_id = $1",
+        &[&ended.as_uuid()],
+    )
+    .await
+    .expect("recorded as started");
+    assert!(
+        c.complete_execution(ended, json!({"n": 1}))
+            .await
+            .expect("it ends")
+    );
+    (to_start, ended)
+}
+
+/// What a dry-run drain of `leaving` reports unsettled about `children`.
+async fn unsettled(
+    c: &Client,
+    leaving: ShardId,
+    children: &[ExecutionId],
+) -> Vec<(ExecutionId, ShardId, String)> {
+    let drain = c
+        .drain(leaving, &RebalanceOptions::default().dry_run(true), |_, _| {})
+        .await
+        .expect("a dry-run drain");
+    drain
+        .unsettled
+        .into_iter()
+        .filter_map(|u| u.execution_id.map(|id| (id, u.shard, u.reason)))
+        .filter(|(id, ..)| children.contains(id))
+        .collect()
+}
+
+/// A drain of a shard reports, as unsettled, the relay work its
+/// retirement would lose: a child still to be started there for a parent
+/// elsewhere, and a child that ended there whose end its parent (elsewhere)
+/// has not pulled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drain_reports_relay_work_its_retirement_would_lose() {
+    let c = client();
+    let (parent_shard, leaving) = (sid(0), sid(2));
+    let parent = start_on(&c, parent_shard, &unique("res-drain"), "p-1").await;
+    let mut db = connect(fleet().get(parent_shard).expect("the parent's shard")).await;
+    let (to_start, ended) = held_children(&c, &mut db, parent, leaving).await;
+    let owed = unsettled(&c, leaving, &[to_start, ended]).await;
+    assert_eq!(owed.len(), 2, "{owed:?}");
+    assert!(
+        owed.iter()
+            .any(|(id, s, why)| *id == to_start && *s == parent_shard && why.contains("still to be started")),
+        "{owed:?}"
+    );
+    assert!(
+        owed.iter()
+            .any(|(id, s, why)| *id == ended && *s == parent_shard && why.contains("has not had its end")),
+        "{owed:?}"
+    );
+    // Let the relay have them: once it started the one and pulled the
+    // other's end, the drain owes nothing for them.
+    db.execute(
+        "UPDATE sheaf.cross_shard_children SET lease_token = NULL, due_at = now() WHERE parent_id = $1",
+        &[&parent.as_uuid()],
+    )
+    .await
+    .expect("let go");
+    let relay = Relay::start(
+        c.clone(),
+        fleet().shards().map(|s| s.id).collect(),
+        RelayOptions::default(),
+    );
+    until("the relay settles both", Duration::from_secs(30), async || {
+        count(&event_types(&c, parent).await, "ChildCompleted") == 1
+            && c.get_execution(to_start).await.ok().flatten().is_some()
+    })
+    .await;
+    relay.shutdown().await;
+    assert_eq!(unsettled(&c, leaving, &[to_start, ended]).await, vec![]);
+    c.cancel_execution(to_start, None).await.expect("cancelled");
+    c.cancel_execution(parent, None).await.expect("cancelled");
 }

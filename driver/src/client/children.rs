@@ -490,7 +490,7 @@ impl Client {
     }
 
     /// Every execution on `shard` that names a parent.
-    async fn links_on(&self, shard: ShardId) -> Result<Vec<Orphan>, ClientError> {
+    pub(super) async fn links_on(&self, shard: ShardId) -> Result<Vec<Orphan>, ClientError> {
         let call = Call {
             shard,
             owned: Owned::Listing("listing children"),
