@@ -120,6 +120,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.relay_start_child(uuid, uuid, text, text, jsonb),
     @extschema@.relay_close_child(uuid, uuid, text, text),
     @extschema@.relay_pulled(uuid),
+    @extschema@.seals_due(integer),
+    @extschema@.seal_run_ended(uuid),
     @extschema@.outbox_take(integer, interval),
     @extschema@.outbox_report(uuid, bigint, jsonb),
     @extschema@.migration_activate(uuid),

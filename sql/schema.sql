@@ -425,7 +425,11 @@ CREATE TABLE executions (
     -- On a staged copy: the move that staged it, "<source shard>:<move id>";
     -- only that move's abort discards it (a late discard of an aborted move
     -- never removes a newer move's copy).
-    staged_by       text
+    staged_by       text,
+    -- On a MIGRATED seal: when the relay found its run ended where it
+    -- lives (sheaf.seal_run_ended). A seal is the only forward for ids of
+    -- this shard, so retention deletes none before.
+    seal_released_at timestamptz
 );
 -- Active uniqueness: one non-terminal (or MIGRATED) run per (name, workflow_id).
 CREATE UNIQUE INDEX executions_active ON executions (workflow_name, workflow_id)

@@ -1102,10 +1102,32 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'relay_pulled_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) TO sheaf_relay;
+CREATE FUNCTION "seals_due"(
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"moved_to" INT
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'seals_due_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.seals_due(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.seals_due(integer) TO sheaf_relay;
+CREATE FUNCTION "seal_run_ended"(
+	"execution_id" uuid
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'seal_run_ended_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.seal_run_ended(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.seal_run_ended(uuid) TO sheaf_relay;
 
 -- Execution timeouts, continue-as-new and signal-with-start.
 ALTER TABLE @extschema@.executions ADD COLUMN timeout_at timestamptz;
 ALTER TABLE @extschema@.executions ADD COLUMN staged_by text;
+ALTER TABLE @extschema@.executions ADD COLUMN seal_released_at timestamptz;
 CREATE INDEX executions_timeout ON @extschema@.executions (timeout_at)
     WHERE timeout_at IS NOT NULL AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED');
 CREATE FUNCTION "continue_as_new"(

@@ -66,6 +66,9 @@ pub struct RelayOptions {
     /// How often the backlog gauges (`sheaf_relay_in_flight` and the
     /// others in [`crate::metrics`]) are read from the shard.
     pub gauges_every: Duration,
+    /// How often the shard's seals past their retention window are
+    /// checked against where their runs live ([`Client::confirm_seals`]).
+    pub seals_every: Duration,
 }
 
 impl Default for RelayOptions {
@@ -78,6 +81,7 @@ impl Default for RelayOptions {
             concurrency: 16,
             listen: true,
             gauges_every: Duration::from_secs(5),
+            seals_every: Duration::from_secs(60),
         }
     }
 }
@@ -263,6 +267,7 @@ pub(crate) async fn run_shard(
         return;
     };
     let mut gauges_at = tokio::time::Instant::now();
+    let mut seals_at = tokio::time::Instant::now();
     loop {
         let named = shared.take_named(shard);
         if !named.is_empty() {
@@ -297,6 +302,12 @@ pub(crate) async fn run_shard(
             gauges_at = tokio::time::Instant::now();
             if let Err(e) = refresh_gauges(&client, shard).await {
                 tracing::debug!(%shard, error = %e, "reading the relay's backlog failed");
+            }
+        }
+        if seals_at.elapsed() >= options.seals_every {
+            seals_at = tokio::time::Instant::now();
+            if let Err(e) = client.confirm_seals(shard, 100).await {
+                tracing::debug!(%shard, error = %e, "checking seals failed; retried later");
             }
         }
         tokio::select! {

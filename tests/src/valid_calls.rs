@@ -718,6 +718,12 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &[],
         &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-cancel'))"],
     ),
+    call("sheaf.seals_due(integer)", &[], &["10"]),
+    call(
+        "sheaf.seal_run_ended(uuid)",
+        &[],
+        &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-cancel'))"],
+    ),
     call(
         "sheaf.set_retention(jsonb)",
         &[],

@@ -997,3 +997,54 @@ async fn a_drain_reports_relay_work_its_retirement_would_lose() {
     c.cancel_execution(to_start, None).await.expect("cancelled");
     c.cancel_execution(parent, None).await.expect("cancelled");
 }
+
+async fn seal_state(db: &tokio_postgres::Client, id: ExecutionId) -> Option<bool> {
+    db.query_opt(
+        "SELECT seal_released_at IS NOT NULL FROM sheaf.executions WHERE id = $1 AND state = 'MIGRATED'",
+        &[&id.as_uuid()],
+    )
+    .await
+    .expect("reading a seal")
+    .map(|r| r.get(0))
+}
+
+/// A seal past its retention window stays while its run lives elsewhere
+/// (it is the only forward for ids of its shard); once the relay's check
+/// finds the run ended where it lives, retention deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seal_is_kept_while_its_run_lives() {
+    let c = client();
+    let (born, home) = (sid(0), sid(1));
+    let id = start_on(&c, born, &unique("res-seal"), "s-1").await;
+    moved(&c, born, id, home).await;
+    let db = connect(fleet().get(born).expect("the origin")).await;
+    // This shard alone keeps seals an hour, and this one is a day old.
+    db.execute(r#"SELECT sheaf.set_retention('{"seals": "1h"}')"#, &[])
+        .await
+        .expect("a policy");
+    db.execute(
+        "UPDATE sheaf.executions SET closed_at = now() - interval '1 day' WHERE id = $1",
+        &[&id.as_uuid()],
+    )
+    .await
+    .expect("an old seal");
+    c.confirm_seals(born, 1000).await.expect("a check");
+    db.execute("SELECT sheaf.maintain()", &[])
+        .await
+        .expect("maintain");
+    assert_eq!(seal_state(&db, id).await, Some(false), "kept: its run lives");
+    assert!(
+        c.get_execution(id).await.expect("a read").is_some(),
+        "its id resolves"
+    );
+    assert!(c.cancel_execution(id, None).await.expect("a cancel"));
+    c.confirm_seals(born, 1000).await.expect("a check");
+    assert_eq!(seal_state(&db, id).await, Some(true), "its run ended");
+    db.execute("SELECT sheaf.maintain()", &[])
+        .await
+        .expect("maintain");
+    assert_eq!(seal_state(&db, id).await, None, "deleted once its run ended");
+    db.execute(r#"SELECT sheaf.set_retention('{"seals": null}')"#, &[])
+        .await
+        .expect("the policy back");
+}

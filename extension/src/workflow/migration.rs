@@ -217,7 +217,7 @@ const NOTE_ERROR: Stmt = Stmt::write(
     &[PgBuiltInOids::INT8OID, PgBuiltInOids::TEXTOID],
 );
 const SEAL: Stmt = Stmt::write(
-    "UPDATE executions SET state = 'MIGRATED', migrated_to_shard = $2 WHERE id = $1 \
+    "UPDATE executions SET state = 'MIGRATED', migrated_to_shard = $2, seal_released_at = NULL WHERE id = $1 \
      RETURNING history_bytes, quota_key",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT4OID],
 );
