@@ -425,7 +425,11 @@ CREATE TABLE executions (
     -- On a staged copy: the move that staged it, "<source shard>:<move id>";
     -- only that move's abort discards it (a late discard of an aborted move
     -- never removes a newer move's copy).
-    staged_by       text
+    staged_by       text,
+    -- On a MIGRATED seal: when the relay found its run ended where it
+    -- lives (sheaf.seal_run_ended). A seal is the only forward for ids of
+    -- this shard, so retention deletes none before.
+    seal_released_at timestamptz
 );
 -- Active uniqueness: one non-terminal (or MIGRATED) run per (name, workflow_id).
 CREATE UNIQUE INDEX executions_active ON executions (workflow_name, workflow_id)
@@ -605,8 +609,10 @@ CREATE TABLE outbox (
     reason          text,
     signal_id       text CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
     state           text NOT NULL DEFAULT 'PENDING' CHECK (state IN ('PENDING', 'CONFIRMING', 'DONE')),
-    -- CONFIRMING: the run the cancel ended.
+    -- CONFIRMING: the run the cancel ended, and the shard it lived on then
+    -- (its residence, which its id does not say).
     delivered_to    uuid,
+    delivered_shard integer CHECK (delivered_shard BETWEEN 0 AND 65534),
     attempts        integer NOT NULL DEFAULT 0,
     -- Resolutions in a row that a shard could not answer, since when.
     indeterminate   integer NOT NULL DEFAULT 0,

@@ -452,6 +452,7 @@ CREATE TABLE outbox (
     signal_id       text CHECK (octet_length(signal_id) BETWEEN 1 AND 256),
     state           text NOT NULL DEFAULT 'PENDING' CHECK (state IN ('PENDING', 'CONFIRMING', 'DONE')),
     delivered_to    uuid,
+    delivered_shard integer CHECK (delivered_shard BETWEEN 0 AND 65534),
     attempts        integer NOT NULL DEFAULT 0,
     indeterminate   integer NOT NULL DEFAULT 0,
     indeterminate_since timestamptz,
@@ -688,6 +689,21 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'rebalance_candidates_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.rebalance_candidates(uuid, integer) TO sheaf_admin;
+CREATE FUNCTION "relay_rows_to"(
+	"target_shard" INT,
+	"after" uuid DEFAULT NULL,
+	"max_rows" INT DEFAULT 1000
+) RETURNS TABLE (
+	"child_id" uuid,
+	"parent_id" uuid,
+	"state" TEXT
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'relay_rows_to_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.relay_rows_to(integer, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.relay_rows_to(integer, uuid, integer) TO sheaf_admin;
 CREATE FUNCTION "migration_begin"(
 	"execution_id" uuid,
 	"target_shard" INT,
@@ -1096,10 +1112,32 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'relay_pulled_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.relay_pulled(uuid) TO sheaf_relay;
+CREATE FUNCTION "seals_due"(
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"moved_to" INT
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'seals_due_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.seals_due(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.seals_due(integer) TO sheaf_relay;
+CREATE FUNCTION "seal_run_ended"(
+	"execution_id" uuid
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'seal_run_ended_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.seal_run_ended(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.seal_run_ended(uuid) TO sheaf_relay;
 
 -- Execution timeouts, continue-as-new and signal-with-start.
 ALTER TABLE @extschema@.executions ADD COLUMN timeout_at timestamptz;
 ALTER TABLE @extschema@.executions ADD COLUMN staged_by text;
+ALTER TABLE @extschema@.executions ADD COLUMN seal_released_at timestamptz;
 CREATE INDEX executions_timeout ON @extschema@.executions (timeout_at)
     WHERE timeout_at IS NOT NULL AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED');
 CREATE FUNCTION "continue_as_new"(

@@ -554,7 +554,8 @@ enum ShardCommand {
     /// Move every quiescent execution off SHARD, each to its rendezvous
     /// winner among the other writable shards, hand its seals to the shard
     /// its ids will forward to, then list what stayed (with blockers) and
-    /// the SHEAF_FORWARDS entry to add before the shard is retired. Take
+    /// the SHEAF_FORWARDS entry to add when the shard leaves SHEAF_SHARDS
+    /// (a forward from a listed shard is refused). Take
     /// SHARD out of SHEAF_WRITABLE first. Exits 5 while executions stay.
     Drain {
         /// The shard to drain.

@@ -225,8 +225,9 @@ pub async fn resume(client: &Client, from: u32, as_json: bool) -> ExitCode {
 
 /// `sheaf shard drain SHARD`: every quiescent execution to its rendezvous
 /// winner among the other writable shards, then the stragglers with their
-/// blockers, and the forwards entry to add before the shard is retired.
-/// Exits 5 when stragglers remain (the shard cannot be retired yet).
+/// blockers, the relay's work still owed on or to it, and the forwards
+/// entry to add when the shard is retired. Exits 5 while executions stay
+/// or relay work is owed (the shard cannot be retired yet).
 pub async fn drain(
     client: &Client,
     shard: u32,
@@ -252,6 +253,7 @@ pub async fn drain(
         Err(e) => return exit::failed(&e),
     };
     let stragglers = drain.stragglers().count();
+    let unsettled = drain.unsettled.len();
     let forwards = format!("{leaving}={}", drain.forward_to);
     if as_json {
         let rows: Vec<Value> = drain.moves.iter().map(|(r, t)| report_json(r, *t)).collect();
@@ -259,27 +261,39 @@ pub async fn drain(
             "shard": leaving.get(), "dry_run": dry_run, "executions": rows, "stragglers": stragglers,
             "forward_to": drain.forward_to.get(), "seals_adopted": drain.seals_adopted,
             "forwards_entry": forwards,
+            "unsettled": drain.unsettled.iter().map(|u| json!({
+                "shard": u.shard.get(), "execution_id": u.execution_id.map(|id| id.to_string()), "reason": u.reason,
+            })).collect::<Vec<_>>(),
         }));
     } else {
         print_table(&drain.moves, dry_run);
-        if stragglers == 0 {
+        for u in &drain.unsettled {
+            println!("unsettled (shard {}): {}", u.shard, u.reason);
+        }
+        if unsettled > 0 {
             println!(
-                "shard {leaving} holds no unfinished execution{}; before retiring it, add SHEAF_FORWARDS entry {forwards} \
-                 ({} seal(s) handed to shard {}) and remove {leaving} from SHEAF_WRITABLE and SHEAF_SHARDS",
+                "{unsettled} relay obligation(s) on or to shard {leaving} would be lost with it: let the relay run, then \
+                 drain again"
+            );
+        }
+        if stragglers == 0 && unsettled == 0 {
+            println!(
+                "shard {leaving} holds no unfinished execution{}; to retire it, remove {leaving} from SHEAF_SHARDS (and \
+                 SHEAF_WRITABLE) and add SHEAF_FORWARDS entry {forwards} in the same change ({} seal(s) handed to shard {})",
                 if dry_run { " that could not move" } else { "" },
                 drain.seals_adopted,
                 drain.forward_to
             );
-        } else {
+        } else if stragglers > 0 {
             println!(
                 "{stragglers} execution(s) stay on shard {leaving} (see their blockers); drain again once they are \
-                 quiescent or ended. The forwards entry to add before retiring it: {forwards}"
+                 quiescent or ended. The forwards entry to add when it leaves SHEAF_SHARDS: {forwards}"
             );
         }
     }
     if drain.moves.iter().any(|(r, _)| r.outcome.is_err()) {
         ExitCode::FAILURE
-    } else if stragglers > 0 {
+    } else if stragglers > 0 || unsettled > 0 {
         exit::FOUND.into()
     } else {
         ExitCode::SUCCESS

@@ -137,8 +137,8 @@ mod tests {
         let t = Topology::builder()
             .shard(0, "postgres://a")
             .shard(1, "postgres://b")
-            .shard(2, "postgres://c")
             .default_shard(1)
+            // Shard 2 is retired: forwarded, no longer listed.
             .forward(2, 0)
             .build()
             .unwrap();

@@ -98,8 +98,8 @@ pub use client::{
     PublishedTopology, QueueConfig, QueueCounts, QueueListing, QueueOptions, QueueStats, QueueSummary,
     QuotaDetail, QuotaUsage, RateLimitInfo, RebalanceOptions, RegisteredWorker, RelayBacklog, RelayOutcome,
     RelayRow, Report, ReportStatus, Resolution, STALL_AFTER, Schedule, ShardConnection, ShardInfo, SortOrder,
-    StalledMove, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, Tree, TreeNode, Usage,
-    attr_equality, config_drift,
+    StalledMove, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, Tree, TreeNode, Unsettled,
+    Usage, attr_equality, config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use health::{HealthReason, Readiness};

@@ -66,6 +66,9 @@ pub struct RelayOptions {
     /// How often the backlog gauges (`sheaf_relay_in_flight` and the
     /// others in [`crate::metrics`]) are read from the shard.
     pub gauges_every: Duration,
+    /// How often the shard's seals past their retention window are
+    /// checked against where their runs live ([`Client::confirm_seals`]).
+    pub seals_every: Duration,
 }
 
 impl Default for RelayOptions {
@@ -78,6 +81,7 @@ impl Default for RelayOptions {
             concurrency: 16,
             listen: true,
             gauges_every: Duration::from_secs(5),
+            seals_every: Duration::from_secs(60),
         }
     }
 }
@@ -263,6 +267,7 @@ pub(crate) async fn run_shard(
         return;
     };
     let mut gauges_at = tokio::time::Instant::now();
+    let mut seals_at = tokio::time::Instant::now();
     loop {
         let named = shared.take_named(shard);
         if !named.is_empty() {
@@ -297,6 +302,12 @@ pub(crate) async fn run_shard(
             gauges_at = tokio::time::Instant::now();
             if let Err(e) = refresh_gauges(&client, shard).await {
                 tracing::debug!(%shard, error = %e, "reading the relay's backlog failed");
+            }
+        }
+        if seals_at.elapsed() >= options.seals_every {
+            seals_at = tokio::time::Instant::now();
+            if let Err(e) = client.confirm_seals(shard, 100).await {
+                tracing::debug!(%shard, error = %e, "checking seals failed; retried later");
             }
         }
         tokio::select! {
@@ -523,19 +534,26 @@ async fn outbox_outcome(client: &Client, row: &OutboxRow) -> OutboxOutcome {
                     client.metrics().outbox_over_incomplete(kind);
                 }
                 let id = run.execution_id;
+                // Sent where the run was found (its residence), following
+                // forwards if it moved since; the report names the shard
+                // that took it, never the one its id names.
                 let delivered = match &row.kind {
                     // The row's id is the signal id: a redelivery after a
                     // crash is recognised by the run and adds nothing.
                     OutboxKind::Signal { signal, payload } => {
                         let signal_id = row.outbox_id.to_string();
-                        client.signal(id, signal, payload.clone(), Some(&signal_id)).await
+                        client
+                            .signal_from(run.shard, id, signal, payload.clone(), Some(&signal_id))
+                            .await
                     }
-                    OutboxKind::Cancel { reason } => client.cancel_execution(id, reason.as_deref()).await,
+                    OutboxKind::Cancel { reason } => {
+                        client.cancel_from(run.shard, id, reason.as_deref()).await
+                    }
                 };
                 match (delivered, &row.kind) {
-                    (Ok(true), OutboxKind::Signal { .. }) => return OutboxOutcome::Delivered(id),
-                    (Ok(true), OutboxKind::Cancel { .. }) => return OutboxOutcome::Cancelled(id),
-                    (Ok(false), _) => continue,
+                    (Ok((at, true)), OutboxKind::Signal { .. }) => return OutboxOutcome::Delivered(id, at),
+                    (Ok((at, true)), OutboxKind::Cancel { .. }) => return OutboxOutcome::Cancelled(id, at),
+                    (Ok((_, false)), _) => continue,
                     (Err(e), _) => return OutboxOutcome::Failed(e.to_string()),
                 }
             }
@@ -566,15 +584,21 @@ async fn outbox_outcome(client: &Client, row: &OutboxRow) -> OutboxOutcome {
                 if let OutboxKind::Signal { signal, payload } = &row.kind {
                     let signal_id = row.outbox_id.to_string();
                     match client
-                        .signal(run.execution_id, signal, payload.clone(), Some(&signal_id))
+                        .signal_from(
+                            run.shard,
+                            run.execution_id,
+                            signal,
+                            payload.clone(),
+                            Some(&signal_id),
+                        )
                         .await
                     {
-                        Ok(true) => return OutboxOutcome::Delivered(run.execution_id),
-                        Ok(false) => {}
+                        Ok((at, true)) => return OutboxOutcome::Delivered(run.execution_id, at),
+                        Ok((_, false)) => {}
                         Err(e) => return OutboxOutcome::Failed(e.to_string()),
                     }
                 }
-                return OutboxOutcome::Ended(run.execution_id, run.state);
+                return OutboxOutcome::Ended(run.execution_id, run.shard, run.state);
             }
             None => return OutboxOutcome::Unknown,
         }

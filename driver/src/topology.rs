@@ -123,9 +123,24 @@ pub enum TopologyError {
         /// Where it forwards.
         to: u16,
     },
-    /// Forwards that loop.
+    /// Forwards that loop. No longer produced: a forward's `from` must
+    /// not be listed ([`TopologyError::ForwardFromListed`]) and its `to`
+    /// must be readable, so forwards cannot chain; kept for callers that
+    /// match on it.
     #[error("shard {0} forwards to itself, directly or through other forwards")]
     ForwardCycle(u16),
+    /// A forward from a shard still in the topology: ids of its live runs
+    /// would be sent elsewhere. Forward a shard only once it is retired
+    /// (drained, then removed from `SHEAF_SHARDS`).
+    #[error(
+        "forwards entry {from}={to}: shard {from} is still in the topology; forward a shard only once it is retired"
+    )]
+    ForwardFromListed {
+        /// The forwarded shard.
+        from: u16,
+        /// Where it forwards.
+        to: u16,
+    },
     /// A pinned digest (`SHEAF_TOPOLOGY_DIGEST`, [`TopologyBuilder::expect_digest`])
     /// that is not of the form `sha256:<64 hex digits>`.
     #[error("the pinned topology digest is not of the form sha256:<64 lowercase hex digits>")]
@@ -289,7 +304,7 @@ impl TopologyBuilder {
         }
         let default = pick_default(&shards, self.default, &readable, &reserved)?;
         let residency = collect_residency(self.residency, &readable)?;
-        let forwards = collect_forwards(self.forwards, &readable)?;
+        let forwards = collect_forwards(self.forwards, &shards, &readable)?;
         Ok(Topology {
             shards,
             readable,
@@ -389,14 +404,23 @@ fn collect_residency(
     Ok(residency)
 }
 
-/// Forwards to readable shards, with no cycle.
+/// Forwards from retired shards (not listed) to readable ones. Such
+/// forwards cannot chain, so none loops.
 fn collect_forwards(
     entries: Vec<(u32, u32)>,
+    shards: &BTreeMap<ShardId, Shard>,
     readable: &BTreeSet<ShardId>,
 ) -> Result<BTreeMap<ShardId, ShardId>, TopologyError> {
     let mut forwards = BTreeMap::new();
     for (from, to) in entries {
         let (from_id, to_id) = (ShardId::new(from)?, ShardId::new(to)?);
+        // A listed shard may still hold live runs: its ids must reach it.
+        if shards.contains_key(&from_id) {
+            return Err(TopologyError::ForwardFromListed {
+                from: from as u16,
+                to: to as u16,
+            });
+        }
         if !readable.contains(&to_id) {
             return Err(TopologyError::ForwardNotReadable {
                 from: from as u16,
@@ -404,16 +428,6 @@ fn collect_forwards(
             });
         }
         forwards.insert(from_id, to_id);
-    }
-    for start in forwards.keys() {
-        let mut at = *start;
-        for _ in 0..=forwards.len() {
-            match forwards.get(&at) {
-                Some(next) if next == start => return Err(TopologyError::ForwardCycle(start.get())),
-                Some(next) => at = *next,
-                None => break,
-            }
-        }
     }
     Ok(forwards)
 }
@@ -650,14 +664,15 @@ mod tests {
             ("SHEAF_RESERVED", "3"),
             ("SHEAF_DEFAULT_SHARD", "1"),
             ("SHEAF_RESIDENCY", "cell-a=3, eu=1"),
-            ("SHEAF_FORWARDS", "2=0"),
+            ("SHEAF_FORWARDS", "7=0"),
         ])
         .unwrap();
         let id = |n| ShardId::new(n).unwrap();
         assert!(t.is_writable(id(0)) && !t.is_writable(id(2)) && t.is_reserved(id(3)));
         assert_eq!(t.default_shard(), id(1));
         assert_eq!(t.residency("cell-a"), Some(id(3)));
-        assert_eq!(t.serving(id(2)), id(0));
+        assert_eq!(t.serving(id(7)), id(0));
+        assert_eq!(t.serving(id(2)), id(2), "a listed shard serves its own ids");
         // A drained fleet: nothing writable.
         let drained = env(&[("SHEAF_SHARDS", shards), ("SHEAF_WRITABLE", "")]).unwrap();
         assert_eq!(drained.placeable().count(), 0);
@@ -674,6 +689,10 @@ mod tests {
             );
         }
         // Misconfigurations are caught as in the builder.
+        assert_eq!(
+            env(&[("SHEAF_SHARDS", shards), ("SHEAF_FORWARDS", "2=0")]),
+            Err(TopologyError::ForwardFromListed { from: 2, to: 0 })
+        );
         assert_eq!(
             env(&[("SHEAF_SHARDS", shards), ("SHEAF_RESERVED", "0,1,2,3")]),
             Err(TopologyError::ReservedCoverWritable)
@@ -734,10 +753,20 @@ mod tests {
             (four().reserved([0]).default_shard(0), ReservedDefault(0)),
             (four().writable([1, 2]).reserved([1, 2]), ReservedCoverWritable),
             (
-                four().readable([0, 1, 2]).writable([0, 1]).forward(3, 3),
-                ForwardNotReadable { from: 3, to: 3 },
+                four().readable([0, 1, 2]).writable([0, 1]).forward(5, 3),
+                ForwardNotReadable { from: 5, to: 3 },
             ),
-            (four().forward(1, 2).forward(2, 1), ForwardCycle(1)),
+            (four().forward(5, 5), ForwardNotReadable { from: 5, to: 5 }),
+            // A listed shard may hold live runs: its ids are its own. This
+            // also rules out chains and loops (1=2 with 2=1).
+            (
+                four().readable([0, 1, 2]).writable([0, 1]).forward(3, 0),
+                ForwardFromListed { from: 3, to: 0 },
+            ),
+            (
+                four().forward(1, 2).forward(2, 1),
+                ForwardFromListed { from: 1, to: 2 },
+            ),
             (four().shard(2, "postgres://again"), DuplicateId(2)),
             (four().shard(70_000, "postgres://x"), IdOutOfRange(70_000)),
             (
@@ -765,9 +794,10 @@ mod tests {
 
     #[test]
     fn defaults_and_forwards() {
-        let t = four().reserved([0]).forward(3, 1).build().unwrap();
+        let t = four().reserved([0]).forward(7, 1).build().unwrap();
         assert_eq!(t.default_shard().get(), 1, "the lowest readable unreserved shard");
-        assert_eq!(t.serving(ShardId::new(3).unwrap()).get(), 1);
+        assert_eq!(t.serving(ShardId::new(7).unwrap()).get(), 1);
+        assert_eq!(t.serving(ShardId::new(3).unwrap()).get(), 3);
         assert_eq!(t.serving(ShardId::new(2).unwrap()).get(), 2);
         assert_eq!(t.placeable().map(|s| s.get()).collect::<Vec<_>>(), vec![1, 2, 3]);
     }
@@ -821,7 +851,7 @@ mod tests {
             four().residency("eu", 2).build().unwrap(),
             four().build().unwrap(),
             four().residency("eu", 1).reserved([3]).build().unwrap(),
-            four().residency("eu", 1).forward(2, 0).build().unwrap(),
+            four().residency("eu", 1).forward(9, 0).build().unwrap(),
             four().residency("eu", 1).writable([0, 1]).build().unwrap(),
         ] {
             assert_ne!(base.digest(), other.digest(), "{}", other.projection());

@@ -598,6 +598,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
     call("sheaf.audit_log(bigint, integer)", &[], &["NULL", "10"]),
     call("sheaf.rebalance_candidates(uuid, integer)", &[], &["NULL", "100"]),
     call(
+        "sheaf.relay_rows_to(integer, uuid, integer)",
+        &[],
+        &["1", "NULL", "100"],
+    ),
+    call(
         "sheaf.migration_begin(uuid, integer, interval)",
         &[
             r#"CREATE TEMP TABLE vc_move AS SELECT execution_id FROM sheaf.start_workflow('vc_wf', 'vc-move', '{"tenant": "vc_t"}', '{}')"#,
@@ -715,6 +720,12 @@ pub const VALID_CALLS: &[ValidCall] = &[
     ),
     call(
         "sheaf.relay_pulled(uuid)",
+        &[],
+        &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-cancel'))"],
+    ),
+    call("sheaf.seals_due(integer)", &[], &["10"]),
+    call(
+        "sheaf.seal_run_ended(uuid)",
         &[],
         &["(SELECT execution_id FROM sheaf.find_execution('vc_wf', 'vc-cancel'))"],
     ),

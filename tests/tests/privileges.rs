@@ -268,7 +268,7 @@ static RELAYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The protocol's steps (README "Roles"): granted to `sheaf_relay` (and so
 /// to `sheaf_admin`), never to `sheaf_worker`.
-const PROTOCOL: [&str; 11] = [
+const PROTOCOL: [&str; 13] = [
     "migration_activate",
     "migration_repoint",
     "migration_report",
@@ -280,6 +280,8 @@ const PROTOCOL: [&str; 11] = [
     "relay_report",
     "relay_start_child",
     "relay_take",
+    "seal_run_ended",
+    "seals_due",
 ];
 
 /// Each protocol step as a relay calls it, for `child` of `parent`, a run
@@ -326,6 +328,13 @@ fn protocol_calls(
         (
             "outbox_take",
             "SELECT * FROM sheaf.outbox_take(1, '1 second')".into(),
+            None,
+        ),
+        ("seals_due", "SELECT * FROM sheaf.seals_due(1)".into(), None),
+        // Not a seal: `false`.
+        (
+            "seal_run_ended",
+            format!("SELECT sheaf.seal_run_ended('{child}')"),
             None,
         ),
         (

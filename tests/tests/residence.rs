@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    ByKey, ChildPlacement, Client, DebounceMode, EnqueueOptions, ExecutionId, MoveOutcome, Placement,
-    PoolOptions, Relay, RelayOptions, ShardId, StartOptions, TopologyBuilder,
+    ByKey, ChildPlacement, Client, ClientError, DebounceMode, EnqueueOptions, ExecutionId, MoveOutcome,
+    OnShard, Placement, PoolOptions, RebalanceOptions, Relay, RelayOptions, ShardId, StartOptions,
+    TopologyBuilder,
 };
 use sheaf_tests::{connect, fleet, fleet_spec, sid, unique, until};
 
@@ -774,4 +775,402 @@ async fn a_burst_on_a_draining_shard_meets_where_it_began() {
             .await
             .expect("a cancel")
     );
+}
+
+/// A parent that moved after a child of it was started (and ended) on its
+/// old shard, and a default child started where it lives now.
+async fn moved_parent_with_children(c: &Client) -> (ExecutionId, ExecutionId, ExecutionId) {
+    let (born, home) = (sid(0), sid(1));
+    let name = unique("res-list");
+    let parent = start_on(c, born, &name, "p-1").await;
+    // Child keys of their own: a child still live would hold its key on
+    // the next run of this suite against the same shards.
+    let before = c
+        .start_child(
+            parent,
+            "res-child",
+            &unique("before"),
+            json!({}),
+            ChildPlacement::ParentShard,
+        )
+        .await
+        .expect("a child where the parent was born");
+    assert_eq!(before.shard, born);
+    assert!(
+        c.complete_execution(before.child_id, json!({"n": 1}))
+            .await
+            .expect("it ends")
+    );
+    moved(c, born, parent, home).await;
+    let after = c
+        .start_child(
+            parent,
+            "res-child",
+            &unique("after"),
+            json!({}),
+            ChildPlacement::ParentShard,
+        )
+        .await
+        .expect("a child where the parent lives");
+    assert_eq!(after.shard, home);
+    (parent, before.child_id, after.child_id)
+}
+
+/// Its children are listed wherever they are: the shard holding only the
+/// parent's seal lists the child started there (it used to forward the
+/// listing to the parent's new home, which does not have that child).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_parents_children_are_all_listed() {
+    let c = client();
+    let (parent, before, after) = moved_parent_with_children(&c).await;
+    let listed: Vec<(ExecutionId, ShardId)> = c
+        .children(parent)
+        .await
+        .expect("a listing")
+        .items
+        .iter()
+        .map(|k| (k.execution_id, k.shard))
+        .collect();
+    assert_eq!(listed, vec![(before, sid(0)), (after, sid(1))]);
+    c.cancel_execution(after, None).await.expect("cancelled");
+}
+
+/// A child is an orphan only if the shard where its parent lives does not
+/// know it: a parent that moved took its children's records with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_parents_children_are_not_orphans() {
+    let c = client();
+    let (parent, before, after) = moved_parent_with_children(&c).await;
+    let orphans = c.orphan_children().await.expect("an orphan check");
+    let ours: Vec<_> = orphans.items.iter().filter(|o| o.parent_id == parent).collect();
+    assert!(ours.is_empty(), "{before} and {after} have a parent: {ours:?}");
+    c.cancel_execution(after, None).await.expect("cancelled");
+}
+
+/// A transaction on the shard where a run lives may enqueue its tasks,
+/// wherever the run was born; the shard it left refuses, naming its home.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_enqueues_for_a_run_living_on_its_shard() {
+    let c = client();
+    let (born, home) = (sid(0), sid(2));
+    let id = start_on(&c, born, &unique("res-tx"), "t-1").await;
+    moved(&c, born, id, home).await;
+    let queue = unique("res-tx-q");
+    let mut conn = c.shard_connection(home).await.expect("a connection");
+    let tx = conn.transaction().await.expect("begin");
+    let on = OnShard::verify(&tx, home).await.expect("verify");
+    let task = on
+        .enqueue(&queue, json!({}), EnqueueOptions::new().execution(id))
+        .await
+        .expect("a task of a run living here");
+    assert_eq!(task.shard, home);
+    tx.commit().await.expect("commit");
+    let mut conn = c.shard_connection(born).await.expect("a connection");
+    let tx = conn.transaction().await.expect("begin");
+    let on = OnShard::verify(&tx, born).await.expect("verify");
+    match on
+        .enqueue(&queue, json!({}), EnqueueOptions::new().execution(id))
+        .await
+    {
+        Err(ClientError::Moved { to, .. }) => assert_eq!(to, home),
+        other => panic!("a task of a run that moved away: {other:?}"),
+    }
+    tx.rollback().await.expect("rollback");
+}
+
+/// A task of a moved run is enqueued where it lives, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_enqueue_for_a_moved_run_reports_where_it_went() {
+    let c = client();
+    let (born, home) = (sid(0), sid(1));
+    let id = start_on(&c, born, &unique("res-enq"), "t-1").await;
+    moved(&c, born, id, home).await;
+    let queue = unique("res-enq-q");
+    let one = c
+        .enqueue(&queue, json!({}), EnqueueOptions::new().execution(id))
+        .await
+        .expect("a task");
+    assert_eq!((one.shard, one.task_id.shard()), (home, Some(home)));
+    let batch = c
+        .enqueue_batch(
+            &queue,
+            [json!({}), json!({})],
+            EnqueueOptions::new().execution(id),
+        )
+        .await
+        .expect("a batch");
+    assert_eq!(batch.shard, home);
+}
+
+/// A signal-with-start that meets a seal signals the run where it lives
+/// and says where that is, even when the seal's pointer is one hop of
+/// several (its repoint had not reached it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signal_with_start_at_a_seal_reports_where_the_run_lives() {
+    let c = client();
+    let (born, middle, home) = (sid(0), sid(1), sid(2));
+    let name = unique("res-sws");
+    let id = start_on(&c, born, &name, "w-1").await;
+    moved(&c, born, id, middle).await;
+    moved(&c, middle, id, home).await;
+    // Out of protocol: the origin's seal still points at the middle hop.
+    connect(fleet().get(born).expect("the origin"))
+        .await
+        .execute(
+            "UPDATE sheaf.executions SET migrated_to_shard = $2 WHERE id = $1",
+            &[&id.as_uuid(), &i32::from(middle.get())],
+        )
+        .await
+        .expect("an old pointer");
+    let started = c
+        .signal_with_start(
+            &name,
+            "w-1",
+            json!({}),
+            "poke",
+            json!({}),
+            None,
+            StartOptions::new().placement(Placement::Shard(born)),
+        )
+        .await
+        .expect("a signal-with-start");
+    assert!(!started.created);
+    assert_eq!((started.execution_id, started.shard), (id, home));
+    assert_eq!(count(&event_types(&c, id).await, "SignalReceived"), 1);
+}
+
+/// A repeated start of a child that moved since reports where it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_child_start_reports_where_the_child_lives() {
+    let c = client();
+    let (parent_shard, first, home) = (sid(0), sid(1), sid(2));
+    let parent = start_on(&c, parent_shard, &unique("res-rep"), "p-1").await;
+    let key = unique("c");
+    let child = c
+        .start_child(parent, "res-child", &key, json!({}), ChildPlacement::Shard(first))
+        .await
+        .expect("a child elsewhere");
+    let relay = Relay::start(
+        c.clone(),
+        fleet().shards().map(|s| s.id).collect(),
+        RelayOptions::default(),
+    );
+    until(
+        "the relay starts the child",
+        Duration::from_secs(20),
+        async || c.get_execution(child.child_id).await.ok().flatten().is_some(),
+    )
+    .await;
+    relay.shutdown().await;
+    moved(&c, first, child.child_id, home).await;
+    let again = c
+        .start_child(parent, "res-child", &key, json!({}), ChildPlacement::Shard(first))
+        .await
+        .expect("a repeat");
+    assert!(!again.created);
+    assert_eq!((again.child_id, again.shard), (child.child_id, home));
+    c.cancel_execution(child.child_id, None).await.expect("cancelled");
+}
+
+/// A signal by key to a run that moved: the sender's
+/// `ExternalSignalDelivered` names the shard the run lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_external_signal_names_where_its_target_lives() {
+    let c = client();
+    let (born, home) = (sid(0), sid(1));
+    let target_name = unique("res-ext-target");
+    let target = start_on(&c, born, &target_name, "t-1").await;
+    moved(&c, born, target, home).await;
+    let sender = start_on(&c, sid(2), &unique("res-ext-sender"), "s-1").await;
+    c.signal_external(sender, &target_name, "t-1", "go", json!({"n": 1}), Some("once"))
+        .await
+        .expect("a signal by key");
+    let relay = Relay::start(
+        c.clone(),
+        fleet().shards().map(|s| s.id).collect(),
+        RelayOptions::default(),
+    );
+    let delivered = async || {
+        let page = c.history(sender, 0, 1000).await.expect("a history page");
+        page.events
+            .iter()
+            .find(|e| e.event_type == "ExternalSignalDelivered")
+            .map(|e| e.payload.to_value().expect("a payload"))
+    };
+    until(
+        "the relay delivers the signal",
+        Duration::from_secs(30),
+        async || delivered().await.is_some(),
+    )
+    .await;
+    relay.shutdown().await;
+    let event = delivered().await.expect("delivered");
+    assert_eq!(event["execution_id"], json!(target.to_string()));
+    assert_eq!(event["shard"], json!(home.get()), "{event}");
+}
+
+/// Two children of `parent` for shard `leaving`, their lifecycle rows held
+/// out of every relay's reach (a lease no relay has): the first still to
+/// be started; the second started (as the relay would) and ended there,
+/// its end waiting for the relay's pull.
+async fn held_children(
+    c: &Client,
+    db: &mut tokio_postgres::Client,
+    parent: ExecutionId,
+    leaving: ShardId,
+) -> (ExecutionId, ExecutionId) {
+    let tx = db.transaction().await.expect("begin");
+    let mut children = Vec::new();
+    let keys = [unique("to-start"), unique("ended")];
+    for wid in &keys {
+        let row = tx
+            .query_one(
+                "SELECT child_id FROM sheaf.start_child($1, 'res-drain-child', $2, '{}', $3)",
+                &[&parent.as_uuid(), &wid, &json!({"target_shard": leaving.get()})],
+            )
+            .await
+            .expect("a child for the leaving shard");
+        children.push(ExecutionId::from_uuid(row.get(0)));
+    }
+    tx.execute(
+        "UPDATE sheaf.cross_shard_children SET lease_token = -1, due_at = now() + interval '1 hour' \
+         WHERE parent_id = $1",
+        &[&parent.as_uuid()],
+    )
+    .await
+    .expect("held");
+    tx.commit().await.expect("commit");
+    let (to_start, ended) = (children[0], children[1]);
+    let input = sheaf_driver::Json::from_serialize(&json!({})).expect("an input");
+    c.relay_start_child(ended, parent, "res-drain-child", &keys[1], &input)
+        .await
+        .expect("started on the leaving shard");
+    db.execute(
+        "UPDATE sheaf.cross_shard_children SET state = 'RUNNING', input = NULL WHERE child_id = $1",
+        &[&ended.as_uuid()],
+    )
+    .await
+    .expect("recorded as started");
+    assert!(
+        c.complete_execution(ended, json!({"n": 1}))
+            .await
+            .expect("it ends")
+    );
+    (to_start, ended)
+}
+
+/// What a dry-run drain of `leaving` reports unsettled about `children`.
+async fn unsettled(
+    c: &Client,
+    leaving: ShardId,
+    children: &[ExecutionId],
+) -> Vec<(ExecutionId, ShardId, String)> {
+    let drain = c
+        .drain(leaving, &RebalanceOptions::default().dry_run(true), |_, _| {})
+        .await
+        .expect("a dry-run drain");
+    drain
+        .unsettled
+        .into_iter()
+        .filter_map(|u| u.execution_id.map(|id| (id, u.shard, u.reason)))
+        .filter(|(id, ..)| children.contains(id))
+        .collect()
+}
+
+/// A drain of a shard reports, as unsettled, the relay work its
+/// retirement would lose: a child still to be started there for a parent
+/// elsewhere, and a child that ended there whose end its parent (elsewhere)
+/// has not pulled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drain_reports_relay_work_its_retirement_would_lose() {
+    let c = client();
+    let (parent_shard, leaving) = (sid(0), sid(2));
+    let parent = start_on(&c, parent_shard, &unique("res-drain"), "p-1").await;
+    let mut db = connect(fleet().get(parent_shard).expect("the parent's shard")).await;
+    let (to_start, ended) = held_children(&c, &mut db, parent, leaving).await;
+    let owed = unsettled(&c, leaving, &[to_start, ended]).await;
+    assert_eq!(owed.len(), 2, "{owed:?}");
+    assert!(
+        owed.iter()
+            .any(|(id, s, why)| *id == to_start && *s == parent_shard && why.contains("still to be started")),
+        "{owed:?}"
+    );
+    assert!(
+        owed.iter()
+            .any(|(id, s, why)| *id == ended && *s == parent_shard && why.contains("has not had its end")),
+        "{owed:?}"
+    );
+    // Let the relay have them: once it started the one and pulled the
+    // other's end, the drain owes nothing for them.
+    db.execute(
+        "UPDATE sheaf.cross_shard_children SET lease_token = NULL, due_at = now() WHERE parent_id = $1",
+        &[&parent.as_uuid()],
+    )
+    .await
+    .expect("let go");
+    let relay = Relay::start(
+        c.clone(),
+        fleet().shards().map(|s| s.id).collect(),
+        RelayOptions::default(),
+    );
+    until("the relay settles both", Duration::from_secs(30), async || {
+        count(&event_types(&c, parent).await, "ChildCompleted") == 1
+            && c.get_execution(to_start).await.ok().flatten().is_some()
+    })
+    .await;
+    relay.shutdown().await;
+    assert_eq!(unsettled(&c, leaving, &[to_start, ended]).await, vec![]);
+    c.cancel_execution(to_start, None).await.expect("cancelled");
+    c.cancel_execution(parent, None).await.expect("cancelled");
+}
+
+async fn seal_state(db: &tokio_postgres::Client, id: ExecutionId) -> Option<bool> {
+    db.query_opt(
+        "SELECT seal_released_at IS NOT NULL FROM sheaf.executions WHERE id = $1 AND state = 'MIGRATED'",
+        &[&id.as_uuid()],
+    )
+    .await
+    .expect("reading a seal")
+    .map(|r| r.get(0))
+}
+
+/// A seal past its retention window stays while its run lives elsewhere
+/// (it is the only forward for ids of its shard); once the relay's check
+/// finds the run ended where it lives, retention deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seal_is_kept_while_its_run_lives() {
+    let c = client();
+    let (born, home) = (sid(0), sid(1));
+    let id = start_on(&c, born, &unique("res-seal"), "s-1").await;
+    moved(&c, born, id, home).await;
+    let db = connect(fleet().get(born).expect("the origin")).await;
+    // This shard alone keeps seals an hour, and this one is a day old.
+    db.execute(r#"SELECT sheaf.set_retention('{"seals": "1h"}')"#, &[])
+        .await
+        .expect("a policy");
+    db.execute(
+        "UPDATE sheaf.executions SET closed_at = now() - interval '1 day' WHERE id = $1",
+        &[&id.as_uuid()],
+    )
+    .await
+    .expect("an old seal");
+    c.confirm_seals(born, 1000).await.expect("a check");
+    db.execute("SELECT sheaf.maintain()", &[])
+        .await
+        .expect("maintain");
+    assert_eq!(seal_state(&db, id).await, Some(false), "kept: its run lives");
+    assert!(
+        c.get_execution(id).await.expect("a read").is_some(),
+        "its id resolves"
+    );
+    assert!(c.cancel_execution(id, None).await.expect("a cancel"));
+    c.confirm_seals(born, 1000).await.expect("a check");
+    assert_eq!(seal_state(&db, id).await, Some(true), "its run ended");
+    db.execute("SELECT sheaf.maintain()", &[])
+        .await
+        .expect("maintain");
+    assert_eq!(seal_state(&db, id).await, None, "deleted once its run ended");
+    db.execute(r#"SELECT sheaf.set_retention('{"seals": null}')"#, &[])
+        .await
+        .expect("the policy back");
 }

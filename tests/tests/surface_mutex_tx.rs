@@ -197,11 +197,14 @@ async fn work_in_the_callers_transaction_commits_or_rolls_back_with_it() {
         on.enqueue(&queue, json!({}), elsewhere).await,
         Err(ClientError::BadRequest(_))
     ));
+    // A run this shard does not hold is refused by the shard (where a run
+    // lives is not in its id: tests/tests/residence.rs), which aborts the
+    // transaction.
     let foreign = sheaf_driver::ExecutionId::mint(shards[0]).expect("mint");
     let of_foreign = EnqueueOptions::new().execution(foreign);
     assert!(matches!(
         on.enqueue(&queue, json!({}), of_foreign).await,
-        Err(ClientError::BadRequest(_))
+        Err(ClientError::UnknownExecution { .. })
     ));
     tx.rollback().await.expect("rollback");
 }

@@ -68,9 +68,11 @@ impl Client {
             },
         };
         let opts = options.to_sql_opts();
-        let rows = self
-            .query(&call, ENQUEUE_BATCH, &[&queue, &payloads, &opts, &options.run_at])
+        // Where the run lives, for a task of an execution that moved.
+        let (shard, rows) = self
+            .query_followed(&call, ENQUEUE_BATCH, &[&queue, &payloads, &opts, &options.run_at])
             .await?;
+        let call = Call { shard, ..call };
         let task_ids = rows
             .iter()
             .map(|row| row.try_get::<_, uuid::Uuid>(0).map(TaskId::from_uuid))

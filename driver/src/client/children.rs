@@ -103,9 +103,9 @@ impl ChildOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StartedChild {
-    /// The child's execution id (it names the child's shard).
+    /// The child's execution id (it names the shard it was started on).
     pub child_id: ExecutionId,
-    /// The shard it runs on.
+    /// The shard it lives on (a repeated start: where it lives now).
     pub shard: ShardId,
     /// `false`: the same (parent, name, workflow id) started it before.
     pub created: bool,
@@ -258,7 +258,22 @@ impl Client {
                 created: row.try_get("created")?,
             })
         };
-        read().map_err(|e| call.error(e, 1))
+        let started = read().map_err(|e| call.error(e, 1))?;
+        if started.created {
+            return Ok(started);
+        }
+        // A repeated start names the shard the child was started on; it
+        // may have moved since: where it lives (one more read, repeats
+        // only; a child the relay has yet to start stays at its target).
+        let start = match self.topology.get(started.shard) {
+            Some(_) => started.shard,
+            None => started.child_id.route(&self.topology),
+        };
+        if self.topology.get(start).is_none() {
+            return Ok(started);
+        }
+        let shard = self.residence(start, started.child_id).await?;
+        Ok(StartedChild { shard, ..started })
     }
 
     /// The shard a new child goes to; `None`: its parent's (wherever the
@@ -397,12 +412,15 @@ impl Client {
         })
     }
 
-    /// Children whose parent-side record (`children` on the parent's
-    /// shard) is gone: the hazard of shards restored to different instants
+    /// Children whose parent-side record (`children` where the parent
+    /// lives) is gone: the hazard of shards restored to different instants
     /// (README, "Child workflows across shards"). Every readable shard's
-    /// children are listed and checked against their parents' shards; a
-    /// parent whose shard is not in the topology makes its children orphans.
-    /// For an operator: it reads every child of the fleet.
+    /// children are listed and checked where their parents live: first
+    /// the shard a parent's id routes to, then, for a parent that moved
+    /// (its `children` rows moved with it), where its seal forwards. A
+    /// parent found nowhere, or whose shard is not in the topology, makes
+    /// its children orphans. For an operator: it reads every child of the
+    /// fleet.
     pub async fn orphan_children(&self) -> Result<Orphans, ClientError> {
         let report = self
             .fan_out(self.readable_shards(), |shard| self.links_on(shard))
@@ -411,19 +429,19 @@ impl Client {
         let mut failed = report.failed;
         let mut by_parent_shard: BTreeMap<Option<ShardId>, Vec<Orphan>> = BTreeMap::new();
         for link in report.ok.into_values().flatten() {
-            let home = link
-                .parent_id
-                .shard()
-                .filter(|s| self.topology().get(*s).is_some());
+            // The lookup starts where the parent's id routes (its origin,
+            // or its forward); `unknown_on` follows it from there.
+            let home =
+                Some(link.parent_id.route(self.topology())).filter(|s| self.topology().get(*s).is_some());
             by_parent_shard.entry(home).or_default().push(link);
         }
         let mut items = by_parent_shard.remove(&None).unwrap_or_default();
         for (home, links) in by_parent_shard {
             let Some(home) = home else { continue };
-            match self.unknown_on(home, links).await {
+            match self.unknown_where_parents_live(home, links).await {
                 Ok(orphans) => items.extend(orphans),
-                Err(e) => {
-                    failed.insert(home, e);
+                Err((shard, e)) => {
+                    failed.insert(shard, e);
                 }
             }
         }
@@ -435,8 +453,44 @@ impl Client {
         })
     }
 
+    /// Those of `links` (children of parents whose ids route to `home`)
+    /// that the shard where their parent lives does not know. Only a
+    /// parent `home` does not know costs a lookup of its residence.
+    async fn unknown_where_parents_live(
+        &self,
+        home: ShardId,
+        links: Vec<Orphan>,
+    ) -> Result<Vec<Orphan>, (ShardId, ClientError)> {
+        let unknown = self.unknown_on(home, links).await.map_err(|e| (home, e))?;
+        let mut by_residence: BTreeMap<ShardId, Vec<Orphan>> = BTreeMap::new();
+        let mut orphans = Vec::new();
+        let mut residences: BTreeMap<ExecutionId, ShardId> = BTreeMap::new();
+        for link in unknown {
+            let lives = match residences.get(&link.parent_id) {
+                Some(s) => *s,
+                None => {
+                    let s = self
+                        .residence(home, link.parent_id)
+                        .await
+                        .map_err(|e| (home, e))?;
+                    residences.insert(link.parent_id, s);
+                    s
+                }
+            };
+            if lives == home {
+                orphans.push(link);
+            } else {
+                by_residence.entry(lives).or_default().push(link);
+            }
+        }
+        for (lives, links) in by_residence {
+            orphans.extend(self.unknown_on(lives, links).await.map_err(|e| (lives, e))?);
+        }
+        Ok(orphans)
+    }
+
     /// Every execution on `shard` that names a parent.
-    async fn links_on(&self, shard: ShardId) -> Result<Vec<Orphan>, ClientError> {
+    pub(super) async fn links_on(&self, shard: ShardId) -> Result<Vec<Orphan>, ClientError> {
         let call = Call {
             shard,
             owned: Owned::Listing("listing children"),

@@ -105,14 +105,20 @@ impl Client {
         }
         // Attached: the run found may be a seal of one that moved away, and
         // `shard` says where the run lives (one more read, attaches only).
-        let at = Call {
-            shard: call.shard,
-            owned: Owned::Execution(started.execution_id),
-        };
-        let (shard, _) = self
-            .query_followed(&at, GET_EXECUTION, &[&started.execution_id.as_uuid()])
-            .await?;
+        let shard = self.residence(call.shard, started.execution_id).await?;
         Ok(Started { shard, ..started })
+    }
+
+    /// Where run `id` lives: a read of it from `start`, following its
+    /// seals' forwards (`start` when no shard has it, e.g. a child its
+    /// relay has yet to start).
+    pub(super) async fn residence(&self, start: ShardId, id: ExecutionId) -> Result<ShardId, ClientError> {
+        let at = Call {
+            shard: start,
+            owned: Owned::Execution(id),
+        };
+        let (shard, _) = self.query_followed(&at, GET_EXECUTION, &[&id.as_uuid()]).await?;
+        Ok(shard)
     }
 
     /// A start's call (its shard, placed by `start_shard`) and its `opts`,
@@ -249,14 +255,16 @@ impl Client {
         ];
         match self.query(&call, SIGNAL_WITH_START, &params).await {
             Ok(rows) => started_from_rows(&call, &rows),
-            // The placed shard holds the run's seal: signal it where it lives.
+            // The placed shard holds the run's seal: signal it where it
+            // lives, from the seal's forward on, and report the shard that
+            // took the signal (the forward may be one hop of several).
             Err(ClientError::Moved { to, .. }) => {
                 let rows = self.query(&call, SEAL_OF, &[&name, &workflow_id]).await?;
                 let seal = ExecutionId::from_uuid(first_column::<uuid::Uuid>(&call, &rows)?);
-                self.signal(seal, signal, payload, signal_id).await?;
+                let shard = self.signal_from(to, seal, signal, payload, signal_id).await?.0;
                 Ok(Started {
                     execution_id: seal,
-                    shard: to,
+                    shard,
                     created: false,
                     superseded: Vec::new(),
                 })
@@ -299,11 +307,28 @@ impl Client {
 
     /// Cancels an execution; `false` if it had already ended.
     pub async fn cancel_execution(&self, id: ExecutionId, reason: Option<&str>) -> Result<bool, ClientError> {
-        let call = self.by_execution(id);
-        let rows = self
-            .query(&call, CANCEL_EXECUTION, &[&id.as_uuid(), &reason])
+        let start = self.by_execution(id).shard;
+        Ok(self.cancel_from(start, id, reason).await?.1)
+    }
+
+    /// [`cancel_execution`](Self::cancel_execution) sent to shard `start`
+    /// first, following the run's forwards: the shard that answered, and
+    /// what it said.
+    pub(crate) async fn cancel_from(
+        &self,
+        start: ShardId,
+        id: ExecutionId,
+        reason: Option<&str>,
+    ) -> Result<(ShardId, bool), ClientError> {
+        let call = Call {
+            shard: start,
+            owned: Owned::Execution(id),
+        };
+        let (shard, rows) = self
+            .query_followed(&call, CANCEL_EXECUTION, &[&id.as_uuid(), &reason])
             .await?;
-        first_column(&call, &rows)
+        let call = Call { shard, ..call };
+        Ok((shard, first_column(&call, &rows)?))
     }
 
     /// Completes an execution with `result`; `false` if it had already ended.

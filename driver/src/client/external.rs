@@ -86,12 +86,13 @@ pub struct OutboxRow {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum OutboxOutcome {
-    /// The signal is in this run's history.
-    Delivered(ExecutionId),
-    /// The cancel ended this live run; a later fan-out confirms.
-    Cancelled(ExecutionId),
-    /// A complete fan-out found only this ended run.
-    Ended(ExecutionId, ExecutionState),
+    /// The signal is in this run's history, on this shard (where the run
+    /// lives, not the shard its id names).
+    Delivered(ExecutionId, ShardId),
+    /// The cancel ended this live run, on this shard; a later fan-out confirms.
+    Cancelled(ExecutionId, ShardId),
+    /// A complete fan-out found only this ended run, on this shard.
+    Ended(ExecutionId, ShardId, ExecutionState),
     /// A confirming cancel's later fan-out was complete and found no live run.
     Confirmed,
     /// A complete fan-out found no run of the key.
@@ -122,23 +123,22 @@ enum Wire<'a> {
     Failed(&'a str),
 }
 
-fn at(id: ExecutionId, state: Option<&str>) -> Result<At<'_>, ClientError> {
-    let shard = id
-        .shard()
-        .ok_or_else(|| ClientError::BadRequest(format!("{id} is not an execution id sheaf minted")))?;
-    Ok(At {
+/// The run as a report names it: its id and the shard where it was found
+/// (its residence; the id's shard is only where it was born).
+fn at(id: ExecutionId, shard: ShardId, state: Option<&str>) -> At<'_> {
+    At {
         execution_id: id.as_uuid().to_string(),
         shard: shard.get(),
         state,
-    })
+    }
 }
 
 impl OutboxOutcome {
     fn to_json(&self) -> Result<Json, ClientError> {
         let wire = match self {
-            OutboxOutcome::Delivered(id) => Wire::Delivered(at(*id, None)?),
-            OutboxOutcome::Cancelled(id) => Wire::Cancelled(at(*id, None)?),
-            OutboxOutcome::Ended(id, state) => Wire::Ended(at(*id, Some(state.as_str()))?),
+            OutboxOutcome::Delivered(id, shard) => Wire::Delivered(at(*id, *shard, None)),
+            OutboxOutcome::Cancelled(id, shard) => Wire::Cancelled(at(*id, *shard, None)),
+            OutboxOutcome::Ended(id, shard, state) => Wire::Ended(at(*id, *shard, Some(state.as_str()))),
             OutboxOutcome::Confirmed => Wire::Confirmed(true),
             OutboxOutcome::Unknown => Wire::Unknown(true),
             OutboxOutcome::Indeterminate(why) => Wire::Indeterminate(why),
@@ -150,8 +150,8 @@ impl OutboxOutcome {
     /// Its name (`sheaf_outbox_deliveries_total`'s `outcome`).
     pub fn label(&self) -> &'static str {
         match self {
-            OutboxOutcome::Delivered(_) => "delivered",
-            OutboxOutcome::Cancelled(_) => "cancelled",
+            OutboxOutcome::Delivered(..) => "delivered",
+            OutboxOutcome::Cancelled(..) => "cancelled",
             OutboxOutcome::Ended(..) => "ended",
             OutboxOutcome::Confirmed => "confirmed",
             OutboxOutcome::Unknown => "unknown",

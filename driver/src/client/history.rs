@@ -5,9 +5,10 @@ use std::time::SystemTime;
 
 use futures::{Stream, TryStreamExt};
 
-use super::{Call, Client, ClientError, first_column};
+use super::{Call, Client, ClientError, Owned, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
+use crate::topology::ShardId;
 
 const HISTORY: &str = "SELECT seq, event_type, payload, created_at FROM sheaf.history($1, $2, $3)";
 const APPEND_EVENT: &str = "SELECT sheaf.append_event($1, $2, $3)";
@@ -125,12 +126,30 @@ impl Client {
         payload: impl Into<Json>,
         signal_id: Option<&str>,
     ) -> Result<bool, ClientError> {
-        let call = self.by_execution(id);
+        let start = self.by_execution(id).shard;
+        Ok(self.signal_from(start, id, signal, payload, signal_id).await?.1)
+    }
+
+    /// [`signal`](Self::signal) sent to shard `start` first, following the
+    /// run's forwards: the shard that answered, and what it said.
+    pub(crate) async fn signal_from(
+        &self,
+        start: ShardId,
+        id: ExecutionId,
+        signal: &str,
+        payload: impl Into<Json>,
+        signal_id: Option<&str>,
+    ) -> Result<(ShardId, bool), ClientError> {
+        let call = Call {
+            shard: start,
+            owned: Owned::Execution(id),
+        };
         let payload = payload.into();
-        let rows = self
-            .query(&call, SIGNAL, &[&id.as_uuid(), &signal, &payload, &signal_id])
+        let (shard, rows) = self
+            .query_followed(&call, SIGNAL, &[&id.as_uuid(), &signal, &payload, &signal_id])
             .await?;
-        first_column(&call, &rows)
+        let call = Call { shard, ..call };
+        Ok((shard, first_column(&call, &rows)?))
     }
 }
 

@@ -70,7 +70,7 @@ pub use policy::{QueueConfig, QueueOptions};
 pub use rate_limits::{OverrideReport, RateLimitInfo};
 pub use rebalance::{
     Candidate, Drain, Erasure, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport, Phase, PhaseHook,
-    Progress, RebalanceOptions, STALL_AFTER, StalledMove,
+    Progress, RebalanceOptions, STALL_AFTER, StalledMove, Unsettled,
 };
 pub use relay::{ChildStart, CloseKind, RelayBacklog, RelayOutcome, RelayRow, ReportStatus};
 pub use reports::{GroupBy, KeyConcurrency, Report, Usage};

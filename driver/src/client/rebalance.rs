@@ -8,6 +8,7 @@
 //! on the source that `rebalance_resume` (or a worker's auto-resume,
 //! `settle_stalled`) finishes.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -15,6 +16,7 @@ use super::{Client, ClientError, Owned, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
+use sheaf_core::state::ExecutionState;
 
 const CANDIDATES: &str = "SELECT execution_id, workflow_name, workflow_id, state, history_bytes, blockers \
                           FROM sheaf.rebalance_candidates($1, $2)";
@@ -889,6 +891,7 @@ impl Client {
 }
 
 const SEALS: &str = "SELECT execution_id, moved_to, seal FROM sheaf.migration_seals($1, $2)";
+const ROWS_TO: &str = "SELECT child_id, parent_id, state FROM sheaf.relay_rows_to($1, $2, $3)";
 const ADOPT: &str = "SELECT sheaf.migration_adopt_seal($1)";
 
 /// What `Client::drain` did.
@@ -903,9 +906,31 @@ pub struct Drain {
     /// Seals handed to `forward_to`, so the ids it will receive keep
     /// resolving (none in a dry run).
     pub seals_adopted: usize,
+    /// What the relay still has to do on or for the shard, which its
+    /// retirement would lose: retire it only once this is empty too.
+    pub unsettled: Vec<Unsettled>,
+}
+
+/// Relay work a drained shard's retirement would lose (see
+/// [`Drain::unsettled`]): drain again once the relay has done it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unsettled {
+    /// The shard holding the record of it (a lifecycle or outbox row).
+    pub shard: ShardId,
+    /// The child it is about, if it is about one.
+    pub execution_id: Option<ExecutionId>,
+    /// What is still to happen.
+    pub reason: String,
 }
 
 impl Drain {
+    /// Whether the shard may be retired: no execution stayed and the
+    /// relay owes it nothing ([`Drain::unsettled`]).
+    pub fn is_complete(&self) -> bool {
+        self.stragglers().next().is_none() && self.unsettled.is_empty()
+    }
+
     /// The executions left on the shard (their reports say why).
     pub fn stragglers(&self) -> impl Iterator<Item = &MoveReport> {
         self.moves
@@ -972,11 +997,101 @@ impl Client {
         } else {
             self.hand_over_seals(leaving, forward_to).await?
         };
+        let mut unsettled = self.relay_rows_owed_to(leaving).await?;
+        unsettled.extend(self.relay_rows_owed_by(leaving).await?);
         Ok(Drain {
             moves,
             forward_to,
             seals_adopted,
+            unsettled,
         })
+    }
+
+    /// Lifecycle rows on the other shards that still need `leaving`: a
+    /// child start to happen there (a parent elsewhere asked for it), or
+    /// a child that ended there whose end its parent has not pulled yet.
+    /// A child that moved away is reached through the seals handed over;
+    /// one still live there is a straggler already.
+    async fn relay_rows_owed_to(&self, leaving: ShardId) -> Result<Vec<Unsettled>, ClientError> {
+        let ended_here: BTreeMap<ExecutionId, ExecutionState> = self
+            .links_on(leaving)
+            .await?
+            .into_iter()
+            .filter(|l| !l.state.is_active() && !l.state.is_migrating())
+            .map(|l| (l.execution_id, l.state))
+            .collect();
+        let mut owed = Vec::new();
+        let others: Vec<ShardId> = self
+            .topology()
+            .shards()
+            .map(|s| s.id)
+            .filter(|s| *s != leaving)
+            .collect();
+        for shard in others {
+            let mut after: Option<uuid::Uuid> = None;
+            loop {
+                let target = i32::from(leaving.get());
+                let (call, rows) = self
+                    .on_shard(shard, Owned::Shard, ROWS_TO, &[&target, &after, &PAGE])
+                    .await?;
+                for row in &rows {
+                    let read = || -> Result<(uuid::Uuid, uuid::Uuid, String), tokio_postgres::Error> {
+                        Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+                    };
+                    let (child, parent, state) = read().map_err(|e| call.error(e, 1))?;
+                    after = Some(child);
+                    let child = ExecutionId::from_uuid(child);
+                    let reason = if state == "STARTING" {
+                        format!(
+                            "child {child} of {parent} is still to be started on shard {leaving} (the relay of shard {shard} starts it)"
+                        )
+                    } else if let Some(ended) = ended_here.get(&child) {
+                        format!(
+                            "child {child} ended {ended} on shard {leaving}; its parent {parent} has not had its end yet (the relay of shard {shard} pulls it)"
+                        )
+                    } else {
+                        continue;
+                    };
+                    owed.push(Unsettled {
+                        shard,
+                        execution_id: Some(child),
+                        reason,
+                    });
+                }
+                if rows.len() < PAGE as usize {
+                    break;
+                }
+            }
+        }
+        Ok(owed)
+    }
+
+    /// What the relay still has to do from `leaving` itself: lifecycle
+    /// rows of its parents (starts, closes, ends to deliver) and outbox
+    /// rows (signals and cancels by key) not yet delivered.
+    async fn relay_rows_owed_by(&self, leaving: ShardId) -> Result<Vec<Unsettled>, ClientError> {
+        let mut owed = Vec::new();
+        let rows: i64 = self.relay_backlog(leaving).await?.iter().map(|b| b.rows).sum();
+        if rows > 0 {
+            owed.push(Unsettled {
+                shard: leaving,
+                execution_id: None,
+                reason: format!(
+                    "{rows} lifecycle row(s) of parents on shard {leaving} still to drive (child starts, closes or ends)"
+                ),
+            });
+        }
+        let rows: i64 = self.outbox_backlog(leaving).await?.iter().map(|b| b.rows).sum();
+        if rows > 0 {
+            owed.push(Unsettled {
+                shard: leaving,
+                execution_id: None,
+                reason: format!(
+                    "{rows} outbox row(s) on shard {leaving} still to deliver (signals or cancels by key)"
+                ),
+            });
+        }
+        Ok(owed)
     }
 
     /// Copies `leaving`'s seals that point elsewhere than `forward_to` onto

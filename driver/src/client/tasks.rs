@@ -163,9 +163,12 @@ impl Client {
             },
         };
         let opts = options.to_sql_opts();
-        let rows = self
-            .query(&call, ENQUEUE, &[&queue, payload, &opts, &options.run_at])
+        // A task of an execution that moved is enqueued where the run
+        // lives, after its seals' forwards: `shard` is that shard.
+        let (shard, rows) = self
+            .query_followed(&call, ENQUEUE, &[&queue, payload, &opts, &options.run_at])
             .await?;
+        let call = Call { shard, ..call };
         let id: uuid::Uuid = first_column(&call, &rows)?;
         Ok(Enqueued {
             task_id: TaskId::from_uuid(id),

@@ -148,8 +148,9 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
     }
 
     /// Enqueues one task in the transaction. A task of an execution must
-    /// be of an execution on this shard; a placement other than this shard
-    /// is refused ([`ClientError::BadRequest`]).
+    /// be of an execution living on this shard, wherever it was born (one
+    /// that moved away is [`ClientError::Moved`]); a placement other than
+    /// this shard is refused ([`ClientError::BadRequest`]).
     pub async fn enqueue(
         &self,
         queue: &str,
@@ -184,15 +185,11 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
                 payloads.len()
             )));
         }
+        // A task of an execution goes where the run lives, which its id
+        // does not say (it may have moved here, or away): the shard decides,
+        // refusing a run it does not hold (P0002) and one that moved away
+        // (ClientError::Moved, naming where it lives).
         self.check_placement(options.placement.as_ref())?;
-        if let Some(id) = options.execution
-            && id.shard() != Some(self.shard)
-        {
-            return Err(ClientError::BadRequest(format!(
-                "execution {id} is not on shard {}: its tasks go to its own shard",
-                self.shard
-            )));
-        }
         let call = Call {
             shard: self.shard,
             owned: match options.execution {

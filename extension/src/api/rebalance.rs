@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 use crate::base::args::{page_rows, required};
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
-use crate::workflow::migration;
+use crate::workflow::{migration, relay};
 
 /// The most rows one page of candidates or moves holds.
 const MAX_PAGE: i32 = 10_000;
@@ -308,4 +308,28 @@ fn migration_seals(
 fn migration_adopt_seal(seal: Option<Jsonb>) -> bool {
     let seal = required(seal, "seal").parse("seal");
     migration::adopt_seal(&seal)
+}
+
+/// The lifecycle rows on this shard whose child is, or is still to be
+/// started, on shard `target_shard`, in child id order after `after`, at
+/// most `max_rows` (1..10,000): a drain of that shard asks every other
+/// shard, since a child start still to happen there, or a child's end
+/// there not yet pulled, is lost once it is retired.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn relay_rows_to(
+    target_shard: Option<i32>,
+    after: default!(Option<pgrx::Uuid>, "NULL"),
+    max_rows: default!(Option<i32>, 1000),
+) -> TableIterator<
+    'static,
+    (
+        name!(child_id, pgrx::Uuid),
+        name!(parent_id, pgrx::Uuid),
+        name!(state, String),
+    ),
+> {
+    let target = shard_arg(target_shard, "target_shard");
+    let max_rows = page_rows(max_rows, MAX_PAGE);
+    TableIterator::new(relay::rows_to(target, after, max_rows))
 }

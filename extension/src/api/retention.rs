@@ -1,14 +1,18 @@
-//! Retention: `set_retention`, `retention`, and the relay's mark
-//! `relay_pulled`. `maintain` applies the policy.
+//! Retention: `set_retention`, `retention`, and the relay's marks
+//! `relay_pulled` and `seal_run_ended` (with `seals_due`). `maintain`
+//! applies the policy.
 
 use pgrx::prelude::*;
 use sheaf_core::retention::Retention;
 
-use crate::base::args::required;
+use crate::base::args::{page_rows, required};
 use crate::base::audit;
 use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::workflow::retention;
+
+/// The most seals one `seals_due` returns.
+const MAX_SEALS: i32 = 1000;
 
 /// Sets how long this shard keeps what has ended, and returns the whole
 /// policy: `{"executions": "30days", "dead_letters": "14days", "seals":
@@ -51,4 +55,26 @@ fn retention() -> pgrx::JsonB {
 fn relay_pulled(child_id: Option<pgrx::Uuid>) -> bool {
     let id = required(child_id, "child_id");
     retention::pulled(id)
+}
+
+/// Up to `max_rows` (1..1000) seals here past their `seals` window whose
+/// run the relay has not found ended yet, oldest move first: the relay
+/// follows each forward, and sends `seal_run_ended` for a run that ended
+/// (or is gone) where it lives. Retention deletes no seal before: it is
+/// the only forward for ids of this shard.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn seals_due(
+    max_rows: default!(Option<i32>, 100),
+) -> TableIterator<'static, (name!(execution_id, pgrx::Uuid), name!(moved_to, Option<i32>))> {
+    TableIterator::new(retention::seals_due(page_rows(max_rows, MAX_SEALS)))
+}
+
+/// The relay found seal `execution_id`'s run ended where it lives (or gone
+/// from there): retention may delete the seal once its window has passed.
+/// False if `execution_id` is not a seal here.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn seal_run_ended(execution_id: Option<pgrx::Uuid>) -> bool {
+    retention::seal_run_ended(required(execution_id, "execution_id"))
 }

@@ -198,9 +198,11 @@ pub type Listed = (
     Option<pgrx::datum::TimestampWithTimeZone>,
 );
 
-/// `parent`'s children on this shard after `after`, at most `max`.
+/// `parent`'s children on this shard after `after`, at most `max`. Not
+/// forwarded when the parent moved away: its children stay on the shards
+/// they were started on, so a shard holding only the parent's seal still
+/// lists its own (those starting elsewhere are listed where it lives).
 pub fn list(parent: pgrx::Uuid, after: Option<pgrx::Uuid>, max: i64) -> Vec<Listed> {
-    executions::forward_if_moved(parent);
     let after = after.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
     Spi::connect_mut(|client| {
         rows::all(
@@ -604,5 +606,26 @@ mod tests {
             count("SELECT count(*) FROM sheaf.cross_shard_children WHERE target_shard = 1"),
             0
         );
+    }
+
+    #[pg_test]
+    fn a_shard_holding_only_its_parents_seal_lists_its_children() {
+        init();
+        let (parent, ..) = start("p", "p-1", json!({}));
+        complete(&claim("default", 1)[0]);
+        let (child, ..) = start_child(parent, "c-1", json!({}));
+        // The parent moved away (its seal forwards to shard 2); the child
+        // it started here stays here.
+        Spi::run_with_args(
+            "UPDATE sheaf.executions SET state = 'MIGRATED', migrated_to_shard = 2, closed_at = now() WHERE id = $1",
+            &[parent.into()],
+        )
+        .unwrap();
+        let listed = Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT execution_id FROM sheaf.list_children($1)",
+            &[parent.into()],
+        )
+        .unwrap();
+        assert_eq!(listed, Some(child));
     }
 }

@@ -59,16 +59,20 @@ const HOLDER: Stmt = Stmt::read(
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
 );
 const LOCK_ROW: Stmt = Stmt::write(
-    "SELECT kind, state, workflow_name, workflow_id, delivered_to FROM outbox \
+    "SELECT kind, state, workflow_name, workflow_id, delivered_to, delivered_shard FROM outbox \
      WHERE outbox_id = $1 AND lease_token = $2 AND state <> 'DONE' FOR UPDATE",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
 );
 // Due again now: the confirming fan-out is the next sweep's.
 const CONFIRMING: Stmt = Stmt::write(
-    "UPDATE outbox SET state = 'CONFIRMING', delivered_to = $2, lease_token = NULL, attempts = 0, \
-            indeterminate = 0, indeterminate_since = NULL, last_error = NULL, due_at = now() \
+    "UPDATE outbox SET state = 'CONFIRMING', delivered_to = $2, delivered_shard = $3, lease_token = NULL, \
+            attempts = 0, indeterminate = 0, indeterminate_since = NULL, last_error = NULL, due_at = now() \
      WHERE outbox_id = $1",
-    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::UUIDOID],
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT4OID,
+    ],
 );
 // Indeterminate: retried, backing off as a failure does, min(n, 6) x 5 s.
 const INDETERMINATE: Stmt = Stmt::write(
@@ -237,7 +241,7 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
     let Some((sender, s, row)) = hold(id, token) else {
         return "stale";
     };
-    let (kind, state, name, workflow_id, delivered_to) = row;
+    let (kind, state, name, workflow_id, delivered_to, delivered_shard) = row;
     let kind = Kind::parse(&kind).unwrap_or(Kind::Signal);
     let confirming = state == "CONFIRMING";
     let finish = |event_type: &str, event: serde_json::Value| {
@@ -265,7 +269,11 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
             only(kind == Kind::Cancel, "cancelled", "a cancel");
             exec(
                 &CONFIRMING,
-                &[id.into(), pgrx::Uuid::from_bytes(t.execution_id).into()],
+                &[
+                    id.into(),
+                    pgrx::Uuid::from_bytes(t.execution_id).into(),
+                    i32::from(t.shard).into(),
+                ],
             );
             "released"
         }
@@ -282,9 +290,10 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
             }
         }
         // A confirming cancel's run gone from its shard confirms it too.
-        OutboxReport::Confirmed | OutboxReport::Unknown if confirming => {
-            finish("ExternalCancelDelivered", confirmed(id, delivered_to))
-        }
+        OutboxReport::Confirmed | OutboxReport::Unknown if confirming => finish(
+            "ExternalCancelDelivered",
+            confirmed(id, delivered_to, delivered_shard),
+        ),
         OutboxReport::Confirmed => {
             bad_argument("outcome", "confirmed is an outcome only for a confirming cancel")
         }
@@ -304,8 +313,9 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
     }
 }
 
-/// A row as `report` locks it: kind, state, name, workflow id, delivered to.
-type Held = (String, String, String, String, Option<pgrx::Uuid>);
+/// A row as `report` locks it: kind, state, name, workflow id, delivered
+/// to (the run, and the shard it lived on).
+type Held = (String, String, String, String, Option<pgrx::Uuid>, Option<i32>);
 
 /// Locks outbox row `id` if `token` is its lease (its sender's row first):
 /// the sender, its row if it still exists, and the outbox row.
@@ -333,14 +343,19 @@ fn target(id: pgrx::Uuid, t: &Target) -> serde_json::Value {
                        "shard": t.shard})
 }
 
-/// A confirmed cancel's `ExternalCancelDelivered`: the run it ended.
-fn confirmed(id: pgrx::Uuid, ended: Option<pgrx::Uuid>) -> serde_json::Value {
+/// A confirmed cancel's `ExternalCancelDelivered`: the run it ended, on
+/// the shard the relay's `cancelled` report named (where it lived; its
+/// id's shard only where it was born, the fallback for a row without one).
+fn confirmed(id: pgrx::Uuid, ended: Option<pgrx::Uuid>, shard: Option<i32>) -> serde_json::Value {
     let ended = ended.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
+    let shard = shard
+        .and_then(|s| u16::try_from(s).ok())
+        .unwrap_or_else(|| sheaf_core::id::shard_of(ended.as_bytes()));
     let mut event = target(
         id,
         &Target {
             execution_id: *ended.as_bytes(),
-            shard: sheaf_core::id::shard_of(ended.as_bytes()),
+            shard,
         },
     );
     event["state"] = ExecutionState::Cancelled.as_str().into();
@@ -490,18 +505,22 @@ mod tests {
         .unwrap();
         assert_eq!(events(sender, "ExternalCancelRequested"), 1);
         let token = take()[0].2;
-        let at = json!({"execution_id": target.to_string(), "shard": 1});
+        // The relay names where the run lives (here: as if it had moved to
+        // shard 7), which its id does not say.
+        let at = json!({"execution_id": target.to_string(), "shard": 7});
         assert_eq!(report(id, token, json!({"cancelled": at})), "released");
         assert_eq!(events(sender, "ExternalCancelDelivered"), 0, "withheld");
         let (_, st, token) = take()[0].clone();
         assert_eq!(st, "CONFIRMING");
         assert_eq!(report(id, token, json!({"confirmed": true})), "settled");
-        let cancelled = Spi::get_one_with_args::<bool>(
-            "SELECT (payload->>'cancelled')::boolean FROM sheaf.events WHERE execution_id = $1 AND event_type = 'ExternalCancelDelivered'",
+        let (cancelled, shard) = Spi::get_two_with_args::<bool, i32>(
+            "SELECT (payload->>'cancelled')::boolean, (payload->>'shard')::int FROM sheaf.events \
+             WHERE execution_id = $1 AND event_type = 'ExternalCancelDelivered'",
             &[sender.into()],
         )
         .unwrap();
         assert_eq!(cancelled, Some(true));
+        assert_eq!(shard, Some(7), "the shard the run lived on, not its id's");
     }
 
     #[pg_test]

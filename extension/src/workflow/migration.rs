@@ -217,7 +217,7 @@ const NOTE_ERROR: Stmt = Stmt::write(
     &[PgBuiltInOids::INT8OID, PgBuiltInOids::TEXTOID],
 );
 const SEAL: Stmt = Stmt::write(
-    "UPDATE executions SET state = 'MIGRATED', migrated_to_shard = $2 WHERE id = $1 \
+    "UPDATE executions SET state = 'MIGRATED', migrated_to_shard = $2, seal_released_at = NULL WHERE id = $1 \
      RETURNING history_bytes, quota_key",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT4OID],
 );
@@ -973,7 +973,8 @@ macro_rules! replaced_columns {
     () => {
         "workflow_name, workflow_id, state, seq, queue, input, result, error, parent_id, concurrency_key, \
          quota_key, paused_from, wake_at, search_attrs, history_bytes, last_event_seq, created_at, closed_at, \
-         migrated_to_shard, migrated_from_shards, replaced_seal, result_pulled_at, timeout_at, staged_by"
+         migrated_to_shard, migrated_from_shards, replaced_seal, result_pulled_at, timeout_at, staged_by, \
+         seal_released_at"
     };
 }
 const REPLACE_ROW: Stmt = Stmt::write(

@@ -119,6 +119,29 @@ const BACKLOG: Stmt = Stmt::read(
     &[],
 );
 
+// A drain's check: the lifecycle rows naming one target shard.
+const ROWS_TO: Stmt = Stmt::read(
+    "SELECT child_id, parent_id, state FROM cross_shard_children \
+     WHERE target_shard = $1 AND child_id > $2 ORDER BY child_id LIMIT $3",
+    &[
+        PgBuiltInOids::INT4OID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT8OID,
+    ],
+);
+
+/// The lifecycle rows here whose child is (or is to be) on shard
+/// `target`, after child `after`, at most `max`: (child, parent, state).
+pub fn rows_to(target: i32, after: Option<pgrx::Uuid>, max: i64) -> Vec<(pgrx::Uuid, pgrx::Uuid, String)> {
+    let after = after.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &ROWS_TO, &[target.into(), after.into(), max.into()]),
+            "listing lifecycle rows by target",
+        )
+    })
+}
+
 /// A group of lifecycle rows as `relay_backlog` returns it.
 pub type Backlog = (
     i32,

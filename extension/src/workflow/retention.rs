@@ -80,9 +80,12 @@ const ENDED_ARGS: &[PgBuiltInOids] = &[
 ];
 const ENDED_OTHERS: Stmt = Stmt::write(ended!("e.workflow_name <> ALL ($2)"), ENDED_ARGS);
 const ENDED_OF: Stmt = Stmt::write(ended!("e.workflow_name = ($2)[1]"), ENDED_ARGS);
+// A seal is the only forward for ids of this shard: deleted only once the
+// relay found its run ended where it lives (`seal_released_at`).
 const SEALS: Stmt = Stmt::write(
     "SELECT e.id FROM executions e \
      WHERE e.state = 'MIGRATED' AND e.closed_at < now() - make_interval(secs => $1) \
+       AND e.seal_released_at IS NOT NULL \
        AND NOT EXISTS (SELECT 1 FROM migrations m WHERE m.execution_id = e.id \
                        AND m.phase NOT IN ('DONE', 'ABORTED')) \
      ORDER BY e.closed_at LIMIT $2 FOR UPDATE OF e SKIP LOCKED",
@@ -209,6 +212,41 @@ pub fn prune(policy: &Retention, max: i64, hooks: &dyn ExecutionHooks) -> Pruned
         out.dead_letters += dead_letters::expire(secs, max, hooks);
     }
     out
+}
+
+// Seals past their window whose run the relay has yet to find ended.
+const SEALS_DUE: Stmt = Stmt::read(
+    "SELECT id, migrated_to_shard FROM executions \
+     WHERE state = 'MIGRATED' AND seal_released_at IS NULL AND closed_at < now() - make_interval(secs => $1) \
+     ORDER BY closed_at LIMIT $2",
+    &[PgBuiltInOids::FLOAT8OID, PgBuiltInOids::INT8OID],
+);
+const RELEASE: Stmt = Stmt::write(
+    "UPDATE executions SET seal_released_at = coalesce(seal_released_at, now()) \
+     WHERE id = $1 AND state = 'MIGRATED' RETURNING 1",
+    &[PgBuiltInOids::UUIDOID],
+);
+
+/// Up to `max` seals past the `seals` window whose run has not been found
+/// ended yet, oldest move first: (id, where it forwards). None while
+/// seals are kept forever.
+pub fn seals_due(max: i64) -> Vec<(pgrx::Uuid, Option<i32>)> {
+    let Some(secs) = policy().seals.secs() else {
+        return Vec::new();
+    };
+    Spi::connect_mut(|client| {
+        rows::all(
+            run(client, &SEALS_DUE, &[secs.into(), max.into()]),
+            "choosing seals to check",
+        )
+    })
+}
+
+/// The relay found seal `id`'s run ended where it lived (or gone from
+/// there): retention may delete the seal once its window has passed.
+/// Whether `id` is a seal here.
+pub fn seal_run_ended(id: pgrx::Uuid) -> bool {
+    Spi::connect_mut(|client| !run(client, &RELEASE, &[id.into()]).is_empty())
 }
 
 const PULLED: Stmt = Stmt::write(
@@ -406,6 +444,16 @@ mod tests {
         );
         assert!(exists(seal), "seals keep their own setting (forever here)");
         Spi::run(r#"SELECT sheaf.set_retention('{"seals": "30days"}')"#).unwrap();
+        // Its run may still live where it forwards: kept until the relay
+        // finds it ended there.
+        assert_eq!(maintain()["seals"], json!(0));
+        assert!(exists(seal), "a seal whose run may live is kept");
+        let due = Spi::get_one::<pgrx::Uuid>("SELECT execution_id FROM sheaf.seals_due()").unwrap();
+        assert_eq!(due, Some(seal));
+        let marked =
+            Spi::get_one_with_args::<bool>("SELECT sheaf.seal_run_ended($1)", &[seal.into()]).unwrap();
+        assert_eq!(marked, Some(true));
+        assert_eq!(count("SELECT count(*) FROM sheaf.seals_due()"), 0);
         assert_eq!(maintain()["seals"], json!(1));
         assert!(!exists(seal));
         let policy = Spi::get_one::<pgrx::JsonB>("SELECT sheaf.retention()")
