@@ -1174,3 +1174,45 @@ async fn a_seal_is_kept_while_its_run_lives() {
         .await
         .expect("the policy back");
 }
+
+/// A seal pointing at a shard since retired is followed through the
+/// forwards entry that replaced it: a run born on 0, moved to 1 and on to
+/// 2, whose origin's seal still points at 1 (its repoint to 2 not applied
+/// yet: set so from outside), is reached from its id once 1 is gone
+/// (`1=2`), where the call once failed on a shard the topology no longer
+/// has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seal_pointing_at_a_retired_shard_is_followed_by_its_forward() {
+    let c = client();
+    let (born, retired, home) = (sid(0), sid(1), sid(2));
+    let name = unique("res-retired");
+    let id = start_on(&c, born, &name, "r-1").await;
+    moved(&c, born, id, retired).await;
+    moved(&c, retired, id, home).await;
+    let origin = connect(fleet().get(born).expect("the origin")).await;
+    let stale = origin
+        .execute(
+            "UPDATE sheaf.executions SET migrated_to_shard = $2 WHERE id = $1 AND state = 'MIGRATED'",
+            &[&id.as_uuid(), &i32::from(retired.get())],
+        )
+        .await
+        .expect("a repoint undone from outside");
+    assert_eq!(stale, 1, "the origin's seal");
+    let without: Vec<&str> = fleet_spec()
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty() && !entry.starts_with(&format!("{}=", retired.get())))
+        .collect();
+    let topology = TopologyBuilder::from_spec(&without.join(","))
+        .expect("a spec")
+        .forward(u32::from(retired.get()), u32::from(home.get()))
+        .build()
+        .expect("a topology");
+    let r = Client::new(topology, PoolOptions::default()).expect("a client");
+    let e = r.get_execution(id).await.expect("a read").expect("found");
+    assert_eq!(e.shard, home, "reached where it lives");
+    assert!(
+        r.signal(id, "poke", json!({}), None).await.expect("a signal"),
+        "signalled there"
+    );
+}

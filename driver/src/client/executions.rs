@@ -261,7 +261,8 @@ impl Client {
             Err(ClientError::Moved { to, .. }) => {
                 let rows = self.query(&call, SEAL_OF, &[&name, &workflow_id]).await?;
                 let seal = ExecutionId::from_uuid(first_column::<uuid::Uuid>(&call, &rows)?);
-                let shard = self.signal_from(to, seal, signal, payload, signal_id).await?.0;
+                let from = self.topology.serving(to);
+                let shard = self.signal_from(from, seal, signal, payload, signal_id).await?.0;
                 Ok(Started {
                     execution_id: seal,
                     shard,

@@ -306,7 +306,9 @@ impl Client {
                     }
                     hops += 1;
                     tracing::debug!(execution = %id, from = %shard, to = %to, "following a moved execution");
-                    call.shard = to;
+                    // A seal may point at a shard since retired: its
+                    // forwards entry names the shard holding its seals now.
+                    call.shard = self.topology.serving(to);
                 }
                 (result, _) => return result.map(|rows| (call.shard, rows)),
             }
