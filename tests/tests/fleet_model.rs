@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    ByKey, ChildPlacement, ClaimedTask, Client, EnqueueOptions, ExecutionId, MoveOutcome, Placement,
-    PoolOptions, RebalanceOptions, ShardId, StartOptions, TaskId, Topology, TopologyBuilder,
+    ByKey, ChildPlacement, ClaimedTask, Client, ClientError, EnqueueOptions, ExecutionId, MoveOutcome,
+    Placement, PoolOptions, RebalanceOptions, ShardId, StartOptions, TaskId, Topology, TopologyBuilder,
 };
 use sheaf_tests::{Rng, connect, until};
 use tokio::process::{Child, Command};
@@ -240,10 +240,18 @@ impl Model {
         }
     }
 
-    /// Whether retention may have deleted `id` (it ended before a sweep).
+    /// Whether retention may have deleted `id`: it ended before a sweep,
+    /// or its parent did (whose close may have ended it unseen).
     fn maybe_swept(&self, id: &ExecutionId) -> bool {
-        let ended = self.runs.get(id).and_then(|r| r.ended_at);
-        matches!((ended, self.last_sweep), (Some(e), Some(s)) if e <= s)
+        let (Some(sweep), Some(run)) = (self.last_sweep, self.runs.get(id)) else {
+            return false;
+        };
+        let parent_ended = || {
+            run.parent
+                .and_then(|p| self.runs.get(&p))
+                .and_then(|p| p.ended_at)
+        };
+        run.ended_at.or_else(parent_ended).is_some_and(|e| e <= sweep)
     }
 
     /// A finishing call on `marker`'s task failed: its outcome is unknown,
@@ -326,10 +334,18 @@ async fn end_everything(fleet: Fleet, c: &Client, m: &mut Model, op: usize) {
 async fn end_runs(c: &Client, m: &mut Model, op: usize, runs: Vec<ExecutionId>) -> Vec<ExecutionId> {
     let mut out = Vec::new();
     for id in runs {
-        until("a run to resolve", Duration::from_secs(60), async || {
-            c.get_execution(id).await.ok().flatten().is_some()
-        })
-        .await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while c.get_execution(id).await.ok().flatten().is_none() {
+            if m.maybe_swept(&id) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{id} never resolved\noperations:\n{}",
+                m.log.join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // A shard just restarted may still be short-circuited: retryable
         // refusals are asked again (conditions, not sleeps, end the wait).
         let mut outcome = None;
@@ -343,9 +359,11 @@ async fn end_runs(c: &Client, m: &mut Model, op: usize, runs: Vec<ExecutionId>) 
             }
         })
         .await;
-        // `false`: it ended meanwhile (its parent's parent_close).
+        // `false`: it ended meanwhile (its parent's parent_close); unknown:
+        // retention deleted it, which the model allows.
         let ended = match outcome {
             Some(Ok(ended)) => ended,
+            Some(Err(ClientError::UnknownExecution { .. })) if m.maybe_swept(&id) => false,
             Some(Err(e)) => panic!("completing {id}: {e}\noperations:\n{}", m.log.join("\n")),
             None => false,
         };
