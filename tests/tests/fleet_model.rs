@@ -626,10 +626,29 @@ async fn op_cli_move_killed(c: &Client, rng: &mut Rng, m: &mut Model, fleet: Fle
     }
     let from = rng.below(u64::from(SHARDS)) as u16;
     let to = (from + 1 + rng.below(u64::from(SHARDS) - 1) as u16) % SHARDS;
+    let (from_s, to_s) = (from.to_string(), to.to_string());
+    let args = ["rebalance", "--from", &from_s, "--to", &to_s, "--limit", "1"];
+    let (phase, status) = killed_cli(rng, fleet, m, &args);
+    let resumed = resume(c, from).await;
+    Some(format!(
+        "cli move {from} -> {to} killed after {phase} ({status}); resumed after {resumed} looks"
+    ))
+}
+
+/// Runs the CLI (`args`, a 5 s lease) under the model's topology,
+/// SIGKILLed right after a random phase of its first move commits: that
+/// phase, and how it ended.
+fn killed_cli(
+    rng: &mut Rng,
+    fleet: Fleet,
+    m: &Model,
+    args: &[&str],
+) -> (&'static str, std::process::ExitStatus) {
     let phase = ["begun", "staged", "verified", "committed", "activated"][rng.below(5) as usize];
     let status = std::process::Command::new(sheaf_tests::cli_binary())
-        .args(["--actor", "fleet-model", "rebalance", "--from", &from.to_string()])
-        .args(["--to", &to.to_string(), "--limit", "1", "--lease", "5"])
+        .args(["--actor", "fleet-model"])
+        .args(args)
+        .args(["--lease", "5"])
         .envs(writable_env(fleet, m))
         .env("SHEAF_SHARDS", fleet.spec())
         .env_remove("SHEAF_TOPOLOGY_DIGEST")
@@ -637,10 +656,7 @@ async fn op_cli_move_killed(c: &Client, rng: &mut Rng, m: &mut Model, fleet: Fle
         .output()
         .expect("the CLI runs")
         .status;
-    let resumed = resume(c, from).await;
-    Some(format!(
-        "cli move {from} -> {to} killed after {phase} ({status}); resumed after {resumed} looks"
-    ))
+    (phase, status)
 }
 
 /// `SHEAF_WRITABLE` as the model's topology has it.
@@ -834,24 +850,7 @@ async fn op_drain(
         let leaving = rng.below(u64::from(SHARDS)) as u16;
         m.draining = Some(leaving);
         *c = Arc::new(Client::new(fleet.draining(leaving), PoolOptions::default()).expect("a client"));
-        let phase = ["begun", "staged", "verified", "committed", "activated"][rng.below(5) as usize];
-        let status = std::process::Command::new(sheaf_tests::cli_binary())
-            .args([
-                "--actor",
-                "fleet-model",
-                "shard",
-                "drain",
-                &leaving.to_string(),
-                "--lease",
-                "5",
-            ])
-            .envs(writable_env(fleet, m))
-            .env("SHEAF_SHARDS", fleet.spec())
-            .env_remove("SHEAF_TOPOLOGY_DIGEST")
-            .env("SHEAF_TEST_KILL_AFTER", phase)
-            .output()
-            .expect("the CLI runs")
-            .status;
+        let (phase, status) = killed_cli(rng, fleet, m, &["shard", "drain", &leaving.to_string()]);
         let resumed = resume(c, leaving).await;
         // Producers retry the keys they hold: some are homed on the shard
         // that just stopped taking work.

@@ -53,6 +53,23 @@ fn count(events: &[String], kind: &str) -> usize {
     events.iter().filter(|e| *e == kind).count()
 }
 
+/// A relay over every shard, once it has started `child` (a child the
+/// relay starts on another shard than its parent's).
+async fn relay_started(c: &Arc<Client>, child: ExecutionId) -> Relay {
+    let relay = Relay::start(
+        c.clone(),
+        fleet().shards().map(|s| s.id).collect(),
+        RelayOptions::default(),
+    );
+    until(
+        "the relay to start the child",
+        Duration::from_secs(20),
+        async || c.get_execution(child).await.ok().flatten().is_some(),
+    )
+    .await;
+    relay
+}
+
 /// The repro, in SQL on the parent's new home: a child started
 /// there with the default placement reports its end to its parent, once,
 /// in its own terminal transaction (no relay runs in this test).
@@ -127,17 +144,7 @@ async fn children_of_a_moved_parent_follow_its_residence() {
         .await
         .expect("a child on a third shard");
     assert_eq!(remote.shard, third);
-    let relay = Relay::start(
-        c.clone(),
-        fleet().shards().map(|s| s.id).collect(),
-        RelayOptions::default(),
-    );
-    until(
-        "the relay starts the remote child",
-        Duration::from_secs(20),
-        async || c.get_execution(remote.child_id).await.ok().flatten().is_some(),
-    )
-    .await;
+    let relay = relay_started(&c, remote.child_id).await;
     assert!(
         c.complete_execution(local.child_id, json!({"n": 1}))
             .await
@@ -950,17 +957,7 @@ async fn a_repeated_child_start_reports_where_the_child_lives() {
         .start_child(parent, "res-child", &key, json!({}), ChildPlacement::Shard(first))
         .await
         .expect("a child elsewhere");
-    let relay = Relay::start(
-        c.clone(),
-        fleet().shards().map(|s| s.id).collect(),
-        RelayOptions::default(),
-    );
-    until(
-        "the relay starts the child",
-        Duration::from_secs(20),
-        async || c.get_execution(child.child_id).await.ok().flatten().is_some(),
-    )
-    .await;
+    let relay = relay_started(&c, child.child_id).await;
     relay.shutdown().await;
     moved(&c, first, child.child_id, home).await;
     let again = c
