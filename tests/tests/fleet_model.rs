@@ -63,21 +63,22 @@ const MODEL: Fleet = Fleet {
 };
 /// The long form's parallel fleets (`SHEAF_MODEL_FLEET=1..3`): several
 /// processes, each over a fleet of its own, overlap their waits for lapsed
-/// leases.
+/// leases. Their ports (base + 10 × major) stay clear of the benchmarks'
+/// clusters (claim 26150, ui from 26100).
 const LONG_FORM: [Fleet; 3] = [
     Fleet {
         name: "model-1",
-        base_port: 26000,
+        base_port: 26400,
         spec: &MODEL_SPEC,
     },
     Fleet {
         name: "model-2",
-        base_port: 26100,
+        base_port: 26500,
         spec: &MODEL_SPEC,
     },
     Fleet {
         name: "model-3",
-        base_port: 26200,
+        base_port: 26600,
         spec: &MODEL_SPEC,
     },
 ];
