@@ -8,6 +8,7 @@
 #![allow(clippy::type_complexity)]
 
 mod audit;
+mod budget;
 mod cancel;
 mod caps;
 mod catalog;

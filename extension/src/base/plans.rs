@@ -44,12 +44,31 @@ thread_local! {
     static PLANS: RefCell<HashMap<usize, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
+#[cfg(any(test, feature = "pg_test"))]
+thread_local! {
+    /// The statements this backend ran, for the budget test (`api::budget`).
+    static RAN: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Notes a statement run, in a test build; nothing otherwise.
+fn note(_sql: &str) {
+    #[cfg(any(test, feature = "pg_test"))]
+    RAN.with(|r| r.borrow_mut().push(_sql.to_owned()));
+}
+
+/// The statements run since the last call, in order (a test build only).
+#[cfg(any(test, feature = "pg_test"))]
+pub fn take_ran() -> Vec<String> {
+    RAN.with(|r| std::mem::take(&mut *r.borrow_mut()))
+}
+
 /// Runs `stmt` with `args` through its kept plan, preparing it on first use.
 pub fn run<'conn>(
     client: &mut SpiClient<'conn>,
     stmt: &Stmt,
     args: &[DatumWithOid<'_>],
 ) -> SpiTupleTable<'conn> {
+    note(stmt.sql);
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();
         let key = stmt.sql.as_ptr() as usize;
@@ -81,6 +100,7 @@ pub fn select_once<'conn>(
     sql: &str,
     args: &[DatumWithOid<'_>],
 ) -> SpiTupleTable<'conn> {
+    note(sql);
     let _settings = PlannerSettings::apply(true);
     client.select(sql, None, args).or_internal("running a listing")
 }

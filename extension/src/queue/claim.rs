@@ -4,7 +4,7 @@
 //! static index keys, and future tasks wait outside it.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
@@ -107,6 +107,26 @@ macro_rules! lock_in_order {
         )
     };
 }
+/// The rows of the bands of priorities of `fl` from their floors, in
+/// order, locked, unless a band of `fl` is an aging one.
+macro_rules! in_bands {
+    () => {
+        concat!(
+            "SELECT p.ctid FROM fl CROSS JOIN LATERAL (\
+               SELECT r.ctid FROM ready r \
+               WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
+               ORDER BY r.k1, r.k2, r.seq LIMIT $2 FOR UPDATE SKIP LOCKED) p \
+             WHERE NOT ",
+            ages!()
+        )
+    };
+}
+/// The band a claimed row `g` was taken from.
+macro_rules! band_of {
+    () => {
+        "coalesce(g.aging_band, (SELECT min(fl.band) FROM fl WHERE fl.band >= g.k1))"
+    };
+}
 const CLAIM_ARGS: &[PgBuiltInOids] = &[
     PgBuiltInOids::TEXTOID,
     PgBuiltInOids::INT8OID,
@@ -141,23 +161,43 @@ const CLAIMS: [Stmt; 2] = [
                     merged!("16 * ($2 + 2)", "(SELECT count(*) FROM cand) = $2 + 2"),
                     " OFFSET $2 + 2) x"
                 )),
-                ") UNION ALL (\
-                 SELECT p.ctid FROM fl CROSS JOIN LATERAL (\
-                   SELECT r.ctid FROM ready r \
-                   WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
-                   ORDER BY r.k1, r.k2, r.seq LIMIT $2 FOR UPDATE SKIP LOCKED) p \
-                 WHERE NOT ",
-                ages!(),
+                ") UNION ALL (",
+                in_bands!(),
                 ") LIMIT $2"
             ),
             ", aging_band",
-            "coalesce(g.aging_band, (SELECT min(fl.band) FROM fl WHERE fl.band >= g.k1))",
+            band_of!(),
             // A catalog with floors has the claim time too (both 0.2.0).
             ", claimed_at = now()"
         ),
         CLAIM_ARGS,
     ),
 ];
+/// The claim of a queue whose floors have no aging band (every queue but an
+/// aging one, and one switched off aging whose old rows are gone): band by
+/// band, without the merge, whose plan is most of the full claim's and costs
+/// to start even where it reads nothing. With an aging band among the
+/// floors it takes nothing, and the full claim runs (`claim_once`).
+const IN_BANDS: Stmt = Stmt::write(
+    claim!(
+        concat!(floor::floors!(), ", "),
+        concat!(in_bands!(), " LIMIT $2"),
+        ", aging_band",
+        band_of!(),
+        ", claimed_at = now()"
+    ),
+    CLAIM_ARGS,
+);
+// Whether a queue has a floor of an aging band: the full claim's merge is
+// needed (`IN_BANDS` took nothing because of one, or the queue ages).
+const AGES: Stmt = Stmt::read(
+    concat!(
+        "SELECT EXISTS (SELECT 1 FROM ready_floors f WHERE f.queue = $1 AND ",
+        floor::aging!("f.band"),
+        ")"
+    ),
+    &[PgBuiltInOids::TEXTOID],
+);
 // Whether a sweep has anything to do: one read, where promotion and reaping
 // would each run a locking scan. `[whole, since $2]` (epoch seconds).
 const SWEEP_PROBE: [Stmt; 2] = [
@@ -198,6 +238,8 @@ struct Swept {
 }
 
 thread_local! {
+    /// Queues whose claims merge aging bands, as this backend last saw.
+    static MERGING: RefCell<HashSet<String>> = RefCell::new(HashSet::new());
     static LAST_SWEEP: RefCell<HashMap<String, Swept>> = RefCell::new(HashMap::new());
 }
 
@@ -251,10 +293,52 @@ pub fn claim(
 type ClaimedRow = (Claimed, f64, f64, i64, f64);
 
 fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<ClaimedRow> {
+    if !floor::enabled() {
+        return claim_with(&CLAIMS[0], queue, batch, worker, lease_secs);
+    }
+    if !MERGING.with(|m| m.borrow().contains(queue)) {
+        let mut rows = claim_with(&IN_BANDS, queue, batch, worker, lease_secs);
+        if rows.len() as i32 == batch || !ages(queue) {
+            return rows;
+        }
+        MERGING.with(|m| {
+            let mut m = m.borrow_mut();
+            if m.len() >= COUNTED_SWEEPS {
+                m.clear();
+            }
+            m.insert(queue.to_owned());
+        });
+        rows.extend(claim_with(
+            &CLAIMS[1],
+            queue,
+            batch - rows.len() as i32,
+            worker,
+            lease_secs,
+        ));
+        return rows;
+    }
+    let rows = claim_with(&CLAIMS[1], queue, batch, worker, lease_secs);
+    // Rows, none of an aging band: the merge is likely over (a queue
+    // switched off aging has claimed its old rows); the next claim tries
+    // without it, and comes back here if it was not.
+    if !rows.is_empty() && !rows.iter().any(|r| floor::is_aging(r.4)) {
+        MERGING.with(|m| m.borrow_mut().remove(queue));
+    }
+    rows
+}
+
+/// Whether `queue` has a floor of an aging band.
+fn ages(queue: &str) -> bool {
+    Spi::connect_mut(|client| {
+        rows::only_value(run(client, &AGES, &[queue.into()]), "reading a queue's floors")
+    })
+}
+
+fn claim_with(stmt: &Stmt, queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<ClaimedRow> {
     Spi::connect_mut(|client| {
         run(
             client,
-            &CLAIMS[floor::enabled() as usize],
+            stmt,
             &[
                 queue.into(),
                 (batch as i64).into(),

@@ -45,6 +45,10 @@ macro_rules! aging {
     };
 }
 pub(crate) use aging;
+/// `aging!` in Rust: whether a claimed row's band is an aging one.
+pub fn is_aging(band: f64) -> bool {
+    band < -1e14
+}
 
 /// The ready rows of band `fl.band` of queue `$1` from its floor (`fl`:
 /// band, k1, k2, seq), in claim order, at most `$limit`, as `$cols` of
