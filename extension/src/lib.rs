@@ -40,6 +40,7 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a backend runs one thread; nothing reads the environment
     // concurrently.
     unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    queue::claim::define_settings();
 }
 
 mod api;

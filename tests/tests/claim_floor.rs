@@ -3,7 +3,8 @@
 //! that advance it race everything that readies a task below it.
 //!
 //! On one queue, for `CHAOS` seconds:
-//! - two claimers (READ COMMITTED, so they advance the floor) take batches
+//! - two claimers (READ COMMITTED, so they advance the floor), one seeking
+//!   from the floors and one from the head of the queue, take batches
 //!   and complete them, or roll the claim back, or release the tasks (ready
 //!   again at their old keys, below the floor), or fail them with a short
 //!   retry (promoted again later), or dead-letter and redrive them;
@@ -16,7 +17,8 @@
 //!   every ready row);
 //! - a reference claimer, in REPEATABLE READ so that two statements share a
 //!   snapshot: it locks the first ready rows in claim order by reading the
-//!   whole queue with no floor (the reference order), then claims, and the
+//!   whole queue with no floor (the reference order), then claims (from the
+//!   floors or from the head, at random), and the
 //!   claim must return exactly those rows in that order;
 //! - an invariant watcher: in every snapshot, every ready row of the queue is
 //!   reachable by the claim (a floor row of some band b at or below it, with
@@ -61,9 +63,20 @@ async fn claim(db: &Client, queue: &str, worker: &str, n: i32) -> Vec<(Uuid, i64
     ledger::claim(db, queue, worker, n, OnDeadlock::Fail).await
 }
 
-async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
+/// Makes the claims of `db` seek from the floors always (`floors`), or
+/// from the head of the queue unless the xmin horizon lags (the default;
+/// in this test it does not lag for long): both claims run concurrently.
+async fn seek_from_floors(db: &Client, floors: bool) {
+    let lag = if floors { 0 } else { 10_000 };
+    db.batch_execute(&format!("SET sheaf.claim_floors_at_lag = {lag}"))
+        .await
+        .unwrap();
+}
+
+async fn claimer(queue: String, worker: String, floors: bool, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
     let shard = fleet().shards().next().unwrap();
     let db = connect(shard).await;
+    seek_from_floors(&db, floors).await;
     let mut rng = Rng::new(seed);
     while !stop.load(Ordering::Relaxed) {
         let n = 1 + rng.below(8) as i32;
@@ -175,6 +188,7 @@ async fn reference_claimer(queue: String, rec: Shared, stop: Arc<AtomicBool>, se
     let mut rng = Rng::new(seed);
     while !stop.load(Ordering::Relaxed) {
         let n = 1 + rng.below(4) as i64;
+        seek_from_floors(&db, rng.below(2) == 0).await;
         db.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             .await
             .unwrap();
@@ -343,6 +357,7 @@ async fn the_claim_order_holds_while_the_floor_moves() {
         tasks.push(tokio::spawn(claimer(
             queue.clone(),
             format!("claimer-{i}"),
+            i == 0,
             rec.clone(),
             stop.clone(),
             rng.next_u64(),
@@ -402,4 +417,64 @@ fn check(rec: &Record, seed: u64) {
         rec.ledger.enqueued.len(),
         rec.reference_claims
     );
+}
+
+/// Index scans of `ready_floors` in the open transaction of `db`.
+async fn floor_reads(db: &Client) -> i64 {
+    db.query_one(
+        "SELECT coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables \
+         WHERE schemaname = 'sheaf' AND relname = 'ready_floors'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Whether one claim of `queue` on `db` read the floors.
+async fn claim_reads_floors(db: &Client, queue: &str) -> bool {
+    db.batch_execute("BEGIN").await.unwrap();
+    let before = floor_reads(db).await;
+    let got = claim(db, queue, "w", 1).await;
+    let after = floor_reads(db).await;
+    db.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(got.len(), 1, "a task to claim");
+    after > before
+}
+
+/// Claims seek from the head of the queue while nothing holds the xmin
+/// horizon back, and from the floors once a snapshot held open lets it lag
+/// `sheaf.claim_floors_at_lag` transactions behind.
+#[tokio::test]
+async fn claims_seek_from_the_floors_once_a_held_snapshot_lags() {
+    let queue = unique("lag");
+    let shard = fleet().shards().next().unwrap();
+    let (db, holder, burner) = (connect(shard).await, connect(shard).await, connect(shard).await);
+    db.execute("SELECT sheaf.enqueue($1, '{}')", &[&queue])
+        .await
+        .unwrap();
+    db.batch_execute("SET sheaf.claim_floors_at_lag = 2000000000")
+        .await
+        .unwrap();
+    assert!(!claim_reads_floors(&db, &queue).await, "no lag: from the head");
+    db.batch_execute("SET sheaf.claim_floors_at_lag = 0")
+        .await
+        .unwrap();
+    assert!(claim_reads_floors(&db, &queue).await, "0: always from the floors");
+
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        burner.batch_execute("SELECT pg_current_xact_id()").await.unwrap();
+    }
+    db.batch_execute("SET sheaf.claim_floors_at_lag = 10")
+        .await
+        .unwrap();
+    assert!(
+        claim_reads_floors(&db, &queue).await,
+        "a lag of 20 or more: from the floors"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
 }

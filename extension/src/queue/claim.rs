@@ -3,10 +3,11 @@
 //! concurrency key is full is not in the ready set, aging and fairness are
 //! static index keys, and future tasks wait outside it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 use crate::base::jsonb::Jsonb;
@@ -188,6 +189,48 @@ const IN_BANDS: Stmt = Stmt::write(
     ),
     CLAIM_ARGS,
 );
+/// The claim from the head of the queue's range on `ready_claim`, in claim
+/// order (every ready row has its key there, aging or not), without reading
+/// the floors: while no snapshot holds back the xmin horizon, a claim's
+/// seek meets few dead entries (each scan marks the ones it passes once
+/// they are dead to everyone), and reading the floors cost more than the
+/// seek they save (`seek_from_floors`). The floors are still kept (every
+/// claim counts towards an advance), so a claim can start from them at
+/// any time. Each row's band is its own (`floor::band!`).
+const AT_HEAD: Stmt = Stmt::write(
+    claim!(
+        "",
+        "SELECT ctid FROM ready WHERE queue = $1 ORDER BY k1, k2, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+        ", aging_band",
+        "coalesce(g.aging_band, g.k1)",
+        ", claimed_at = now()"
+    ),
+    CLAIM_ARGS,
+);
+/// `sheaf.claim_floors_at_lag`: how many transactions the xmin horizon may
+/// lag behind before claims seek from the floors (0: always).
+pub static FLOORS_AT_LAG: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// How long after the horizon last lagged a backend still seeks from the
+/// floors: the entries a held snapshot kept are in `ready_claim` until a
+/// vacuum, or a scan passing each of them, removes or marks them.
+const FLOORS_AFTER_LAG: Duration = Duration::from_secs(30);
+
+/// Registers the claim's setting (from `_PG_init`).
+pub fn define_settings() {
+    GucRegistry::define_int_guc(
+        c"sheaf.claim_floors_at_lag",
+        c"Transactions the xmin horizon may lag behind before claims seek from the claim floors.",
+        c"While a snapshot held open keeps the horizon back, every claim would step over the dead entries of \
+          everything claimed since; past this lag (and for 30 s after it) claims start their seeks from the \
+          claim floors instead. 0: always from the floors.",
+        &FLOORS_AT_LAG,
+        0,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+}
+
 // Whether a queue has a floor of an aging band: the full claim's merge is
 // needed (`IN_BANDS` took nothing because of one, or the queue ages).
 const AGES: Stmt = Stmt::read(
@@ -238,6 +281,8 @@ struct Swept {
 }
 
 thread_local! {
+    /// When this backend last saw the xmin horizon lag (`seek_from_floors`).
+    static LAGGED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
     /// Queues whose claims merge aging bands, as this backend last saw.
     static MERGING: RefCell<HashSet<String>> = RefCell::new(HashSet::new());
     static LAST_SWEEP: RefCell<HashMap<String, Swept>> = RefCell::new(HashMap::new());
@@ -296,6 +341,9 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<Cla
     if !floor::enabled() {
         return claim_with(&CLAIMS[0], queue, batch, worker, lease_secs);
     }
+    if !seek_from_floors() {
+        return claim_with(&AT_HEAD, queue, batch, worker, lease_secs);
+    }
     if !MERGING.with(|m| m.borrow().contains(queue)) {
         let mut rows = claim_with(&IN_BANDS, queue, batch, worker, lease_secs);
         if rows.len() as i32 == batch || !ages(queue) {
@@ -325,6 +373,30 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<Cla
         MERGING.with(|m| m.borrow_mut().remove(queue));
     }
     rows
+}
+
+/// Whether claims seek from the floors: while the xmin horizon lags
+/// `sheaf.claim_floors_at_lag` transactions or more behind, and for
+/// `FLOORS_AFTER_LAG` after.
+fn seek_from_floors() -> bool {
+    let at = FLOORS_AT_LAG.get();
+    if at == 0 {
+        return true;
+    }
+    // SAFETY: both read shared transaction state under its own locks. The
+    // horizon is the one for shared catalogs, the oldest of all: a
+    // snapshot held in another database counts too, which only makes the
+    // floors come sooner.
+    let lag = unsafe {
+        let next = pg_sys::ReadNextFullTransactionId().value as u32;
+        let horizon = pg_sys::GetOldestNonRemovableTransactionId(std::ptr::null_mut());
+        next.wrapping_sub(horizon.into_inner())
+    };
+    if lag >= at as u32 {
+        LAGGED_AT.set(Some(Instant::now()));
+        return true;
+    }
+    LAGGED_AT.get().is_some_and(|t| t.elapsed() < FLOORS_AFTER_LAG)
 }
 
 /// Whether `queue` has a floor of an aging band.
