@@ -51,6 +51,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.claim(text, text, integer, interval),
     @extschema@.complete(uuid, bigint, jsonb),
     @extschema@.complete_batch(uuid[], bigint[]),
+    @extschema@.complete_and_claim(text, text, uuid[], bigint[], integer, interval),
     @extschema@.fail(uuid, bigint, text, interval),
     @extschema@.release(uuid, bigint),
     @extschema@.snooze(uuid, bigint, interval),

@@ -1471,3 +1471,26 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'cancel_pending_start_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.cancel_pending_start(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.cancel_pending_start(text, text, text) TO sheaf_admin;
+CREATE FUNCTION "complete_and_claim"(
+	"queue" TEXT,
+	"worker" TEXT,
+	"task_ids" uuid[],
+	"tokens" bigint[],
+	"batch" INT DEFAULT 1,
+	"lease" interval DEFAULT '30 seconds'
+) RETURNS TABLE (
+	"task_id" uuid,
+	"completed" bool,
+	"token" bigint,
+	"payload" jsonb,
+	"attempt" INT,
+	"execution_id" uuid,
+	"concurrency_key" TEXT,
+	"kind" TEXT
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'complete_and_claim_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.complete_and_claim(text, text, uuid[], bigint[], integer, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.complete_and_claim(text, text, uuid[], bigint[], integer, interval) TO sheaf_worker;

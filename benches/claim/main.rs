@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! cargo run --release -p sheaf-benches --bin claim-bench -- modes      # every mode, 1K..1M, 16 rounds of 1 s windows
+//! cargo run --release -p sheaf-benches --bin claim-bench -- modes --modes plain --commit async
 //! cargo run --release -p sheaf-benches --bin claim-bench -- batch      # batch 100 vs single
 //! cargo run --release -p sheaf-benches --bin claim-bench -- steady --minutes 10
 //! cargo run --release -p sheaf-benches --bin claim-bench -- snapshot --secs 60 --modes plain --depths 1000
@@ -84,6 +85,9 @@ enum Cmd {
         /// latencies are pooled.
         #[arg(long, default_value_t = 16)]
         rounds: usize,
+        /// How the measured clients commit.
+        #[arg(long, value_enum, default_value = "durable")]
+        commit: Commit,
     },
     /// Throughput of claim/complete in batches of 100 vs one at a time.
     Batch {
@@ -132,6 +136,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             modes,
             secs,
             rounds,
+            commit,
         } => {
             let modes = modes.unwrap_or_else(|| Mode::value_variants().to_vec());
             run_modes(
@@ -143,6 +148,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rounds.max(1),
                 clients,
                 1,
+                commit,
             )
             .await?
         }
@@ -157,6 +163,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 1,
                 2,
                 100,
+                Commit::Durable,
             )
             .await?;
             let opts = gates::Opts {
@@ -434,6 +441,7 @@ async fn run_modes(
     rounds: usize,
     clients: usize,
     shrink: i64,
+    commit: Commit,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let reference = reference_url(url);
     let ref_admin = create_reference(admin, url).await?;
@@ -454,9 +462,9 @@ async fn run_modes(
         systems::reset(admin, mode, shrink).await?;
         systems::reset(&ref_admin, mode, shrink).await?;
         systems::fill(&ref_admin, mode, depths[0]).await?;
-        let mut sheaf = Pool::open(url, System::Sheaf, mode, clients).await?;
-        let mut text = Pool::open(url, System::Textbook, mode, clients).await?;
-        let mut refq = Pool::open(&reference, System::Sheaf, mode, clients).await?;
+        let mut sheaf = Pool::open_with(url, System::Sheaf, mode, clients, commit).await?;
+        let mut text = Pool::open_with(url, System::Textbook, mode, clients, commit).await?;
+        let mut refq = Pool::open_with(&reference, System::Sheaf, mode, clients, commit).await?;
         let mut filled = 0;
         let mut first_p50 = None;
         let mut last = None;

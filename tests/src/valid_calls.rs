@@ -147,6 +147,21 @@ pub const VALID_CALLS: &[ValidCall] = &[
         ],
     ),
     call(
+        "sheaf.complete_and_claim(text, text, uuid[], bigint[], integer, interval)",
+        &[
+            "SELECT sheaf.enqueue_batch('vc_complete_and_claim', ARRAY['{}', '{}']::jsonb[], '{}')",
+            "CREATE TEMP TABLE vc_complete_and_claim AS SELECT task_id, token FROM sheaf.claim('vc_complete_and_claim', 'vc_worker', 1, '5 minutes')",
+        ],
+        &[
+            "'vc_complete_and_claim'",
+            "'vc_worker'",
+            "ARRAY(SELECT task_id FROM vc_complete_and_claim)",
+            "ARRAY(SELECT token FROM vc_complete_and_claim)",
+            "1",
+            "'5 minutes'",
+        ],
+    ),
+    call(
         "sheaf.fail(uuid, bigint, text, interval)",
         &[
             "SELECT sheaf.enqueue('vc_fail', '{}', '{}')",

@@ -661,6 +661,51 @@ async fn payloads_keep_every_digit_through_the_client() {
     assert!(back.contains("1.50"), "{back}");
 }
 
+/// A worker's steady state in one call: the first call only claims, the
+/// next completes what it was given and claims the rest; a stale token is
+/// reported `false` without stopping the claim, and every task is done
+/// once.
+#[tokio::test]
+async fn complete_and_claim_finishes_a_batch_and_claims_the_next() {
+    let client = client();
+    let queue = unique("fused");
+    let options = EnqueueOptions::new().placement(Placement::Shard(sid(0)));
+    let sent = client
+        .enqueue_batch(&queue, (0..5).map(|i| json!({ "n": i })), options)
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(30);
+    let (done, first) = client
+        .complete_and_claim(sent.shard, &queue, "fused-test", &[], 3, lease)
+        .await
+        .unwrap();
+    assert!(done.is_empty());
+    assert_eq!(first.len(), 3);
+    let mut finished: Vec<(TaskId, i64)> = first.iter().map(|t| (t.task_id, t.token)).collect();
+    finished[1].1 += 1; // a lease lost meanwhile
+    let (done, next) = client
+        .complete_and_claim(sent.shard, &queue, "fused-test", &finished, 3, lease)
+        .await
+        .unwrap();
+    let expect: Vec<(TaskId, bool)> = finished.iter().enumerate().map(|(i, t)| (t.0, i != 1)).collect();
+    assert_eq!(done, expect, "each finished task in input order");
+    assert_eq!(next.len(), 2, "the two tasks left");
+    let mut rest: Vec<(TaskId, i64)> = next.iter().map(|t| (t.task_id, t.token)).collect();
+    rest.push((first[1].task_id, first[1].token));
+    let (done, none) = client
+        .complete_and_claim(sent.shard, &queue, "fused-test", &rest, 3, lease)
+        .await
+        .unwrap();
+    assert!(done.iter().all(|d| d.1), "{done:?}");
+    assert!(none.is_empty());
+    let ids: std::collections::BTreeSet<TaskId> = first.iter().chain(&next).map(|t| t.task_id).collect();
+    assert_eq!(
+        ids,
+        sent.task_ids.iter().copied().collect(),
+        "each task claimed once"
+    );
+}
+
 /// A task with no affinity goes to a shard that can take it now: with one
 /// of four shards down, every enqueue lands on the other three (it used to
 /// fail whenever the random pick was the dead one). With every shard down

@@ -16,6 +16,8 @@ const ENQUEUE: &str = "SELECT sheaf.enqueue($1, $2, $3 || jsonb_build_object('ru
 const FIND_TASK: &str = "SELECT sheaf.find_task($1, $2)";
 const CLAIM: &str = "SELECT task_id, token, payload, attempt, execution_id, concurrency_key, kind \
      FROM sheaf.claim($1, $2, $3, make_interval(secs => $4))";
+const COMPLETE_AND_CLAIM: &str = "SELECT task_id, completed, token, payload, attempt, execution_id, concurrency_key, kind \
+     FROM sheaf.complete_and_claim($1, $2, $3, $4, $5, make_interval(secs => $6))";
 const COMPLETE: &str = "SELECT sheaf.complete($1, $2, $3)";
 const FAIL: &str = "SELECT retry_at, dead_lettered FROM sheaf.fail($1, $2, $3, make_interval(secs => $4))";
 const HEARTBEAT: &str = "SELECT sheaf.heartbeat($1, $2)";
@@ -236,6 +238,64 @@ impl Client {
             .collect::<Result<Vec<_>, ClientError>>()?;
         self.metrics.claimed(shard, tasks.len());
         Ok(tasks)
+    }
+
+    /// Completes `finished` (tasks claimed on `shard`, each with the token
+    /// of its claim; none on a worker's first call), then claims up to
+    /// `batch` tasks of `queue` there under `lease`: one round trip and one
+    /// transaction. Whether each finished task completed (`false`: a stale
+    /// token, that task left alone), in input order, and the tasks claimed.
+    /// No result is recorded: complete a workflow's task with
+    /// [`Client::complete`].
+    pub async fn complete_and_claim(
+        &self,
+        shard: ShardId,
+        queue: &str,
+        worker: &str,
+        finished: &[(TaskId, i64)],
+        batch: i32,
+        lease: Duration,
+    ) -> Result<(Vec<(TaskId, bool)>, Vec<ClaimedTask>), ClientError> {
+        if finished.len() > super::batch::MAX_BATCH {
+            return Err(ClientError::BadRequest(format!(
+                "at most {} finished tasks per call, got {}",
+                super::batch::MAX_BATCH,
+                finished.len()
+            )));
+        }
+        let call = Call {
+            shard,
+            owned: Owned::Queue(queue.to_owned()),
+        };
+        let ids: Vec<uuid::Uuid> = finished.iter().map(|(id, _)| id.as_uuid()).collect();
+        let tokens: Vec<i64> = finished.iter().map(|(_, token)| *token).collect();
+        let started = std::time::Instant::now();
+        let rows = self
+            .query(
+                &call,
+                COMPLETE_AND_CLAIM,
+                &[&queue, &worker, &ids, &tokens, &batch, &lease.as_secs_f64()],
+            )
+            .await?;
+        self.metrics.claim_took(shard, queue, started.elapsed());
+        let mut completed = Vec::with_capacity(finished.len());
+        let mut claimed = Vec::new();
+        for row in &rows {
+            match row
+                .try_get::<_, Option<bool>>("completed")
+                .map_err(|e| call.error(e, 1))?
+            {
+                Some(done) => {
+                    let id: uuid::Uuid = row.try_get("task_id").map_err(|e| call.error(e, 1))?;
+                    completed.push((TaskId::from_uuid(id), done));
+                }
+                None => claimed.push(claimed_from_row(row, queue, shard)?),
+            }
+        }
+        let done = completed.iter().filter(|(_, done)| *done).count();
+        self.metrics.completed(shard, done);
+        self.metrics.claimed(shard, claimed.len());
+        Ok((completed, claimed))
     }
 
     /// Completes a task claimed under `token`; its result (if any) goes to

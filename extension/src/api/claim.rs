@@ -5,7 +5,11 @@ use pgrx::prelude::*;
 use crate::base::args::{self, required};
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
+use crate::base::list::List;
+use crate::queue::complete as queue_complete;
 use crate::queue::{claim, queues};
+
+use super::complete;
 use crate::workflow::hooks::EXECUTIONS;
 
 /// Claims up to `batch` tasks of `queue` for `worker`, each under a lease of
@@ -32,6 +36,79 @@ fn claim(
         name!(kind, String),
     ),
 > {
+    let (name, worker, batch, lease_secs) = claim_args(queue, worker, batch, lease);
+    TableIterator::new(claim::claim(name, batch, worker, lease_secs, &EXECUTIONS))
+}
+
+/// Completes the tasks of `task_ids` claimed under `tokens` (paired by
+/// position, up to 10,000, none at all for a worker's first call), then
+/// claims up to `batch` tasks of `queue` as `claim` does, in one call and
+/// one transaction: a worker's steady state, one round trip and one commit
+/// per batch. First a row per entry of `task_ids`, in input order, with
+/// `completed` (false for a stale token: that task is left as it is and
+/// the rest go on) and the other columns NULL; then a row per task claimed,
+/// with `completed` NULL. A task's result is not recorded here: complete a
+/// task of a workflow with `complete`.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn complete_and_claim(
+    queue: Option<&str>,
+    worker: Option<&str>,
+    task_ids: Option<List<pgrx::Uuid>>,
+    tokens: Option<List<i64>>,
+    batch: default!(Option<i32>, 1),
+    lease: default!(Option<pgrx::datum::Interval>, "'30 seconds'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(task_id, pgrx::Uuid),
+        name!(completed, Option<bool>),
+        name!(token, Option<i64>),
+        name!(payload, Option<Jsonb>),
+        name!(attempt, Option<i32>),
+        name!(execution_id, Option<pgrx::Uuid>),
+        name!(concurrency_key, Option<String>),
+        name!(kind, Option<String>),
+    ),
+> {
+    let (name, worker, batch, lease_secs) = claim_args(queue, worker, batch, lease);
+    let (ids, tokens) = complete::finished(task_ids, tokens, 0);
+    let done = if ids.is_empty() {
+        Vec::new()
+    } else {
+        queue_complete::complete_batch(ids, tokens, &EXECUTIONS)
+    };
+    let claimed = claim::claim(name, batch, worker, lease_secs, &EXECUTIONS);
+    let rows = done
+        .into_iter()
+        .map(|(id, completed)| (id, Some(completed), None, None, None, None, None, None))
+        .chain(
+            claimed
+                .into_iter()
+                .map(|(id, token, payload, attempt, execution_id, key, kind)| {
+                    (
+                        id,
+                        None,
+                        Some(token),
+                        Some(payload),
+                        Some(attempt),
+                        execution_id,
+                        key,
+                        Some(kind),
+                    )
+                }),
+        )
+        .collect::<Vec<_>>();
+    TableIterator::new(rows)
+}
+
+/// Validates a claim's arguments: queue, worker, batch size, lease (s).
+fn claim_args<'a>(
+    queue: Option<&'a str>,
+    worker: Option<&'a str>,
+    batch: Option<i32>,
+    lease: Option<pgrx::datum::Interval>,
+) -> (&'a str, &'a str, i32, f64) {
     let name = queues::check_name(queue);
     let worker = args::key(worker, "worker");
     let batch = required(batch, "batch");
@@ -39,5 +116,86 @@ fn claim(
         bad_argument("batch", format!("must be 1 to {}, got {batch}", claim::MAX_BATCH));
     }
     let lease_secs = args::lease_secs("lease", required(lease, "lease"));
-    TableIterator::new(claim::claim(name, batch, worker, lease_secs, &EXECUTIONS))
+    (name, worker, batch, lease_secs)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{claim, count, enqueue, init};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    /// The rows of one `complete_and_claim`: (task, completed, token).
+    fn complete_and_claim(
+        queue: &str,
+        done: &[(pgrx::Uuid, i64)],
+        batch: i32,
+    ) -> Vec<(pgrx::Uuid, Option<bool>, Option<i64>)> {
+        let ids: Vec<pgrx::Uuid> = done.iter().map(|d| d.0).collect();
+        let tokens: Vec<i64> = done.iter().map(|d| d.1).collect();
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT task_id, completed, token FROM sheaf.complete_and_claim($1, 'w', $2, $3, $4)",
+                    None,
+                    &[queue.into(), ids.into(), tokens.into(), batch.into()],
+                )
+                .expect("complete_and_claim runs")
+                .map(|r| {
+                    (
+                        r.get::<pgrx::Uuid>(1).expect("id").expect("id"),
+                        r.get::<bool>(2).expect("completed"),
+                        r.get::<i64>(3).expect("token"),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    #[pg_test]
+    fn the_first_call_only_claims() {
+        init();
+        let a = enqueue("q", json!({}), json!({}));
+        let rows = complete_and_claim("q", &[], 5);
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].0, rows[0].1), (a, None));
+        assert!(rows[0].2.is_some(), "a claimed row carries its token");
+    }
+
+    /// Each finished task gets a row in input order, a stale one `false`
+    /// (left running), and the claim goes on after them.
+    #[pg_test]
+    fn completions_come_first_and_a_stale_token_does_not_stop_the_claim() {
+        init();
+        let (a, b) = (
+            enqueue("q", json!({}), json!({})),
+            enqueue("q", json!({}), json!({})),
+        );
+        let first = claim("q", 2);
+        let c = enqueue("q", json!({}), json!({}));
+        let done = [(first[1].0, first[1].1), (first[0].0, first[0].1 + 1)];
+        let rows = complete_and_claim("q", &done, 5);
+        assert_eq!(
+            rows.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+            vec![(b, Some(true)), (a, Some(false)), (c, None)]
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM sheaf.tasks WHERE state = 'running'"),
+            2,
+            "a and c"
+        );
+    }
+
+    #[pg_test(error = "invalid tokens: must pair up with task_ids: 1 ids, 0 tokens")]
+    fn unpaired_tokens_are_refused() {
+        init();
+        Spi::run("SELECT * FROM sheaf.complete_and_claim('q', 'w', ARRAY[gen_random_uuid()], '{}')").unwrap();
+    }
+
+    #[pg_test(error = "invalid batch: must be 1 to 1000, got 0")]
+    fn a_zero_batch_is_refused() {
+        init();
+        Spi::run("SELECT * FROM sheaf.complete_and_claim('q', 'w', '{}', '{}', 0)").unwrap();
+    }
 }

@@ -80,6 +80,17 @@ fn complete_batch(
     task_ids: Option<List<pgrx::Uuid>>,
     tokens: Option<List<i64>>,
 ) -> TableIterator<'static, (name!(task_id, pgrx::Uuid), name!(completed, bool))> {
+    let (ids, tokens) = finished(task_ids, tokens, 1);
+    TableIterator::new(complete::complete_batch(ids, tokens, &EXECUTIONS))
+}
+
+/// Validates a batch of finished tasks: ids and tokens paired by position,
+/// at least `min` and at most `complete::MAX_BATCH` of them.
+pub(super) fn finished(
+    task_ids: Option<List<pgrx::Uuid>>,
+    tokens: Option<List<i64>>,
+    min: usize,
+) -> (Vec<pgrx::Uuid>, Vec<i64>) {
     let task_ids = required(task_ids, "task_ids");
     let tokens = required(tokens, "tokens");
     if task_ids.len() != tokens.len() {
@@ -92,17 +103,15 @@ fn complete_batch(
             ),
         );
     }
-    if task_ids.is_empty() || task_ids.len() > complete::MAX_BATCH {
+    if task_ids.len() < min || task_ids.len() > complete::MAX_BATCH {
         bad_argument(
             "task_ids",
             format!(
-                "must hold 1 to {} ids, got {}",
+                "must hold {min} to {} ids, got {}",
                 complete::MAX_BATCH,
                 task_ids.len()
             ),
         );
     }
-    let ids = task_ids.into_items("task_ids");
-    let tokens = tokens.into_items("tokens");
-    TableIterator::new(complete::complete_batch(ids, tokens, &EXECUTIONS))
+    (task_ids.into_items("task_ids"), tokens.into_items("tokens"))
 }
