@@ -29,6 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{ClaimedTask, Client, ClientError};
 use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure, lease_lost};
+use crate::id::TaskId;
 use crate::listen::{self, Heard};
 use crate::metrics::TaskOutcome;
 use crate::pool::ShardError;
@@ -285,6 +286,14 @@ struct Counters {
     cancelled: AtomicU64,
 }
 
+/// A shard's completed tasks not yet recorded (`Ctx::finished`).
+#[derive(Default)]
+struct Finished {
+    tasks: Vec<(ClaimedTask, Instant)>,
+    /// The claim loop has stopped: a runner completes its task itself.
+    closed: bool,
+}
+
 struct Ctx {
     client: Arc<Client>,
     options: WorkerOptions,
@@ -293,6 +302,11 @@ struct Ctx {
     slots: Arc<Semaphore>,
     /// Per shard: its listener wakes that shard's claim loop.
     wake: BTreeMap<ShardId, Notify>,
+    /// Per shard: tasks whose handler completed them, waiting for that
+    /// shard's claim loop to complete them with its next claim, and the
+    /// signal that one is waiting (`flush_due`).
+    finished: BTreeMap<ShardId, Mutex<Finished>>,
+    flush: BTreeMap<ShardId, Notify>,
     /// Its relay's wakes, when it runs one.
     relay: Option<Arc<relay::Shared>>,
     /// Per shard, a [`ProtocolRole`]; empty when it runs neither a relay
@@ -378,6 +392,8 @@ impl Worker {
             client,
             options,
             wake: shards.iter().map(|&s| (s, Notify::new())).collect(),
+            finished: shards.iter().map(|&s| (s, Mutex::default())).collect(),
+            flush: shards.iter().map(|&s| (s, Notify::new())).collect(),
             shards,
             counters: Counters::default(),
             stop: CancellationToken::new(),
@@ -653,7 +669,7 @@ where
     H: Fn(TaskContext) -> F + Send + Sync + 'static,
     F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
 {
-    let Some(wake) = ctx.wake.get(&shard) else {
+    let (Some(wake), Some(flush)) = (ctx.wake.get(&shard), ctx.flush.get(&shard)) else {
         return;
     };
     // A slot this loop waited for, kept for its next claim. Waiting for a
@@ -671,14 +687,92 @@ where
             tokio::select! {
                 _ = ctx.stop.cancelled() => {}
                 slot = ctx.slots.clone().acquire_owned() => held = slot.ok(),
+                _ = flush_due(flush) => {}
                 _ = tokio::time::sleep_until(until) => {}
             }
         } else if claimed == 0 {
             tokio::select! {
                 _ = ctx.stop.cancelled() => {}
                 _ = wake.notified() => {}
+                _ = flush_due(flush) => {}
                 _ = tokio::time::sleep_until(until) => {}
             }
+        }
+    }
+    // From now on each runner completes its own task.
+    let left = take_finished(ctx, shard, true);
+    complete_finished(ctx, shard, left).await;
+}
+
+/// How long a completed task may wait for its shard's next claim before
+/// the claim loop completes it alone: a busy loop claims again sooner and
+/// takes every completion waiting with it.
+const FLUSH_AFTER: Duration = Duration::from_millis(10);
+
+/// Resolves `FLUSH_AFTER` after a runner handed its claim loop a completion.
+async fn flush_due(flush: &Notify) {
+    flush.notified().await;
+    tokio::time::sleep(FLUSH_AFTER).await;
+}
+
+/// The completed tasks waiting on `shard`; `close`: for good.
+fn take_finished(ctx: &Ctx, shard: ShardId, close: bool) -> Vec<(ClaimedTask, Instant)> {
+    let Some(finished) = ctx.finished.get(&shard) else {
+        return Vec::new();
+    };
+    let mut finished = finished.lock().unwrap_or_else(|p| p.into_inner());
+    finished.closed |= close;
+    std::mem::take(&mut finished.tasks)
+}
+
+/// Hands a completed task of no execution to its shard's claim loop, which
+/// completes it with its next claim (`complete_and_claim`: one round trip
+/// and one commit for a batch of completions and the next claim); false
+/// once that loop has stopped.
+fn defer_completion(ctx: &Ctx, task: &ClaimedTask, claimed_at: Instant) -> bool {
+    let Some(finished) = ctx.finished.get(&task.shard) else {
+        return false;
+    };
+    {
+        let mut finished = finished.lock().unwrap_or_else(|p| p.into_inner());
+        if finished.closed {
+            return false;
+        }
+        finished.tasks.push((task.clone(), claimed_at));
+    }
+    if let Some(flush) = ctx.flush.get(&task.shard) {
+        flush.notify_one();
+    }
+    true
+}
+
+/// Records what one completion call said of each finished task: completed,
+/// or (a stale token, a cancellation, a task gone) completed again alone,
+/// which says which, as a task that finished on its own would be.
+async fn settle(ctx: &Ctx, tasks: Vec<(ClaimedTask, Instant)>, completed: &BTreeMap<TaskId, bool>) {
+    for (task, claimed_at) in tasks {
+        if completed.get(&task.task_id) == Some(&true) {
+            count(ctx, &task, TaskOutcome::Completed);
+            ctx.client
+                .metrics()
+                .task_took(task.shard, &task.queue, claimed_at.elapsed());
+        } else {
+            finish(ctx, &task, Ok(Ok(TaskDone::Complete(None))), claimed_at, false).await;
+        }
+    }
+}
+
+/// Completes `tasks` on `shard` without claiming.
+async fn complete_finished(ctx: &Ctx, shard: ShardId, tasks: Vec<(ClaimedTask, Instant)>) {
+    if tasks.is_empty() {
+        return;
+    }
+    let pairs: Vec<(TaskId, i64)> = tasks.iter().map(|(t, _)| (t.task_id, t.token)).collect();
+    match ctx.client.complete_batch_on(shard, &pairs).await {
+        Ok(completed) => settle(ctx, tasks, &completed).await,
+        Err(e) => {
+            log_failure(ctx, shard, "complete", &e);
+            settle(ctx, tasks, &BTreeMap::new()).await;
         }
     }
 }
@@ -698,6 +792,7 @@ where
     F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
 {
     let mut claimed = 0;
+    let mut finished = take_finished(ctx, shard, false);
     for queue in &ctx.options.queues {
         if ctx.stop.is_cancelled() {
             break;
@@ -729,11 +824,29 @@ where
         };
         // Taken before the claim is sent: the lease ends later than this.
         let deadline = SystemTime::now() + ctx.options.lease;
-        let tasks = match ctx
-            .client
-            .claim(shard, queue, &ctx.options.name, want, ctx.options.lease)
-            .await
-        {
+        let tasks = if finished.is_empty() {
+            ctx.client
+                .claim(shard, queue, &ctx.options.name, want, ctx.options.lease)
+                .await
+        } else {
+            let done = std::mem::take(&mut finished);
+            let pairs: Vec<(TaskId, i64)> = done.iter().map(|(t, _)| (t.task_id, t.token)).collect();
+            match ctx
+                .client
+                .complete_and_claim(shard, queue, &ctx.options.name, &pairs, want, ctx.options.lease)
+                .await
+            {
+                Ok((completed, tasks)) => {
+                    settle(ctx, done, &completed.into_iter().collect()).await;
+                    Ok(tasks)
+                }
+                Err(e) => {
+                    settle(ctx, done, &BTreeMap::new()).await;
+                    Err(e)
+                }
+            }
+        };
+        let tasks = match tasks {
             Ok(tasks) => tasks,
             Err(e) => {
                 log_failure(ctx, shard, "claim", &e);
@@ -756,6 +869,8 @@ where
         }
         // The slots the claim did not fill go back when `reserved` drops.
     }
+    // No claim ran (no slot free): the completions go alone.
+    complete_finished(ctx, shard, finished).await;
     claimed
 }
 
@@ -947,15 +1062,17 @@ async fn run_task<H, F>(
             }
         }
     };
-    finish(&ctx, &task, outcome, claimed_at).await;
+    finish(&ctx, &task, outcome, claimed_at, true).await;
 }
 
 /// Records what the handler chose (or its panic) on the task's shard.
+/// `may_defer`: a plain completion may go with the shard's next claim.
 async fn finish(
     ctx: &Ctx,
     task: &ClaimedTask,
     outcome: Result<Result<TaskDone, TaskFailure>, tokio::task::JoinError>,
     claimed_at: Instant,
+    may_defer: bool,
 ) {
     let client = &ctx.client;
     let (id, token) = (task.task_id, task.token);
@@ -967,6 +1084,12 @@ async fn finish(
         }
     };
     let result = match outcome {
+        // A task of no execution has no history for a result to go to.
+        Ok(Ok(TaskDone::Complete(_)))
+            if may_defer && task.execution_id.is_none() && defer_completion(ctx, task, claimed_at) =>
+        {
+            return;
+        }
         Ok(Ok(TaskDone::Complete(result))) => client
             .complete(id, token, result)
             .await

@@ -125,6 +125,31 @@ impl Client {
         })
     }
 
+    /// Completes tasks claimed on `shard` (each with the token of its
+    /// claim) in one `sheaf.complete_batch` there; whether each completed.
+    pub(crate) async fn complete_batch_on(
+        &self,
+        shard: ShardId,
+        tasks: &[(TaskId, i64)],
+    ) -> Result<BTreeMap<TaskId, bool>, ClientError> {
+        let ids: Vec<uuid::Uuid> = tasks.iter().map(|(id, _)| id.as_uuid()).collect();
+        let tokens: Vec<i64> = tasks.iter().map(|(_, token)| *token).collect();
+        let call = Call {
+            shard,
+            owned: Owned::Shard,
+        };
+        let rows = self.query(&call, COMPLETE_BATCH, &[&ids, &tokens]).await?;
+        let mut completed = BTreeMap::new();
+        for row in &rows {
+            let id: uuid::Uuid = row.try_get(0).map_err(|e| call.error(e, 1))?;
+            let done: bool = row.try_get(1).map_err(|e| call.error(e, 1))?;
+            completed.insert(TaskId::from_uuid(id), done);
+        }
+        self.metrics
+            .completed(shard, completed.values().filter(|d| **d).count());
+        Ok(completed)
+    }
+
     /// Completes claimed tasks (each with the token of its claim), grouped
     /// by the shard each id routes to: one `sheaf.complete_batch` per shard.
     /// Whether each one completed; a stale entry (lease lost, task gone) is
@@ -134,27 +159,16 @@ impl Client {
         &self,
         tasks: &[(TaskId, i64)],
     ) -> Result<BTreeMap<TaskId, bool>, ClientError> {
-        let mut by_shard: BTreeMap<ShardId, (Vec<uuid::Uuid>, Vec<i64>)> = BTreeMap::new();
-        for (id, token) in tasks {
-            let entry = by_shard.entry(id.route(&self.topology)).or_default();
-            entry.0.push(id.as_uuid());
-            entry.1.push(*token);
+        let mut by_shard: BTreeMap<ShardId, Vec<(TaskId, i64)>> = BTreeMap::new();
+        for &(id, token) in tasks {
+            by_shard
+                .entry(id.route(&self.topology))
+                .or_default()
+                .push((id, token));
         }
-        let calls = by_shard.iter().map(|(&shard, (ids, tokens))| async move {
-            let call = Call {
-                shard,
-                owned: Owned::Shard,
-            };
-            let rows = self.query(&call, COMPLETE_BATCH, &[ids, tokens]).await?;
-            let done = rows
-                .iter()
-                .map(|row| Ok((TaskId::from_uuid(row.try_get(0)?), row.try_get::<_, bool>(1)?)))
-                .collect::<Result<Vec<_>, tokio_postgres::Error>>()
-                .map_err(|e| call.error(e, 1))?;
-            self.metrics
-                .completed(shard, done.iter().filter(|(_, ok)| *ok).count());
-            Ok::<_, ClientError>(done)
-        });
+        let calls = by_shard
+            .iter()
+            .map(|(&shard, tasks)| self.complete_batch_on(shard, tasks));
         let mut out = BTreeMap::new();
         for result in futures::future::join_all(calls).await {
             out.extend(result?);
