@@ -412,16 +412,24 @@ mod tests {
     fn each_band_floor_follows_the_claims_and_drops_for_what_is_readied_below_it() {
         init();
         for n in 0..300 {
-            enqueue("fl-each_band_floor_follows_the_claims_and_d", json!({"n": n}), json!({}));
+            enqueue(
+                "fl-each_band_floor_follows_the_claims_and_d",
+                json!({"n": n}),
+                json!({}),
+            );
         }
-        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'");
+        let head = count(
+            "SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'",
+        );
         assert_eq!(
             floor_seq("fl-each_band_floor_follows_the_claims_and_d", 0.0),
             Some(head),
             "the first ready row makes its band"
         );
         assert_eq!(
-            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'"),
+            count(
+                "SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'"
+            ),
             1,
             "rows readied above the floor write nothing"
         );
@@ -429,23 +437,41 @@ mod tests {
         for _ in 0..super::ADVANCE_EVERY {
             first.extend(claim("fl-each_band_floor_follows_the_claims_and_d", 1));
         }
-        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'");
+        let head = count(
+            "SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'",
+        );
         assert_eq!(
             floor_seq("fl-each_band_floor_follows_the_claims_and_d", 0.0),
             Some(head),
             "the floor is the first ready row left"
         );
         // A higher priority is a band of its own, claimed first.
-        enqueue("fl-each_band_floor_follows_the_claims_and_d", json!({"n": 1000}), json!({"priority": 5}));
-        assert!(floor_seq("fl-each_band_floor_follows_the_claims_and_d", -5.0).is_some(), "priority 5 has its band");
-        assert_eq!(ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1)), vec![1000]);
+        enqueue(
+            "fl-each_band_floor_follows_the_claims_and_d",
+            json!({"n": 1000}),
+            json!({"priority": 5}),
+        );
+        assert!(
+            floor_seq("fl-each_band_floor_follows_the_claims_and_d", -5.0).is_some(),
+            "priority 5 has its band"
+        );
+        assert_eq!(
+            ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1)),
+            vec![1000]
+        );
         // A released task goes back to its old place below its band's
         // floor, and is next again.
         let (id, token, _) = &first[0];
         Spi::run_with_args("SELECT sheaf.release($1, $2)", &[(*id).into(), (*token).into()])
             .expect("release");
-        assert!(floor_seq("fl-each_band_floor_follows_the_claims_and_d", 0.0) < Some(head), "the release lowers the floor");
-        assert_eq!(ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1)), vec![0]);
+        assert!(
+            floor_seq("fl-each_band_floor_follows_the_claims_and_d", 0.0) < Some(head),
+            "the release lowers the floor"
+        );
+        assert_eq!(
+            ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1)),
+            vec![0]
+        );
         // The rest in order.
         let rest = ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1000));
         assert_eq!(rest, (super::ADVANCE_EVERY as i64..300).collect::<Vec<_>>());
@@ -459,40 +485,91 @@ mod tests {
     fn an_empty_band_stays_at_its_last_claim_and_dormant_ones_go_past_16_bands() {
         init();
         let every = super::ADVANCE_EVERY as i64;
-        let bands = || count("SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'");
+        let bands = || {
+            count(
+                "SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'",
+            )
+        };
         for n in 0..(2 * every - 1) {
-            enqueue("fl-an_empty_band_stays_at_its_last_claim_an", json!({"n": n}), json!({"priority": 1}));
+            enqueue(
+                "fl-an_empty_band_stays_at_its_last_claim_an",
+                json!({"n": n}),
+                json!({"priority": 1}),
+            );
         }
-        enqueue("fl-an_empty_band_stays_at_its_last_claim_an", json!({"n": -1}), json!({"priority": 9}));
-        assert_eq!(ns(&claim("fl-an_empty_band_stays_at_its_last_claim_an", 1)), vec![-1]);
+        enqueue(
+            "fl-an_empty_band_stays_at_its_last_claim_an",
+            json!({"n": -1}),
+            json!({"priority": 9}),
+        );
+        assert_eq!(
+            ns(&claim("fl-an_empty_band_stays_at_its_last_claim_an", 1)),
+            vec![-1]
+        );
         for _ in 1..(2 * every) {
             claim("fl-an_empty_band_stays_at_its_last_claim_an", 1);
         }
-        assert_eq!(count("SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'"), 0);
-        assert!(floor_seq("fl-an_empty_band_stays_at_its_last_claim_an", -9.0).is_some(), "an empty band stays");
-        let last = count("SELECT max(seq) FROM sheaf.tasks WHERE priority = 1");
-        assert_eq!(floor_seq("fl-an_empty_band_stays_at_its_last_claim_an", -1.0), Some(last), "empty, at its last claim");
-        enqueue("fl-an_empty_band_stays_at_its_last_claim_an", json!({"n": 7}), json!({"priority": 9}));
-        enqueue("fl-an_empty_band_stays_at_its_last_claim_an", json!({"n": 8}), json!({"priority": 1}));
         assert_eq!(
-            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'"),
+            count(
+                "SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'"
+            ),
+            0
+        );
+        assert!(
+            floor_seq("fl-an_empty_band_stays_at_its_last_claim_an", -9.0).is_some(),
+            "an empty band stays"
+        );
+        let last = count("SELECT max(seq) FROM sheaf.tasks WHERE priority = 1");
+        assert_eq!(
+            floor_seq("fl-an_empty_band_stays_at_its_last_claim_an", -1.0),
+            Some(last),
+            "empty, at its last claim"
+        );
+        enqueue(
+            "fl-an_empty_band_stays_at_its_last_claim_an",
+            json!({"n": 7}),
+            json!({"priority": 9}),
+        );
+        enqueue(
+            "fl-an_empty_band_stays_at_its_last_claim_an",
+            json!({"n": 8}),
+            json!({"priority": 1}),
+        );
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'"
+            ),
             2,
             "rows readied above the floors write nothing"
         );
-        assert_eq!(ns(&claim("fl-an_empty_band_stays_at_its_last_claim_an", 5)), vec![7, 8]);
+        assert_eq!(
+            ns(&claim("fl-an_empty_band_stays_at_its_last_claim_an", 5)),
+            vec![7, 8]
+        );
         // 17 more bands, emptied, then two advances without claims there.
         for p in 10..27 {
-            enqueue("fl-an_empty_band_stays_at_its_last_claim_an", json!({"n": p}), json!({"priority": p}));
+            enqueue(
+                "fl-an_empty_band_stays_at_its_last_claim_an",
+                json!({"n": p}),
+                json!({"priority": p}),
+            );
         }
         for n in 0..(4 * every) {
-            enqueue("fl-an_empty_band_stays_at_its_last_claim_an", json!({"n": 100 + n}), json!({"priority": 0}));
+            enqueue(
+                "fl-an_empty_band_stays_at_its_last_claim_an",
+                json!({"n": 100 + n}),
+                json!({"priority": 0}),
+            );
         }
         assert_eq!(bands(), 20);
         for _ in 0..(3 * every) {
             claim("fl-an_empty_band_stays_at_its_last_claim_an", 1);
         }
         assert_eq!(bands(), 1, "past 16 bands, the empty ones nobody claims from go");
-        assert_eq!(claim("fl-an_empty_band_stays_at_its_last_claim_an", 1000).len() as i64, 4 * every - (3 * every - 17));
+        assert_eq!(
+            claim("fl-an_empty_band_stays_at_its_last_claim_an", 1000).len() as i64,
+            4 * every - (3 * every - 17)
+        );
     }
 
     /// Lowering rows above a floor (a late readier writes one whatever the
@@ -546,11 +623,17 @@ mod tests {
             .expect("configure")
         };
         let aging_bands = || {
-            count("SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-an_aging_queue_has_a_band_per_priority_w' AND band < -1e14")
+            count(
+                "SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-an_aging_queue_has_a_band_per_priority_w' AND band < -1e14",
+            )
         };
         aging("60");
         for n in 0..8 {
-            enqueue("fl-an_aging_queue_has_a_band_per_priority_w", json!({"n": n}), json!({"priority": n % 4}));
+            enqueue(
+                "fl-an_aging_queue_has_a_band_per_priority_w",
+                json!({"n": n}),
+                json!({"priority": n % 4}),
+            );
         }
         assert_eq!(aging_bands(), 4, "a band per priority");
         // Task 4 (priority 0) 150 s older: ahead of priorities 2 and 1 at
@@ -574,12 +657,19 @@ mod tests {
         aging("null");
         let every = super::ADVANCE_EVERY as i64;
         for n in 0..(2 * every) {
-            enqueue("fl-an_aging_queue_has_a_band_per_priority_w", json!({"n": n}), json!({}));
+            enqueue(
+                "fl-an_aging_queue_has_a_band_per_priority_w",
+                json!({"n": n}),
+                json!({}),
+            );
         }
         // Two advances: the first still has this backend's claims from the
         // aging bands, the second finds them empty with none.
         for _ in 0..2 {
-            assert_eq!(claim("fl-an_aging_queue_has_a_band_per_priority_w", every as i32).len() as i64, every);
+            assert_eq!(
+                claim("fl-an_aging_queue_has_a_band_per_priority_w", every as i32).len() as i64,
+                every
+            );
         }
         assert_eq!(aging_bands(), 0, "the empty aging bands went");
     }
@@ -588,7 +678,11 @@ mod tests {
     fn a_rekey_brings_the_floor_down_to_the_new_keys() {
         init();
         for n in 0..200 {
-            enqueue("fl-a_rekey_brings_the_floor_down_to_the_new", json!({"n": n}), json!({"priority": n % 2}));
+            enqueue(
+                "fl-a_rekey_brings_the_floor_down_to_the_new",
+                json!({"n": n}),
+                json!({"priority": n % 2}),
+            );
         }
         Spi::run("SELECT sheaf.configure_queue('fl-a_rekey_brings_the_floor_down_to_the_new', '{\"aging_secs\": 60}')").expect("aging");
         for _ in 0..super::ADVANCE_EVERY {
@@ -596,7 +690,9 @@ mod tests {
         }
         // Back to priorities: k1 = -priority, far below the aging keys.
         Spi::run("SELECT sheaf.configure_queue('fl-a_rekey_brings_the_floor_down_to_the_new', '{\"aging_secs\": null}')").expect("no aging");
-        let left = count("SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-a_rekey_brings_the_floor_down_to_the_new'");
+        let left = count(
+            "SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-a_rekey_brings_the_floor_down_to_the_new'",
+        );
         assert_eq!(
             claim("fl-a_rekey_brings_the_floor_down_to_the_new", 1000).len() as i64,
             left,
