@@ -6,7 +6,8 @@
 //! install SQL from the `pgmq` crate, pinned), the textbook `FOR UPDATE SKIP
 //! LOCKED` queue, sheaf through its SQL API (`complete_and_claim`) and
 //! sheaf through the Rust `Worker`, all with the same commit mode; the SQL
-//! loops with the same connections and batch size.
+//! loops with the same connections and batch size, the `Worker` with its
+//! own (one claim loop per shard, claiming up to every free slot).
 //!
 //! ```text
 //! cargo run --release -p sheaf-benches --bin harness-bench -- run                          # W = 4,16,64,256, 15 s + 60 s, durable and async
@@ -331,10 +332,10 @@ fn start_worker(url: &str, width: usize, tally: Arc<Tally>) -> Result<Worker, Er
         ..PoolOptions::default()
     };
     let client = Arc::new(Client::new(topology, pool)?);
-    let (_, batch) = loops(width);
+    // One claim loop per shard: its claims take up to every free slot.
     let options = WorkerOptions::new("harness", [QUEUE.to_owned()])
         .concurrency(width)
-        .batch(batch as i32);
+        .batch(width.min(1000) as i32);
     Ok(Worker::start(client, options, move |ctx: TaskContext| {
         let tally = tally.clone();
         async move {
