@@ -412,68 +412,45 @@ mod tests {
     fn each_band_floor_follows_the_claims_and_drops_for_what_is_readied_below_it() {
         init();
         for n in 0..300 {
-            enqueue(
-                "fl-each_band_floor_follows_the_claims_and_d",
-                json!({"n": n}),
-                json!({}),
-            );
+            enqueue("fl-1", json!({"n": n}), json!({}));
         }
-        let head = count(
-            "SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'",
-        );
+        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-1'");
         assert_eq!(
-            floor_seq("fl-each_band_floor_follows_the_claims_and_d", 0.0),
+            floor_seq("fl-1", 0.0),
             Some(head),
             "the first ready row makes its band"
         );
         assert_eq!(
-            count(
-                "SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'"
-            ),
+            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-1'"),
             1,
             "rows readied above the floor write nothing"
         );
         let mut first = Vec::new();
         for _ in 0..super::ADVANCE_EVERY {
-            first.extend(claim("fl-each_band_floor_follows_the_claims_and_d", 1));
+            first.extend(claim("fl-1", 1));
         }
-        let head = count(
-            "SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-each_band_floor_follows_the_claims_and_d'",
-        );
+        let head = count("SELECT min(seq) FROM sheaf.ready WHERE queue = 'fl-1'");
         assert_eq!(
-            floor_seq("fl-each_band_floor_follows_the_claims_and_d", 0.0),
+            floor_seq("fl-1", 0.0),
             Some(head),
             "the floor is the first ready row left"
         );
         // A higher priority is a band of its own, claimed first.
-        enqueue(
-            "fl-each_band_floor_follows_the_claims_and_d",
-            json!({"n": 1000}),
-            json!({"priority": 5}),
-        );
-        assert!(
-            floor_seq("fl-each_band_floor_follows_the_claims_and_d", -5.0).is_some(),
-            "priority 5 has its band"
-        );
-        assert_eq!(
-            ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1)),
-            vec![1000]
-        );
+        enqueue("fl-1", json!({"n": 1000}), json!({"priority": 5}));
+        assert!(floor_seq("fl-1", -5.0).is_some(), "priority 5 has its band");
+        assert_eq!(ns(&claim("fl-1", 1)), vec![1000]);
         // A released task goes back to its old place below its band's
         // floor, and is next again.
         let (id, token, _) = &first[0];
         Spi::run_with_args("SELECT sheaf.release($1, $2)", &[(*id).into(), (*token).into()])
             .expect("release");
         assert!(
-            floor_seq("fl-each_band_floor_follows_the_claims_and_d", 0.0) < Some(head),
+            floor_seq("fl-1", 0.0) < Some(head),
             "the release lowers the floor"
         );
-        assert_eq!(
-            ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1)),
-            vec![0]
-        );
+        assert_eq!(ns(&claim("fl-1", 1)), vec![0]);
         // The rest in order.
-        let rest = ns(&claim("fl-each_band_floor_follows_the_claims_and_d", 1000));
+        let rest = ns(&claim("fl-1", 1000));
         assert_eq!(rest, (super::ADVANCE_EVERY as i64..300).collect::<Vec<_>>());
     }
 
@@ -485,91 +462,40 @@ mod tests {
     fn an_empty_band_stays_at_its_last_claim_and_dormant_ones_go_past_16_bands() {
         init();
         let every = super::ADVANCE_EVERY as i64;
-        let bands = || {
-            count(
-                "SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'",
-            )
-        };
+        let bands = || count("SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-2'");
         for n in 0..(2 * every - 1) {
-            enqueue(
-                "fl-an_empty_band_stays_at_its_last_claim_an",
-                json!({"n": n}),
-                json!({"priority": 1}),
-            );
+            enqueue("fl-2", json!({"n": n}), json!({"priority": 1}));
         }
-        enqueue(
-            "fl-an_empty_band_stays_at_its_last_claim_an",
-            json!({"n": -1}),
-            json!({"priority": 9}),
-        );
-        assert_eq!(
-            ns(&claim("fl-an_empty_band_stays_at_its_last_claim_an", 1)),
-            vec![-1]
-        );
+        enqueue("fl-2", json!({"n": -1}), json!({"priority": 9}));
+        assert_eq!(ns(&claim("fl-2", 1)), vec![-1]);
         for _ in 1..(2 * every) {
-            claim("fl-an_empty_band_stays_at_its_last_claim_an", 1);
+            claim("fl-2", 1);
         }
-        assert_eq!(
-            count(
-                "SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'"
-            ),
-            0
-        );
-        assert!(
-            floor_seq("fl-an_empty_band_stays_at_its_last_claim_an", -9.0).is_some(),
-            "an empty band stays"
-        );
+        assert_eq!(count("SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-2'"), 0);
+        assert!(floor_seq("fl-2", -9.0).is_some(), "an empty band stays");
         let last = count("SELECT max(seq) FROM sheaf.tasks WHERE priority = 1");
+        assert_eq!(floor_seq("fl-2", -1.0), Some(last), "empty, at its last claim");
+        enqueue("fl-2", json!({"n": 7}), json!({"priority": 9}));
+        enqueue("fl-2", json!({"n": 8}), json!({"priority": 1}));
         assert_eq!(
-            floor_seq("fl-an_empty_band_stays_at_its_last_claim_an", -1.0),
-            Some(last),
-            "empty, at its last claim"
-        );
-        enqueue(
-            "fl-an_empty_band_stays_at_its_last_claim_an",
-            json!({"n": 7}),
-            json!({"priority": 9}),
-        );
-        enqueue(
-            "fl-an_empty_band_stays_at_its_last_claim_an",
-            json!({"n": 8}),
-            json!({"priority": 1}),
-        );
-        assert_eq!(
-            count(
-                "SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-an_empty_band_stays_at_its_last_claim_an'"
-            ),
+            count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-2'"),
             2,
             "rows readied above the floors write nothing"
         );
-        assert_eq!(
-            ns(&claim("fl-an_empty_band_stays_at_its_last_claim_an", 5)),
-            vec![7, 8]
-        );
+        assert_eq!(ns(&claim("fl-2", 5)), vec![7, 8]);
         // 17 more bands, emptied, then two advances without claims there.
         for p in 10..27 {
-            enqueue(
-                "fl-an_empty_band_stays_at_its_last_claim_an",
-                json!({"n": p}),
-                json!({"priority": p}),
-            );
+            enqueue("fl-2", json!({"n": p}), json!({"priority": p}));
         }
         for n in 0..(4 * every) {
-            enqueue(
-                "fl-an_empty_band_stays_at_its_last_claim_an",
-                json!({"n": 100 + n}),
-                json!({"priority": 0}),
-            );
+            enqueue("fl-2", json!({"n": 100 + n}), json!({"priority": 0}));
         }
         assert_eq!(bands(), 20);
         for _ in 0..(3 * every) {
-            claim("fl-an_empty_band_stays_at_its_last_claim_an", 1);
+            claim("fl-2", 1);
         }
         assert_eq!(bands(), 1, "past 16 bands, the empty ones nobody claims from go");
-        assert_eq!(
-            claim("fl-an_empty_band_stays_at_its_last_claim_an", 1000).len() as i64,
-            4 * every - (3 * every - 17)
-        );
+        assert_eq!(claim("fl-2", 1000).len() as i64, 4 * every - (3 * every - 17));
     }
 
     /// Lowering rows above a floor (a late readier writes one whatever the
@@ -578,7 +504,7 @@ mod tests {
     #[pg_test]
     fn an_advance_folds_a_bands_lowering_rows_into_one() {
         // A queue of its own: pg_tests run side by side, and another test's
-        // transaction holding queue 'fl-an_advance_folds_a_bands_lowering_rows_i''s floor lock would skip the advance.
+        // transaction holding queue 'fl-3''s floor lock would skip the advance.
         init();
         for n in 0..5 {
             enqueue("q-fold", json!({"n": n}), json!({}));
@@ -618,22 +544,16 @@ mod tests {
         init();
         let aging = |secs: &str| {
             Spi::run(&format!(
-                "SELECT sheaf.configure_queue('fl-an_aging_queue_has_a_band_per_priority_w', '{{\"aging_secs\": {secs}}}')"
+                "SELECT sheaf.configure_queue('fl-4', '{{\"aging_secs\": {secs}}}')"
             ))
             .expect("configure")
         };
         let aging_bands = || {
-            count(
-                "SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-an_aging_queue_has_a_band_per_priority_w' AND band < -1e14",
-            )
+            count("SELECT count(DISTINCT band) FROM sheaf.ready_floors WHERE queue = 'fl-4' AND band < -1e14")
         };
         aging("60");
         for n in 0..8 {
-            enqueue(
-                "fl-an_aging_queue_has_a_band_per_priority_w",
-                json!({"n": n}),
-                json!({"priority": n % 4}),
-            );
+            enqueue("fl-4", json!({"n": n}), json!({"priority": n % 4}));
         }
         assert_eq!(aging_bands(), 4, "a band per priority");
         // Task 4 (priority 0) 150 s older: ahead of priorities 2 and 1 at
@@ -647,29 +567,22 @@ mod tests {
             "WITH r AS (UPDATE sheaf.ready r SET k1 = -1, aging_band = NULL FROM sheaf.tasks t \
                         WHERE t.id = r.task_id AND t.payload->>'n' = '5' RETURNING r.k2, r.seq) \
              INSERT INTO sheaf.ready_floors (queue, band, ngen, base, k1, k2, seq) \
-             SELECT 'fl-an_aging_queue_has_a_band_per_priority_w', -1, -nextval('sheaf.ready_floor_gen'), false, -1, k2, seq FROM r",
+             SELECT 'fl-4', -1, -nextval('sheaf.ready_floor_gen'), false, -1, k2, seq FROM r",
         )
         .expect("a task with the other mode's keys");
-        let mut order = ns(&claim("fl-an_aging_queue_has_a_band_per_priority_w", 3));
-        order.extend(ns(&claim("fl-an_aging_queue_has_a_band_per_priority_w", 2)));
-        order.extend(ns(&claim("fl-an_aging_queue_has_a_band_per_priority_w", 10)));
+        let mut order = ns(&claim("fl-4", 3));
+        order.extend(ns(&claim("fl-4", 2)));
+        order.extend(ns(&claim("fl-4", 10)));
         assert_eq!(order, vec![5, 3, 7, 4, 2, 6, 1, 0]);
         aging("null");
         let every = super::ADVANCE_EVERY as i64;
         for n in 0..(2 * every) {
-            enqueue(
-                "fl-an_aging_queue_has_a_band_per_priority_w",
-                json!({"n": n}),
-                json!({}),
-            );
+            enqueue("fl-4", json!({"n": n}), json!({}));
         }
         // Two advances: the first still has this backend's claims from the
         // aging bands, the second finds them empty with none.
         for _ in 0..2 {
-            assert_eq!(
-                claim("fl-an_aging_queue_has_a_band_per_priority_w", every as i32).len() as i64,
-                every
-            );
+            assert_eq!(claim("fl-4", every as i32).len() as i64, every);
         }
         assert_eq!(aging_bands(), 0, "the empty aging bands went");
     }
@@ -678,23 +591,17 @@ mod tests {
     fn a_rekey_brings_the_floor_down_to_the_new_keys() {
         init();
         for n in 0..200 {
-            enqueue(
-                "fl-a_rekey_brings_the_floor_down_to_the_new",
-                json!({"n": n}),
-                json!({"priority": n % 2}),
-            );
+            enqueue("fl-5", json!({"n": n}), json!({"priority": n % 2}));
         }
-        Spi::run("SELECT sheaf.configure_queue('fl-a_rekey_brings_the_floor_down_to_the_new', '{\"aging_secs\": 60}')").expect("aging");
+        Spi::run("SELECT sheaf.configure_queue('fl-5', '{\"aging_secs\": 60}')").expect("aging");
         for _ in 0..super::ADVANCE_EVERY {
-            claim("fl-a_rekey_brings_the_floor_down_to_the_new", 1);
+            claim("fl-5", 1);
         }
         // Back to priorities: k1 = -priority, far below the aging keys.
-        Spi::run("SELECT sheaf.configure_queue('fl-a_rekey_brings_the_floor_down_to_the_new', '{\"aging_secs\": null}')").expect("no aging");
-        let left = count(
-            "SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-a_rekey_brings_the_floor_down_to_the_new'",
-        );
+        Spi::run("SELECT sheaf.configure_queue('fl-5', '{\"aging_secs\": null}')").expect("no aging");
+        let left = count("SELECT count(*) FROM sheaf.ready WHERE queue = 'fl-5'");
         assert_eq!(
-            claim("fl-a_rekey_brings_the_floor_down_to_the_new", 1000).len() as i64,
+            claim("fl-5", 1000).len() as i64,
             left,
             "every ready task is still claimable"
         );
