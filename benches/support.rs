@@ -10,6 +10,10 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// Brings up `count` shards of PostgreSQL `pg` with a release build of the
 /// extension (`scripts/shards up --release`) under `dir`, on ports from
 /// `port`; their `SHEAF_SHARDS` entries, one per line.
+#[allow(
+    dead_code,
+    reason = "width-bench makes its shards as databases of bare clusters"
+)]
 pub fn release_shards(count: u32, pg: u32, dir: &str, port: u32) -> Result<String, Error> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new(root.join("scripts/shards"))

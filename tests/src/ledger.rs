@@ -58,6 +58,52 @@ pub async fn complete<R: Books>(db: &Client, rec: &Mutex<R>, tasks: &[(Uuid, i64
     }
 }
 
+/// Completes `finished` and claims up to `n` of `queue` in one call
+/// (`sheaf.complete_and_claim`); each finished task must complete (the
+/// caller holds its fresh token) and is booked once more; the claimed
+/// (id, token) pairs.
+pub async fn complete_and_claim<R: Books>(
+    db: &Client,
+    rec: &Mutex<R>,
+    finished: &[(Uuid, i64)],
+    (queue, worker, n): (&str, &str, i32),
+    on: OnDeadlock,
+) -> Vec<(Uuid, i64)> {
+    let ids: Vec<Uuid> = finished.iter().map(|f| f.0).collect();
+    let tokens: Vec<i64> = finished.iter().map(|f| f.1).collect();
+    let rows = match db
+        .query(
+            "SELECT task_id, completed, token FROM sheaf.complete_and_claim($1, $2, $3, $4, $5)",
+            &[&queue, &worker, &ids, &tokens, &n],
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) if on == OnDeadlock::TakeNothing && code(&e) == Some("40P01") => {
+            // Nothing was done: the finished tasks are completed alone.
+            complete(db, rec, finished).await;
+            return Vec::new();
+        }
+        Err(e) => panic!("complete_and_claim: {e}"),
+    };
+    let mut claimed = Vec::new();
+    let mut books = rec.lock().await;
+    for (k, row) in rows.iter().enumerate() {
+        let id: Uuid = row.get(0);
+        match row.get::<_, Option<bool>>(1) {
+            Some(done) => {
+                assert!(
+                    done && finished.get(k).is_some_and(|f| f.0 == id),
+                    "complete_and_claim: {id} (row {k}) not completed"
+                );
+                *books.ledger().completed.entry(id).or_default() += 1;
+            }
+            None => claimed.push((id, row.get::<_, Option<i64>>(2).expect("a claimed task's token"))),
+        }
+    }
+    claimed
+}
+
 /// Claims and completes every task left in `queue` (scheduled ones come due
 /// within a second); fails after 30 s naming the seed.
 pub async fn drain<R: Books>(db: &Client, queue: &str, rec: &Mutex<R>, seed: u64, on: OnDeadlock) {

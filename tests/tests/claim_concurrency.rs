@@ -1,7 +1,8 @@
 //! The claim engine under real concurrency: 8 claimers on one shard, thousands
 //! of tasks over hundreds of capped keys, random complete / fail / release /
-//! crash, caps lowered mid-run. Checks: a key's running count never exceeds
-//! its cap (sampled from consistent snapshots while the run goes on), every
+//! crash (half the completions sent with the next claim, in one
+//! `complete_and_claim`), caps lowered mid-run. Checks: a key's running
+//! count never exceeds its cap (sampled from consistent snapshots while the run goes on), every
 //! task ends exactly once (completed or dead-lettered), no stale token ever
 //! succeeds, and the per-key counters end at zero.
 
@@ -27,6 +28,39 @@ struct Outcome {
 
 fn cap_of(key: usize) -> i64 {
     (key % 3) as i64 + 1
+}
+
+/// Completes `finished` and claims in one call: each finished task is
+/// completed, or (its 1 s lease ran out and it was reaped) reported stale
+/// while the claim goes on; the claimed rows (id, token).
+async fn fused(
+    db: &tokio_postgres::Client,
+    outcome: &Mutex<Outcome>,
+    (queue, worker, batch): (&str, &str, i32),
+    finished: &[(Uuid, i64)],
+) -> Vec<tokio_postgres::Row> {
+    let ids: Vec<Uuid> = finished.iter().map(|f| f.0).collect();
+    let tokens: Vec<i64> = finished.iter().map(|f| f.1).collect();
+    let rows = db
+        .query(
+            "SELECT task_id, token, completed FROM sheaf.complete_and_claim($1, $2, $3, $4, $5, '1 second')",
+            &[&queue, &worker, &ids, &tokens, &batch],
+        )
+        .await
+        .unwrap();
+    let (done, claimed): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .partition(|r| r.get::<_, Option<bool>>(2).is_some());
+    assert_eq!(done.len(), finished.len(), "a row per finished task");
+    let mut outcome = outcome.lock().unwrap();
+    for row in done {
+        if row.get::<_, Option<bool>>(2) == Some(true) {
+            *outcome.completed.entry(row.get(0)).or_default() += 1;
+        } else {
+            outcome.stale_refused += 1;
+        }
+    }
+    claimed
 }
 
 // A scenario reads top to bottom as one story (set up, race, check);
@@ -161,16 +195,28 @@ async fn caps_hold_and_every_task_ends_exactly_once_under_8_claimers() {
             let db = connect(fleet().shards().next().unwrap()).await;
             let worker = format!("w{w}");
             let deadline = Instant::now() + Duration::from_secs(120);
+            // Tasks done whose completion goes with the next claim, in one
+            // `complete_and_claim` (the worker's fused step).
+            let mut finished: Vec<(Uuid, i64)> = Vec::new();
             loop {
                 assert!(Instant::now() < deadline, "the run did not drain in 120 s");
                 let batch = 1 + rng.below(5) as i32;
-                let claimed = db
-                    .query(
+                let claimed = if finished.is_empty() {
+                    db.query(
                         "SELECT task_id, token FROM sheaf.claim($1, $2, $3, '1 second')",
                         &[&queue, &worker, &batch],
                     )
                     .await
-                    .unwrap();
+                    .unwrap()
+                } else {
+                    fused(
+                        &db,
+                        &outcome,
+                        (&queue, &worker, batch),
+                        &std::mem::take(&mut finished),
+                    )
+                    .await
+                };
                 if claimed.is_empty() {
                     let left: i64 = db
                         .query_one("SELECT count(*) FROM sheaf.tasks WHERE queue = $1", &[&queue])
@@ -196,7 +242,11 @@ async fn caps_hold_and_every_task_ends_exactly_once_under_8_claimers() {
                     };
                     let action = rng.below(100);
                     let result = match action {
-                        0..=69 => db
+                        0..=34 => {
+                            finished.push((id, token));
+                            continue;
+                        }
+                        35..=69 => db
                             .execute("SELECT sheaf.complete($1, $2)", &[&id, &token])
                             .await
                             .map(|_| ()),
@@ -235,7 +285,7 @@ async fn caps_hold_and_every_task_ends_exactly_once_under_8_claimers() {
                     };
                     if lost(result) {
                         outcome.lock().unwrap().stale_refused += 1;
-                    } else if action <= 69 || action >= 95 {
+                    } else if (35..=69).contains(&action) || action >= 95 {
                         *outcome.lock().unwrap().completed.entry(id).or_default() += 1;
                     }
                 }

@@ -7,7 +7,10 @@
 //!   from the floors and one from the head of the queue, take batches
 //!   and complete them, or roll the claim back, or release the tasks (ready
 //!   again at their old keys, below the floor), or fail them with a short
-//!   retry (promoted again later), or dead-letter and redrive them;
+//!   retry (promoted again later), or dead-letter and redrive them; half
+//!   their claims, at random, are `complete_and_claim` calls that complete
+//!   the batch finished before (the worker's fused step), some of them
+//!   rolled back too;
 //! - two enqueuers add tasks of random priority (each priority is a band of
 //!   its own, and the first task of a band makes its floor), some due a
 //!   little later (promotion), some in a batch,
@@ -78,20 +81,42 @@ async fn claimer(queue: String, worker: String, floors: bool, rec: Shared, stop:
     let db = connect(shard).await;
     seek_from_floors(&db, floors).await;
     let mut rng = Rng::new(seed);
+    // Tasks done whose completion goes with the next fused claim.
+    let mut finished: Vec<(Uuid, i64)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let n = 1 + rng.below(8) as i32;
         let roll = rng.below(100);
+        let fuse = rng.below(2) == 0;
+        if !fuse {
+            ledger::complete(&db, &*rec, &std::mem::take(&mut finished)).await;
+        }
         if roll < 15 {
-            // A claim that rolls back: its rows come back where they were.
+            // A claim that rolls back: its rows come back where they were,
+            // and a fused call's completions are undone (booked, then
+            // taken back, and completed again alone).
+            let done = std::mem::take(&mut finished);
             db.batch_execute("BEGIN").await.unwrap();
-            let got = claim(&db, &queue, &worker, n).await;
+            let got = next(&db, &rec, (&queue, &worker, n), fuse, &done).await;
             if !got.is_empty() {
                 tokio::time::sleep(Duration::from_micros(rng.below(2000))).await;
             }
             db.batch_execute("ROLLBACK").await.unwrap();
+            let mut books = rec.lock().await;
+            for (id, _) in &done {
+                *books.ledger.completed.entry(*id).or_default() -= 1;
+            }
+            drop(books);
+            ledger::complete(&db, &*rec, &done).await;
             continue;
         }
-        let got = claim(&db, &queue, &worker, n).await;
+        let got = next(
+            &db,
+            &rec,
+            (&queue, &worker, n),
+            fuse,
+            &std::mem::take(&mut finished),
+        )
+        .await;
         if got.is_empty() {
             tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
@@ -124,8 +149,25 @@ async fn claimer(queue: String, worker: String, floors: bool, rec: Shared, stop:
                         .unwrap();
                 }
             }
-            _ => ledger::complete(&db, &*rec, &got).await,
+            _ => finished = got,
         }
+    }
+    ledger::complete(&db, &*rec, &finished).await;
+}
+
+/// The next claim: fused with the completion of `done` (`fuse`), or alone.
+async fn next(
+    db: &Client,
+    rec: &Shared,
+    (queue, worker, n): (&str, &str, i32),
+    fuse: bool,
+    done: &[(Uuid, i64)],
+) -> Vec<(Uuid, i64)> {
+    if fuse {
+        ledger::complete_and_claim(db, &**rec, done, (queue, worker, n), OnDeadlock::Fail).await
+    } else {
+        assert!(done.is_empty(), "completed before a plain claim");
+        claim(db, queue, worker, n).await
     }
 }
 
@@ -431,15 +473,24 @@ async fn floor_reads(db: &Client) -> i64 {
     .get(0)
 }
 
-/// Whether one claim of `queue` on `db` read the floors.
+/// Whether one claim of `queue` on `db` read the floors; the fused
+/// `complete_and_claim` must seek as the claim does.
 async fn claim_reads_floors(db: &Client, queue: &str) -> bool {
-    db.batch_execute("BEGIN").await.unwrap();
-    let before = floor_reads(db).await;
-    let got = claim(db, queue, "w", 1).await;
-    let after = floor_reads(db).await;
-    db.batch_execute("ROLLBACK").await.unwrap();
-    assert_eq!(got.len(), 1, "a task to claim");
-    after > before
+    let mut read = Vec::new();
+    for sql in [
+        "SELECT task_id FROM sheaf.claim($1, 'w', 1)",
+        "SELECT task_id FROM sheaf.complete_and_claim($1, 'w', '{}', '{}', 1)",
+    ] {
+        db.batch_execute("BEGIN").await.unwrap();
+        let before = floor_reads(db).await;
+        let got = db.query(sql, &[&queue]).await.unwrap();
+        let after = floor_reads(db).await;
+        db.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(got.len(), 1, "a task to claim ({sql})");
+        read.push(after > before);
+    }
+    assert_eq!(read[0], read[1], "claim and complete_and_claim seek alike");
+    read[0]
 }
 
 /// Claims seek from the head of the queue while nothing holds the xmin

@@ -706,6 +706,45 @@ async fn complete_and_claim_finishes_a_batch_and_claims_the_next() {
     );
 }
 
+/// A running task an operator cancels while its completion waits for the
+/// next claim: the fused call reports it not completed (its token was
+/// fenced) and claims on; the worker's `release` then ends it cancelled.
+#[tokio::test]
+async fn complete_and_claim_reports_a_cancelled_task_and_claims_on() {
+    let client = client();
+    let queue = unique("fused-cancel");
+    let options = EnqueueOptions::new().placement(Placement::Shard(sid(0)));
+    let sent = client
+        .enqueue_batch(&queue, (0..2).map(|i| json!({ "n": i })), options)
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(30);
+    let (_, first) = client
+        .complete_and_claim(sent.shard, &queue, "fused-cancel", &[], 1, lease)
+        .await
+        .unwrap();
+    let running = (first[0].task_id, first[0].token);
+    assert!(client.cancel_task(running.0, Some("not needed")).await.unwrap());
+    let (done, next) = client
+        .complete_and_claim(sent.shard, &queue, "fused-cancel", &[running], 1, lease)
+        .await
+        .unwrap();
+    assert_eq!(done, vec![(running.0, false)], "fenced by the cancel");
+    assert_eq!(next.len(), 1, "the claim went on");
+    assert_ne!(next[0].task_id, running.0);
+    client.release(running.0, running.1).await.unwrap();
+    let db = connect(fleet().shards().next().unwrap()).await;
+    let left: i64 = db
+        .query_one(
+            "SELECT count(*) FROM sheaf.tasks WHERE id = $1",
+            &[&running.0.as_uuid()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "released: it ended, cancelled");
+}
+
 /// A task with no affinity goes to a shard that can take it now: with one
 /// of four shards down, every enqueue lands on the other three (it used to
 /// fail whenever the random pick was the dead one). With every shard down

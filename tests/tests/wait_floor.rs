@@ -4,7 +4,8 @@
 //!
 //! On one queue, three keys capped at 1 to 3, for `CHAOS` seconds:
 //! - two claimers take tasks and complete them (a slot frees: the next
-//!   waiting task is promoted from the floor), or complete them in a
+//!   waiting task is promoted from the floor; half the time with the next
+//!   claim, in one `complete_and_claim`), or complete them in a
 //!   transaction that rolls back, or roll the claim back, or release them
 //!   (over a lowered cap a released task goes back to its old place in the
 //!   line, maybe before the floor), or fail them with a short retry (due
@@ -84,16 +85,29 @@ async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBoo
     let shard = fleet().shards().next().unwrap();
     let db = connect(shard).await;
     let mut rng = Rng::new(seed);
+    // Tasks done whose completion goes with the next fused claim.
+    let mut finished: Vec<(Uuid, i64)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let n = 1 + rng.below(3) as i32;
         let roll = rng.below(100);
+        let fuse = roll >= 10 && rng.below(2) == 0;
+        if !fuse {
+            ledger::complete(&db, &*rec, &std::mem::take(&mut finished)).await;
+        }
         if roll < 10 {
             db.batch_execute("BEGIN").await.unwrap();
             let _ = claim(&db, &queue, &worker, n).await;
             db.batch_execute("ROLLBACK").await.unwrap();
             continue;
         }
-        let got = claim(&db, &queue, &worker, n).await;
+        let got = if fuse {
+            // The worker's fused step: the slots the finished tasks free
+            // promote waiting tasks in the same call that claims.
+            let done = std::mem::take(&mut finished);
+            ledger::complete_and_claim(&db, &*rec, &done, (&queue, &worker, n), OnDeadlock::TakeNothing).await
+        } else {
+            claim(&db, &queue, &worker, n).await
+        };
         if got.is_empty() {
             tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
@@ -130,9 +144,10 @@ async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBoo
                         .unwrap();
                 }
             }
-            _ => ledger::complete(&db, &*rec, &got).await,
+            _ => finished = got,
         }
     }
+    ledger::complete(&db, &*rec, &finished).await;
 }
 
 async fn enqueuer(queue: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
