@@ -7,6 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use pgrx::fcinfo::direct_function_call;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
@@ -210,10 +211,16 @@ const AT_HEAD: Stmt = Stmt::write(
 /// `sheaf.claim_floors_at_lag`: how many transactions the xmin horizon may
 /// lag behind before claims seek from the floors (0: always).
 pub static FLOORS_AT_LAG: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// `sheaf.claim_floors_at_dead_rows`: how many dead rows `ready` may count
+/// before claims seek from the floors (0: always).
+pub static FLOORS_AT_DEAD_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 /// How long after the horizon last lagged a backend still seeks from the
 /// floors: the entries a held snapshot kept are in `ready_claim` until a
 /// vacuum, or a scan passing each of them, removes or marks them.
 const FLOORS_AFTER_LAG: Duration = Duration::from_secs(30);
+/// How often a backend reads `ready`'s dead rows from the statistics (a
+/// hash lookup; the counts themselves are at most a second old).
+const DEAD_ROWS_EVERY: Duration = Duration::from_secs(1);
 
 /// Registers the claim's setting (from `_PG_init`).
 pub fn define_settings() {
@@ -224,6 +231,19 @@ pub fn define_settings() {
           everything claimed since; past this lag (and for 30 s after it) claims start their seeks from the \
           claim floors instead. 0: always from the floors.",
         &FLOORS_AT_LAG,
+        0,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sheaf.claim_floors_at_dead_rows",
+        c"Dead rows the ready table may count before claims seek from the claim floors.",
+        c"A claim from the head of a queue steps over the dead entries of everything claimed since the last \
+          vacuum: at thousands of claims a second they cost more than reading the floors. While the table's \
+          statistics count this many dead rows (read once a second), claims start their seeks from the \
+          claim floors instead. 0: always from the floors.",
+        &FLOORS_AT_DEAD_ROWS,
         0,
         i32::MAX,
         GucContext::Userset,
@@ -283,6 +303,9 @@ struct Swept {
 thread_local! {
     /// When this backend last saw the xmin horizon lag (`seek_from_floors`).
     static LAGGED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// When this backend last read `ready`'s dead rows, and whether they
+    /// were at the threshold (`seek_from_floors`).
+    static DEAD_ROWS: Cell<Option<(Instant, bool)>> = const { Cell::new(None) };
     /// Queues whose claims merge aging bands, as this backend last saw.
     static MERGING: RefCell<HashSet<String>> = RefCell::new(HashSet::new());
     static LAST_SWEEP: RefCell<HashMap<String, Swept>> = RefCell::new(HashMap::new());
@@ -377,10 +400,13 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<Cla
 
 /// Whether claims seek from the floors: while the xmin horizon lags
 /// `sheaf.claim_floors_at_lag` transactions or more behind, and for
-/// `FLOORS_AFTER_LAG` after.
+/// `FLOORS_AFTER_LAG` after; and while `ready` counts
+/// `sheaf.claim_floors_at_dead_rows` dead rows (read every
+/// `DEAD_ROWS_EVERY`): at thousands of claims a second the entries between
+/// two vacuums cost a seek from the head more than reading the floors does.
 fn seek_from_floors() -> bool {
-    let at = FLOORS_AT_LAG.get();
-    if at == 0 {
+    let (at, at_dead) = (FLOORS_AT_LAG.get(), FLOORS_AT_DEAD_ROWS.get());
+    if at == 0 || at_dead == 0 {
         return true;
     }
     // SAFETY: both read shared transaction state under its own locks. The
@@ -396,7 +422,32 @@ fn seek_from_floors() -> bool {
         LAGGED_AT.set(Some(Instant::now()));
         return true;
     }
-    LAGGED_AT.get().is_some_and(|t| t.elapsed() < FLOORS_AFTER_LAG)
+    if LAGGED_AT.get().is_some_and(|t| t.elapsed() < FLOORS_AFTER_LAG) {
+        return true;
+    }
+    match DEAD_ROWS.get() {
+        Some((read, many)) if read.elapsed() < DEAD_ROWS_EVERY => many,
+        _ => {
+            let many = ready_dead_rows() >= i64::from(at_dead);
+            DEAD_ROWS.set(Some((Instant::now(), many)));
+            many
+        }
+    }
+}
+
+/// `ready`'s dead rows as the cumulative statistics count them (0 if it
+/// has no entry yet).
+fn ready_dead_rows() -> i64 {
+    // SAFETY: a catalog lookup by name in a transaction (the function's
+    // search_path starts with sheaf's schema), then a builtin taking an oid
+    // and returning an int8.
+    unsafe {
+        let ready = pg_sys::RelnameGetRelid(c"ready".as_ptr());
+        if ready == pg_sys::InvalidOid {
+            return 0;
+        }
+        direct_function_call::<i64>(pg_sys::pg_stat_get_dead_tuples, &[ready.into_datum()]).unwrap_or(0)
+    }
 }
 
 /// Whether `queue` has a floor of an aging band.
