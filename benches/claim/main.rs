@@ -622,6 +622,16 @@ struct SnapshotRuns {
     /// The systems to measure, each in turn on the same fill.
     #[arg(long, value_delimiter = ',', value_enum, default_value = "sheaf,textbook")]
     systems: Vec<System>,
+    /// Free-then-held pairs per system; the ratios are reported per round,
+    /// then their median and spread.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Seconds of free-running cycles before the first round, unmeasured:
+    /// right after the fill's VACUUM the tables are at their tidiest, and a
+    /// first free window there runs faster than the steady state every
+    /// later one measures.
+    #[arg(long, default_value_t = 20)]
+    warmup: u64,
 }
 
 /// Dead tuples of the tables a cycle churns, as the statistics have them.
@@ -707,10 +717,12 @@ async fn hot_dead(admin: &Client, system: System) -> Result<i64, tokio_postgres:
     Ok(row.get(0))
 }
 
-/// For each commit mode, mode and depth, each system: a free-running
-/// window, then a window while another connection holds a REPEATABLE READ
-/// snapshot; then, the snapshot gone, cycles go on until the hot table's
-/// dead tuples are back under twice their free-running count (up to 60 s).
+/// For each commit mode, mode and depth, each system, `rounds` times: a
+/// free-running window, then a window while another connection holds a
+/// REPEATABLE READ snapshot; then, the snapshot gone, cycles go on until
+/// the hot table's dead tuples are back under twice their free-running
+/// count (up to 60 s). Each round's pair is seconds apart, so its ratio
+/// holds up to this machine's drift better than one over the whole run.
 async fn run_snapshot(
     url: &str,
     admin: &Client,
@@ -726,56 +738,95 @@ async fn run_snapshot(
                 admin.batch_execute("VACUUM ANALYZE").await?;
                 for &system in &runs.systems {
                     let mut pool = Pool::open_with(url, system, mode, clients, commit).await?;
-                    let free = pool.window(window).await?;
-                    let free_dead = hot_dead(admin, system).await?;
-                    let holder = connect(url).await?;
-                    holder
-                        .batch_execute(
-                            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;",
-                        )
-                        .await?;
-                    let held = pool.window(window).await?;
-                    let dead = dead_tuples(admin).await?;
-                    let probe = match system {
-                        System::Sheaf => Some(sweep_probe_cost(admin, &queue_name(mode, 0)).await?),
-                        System::Textbook => None,
-                    };
-                    holder.batch_execute("ROLLBACK").await?;
-                    let released = Instant::now();
-                    let mut settled = None;
-                    while released.elapsed() < Duration::from_secs(60) {
-                        pool.window(Duration::from_secs(1)).await?;
-                        if hot_dead(admin, system).await? <= (2 * free_dead).max(2000) {
-                            settled = Some(released.elapsed());
-                            break;
-                        }
+                    pool.window(Duration::from_secs(runs.warmup)).await?;
+                    let mut pairs = Vec::new();
+                    for _ in 0..runs.rounds.max(1) {
+                        let (free, held) =
+                            snapshot_round(url, admin, &mut pool, system, mode, window).await?;
+                        println!(
+                            "{:<8} {:<9} {:>7} {:<9} free {:>7.0} cycles/s (p99 {:>6.2} ms)   held {:>7.0} cycles/s (p99 {:>7.2} ms)   ratio {:.2}   p99 x{:.1}",
+                            format!("{commit:?}").to_lowercase(),
+                            format!("{mode:?}").to_lowercase(),
+                            depth,
+                            system.name(),
+                            free.rate(),
+                            free.percentile_ms(0.99),
+                            held.rate(),
+                            held.percentile_ms(0.99),
+                            held.rate() / free.rate(),
+                            held.percentile_ms(0.99) / free.percentile_ms(0.99),
+                        );
+                        pairs.push((free, held));
                     }
-                    println!(
-                        "{:<8} {:<9} {:>7} {:<9} free {:>7.0} cycles/s (p99 {:>6.2} ms)   held {:>7.0} cycles/s (p99 {:>7.2} ms)   ratio {:.2}   p99 x{:.1}",
-                        format!("{commit:?}").to_lowercase(),
-                        format!("{mode:?}").to_lowercase(),
-                        depth,
-                        system.name(),
-                        free.rate(),
-                        free.percentile_ms(0.99),
-                        held.rate(),
-                        held.percentile_ms(0.99),
-                        held.rate() / free.rate(),
-                        held.percentile_ms(0.99) / free.percentile_ms(0.99),
-                    );
-                    if let Some(probe) = probe {
-                        println!("         sweep probe at the end of the held window: {probe}");
+                    if pairs.len() > 1 {
+                        let spread = |mut r: Vec<f64>| {
+                            r.sort_by(f64::total_cmp);
+                            (r[(r.len() - 1) / 2], r[0], r[r.len() - 1])
+                        };
+                        let (rate, lo, hi) = spread(pairs.iter().map(|(f, h)| h.rate() / f.rate()).collect());
+                        let (p99, p99_lo, p99_hi) = spread(
+                            pairs
+                                .iter()
+                                .map(|(f, h)| h.percentile_ms(0.99) / f.percentile_ms(0.99))
+                                .collect(),
+                        );
+                        println!(
+                            "{:<8} {:<9} {:>7} {:<9} median of {} rounds: ratio {rate:.2} ({lo:.2}-{hi:.2})   p99 x{p99:.1} ({p99_lo:.1}-{p99_hi:.1})",
+                            format!("{commit:?}").to_lowercase(),
+                            format!("{mode:?}").to_lowercase(),
+                            depth,
+                            system.name(),
+                            pairs.len()
+                        );
                     }
-                    println!(
-                        "         dead tuples at the end of the held window: {dead}; back to steady {}",
-                        settled.map_or_else(
-                            || "not within 60 s".to_owned(),
-                            |d| format!("{:.0} s after", d.as_secs_f64())
-                        )
-                    );
                 }
             }
         }
     }
     Ok(())
+}
+
+/// One free-running window and one held, then the settling after it;
+/// prints what the held window left behind.
+async fn snapshot_round(
+    url: &str,
+    admin: &Client,
+    pool: &mut Pool,
+    system: System,
+    mode: Mode,
+    window: Duration,
+) -> Result<(Measured, Measured), Box<dyn std::error::Error>> {
+    let free = pool.window(window).await?;
+    let free_dead = hot_dead(admin, system).await?;
+    let holder = connect(url).await?;
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;")
+        .await?;
+    let held = pool.window(window).await?;
+    let dead = dead_tuples(admin).await?;
+    let probe = match system {
+        System::Sheaf => Some(sweep_probe_cost(admin, &queue_name(mode, 0)).await?),
+        System::Textbook => None,
+    };
+    holder.batch_execute("ROLLBACK").await?;
+    let released = Instant::now();
+    let mut settled = None;
+    while released.elapsed() < Duration::from_secs(60) {
+        pool.window(Duration::from_secs(1)).await?;
+        if hot_dead(admin, system).await? <= (2 * free_dead).max(2000) {
+            settled = Some(released.elapsed());
+            break;
+        }
+    }
+    if let Some(probe) = probe {
+        println!("         sweep probe at the end of the held window: {probe}");
+    }
+    println!(
+        "         dead tuples at the end of the held window: {dead}; back to steady {}",
+        settled.map_or_else(
+            || "not within 60 s".to_owned(),
+            |d| format!("{:.0} s after", d.as_secs_f64())
+        )
+    );
+    Ok((free, held))
 }

@@ -71,12 +71,35 @@ async fn claim(db: &Client, queue: &str, worker: &str, n: i32) -> Vec<(Uuid, i64
 /// in this test it does not lag for long): both claims run concurrently.
 async fn seek_from_floors(db: &Client, floors: bool) {
     let lag = if floors { 0 } else { 10_000 };
+    floors_at(db, lag, lag * 10).await;
+}
+
+/// A threshold no test reaches.
+const NEVER: i64 = 2_000_000_000;
+
+/// Sets `sheaf.claim_floors_at_lag` and `sheaf.claim_floors_at_dead_rows`
+/// for the session of `db`.
+async fn floors_at(db: &Client, lag: i64, dead_rows: i64) {
     db.batch_execute(&format!(
-        "SET sheaf.claim_floors_at_lag = {lag}; SET sheaf.claim_floors_at_dead_rows = {}",
-        lag * 10
+        "SET sheaf.claim_floors_at_lag = {lag}; SET sheaf.claim_floors_at_dead_rows = {dead_rows}"
     ))
     .await
     .unwrap();
+}
+
+/// Makes the xmin horizon lag `lag` transactions or more behind while the
+/// returned connection holds its snapshot open.
+async fn hold_snapshot(lag: u32) -> Client {
+    let shard = fleet().shards().next().unwrap();
+    let (holder, burner) = (connect(shard).await, connect(shard).await);
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    for _ in 0..lag {
+        burner.batch_execute("SELECT pg_current_xact_id()").await.unwrap();
+    }
+    holder
 }
 
 async fn claimer(queue: String, worker: String, floors: bool, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
@@ -504,31 +527,17 @@ async fn claim_reads_floors(db: &Client, queue: &str) -> bool {
 async fn claims_seek_from_the_floors_once_a_held_snapshot_lags() {
     let queue = unique("lag");
     let shard = fleet().shards().next().unwrap();
-    let (db, holder, burner) = (connect(shard).await, connect(shard).await, connect(shard).await);
+    let db = connect(shard).await;
     db.execute("SELECT sheaf.enqueue($1, '{}')", &[&queue])
         .await
         .unwrap();
-    db.batch_execute(
-        "SET sheaf.claim_floors_at_lag = 2000000000; SET sheaf.claim_floors_at_dead_rows = 2000000000",
-    )
-    .await
-    .unwrap();
+    floors_at(&db, NEVER, NEVER).await;
     assert!(!claim_reads_floors(&db, &queue).await, "no lag: from the head");
-    db.batch_execute("SET sheaf.claim_floors_at_lag = 0")
-        .await
-        .unwrap();
+    floors_at(&db, 0, NEVER).await;
     assert!(claim_reads_floors(&db, &queue).await, "0: always from the floors");
 
-    holder
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
-        .await
-        .unwrap();
-    for _ in 0..20 {
-        burner.batch_execute("SELECT pg_current_xact_id()").await.unwrap();
-    }
-    db.batch_execute("SET sheaf.claim_floors_at_lag = 10")
-        .await
-        .unwrap();
+    let holder = hold_snapshot(20).await;
+    floors_at(&db, 10, NEVER).await;
     assert!(
         claim_reads_floors(&db, &queue).await,
         "a lag of 20 or more: from the floors"
@@ -548,18 +557,12 @@ async fn claims_seek_from_the_floors_while_ready_counts_dead_rows() {
     db.execute("SELECT sheaf.enqueue($1, '{}')", &[&queue])
         .await
         .unwrap();
-    db.batch_execute(
-        "SET sheaf.claim_floors_at_lag = 2000000000; SET sheaf.claim_floors_at_dead_rows = 2000000000",
-    )
-    .await
-    .unwrap();
+    floors_at(&db, NEVER, NEVER).await;
     assert!(
         !claim_reads_floors(&db, &queue).await,
         "too few dead rows: from the head"
     );
-    db.batch_execute("SET sheaf.claim_floors_at_dead_rows = 1")
-        .await
-        .unwrap();
+    floors_at(&db, NEVER, 1).await;
     let churned = unique("churn");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     // Each round leaves dead rows in `ready` (claimed tasks), in case a
