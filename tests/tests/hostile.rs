@@ -68,7 +68,8 @@ async fn functions(db: &Client) -> Vec<Function> {
 
 /// The SQLSTATEs of the errors table (docs/reference/errors.md), XX000 left out.
 fn documented_codes() -> Vec<String> {
-    let doc = std::fs::read_to_string(repo_root().join("docs/reference/errors.md")).expect("docs/reference/errors.md");
+    let doc = std::fs::read_to_string(repo_root().join("docs/reference/errors.md"))
+        .expect("docs/reference/errors.md");
     let section = doc
         .split("# Errors\n")
         .nth(1)
