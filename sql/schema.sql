@@ -4,7 +4,7 @@
 -- verbatim in the extension's install script (see extension/src/lib.rs), so a
 -- fresh install runs it. Once a version is released (releases.toml), every
 -- change here goes into the next upgrade script sql/sheaf--A--B.sql too
--- (README, "Schema changes and releases").
+-- (CONTRIBUTING.md, "Schema changes and releases").
 --
 -- Nothing here is for callers to write directly: workers and admins act through
 -- the functions (SECURITY DEFINER); see privileges.sql.

@@ -33,7 +33,7 @@ mod ui;
                   `<id>=<connection string>` entries, comma-separated or a JSON list; \
                   or, for a single database, SHEAF_DATABASE_URL alone; \
                   SHEAF_READABLE, SHEAF_WRITABLE, SHEAF_RESERVED, SHEAF_DEFAULT_SHARD, \
-                  SHEAF_RESIDENCY and SHEAF_FORWARDS are optional (see the README)."
+                  SHEAF_RESIDENCY and SHEAF_FORWARDS are optional (see docs/reference/settings.md)."
 )]
 struct Cli {
     /// Print JSON instead of a table.
@@ -70,7 +70,7 @@ enum Command {
         /// true a boolean), else as a string.
         #[arg(long = "attr", value_name = "K=V")]
         attrs: Vec<String>,
-        /// A filter tree as JSON (and, or, not, attr tests: see the README).
+        /// A filter tree as JSON (and, or, not, attr tests: see docs/reference/sql/executions.md).
         #[arg(long, value_name = "JSON")]
         filter: Option<String>,
         /// Executions per page (1 to 999).
@@ -182,7 +182,7 @@ enum Command {
         execution_id: String,
     },
     /// Children whose parent's shard has no record of them (shards restored
-    /// to different instants: see the README). Exits 5 when it finds any,
+    /// to different instants: see docs/concepts/across-shards.md). Exits 5 when it finds any,
     /// 3 when partial.
     Orphans,
     /// The fleet's workflow policies, queue options and caps, declared once

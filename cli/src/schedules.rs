@@ -16,7 +16,7 @@ use crate::exit;
 pub struct CreateArgs {
     /// The schedule's name (1 to 256 bytes).
     pub name: String,
-    /// The spec as JSON (see the README's "Schedules").
+    /// The spec as JSON (see docs/reference/sql/schedules.md).
     #[arg(long)]
     pub spec: Option<String>,
     /// A cron expression (5 or 6 fields), @hourly, @daily, @weekly,

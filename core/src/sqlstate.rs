@@ -1,8 +1,8 @@
 //! Every SQLSTATE the sheaf extension raises, and what each means.
 //!
 //! sheaf uses standard codes only: pgrx cannot raise custom ones from Rust, and
-//! a standard code lets any client's error handling work unchanged. The README's
-//! error table is checked against this list by a test.
+//! a standard code lets any client's error handling work unchanged. The error
+//! table of docs/reference/errors.md is checked against this list by a test.
 
 /// One documented code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,13 +108,13 @@ pub const ALL: &[Code] = &[
 mod tests {
     use super::*;
 
-    /// The README's error table lists exactly these codes.
+    /// The error table of docs/reference/errors.md lists exactly these codes.
     #[test]
-    fn readme_documents_every_code() {
-        let readme = include_str!("../../README.md");
-        let table: Vec<&str> = readme
+    fn errors_doc_documents_every_code() {
+        let doc = include_str!("../../docs/reference/errors.md");
+        let table: Vec<&str> = doc
             .lines()
-            .skip_while(|l| !l.starts_with("## Errors"))
+            .skip_while(|l| !l.starts_with("# Errors"))
             .filter(|l| l.starts_with("| `"))
             .collect();
         for c in ALL {
@@ -122,7 +122,7 @@ mod tests {
                 table
                     .iter()
                     .any(|l| l.starts_with(&format!("| `{}` | {} |", c.code, c.name))),
-                "README error table is missing {} {}",
+                "docs/reference/errors.md is missing {} {}",
                 c.code,
                 c.name
             );
@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(
             table.len(),
             ALL.len(),
-            "README error table lists codes sheaf does not raise"
+            "docs/reference/errors.md lists codes sheaf does not raise"
         );
     }
 }

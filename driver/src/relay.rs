@@ -24,7 +24,7 @@
 //! interval, never a child.
 //!
 //! The relay's steps are granted to `sheaf_relay`, not to `sheaf_worker`
-//! (README "Roles"): before it sweeps a shard, a relay asks whether its
+//! (docs/reference/roles.md): before it sweeps a shard, a relay asks whether its
 //! login there holds that role, and on a shard where it does not it says so
 //! once (a warning, and `sheaf_protocol_role{shard}` 0) and leaves the
 //! shard alone, rather than failing every sweep.
@@ -451,7 +451,7 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
     let drove = report(outcome, RelayEdge::Pull).await.unwrap_or(Drove::Lost);
     // The parent has the child's end now: the child's shard may let
     // retention delete it. A mark lost here keeps the child (never deletes
-    // one too early); README "Retention".
+    // one too early); docs/operating/retention.md.
     if ended
         && drove == Drove::Settled
         && let Err(e) = client.relay_pulled(row.child_id).await

@@ -131,7 +131,7 @@ const STATUS: Stmt = Stmt::read(
 
 // The 0.1.0 catalog's lines, whose waiters have no lease: a shard runs this
 // library on that catalog between installing the package and `ALTER
-// EXTENSION sheaf UPDATE` (README, "Upgrading"), and its calls must work.
+// EXTENSION sheaf UPDATE` (docs/operating/upgrading.md), and its calls must work.
 const JOIN_LINE_0_1: Stmt = Stmt::write(
     "INSERT INTO mutex_waiters (key, owner, position, lease_secs) \
      VALUES ($1, $2, nextval('mutex_seq'), $3) \

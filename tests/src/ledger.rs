@@ -28,7 +28,7 @@ pub trait Books {
 pub enum OnDeadlock {
     /// A failure: nothing in the test should deadlock a claim.
     Fail,
-    /// A claim that took nothing (the README's "Deadlocks" names the case),
+    /// A claim that took nothing (docs/reference/sql/mutex.md, "Deadlocks" names the case),
     /// and the caller claims again.
     TakeNothing,
 }

@@ -14,7 +14,7 @@
 //!
 //! Runs only with `SHEAF_SOAK=1` (scripts/test sets it on PostgreSQL 15).
 //! `SHEAF_SOAK_TASKS` (default 20,000) and `SHEAF_SOAK_STOP_SECS` (default
-//! 10) size it; README, "Reliability suites", gives the long form.
+//! 10) size it; docs/reliability/chaos-soak.md gives the long form.
 
 #[path = "chaos_soak/check.rs"]
 mod check;

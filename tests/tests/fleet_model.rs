@@ -1,4 +1,4 @@
-//! The fleet model test (README, "Reliability suites"; docs/residence.md):
+//! The fleet model test (docs/reliability/fleet-model.md; docs/residence.md):
 //! on the suite's own three shards, a seeded random sequence of operations
 //! through the driver and the CLI — starts, children with every placement,
 //! signals and cancels by id and by key, continue-as-new, completions and

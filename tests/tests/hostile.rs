@@ -2,8 +2,8 @@
 //! `pg_proc` (a new function is covered without editing this file), called
 //! with hostile values of each argument's type, one argument at a time, the
 //! others as in its valid call (`tests/src/valid_calls.rs`; a function with
-//! none gets typed defaults). Pass: success or a SQLSTATE of the README's
-//! Errors table (never XX000), the connection still usable, no call over
+//! none gets typed defaults). Pass: success or a SQLSTATE of the errors
+//! table in docs/reference/errors.md (never XX000), the connection still usable, no call over
 //! 2 s, nothing written by a refused call, no refusal longer than 1 KB (a
 //! huge value is never echoed), and the server log free of PANIC, TRAP and
 //! `terminated by signal`.
@@ -66,14 +66,15 @@ async fn functions(db: &Client) -> Vec<Function> {
         .collect()
 }
 
-/// The SQLSTATEs of the README's Errors table, XX000 left out.
+/// The SQLSTATEs of the errors table (docs/reference/errors.md), XX000 left out.
 fn documented_codes() -> Vec<String> {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
-    let section = readme
-        .split("\n## Errors")
+    let doc = std::fs::read_to_string(repo_root().join("docs/reference/errors.md"))
+        .expect("docs/reference/errors.md");
+    let section = doc
+        .split("# Errors\n")
         .nth(1)
-        .and_then(|s| s.split("\n## ").next())
-        .expect("README.md has an Errors section");
+        .and_then(|s| s.split("\n#").next())
+        .expect("docs/reference/errors.md has an Errors section");
     let codes: Vec<String> = section
         .lines()
         .filter_map(|l| l.strip_prefix("| `"))
@@ -199,7 +200,7 @@ impl Run {
         let code = db.code().code();
         if !self.codes.iter().any(|c| c == code) {
             self.fail(format!(
-                "{}: SQLSTATE {code} is not in the README's Errors table: {} ({})",
+                "{}: SQLSTATE {code} is not in docs/reference/errors.md: {} ({})",
                 f.signature,
                 excerpt(db.message()),
                 excerpt(sql)

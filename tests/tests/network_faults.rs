@@ -780,7 +780,7 @@ async fn retries_after_conflicts_share_one_query_timeout() {
     );
 }
 
-/// The long form (README, "Network faults"): `SHEAF_NETFAULT_ROUNDS` rounds
+/// The long form (docs/reliability/network-faults.md): `SHEAF_NETFAULT_ROUNDS` rounds
 /// (2 by default, the CI form: half-open, then reset; later rounds draw
 /// the kind at random) of a fault of
 /// 2 to 8 s on one shard, then 1 to 3 s healthy, while a worker drains

@@ -266,7 +266,7 @@ async fn a_worker_login_cannot_call_admin_functions_touch_tables_or_create_objec
 /// children too.
 static RELAYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The protocol's steps (README "Roles"): granted to `sheaf_relay` (and so
+/// The protocol's steps (docs/reference/roles.md): granted to `sheaf_relay` (and so
 /// to `sheaf_admin`), never to `sheaf_worker`.
 const PROTOCOL: [&str; 13] = [
     "migration_activate",
@@ -732,7 +732,7 @@ async fn every_security_definer_function_pins_a_safe_search_path() {
                     // A SQL-standard body (ready_k1, ready_aging_band) binds its names when it
                     // is created: no search_path can change what it calls.
                     problems.push(format!(
-                        "{f}: no pinned search_path (README: every function pins it)"
+                        "{f}: no pinned search_path (docs/reference/sql/README.md: every function pins it)"
                     ));
                 }
                 continue;

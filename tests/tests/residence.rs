@@ -1,6 +1,6 @@
 //! Residence, not origin: an id names the shard a run was born on; where it
 //! lives after moves is reached through its seals' forwards, and every
-//! decision about where a run is follows residence (README, "Residence").
+//! decision about where a run is follows residence (docs/residence.md).
 //! Each test here failed before the decision it checks followed residence:
 //! a moved parent's local child reported its end to nobody; a default
 //! child of a moved parent went to the parent's old shard; an attach to a
@@ -411,7 +411,7 @@ fn deadlocked(r: &Result<(), tokio_postgres::Error>) -> bool {
         .is_some_and(|c| c.code() == "40P01")
 }
 
-/// The lock order (README, "Deadlocks"): a child started in its parent's
+/// The lock order (docs/reference/sql/mutex.md, "Deadlocks"): a child started in its parent's
 /// transaction takes the child's start and gate locks before the parent's
 /// row. Interleaved against a latest-wins start of the child's key that
 /// supersedes the parent, it waits instead of deadlocking: before, the

@@ -1,7 +1,7 @@
 //! Every function of schema `sheaf` has a typed `Client` method: its call
 //! `sheaf.<name>(` appears in the driver's source (driver/src), unless it is
 //! on the allow-list below with the reason it has none. A new SQL function
-//! without a method fails this test (README "Adding a SQL function").
+//! without a method fails this test (CONTRIBUTING.md, "Adding a SQL function").
 
 use std::path::Path;
 

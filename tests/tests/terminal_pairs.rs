@@ -4,7 +4,7 @@
 //! cancel vs complete, cancel vs reap, pause vs complete, resume vs cancel,
 //! a lowered cap vs an execution ending, and a dead-lettered workflow task
 //! (reap) vs its sibling completing. Passes when no side ever returns 40P01,
-//! except where the README documents the inversion ("Deadlocks": a reap that
+//! except where docs/reference/sql/mutex.md documents the inversion ("Deadlocks": a reap that
 //! fails the execution against its cancel).
 //! Every other refusal a side may meet is named per pair (an unknown task,
 //! P0002, when the other side deleted it first; 55000 when the execution
@@ -259,7 +259,7 @@ async fn cancel_vs_reap_failing_the_execution() {
     // As above, and the workflow task's lease ran out on its last attempt
     // too: the reap fails the execution, locking its other tasks after the
     // ones it reaped. Against a cancel that already holds one of those and
-    // waits for a reaped one, that is the documented inversion (README
+    // waits for a reaped one, that is the documented inversion (docs/reference/sql/mutex.md,
     // "Deadlocks"): 40P01 may end either side, nothing else may.
     let setup = Setup {
         claimed: 3,
@@ -328,7 +328,7 @@ async fn dead_lettered_workflow_task_vs_sibling_completing() {
     // The workflow task's lease ran out on its last attempt: the reap fails
     // the execution, which cancels its tasks, while a running activity
     // completes (P0002, no such task, when the reap deleted it first). This is the
-    // documented inversion of a reap that fails an execution (README,
+    // documented inversion of a reap that fails an execution (docs/reference/sql/mutex.md,
     // "Deadlocks"; base/locks.rs): the reap holds the workflow task and then
     // locks its siblings, so a sibling completing at that moment can
     // deadlock with it (1 round in 60 in one CI run): 40P01, retried.

@@ -1,4 +1,4 @@
-//! The upgrade test, as a user lives it (README, "Upgrading"): a shard runs a
+//! The upgrade test, as a user lives it (docs/operating/upgrading.md): a shard runs a
 //! released sheaf with live state; the package is upgraded (here: the
 //! cluster's `dynamic_library_path` stops pointing at the released library,
 //! so new connections load HEAD's); the old catalog keeps working with the

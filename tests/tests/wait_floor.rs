@@ -56,7 +56,7 @@ impl Books for Record {
     }
 }
 
-/// A claim; one that deadlocks with a cap cut (README, "Deadlocks": its
+/// A claim; one that deadlocks with a cap cut (docs/reference/sql/mutex.md, "Deadlocks": its
 /// sweep promotes due tasks of the key whose ready tasks the cut waits for)
 /// took nothing, and the caller claims again.
 async fn claim(db: &Client, queue: &str, worker: &str, n: i32) -> Vec<(Uuid, i64)> {
@@ -67,7 +67,7 @@ fn key(queue: &str, k: u64) -> String {
     format!("{queue}-k{k}")
 }
 
-/// Runs `sql` on each task; a deadlock with a cap change (README,
+/// Runs `sql` on each task; a deadlock with a cap change (docs/reference/sql/mutex.md,
 /// "Deadlocks") is retried, as a caller would.
 async fn each(db: &Client, sql: &str, tasks: &[(Uuid, i64)]) {
     for (id, token) in tasks {
@@ -119,7 +119,7 @@ async fn claimer(queue: String, worker: String, rec: Shared, stop: Arc<AtomicBoo
                 // A promotion that rolls back: its tasks stay in the line.
                 // One task: a transaction that completes tasks of two keys
                 // in separate statements takes the keys in its own order
-                // and can deadlock (README, "Deadlocks").
+                // and can deadlock (docs/reference/sql/mutex.md, "Deadlocks").
                 db.batch_execute("BEGIN").await.unwrap();
                 let (id, token) = &got[0];
                 // A deadlock with a cap change ends it early: as good.

@@ -414,7 +414,7 @@ impl Client {
 
     /// Children whose parent-side record (`children` where the parent
     /// lives) is gone: the hazard of shards restored to different instants
-    /// (README, "Child workflows across shards"). Every readable shard's
+    /// (docs/concepts/across-shards.md, "Operating it"). Every readable shard's
     /// children are listed and checked where their parents live: first
     /// the shard a parent's id routes to, then, for a parent that moved
     /// (its `children` rows moved with it), where its seal forwards. A

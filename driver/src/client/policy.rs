@@ -94,7 +94,7 @@ impl Client {
     }
 
     /// Declares (or replaces) workflow `name`'s policy (the JSON form of
-    /// README "Executions and gates": queue, concurrency, quota) on every
+    /// docs/reference/sql/executions.md: queue, concurrency, quota) on every
     /// shard. Later starts on a shard use that shard's policy, so check
     /// [`FleetReport::is_complete`]: a shard in `failed` keeps its old one.
     pub async fn declare_workflow(&self, name: &str, policy: impl Into<Json>) -> FleetReport<()> {

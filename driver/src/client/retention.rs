@@ -20,7 +20,7 @@ const STATE: &str = "SELECT state FROM sheaf.get_execution($1)";
 
 impl Client {
     /// Sets how long every shard keeps what has ended (the fields given;
-    /// see README "Retention"), and returns each shard's whole policy. A
+    /// see docs/operating/retention.md), and returns each shard's whole policy. A
     /// shard in `failed` kept its old one: apply it again.
     pub async fn set_retention(&self, policy: impl Into<Json>) -> FleetReport<Value> {
         let policy = policy.into();

@@ -84,7 +84,7 @@ impl Client {
         }
     }
 
-    /// Creates schedule `name` from `spec` (see the README's "Schedules")
+    /// Creates schedule `name` from `spec` (see docs/reference/sql/schedules.md)
     /// on the default shard; returns its first fire time.
     /// [`ClientError::WrongState`] if the name is taken,
     /// [`ClientError::InvalidArgument`] naming what is wrong in the spec.

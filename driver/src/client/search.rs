@@ -87,7 +87,7 @@ impl ExecutionFilter {
         ExecutionFilter::default()
     }
 
-    /// A filter tree as JSON (see the README's filter table), and-ed with
+    /// A filter tree as JSON (see the filter table in docs/reference/sql/executions.md), and-ed with
     /// what else is added.
     pub fn from_json(tree: Value) -> ExecutionFilter {
         ExecutionFilter::new().and(tree)

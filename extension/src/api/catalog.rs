@@ -1,5 +1,5 @@
 //! Checks of the SQL surface as the catalog shows it: the conventions every
-//! function of schema `sheaf` follows (README, "SQL API").
+//! function of schema `sheaf` follows (docs/reference/sql/README.md).
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

@@ -63,8 +63,8 @@ fn get_task(
 
 /// The unfinished task of `queue` holding `idempotency_key` on this shard,
 /// NULL if none: what an enqueue with the key would return. The driver asks
-/// a key's former home with it while that shard drains (README, "Keys have
-/// one home").
+/// a key's former home with it while that shard drains (docs/residence.md,
+/// "Keys have one home").
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn find_task(queue: Option<&str>, idempotency_key: Option<&str>) -> Option<pgrx::Uuid> {

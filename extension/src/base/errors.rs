@@ -1,4 +1,4 @@
-//! The SQLSTATEs sheaf raises (the README's error table lists the same codes).
+//! The SQLSTATEs sheaf raises (docs/reference/errors.md lists the same codes).
 //!
 //! Every refusal goes through one of these, so a code and the shape of its
 //! message stay consistent across functions.
@@ -251,7 +251,7 @@ mod tests {
     use pgrx::prelude::*;
 
     /// Every code sheaf raises is documented in `sheaf_core::sqlstate::ALL`
-    /// (the list the README's error table shows).
+    /// (the list docs/reference/errors.md shows).
     #[pg_test]
     fn every_code_sheaf_raises_is_documented() {
         assert_eq!(sqlstate_text(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR), "XX000");

@@ -42,7 +42,7 @@
 //! executions), `workflow::hooks` (a dead-lettered workflow task holds its
 //! own row, and a reap every row it reaped, before locking its siblings),
 //! and `queue::caps::demote_ready` (a lowered cap waits for ready rows while
-//! holding its key). The README's "Deadlocks" says what a caller sees.
+//! holding its key). docs/reference/sql/mutex.md, "Deadlocks", says what a caller sees.
 
 use pgrx::fcinfo::{direct_function_call, direct_function_call_as_datum};
 use pgrx::prelude::*;

@@ -77,7 +77,7 @@ pub fn admit(workflow: &str, key: &str, policy: &ConcurrencyPolicy, new_id: pgrx
             // victim's tasks, row, keys and mutexes while this start holds
             // the gate lock. A transaction that ends a mutex holder and then
             // starts a cancel_running workflow takes them the other way
-            // round; the two can deadlock (40P01, README "Deadlocks"), one
+            // round; the two can deadlock (40P01, docs/reference/sql/mutex.md), one
             // rolls back whole, and the driver retries the start.
             for id in &victims {
                 lifecycle::close(

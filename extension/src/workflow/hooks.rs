@@ -97,7 +97,7 @@ impl ExecutionHooks for Executions {
                 // order among tasks: this transaction already holds the dead
                 // task (a reap, every task it reaped), so a concurrent end of
                 // the same execution that holds a sibling and waits for one
-                // of those deadlocks with it (40P01, README "Deadlocks").
+                // of those deadlocks with it (40P01, docs/reference/sql/mutex.md).
                 if kind == "workflow" && executions::state_of(execution_id).is_some() {
                     lifecycle::close_after(
                         execution_id,
