@@ -6,8 +6,9 @@
 //! # Layers
 //!
 //! The modules sit in layers, and a module names only its own layer and the
-//! ones below it (`scripts/check-layers` fails on an upward `crate::` path;
-//! `scripts/test` runs it):
+//! ones below it, and the modules of a layer form no circle
+//! (`scripts/check-layers` fails on an upward `crate::` path and on a
+//! circle; `scripts/test` runs it):
 //!
 //! ```text
 //! api        every #[pg_extern]: validate, call, return

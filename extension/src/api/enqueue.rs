@@ -8,7 +8,7 @@ use crate::base::errors::{bad_argument, internal};
 use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
 use crate::base::topology;
-use crate::queue::{queues, tasks};
+use crate::queue::{enqueue, queues};
 use crate::workflow::hooks::EXECUTIONS;
 
 /// Enqueues one task and returns its id. `opts` (all optional): `priority`
@@ -37,12 +37,12 @@ fn enqueue_batch(
     opts: default!(Option<Jsonb>, "'{}'"),
 ) -> SetOfIterator<'static, pgrx::Uuid> {
     let payloads = required(payloads, "payloads");
-    if payloads.is_empty() || payloads.len() > tasks::MAX_BATCH {
+    if payloads.is_empty() || payloads.len() > enqueue::MAX_BATCH {
         bad_argument(
             "payloads",
             format!(
                 "must hold 1 to {} payloads, got {}",
-                tasks::MAX_BATCH,
+                enqueue::MAX_BATCH,
                 payloads.len()
             ),
         );
@@ -67,5 +67,5 @@ fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<Jsonb>) 
     if o.execution_id.is_none() {
         topology::check_declared();
     }
-    tasks::insert(name, payloads, &o, &EXECUTIONS)
+    enqueue::insert(name, payloads, &o, &EXECUTIONS)
 }

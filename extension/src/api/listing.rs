@@ -9,7 +9,7 @@ use sheaf_core::state::TaskState;
 use crate::base::args::{page_rows, required};
 use crate::base::errors::{bad_argument, not_found};
 use crate::base::jsonb::Jsonb;
-use crate::queue::{cancel, listing, queues, tasks};
+use crate::queue::{cancel, enqueue, listing, queues};
 
 /// The most rows one page of a listing returns.
 const MAX_PAGE: i32 = 1000;
@@ -76,7 +76,7 @@ fn find_task(queue: Option<&str>, idempotency_key: Option<&str>) -> Option<pgrx:
             format!("must be 1 to 256 bytes, got {}", key.len()),
         );
     }
-    tasks::by_idempotency_key(queue, key)
+    enqueue::by_idempotency_key(queue, key)
 }
 
 /// A queue's tasks in `state` (NULL: every state, running, ready,

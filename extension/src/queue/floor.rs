@@ -126,7 +126,7 @@ macro_rules! lower {
 }
 pub(crate) use lower;
 
-/// Step 2 of readying inside the enqueue statement (`queue::tasks`): CTEs
+/// Step 2 of readying inside the enqueue statement (`queue::enqueue`): CTEs
 /// over its CTE `r` of new ready rows (`k1, k2, seq, aging_band`) of queue
 /// `$2` (one priority, so one band), with `$16` the result of
 /// `try_readying`. The same rule as `LOWER`.

@@ -7,6 +7,7 @@ pub mod caps;
 pub mod claim;
 pub mod complete;
 pub mod dead_letters;
+pub mod enqueue;
 pub mod floor;
 pub mod hooks;
 pub mod lease;

@@ -10,7 +10,7 @@ use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
-use crate::queue::tasks;
+use crate::queue::enqueue;
 use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::migration;
 
@@ -151,7 +151,7 @@ pub fn enqueue_workflow_task(
         kind: TaskKind::Workflow,
         ..EnqueueOptions::default()
     };
-    let ids = tasks::insert_at(&e.queue, vec![payload], &o, run_at, &EXECUTIONS);
+    let ids = enqueue::insert_at(&e.queue, vec![payload], &o, run_at, &EXECUTIONS);
     ids.first()
         .copied()
         .unwrap_or_else(|| crate::base::errors::internal("enqueueing a workflow task: no id came back"))

@@ -19,7 +19,7 @@ use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::base::subxact;
-use crate::queue::{cancel, tasks};
+use crate::queue::{cancel, enqueue};
 use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::{executions, start};
@@ -539,7 +539,7 @@ fn begin(name: &str, spec: &Spec, at: i64) -> (Option<pgrx::Uuid>, Option<pgrx::
                 run_at,
                 ..opts.clone()
             };
-            let ids = tasks::insert(queue, vec![Jsonb::from_value(payload.clone())], &o, &EXECUTIONS);
+            let ids = enqueue::insert(queue, vec![Jsonb::from_value(payload.clone())], &o, &EXECUTIONS);
             (None, ids.first().copied())
         }
     }
