@@ -20,8 +20,8 @@ use crate::base::rows;
 use crate::queue::{complete, tasks};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::lifecycle::{self, Close};
+use crate::workflow::quota;
 use crate::workflow::start::{self, Begin, Timeout};
-use crate::workflow::{migration, quota};
 
 const PRIOR: Stmt = Stmt::read(
     "SELECT workflow_name, workflow_id, search_attrs, timeout_at FROM executions WHERE id = $1",
@@ -61,7 +61,7 @@ fn prior(id: pgrx::Uuid) -> Prior {
 fn lock_continuable(id: pgrx::Uuid) -> Locked {
     tasks::lock_of_execution(id);
     let e = executions::try_lock(id).unwrap_or_else(|| unknown_execution(id));
-    migration::forward(id, e.state);
+    executions::forward(id, e.state);
     match e.state {
         ExecutionState::Migrating => not_ready(format!(
             "execution {id} is MIGRATING: it continues as new where it lives once its move is done"

@@ -6,13 +6,12 @@ use sheaf_core::options::EnqueueOptions;
 use sheaf_core::state::ExecutionState;
 use sheaf_core::state::TaskKind;
 
-use crate::base::errors::{not_ready, unknown_execution};
+use crate::base::errors::{moved, not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::queue::enqueue;
 use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::migration;
 
 const STATE: Stmt = Stmt::read(
     "SELECT state FROM executions WHERE id = $1",
@@ -63,11 +62,11 @@ pub fn quota_key_of(id: pgrx::Uuid) -> Option<String> {
 }
 
 /// Sends a call about execution `id` where the run lives if it moved away
-/// (the forwarding error, `migration::forward`); nothing if it lives here
+/// (the forwarding error, `forward`); nothing if it lives here
 /// or is not here.
 pub fn forward_if_moved(id: pgrx::Uuid) {
     if let Some(state) = state_of(id) {
-        migration::forward(id, state);
+        forward(id, state);
     }
 }
 
@@ -100,10 +99,10 @@ pub fn task_key(workflow: &str, key: &str) -> String {
 }
 
 /// Locks an execution's row; P0002 if it is not on this shard, the
-/// forwarding error if it moved (`migration::forward`).
+/// forwarding error if it moved (`forward`).
 pub fn lock(id: pgrx::Uuid) -> Locked {
     let e = try_lock(id).unwrap_or_else(|| unknown_execution(id));
-    migration::forward(id, e.state);
+    forward(id, e.state);
     e
 }
 
@@ -179,13 +178,13 @@ fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> 
 }
 
 /// An execution by id: one row, or none if it is not on this shard.
-/// A seal raises the forwarding error (`migration::forward`).
+/// A seal raises the forwarding error (`forward`).
 pub fn get(id: pgrx::Uuid) -> Vec<Row> {
     let rows = read_rows(&GET, vec![id.into()]);
     if let Some(row) = rows.first()
         && let Ok(state) = row.3.parse::<ExecutionState>()
     {
-        migration::forward(id, state);
+        forward(id, state);
     }
     rows
 }
@@ -194,4 +193,35 @@ pub fn get(id: pgrx::Uuid) -> Vec<Row> {
 /// terminal one; none if there is none.
 pub fn find(name: &str, workflow_id: &str) -> Vec<Row> {
     read_rows(&FIND, vec![name.into(), workflow_id.into()])
+}
+
+const POINTER: Stmt = Stmt::write(
+    "SELECT migrated_to_shard FROM executions WHERE id = $1",
+    &[PgBuiltInOids::UUIDOID],
+);
+
+/// Whether this shard's catalog has rebalancing (0.2.0 on).
+pub fn moves_enabled() -> bool {
+    // SAFETY: a catalog lookup by name, in a transaction (the search path
+    // starts with sheaf's schema).
+    unsafe { pg_sys::RelnameGetRelid(c"migrations".as_ptr()) != pg_sys::InvalidOid }
+}
+
+/// Raises the forwarding error (`errors::moved`) if execution `id` is a
+/// seal here, or a staged copy still carrying its seal's pointer; nothing
+/// otherwise. For id-routed calls that found it in one of those states.
+pub fn forward(id: pgrx::Uuid, state: ExecutionState) {
+    if !state.is_migrating() || !moves_enabled() {
+        return;
+    }
+    let to: Option<i32> = Spi::connect_mut(|client| {
+        rows::value::<Option<i32>>(
+            run(client, &POINTER, &[id.into()]),
+            "reading a forwarding pointer",
+        )
+        .flatten()
+    });
+    if let Some(to) = to {
+        moved(id, to);
+    }
 }

@@ -9,7 +9,7 @@ use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
-use crate::workflow::{executions, migration, quota};
+use crate::workflow::{executions, quota};
 
 /// The largest event payload, in bytes of its JSON text.
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
@@ -135,7 +135,7 @@ pub fn page(
     match executions::state_of(id) {
         None => unknown_execution(id),
         // A seal's history is frozen at its move: read the live copy's.
-        Some(state) => migration::forward(id, state),
+        Some(state) => executions::forward(id, state),
     }
     Spi::connect_mut(|client| {
         let table = run(

@@ -24,7 +24,7 @@ impl ExecutionHooks for Executions {
             Some(state) if state.takes_tasks() => Intake::Open,
             Some(state) => {
                 // A task for a run that moved goes where it lives.
-                crate::workflow::migration::forward(id, state);
+                crate::workflow::executions::forward(id, state);
                 not_ready(format!("execution {id} is {state}: it takes no new tasks"))
             }
         }

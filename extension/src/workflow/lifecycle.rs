@@ -22,7 +22,6 @@ use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::{caps, promote, tasks};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::migration;
 use crate::workflow::{children, external, history, quota, start};
 
 /// How an execution ends.
@@ -221,7 +220,7 @@ pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_jso
 
 fn refuse_migrating(id: pgrx::Uuid, state: ExecutionState) -> bool {
     // A seal sends the call where the run lives now.
-    migration::forward(id, state);
+    executions::forward(id, state);
     if state.is_migrating() {
         not_ready(format!(
             "execution {id} is {state}: it is ended where it now runs"

@@ -15,9 +15,7 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use sheaf_core::state::ExecutionState;
 
-use crate::base::errors::{
-    bad_argument, lease_lost, moved, not_found, not_ready, sqlstate_text, unknown_execution,
-};
+use crate::base::errors::{bad_argument, lease_lost, not_found, not_ready, sqlstate_text, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::{audit, ids, rows, shard};
@@ -366,17 +364,8 @@ const REPOINT: Stmt = Stmt::write(
      AND migrated_to_shard IS DISTINCT FROM $2 RETURNING id",
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT4OID],
 );
-const POINTER: Stmt = Stmt::write(
-    "SELECT migrated_to_shard FROM executions WHERE id = $1",
-    &[PgBuiltInOids::UUIDOID],
-);
 
-/// Whether this shard's catalog has rebalancing (0.2.0 on).
-pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the search path
-    // starts with sheaf's schema).
-    unsafe { pg_sys::RelnameGetRelid(c"migrations".as_ptr()) != pg_sys::InvalidOid }
-}
+pub use crate::workflow::executions::moves_enabled as enabled;
 
 fn require_enabled() {
     if !enabled() {
@@ -386,25 +375,6 @@ fn require_enabled() {
 
 fn canonical() {
     exec(&CANONICAL, &[]);
-}
-
-/// Raises the forwarding error (`errors::moved`) if execution `id` is a
-/// seal here, or a staged copy still carrying its seal's pointer; nothing
-/// otherwise. For id-routed calls that found it in one of those states.
-pub fn forward(id: pgrx::Uuid, state: ExecutionState) {
-    if !state.is_migrating() || !enabled() {
-        return;
-    }
-    let to: Option<i32> = Spi::connect_mut(|client| {
-        rows::value::<Option<i32>>(
-            run(client, &POINTER, &[id.into()]),
-            "reading a forwarding pointer",
-        )
-        .flatten()
-    });
-    if let Some(to) = to {
-        moved(id, to);
-    }
 }
 
 /// A candidate for a move: id, name, workflow id, state, history bytes and

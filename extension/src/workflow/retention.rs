@@ -17,7 +17,7 @@ use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::queue::dead_letters;
 use crate::queue::hooks::ExecutionHooks;
-use crate::workflow::{executions, migration, quota};
+use crate::workflow::{executions, quota};
 
 /// Whether this catalog keeps a retention policy (not a 0.1.0 catalog).
 pub fn enabled() -> bool {
@@ -262,7 +262,7 @@ const PULLED: Stmt = Stmt::write(
 pub fn pulled(id: pgrx::Uuid) -> bool {
     match executions::state_of(id) {
         None => unknown_execution(id),
-        Some(state) => migration::forward(id, state),
+        Some(state) => executions::forward(id, state),
     }
     Spi::connect_mut(|client| !run(client, &PULLED, &[id.into()]).is_empty())
 }

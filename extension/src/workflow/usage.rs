@@ -149,7 +149,7 @@ pub fn record(id: pgrx::Uuid, metrics: Jsonb) {
         Spi::connect_mut(|client| rows::value(run(client, &SHARE, &[id.into()]), "locking an execution"));
     match state {
         None => unknown_execution(id),
-        Some(state) => crate::workflow::migration::forward(id, state),
+        Some(state) => crate::workflow::executions::forward(id, state),
     }
     exec(&RECORD, &[id.into(), metrics.into()]);
 }
