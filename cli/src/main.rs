@@ -17,6 +17,8 @@ mod exit;
 mod moves;
 mod output;
 mod parse;
+#[cfg(test)]
+mod reference;
 
 #[derive(Parser)]
 #[command(
