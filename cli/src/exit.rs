@@ -1,56 +1,133 @@
-//! Exit codes and the output helpers every subcommand shares.
-//!
-//! 0: done. 1: the call failed. 2: bad arguments or topology. 3: a partial
-//! answer (a shard did not answer; the output names it). 4: `find` found
-//! nothing on any shard. 5: an audit found what it looks for (`orphans`,
-//! `topology diff`, `config diff`; `shard drain`: executions stayed).
-//! 6: `shard health` found a shard that is not ready. 7: the login lacks a
-//! role the command needs (`relay` without `sheaf_relay`): a fix for the
-//! operator, not a fault to retry.
+//! The exit codes every command follows: one enum, documented as one table
+//! in docs/operating/cli.md (a test keeps the two alike).
 
+use std::fmt::Display;
 use std::process::ExitCode;
 
-use serde_json::Value;
+use sheaf_driver::ClientError;
 
-use crate::executions::Failures;
-
-pub const PARTIAL: u8 = 3;
-pub const NOT_FOUND: u8 = 4;
-pub const FOUND: u8 = 5;
-pub const NOT_READY: u8 = 6;
-pub const NO_ROLE: u8 = 7;
-
-pub fn usage(why: String) -> ExitCode {
-    eprintln!("sheaf: {why}");
-    ExitCode::from(2)
+/// How a command ended. The values are fixed: scripts test them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    Done = 0,
+    Failed = 1,
+    BadInput = 2,
+    Partial = 3,
+    NotFound = 4,
+    Found = 5,
+    NotReady = 6,
+    NoRole = 7,
 }
 
-pub fn failed(e: &sheaf_driver::ClientError) -> ExitCode {
-    eprintln!("sheaf: {e}");
-    ExitCode::FAILURE
-}
+impl Exit {
+    /// Every code, in order: the rows of the documented table.
+    pub const ALL: [Exit; 8] = [
+        Exit::Done,
+        Exit::Failed,
+        Exit::BadInput,
+        Exit::Partial,
+        Exit::NotFound,
+        Exit::Found,
+        Exit::NotReady,
+        Exit::NoRole,
+    ];
 
-pub fn print_json(value: &Value) {
-    match serde_json::to_string_pretty(value) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("sheaf: cannot encode the answer: {e}"),
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// When a command exits with it: the table's text, word for word.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Exit::Done => "done",
+            Exit::Failed => {
+                "the call failed: a shard could not serve it or refused it (other than for bad input), \
+                 a move failed (`rebalance`, `rebalance-resume`, `shard drain`), a scheduled start \
+                 failed (`schedules trigger`), `status` found a shard unreachable, misidentified or \
+                 behind the fleet's schema, a server could not listen"
+            }
+            Exit::BadInput => {
+                "bad input: an argument the command line or a shard refuses (a usage error, a value \
+                 out of range, a filter, cursor or spec a shard rejects), a file that cannot be read, \
+                 a shard not in the topology, or no valid topology in the environment"
+            }
+            Exit::Partial => {
+                "a partial answer: a shard did not answer, or did not take a change; stderr names \
+                 each (it wins over 5: what a silent shard holds is unknown)"
+            }
+            Exit::NotFound => {
+                "not found: no such execution, task, schedule or queue where its id routes \
+                 (`find`: on any shard)"
+            }
+            Exit::Found => {
+                "an audit found what it looks for: `orphans` some, `topology diff` or `config diff` \
+                 a difference, `shard drain` executions left on the shard or relay work owed on or to it"
+            }
+            Exit::NotReady => "`shard health` found a shard that is not ready",
+            Exit::NoRole => {
+                "the login lacks a role the command needs (`relay` without `sheaf_relay`): a fix for \
+                 the operator, not a fault to retry"
+            }
+        }
+    }
+
+    /// The code for a call that failed: the caller's mistake (refused by
+    /// the driver, or by a shard as SQLSTATE 22023/22004) is bad input, an
+    /// unknown id or name is not found, a missing role is 7, anything else
+    /// a failure.
+    pub fn of(e: &ClientError) -> Exit {
+        match e {
+            ClientError::BadRequest(_) | ClientError::InvalidArgument { .. } => Exit::BadInput,
+            ClientError::UnknownExecution { .. }
+            | ClientError::UnknownTask { .. }
+            | ClientError::UnknownSchedule { .. }
+            | ClientError::UnknownQueue { .. } => Exit::NotFound,
+            ClientError::MissingRole { .. } => Exit::NoRole,
+            _ => Exit::Failed,
+        }
+    }
+
+    /// 0 when `ok`, else `otherwise`.
+    pub fn unless(ok: bool, otherwise: Exit) -> Exit {
+        if ok { Exit::Done } else { otherwise }
     }
 }
 
-/// Each failed shard's id and error text.
-pub fn failures_json(failures: &Failures) -> Value {
-    failures
-        .iter()
-        .map(|(shard, e)| (shard.to_string(), Value::String(e.to_string())))
-        .collect::<serde_json::Map<_, _>>()
-        .into()
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit.code())
+    }
+}
+
+/// Says why on stderr; exits 2.
+pub fn bad_input(why: impl Display) -> Exit {
+    eprintln!("sheaf: {why}");
+    Exit::BadInput
+}
+
+/// Says what failed on stderr; exits with the code [`Exit::of`] gives it.
+pub fn failed(e: &ClientError) -> Exit {
+    eprintln!("sheaf: {e}");
+    Exit::of(e)
+}
+
+/// clap's own errors (a usage error: exit 2) and its help and version
+/// output (exit 0), printed where clap prints them.
+pub fn clap(e: &clap::Error) -> Exit {
+    let _ = e.print();
+    if e.use_stderr() {
+        Exit::BadInput
+    } else {
+        Exit::Done
+    }
 }
 
 /// Exit 3 (saying so on stderr, naming each shard) when the answer is
 /// partial, else 0.
-pub fn partial_if(failures: &Failures, partial: bool) -> ExitCode {
+pub fn partial_if(failures: &crate::output::Failures, partial: bool) -> Exit {
     if !partial {
-        return ExitCode::SUCCESS;
+        return Exit::Done;
     }
     eprintln!(
         "sheaf: partial answer: {} shard(s) did not answer",
@@ -59,5 +136,5 @@ pub fn partial_if(failures: &Failures, partial: bool) -> ExitCode {
     for (shard, e) in failures {
         eprintln!("  shard {shard}: {e}");
     }
-    ExitCode::from(PARTIAL)
+    Exit::Partial
 }

@@ -490,6 +490,12 @@ async fn the_cli_reads_and_drives_one_execution() {
     let unknown = format!("{}", sheaf_driver::ExecutionId::mint(shards()[0]).expect("an id"));
     let (code, _) = cli_json(&["executions", "get", &unknown]);
     assert_eq!(code, Some(4));
+    let (code, _) = cli_json(&["executions", "cancel", &unknown]);
+    assert_eq!(code, Some(4), "an action on no execution: not found");
+    let (code, _) = cli_json(&["list", "--filter", r#"{"no_such_test": 1}"#]);
+    assert_eq!(code, Some(2), "a filter the shards refuse is bad input");
+    let (code, _) = cli_json(&["list", "--page-size", "0"]);
+    assert_eq!(code, Some(2), "a page size the driver refuses is bad input");
 }
 
 /// The retention policies every shard has now, restored when dropped
@@ -654,7 +660,7 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
         "{out}"
     );
     let (code, _) = cli_json(&["retention", "set", "--executions", "10s"]);
-    assert_eq!(code, Some(1), "a window under a minute is refused");
+    assert_eq!(code, Some(2), "a window under a minute is refused: bad input");
 }
 
 /// `GET /metrics` from `addr` over a real TCP connection: the body of a 200.

@@ -322,7 +322,7 @@ async fn the_cli_creates_lists_triggers_and_deletes() {
         (Some(0), Some(1))
     );
     let (code, _) = cli(&["schedules", "create", &unique("x"), "--cron", "0 6 * * *"]);
-    assert_eq!(code, Some(1), "no action: the shard refuses");
+    assert_eq!(code, Some(2), "no action: the shard refuses it as bad input");
     let (code, _) = cli(&["schedules", "create", &unique("x"), "--queue", "q"]);
     assert_eq!(code, Some(2), "no timing: a usage error");
     assert_eq!(cli(&["schedules", "delete", &name]).0, Some(0));

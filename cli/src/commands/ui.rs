@@ -3,24 +3,48 @@
 //! (`SHEAF_UI_TOKEN`), never the command line; without one it is read-only.
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::Arc;
 
-use sheaf_driver::{Client, UiOptions, UiServer};
+use sheaf_driver::{UiOptions, UiServer};
+
+use super::Context;
+use crate::exit::{self, Exit};
+
+/// Serve the fleet dashboard in the browser (shards, queues,
+/// executions, dead letters, tasks, usage, rebalancing) until SIGINT or
+/// SIGTERM; prints its address first. Actions (redrive, purge, cancel)
+/// need the admin token in SHEAF_UI_TOKEN (16+ characters); without it
+/// the dashboard is read-only.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where to listen (loopback by default).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// A host name (`host` or `host:port`) the dashboard answers to
+    /// besides its address (and localhost, when on loopback or every
+    /// address); repeatable. Requests naming any other are refused.
+    #[arg(long = "public-host", value_name = "HOST")]
+    public_hosts: Vec<String>,
+}
 
 /// The shortest admin token accepted: a guessable one is no protection.
 const MIN_TOKEN: usize = 16;
 
-pub async fn serve(client: Client, listen: SocketAddr, public_hosts: Vec<String>) -> ExitCode {
+pub async fn run(args: Args, ctx: &Context) -> Exit {
+    let client = match ctx.client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let listen = args.listen;
     let admin_token = std::env::var("SHEAF_UI_TOKEN").ok().filter(|t| !t.is_empty());
     if admin_token.as_ref().is_some_and(|t| t.len() < MIN_TOKEN) {
-        return crate::exit::usage(format!(
+        return exit::bad_input(format!(
             "SHEAF_UI_TOKEN must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 16`)"
         ));
     }
     let options = UiOptions {
         admin_token,
-        public_hosts,
+        public_hosts: args.public_hosts,
         ..UiOptions::default()
     };
     let acting = options.admin_token.is_some();
@@ -28,7 +52,7 @@ pub async fn serve(client: Client, listen: SocketAddr, public_hosts: Vec<String>
         Ok(s) => s,
         Err(e) => {
             eprintln!("sheaf: cannot listen on {listen}: {e}");
-            return ExitCode::FAILURE;
+            return Exit::Failed;
         }
     };
     // The address first, so a script that asked for port 0 learns it.
@@ -36,7 +60,7 @@ pub async fn serve(client: Client, listen: SocketAddr, public_hosts: Vec<String>
     if !acting {
         eprintln!("sheaf: read-only: set SHEAF_UI_TOKEN to allow redrive, purge and cancel");
     }
-    crate::relay::stopped().await;
+    super::stopped().await;
     server.shutdown().await;
-    ExitCode::SUCCESS
+    Exit::Done
 }

@@ -1,28 +1,76 @@
-//! `sheaf topology digest` and `sheaf topology diff`: the byte-stable
-//! projection of a topology (ids, roles, residency, forwards; never
-//! connection strings) and its `sha256:` digest, to pin in every client
-//! (`SHEAF_TOPOLOGY_DIGEST`) and to compare deployments.
-
-use std::process::ExitCode;
+//! `sheaf topology digest|diff|publish`: the byte-stable projection of a
+//! topology (ids, roles, residency, forwards; never connection strings) and
+//! its `sha256:` digest, to pin in every client (`SHEAF_TOPOLOGY_DIGEST`)
+//! and to compare deployments.
 
 use serde_json::{Value, json};
 use sheaf_driver::Topology;
 
-use crate::exit;
+use super::Context;
+use crate::exit::{self, Exit};
+use crate::output::{failures_json, print_json};
+
+/// The topology's digest (what to pin in SHEAF_TOPOLOGY_DIGEST) and
+/// comparing two deployments' topologies.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// The `sha256:` digest of this environment's topology (--json: with
+    /// its projection: ids, roles, residency, forwards; never URLs).
+    Digest,
+    /// Compare two topologies: each file an environment file of SHEAF_*
+    /// lines, or the JSON `topology digest --json` prints. Exits 5 when
+    /// they differ, naming each differing field.
+    Diff {
+        /// The first file.
+        a: String,
+        /// The second file.
+        b: String,
+    },
+    /// Record this environment's digest on every shard: from then on a
+    /// client configured otherwise is refused on placed work. The digest
+    /// it replaces stays accepted (a rolling change) unless --replace.
+    /// Exits 3 when a shard did not take it.
+    Publish {
+        /// Accept only this digest from now on (the rollout is done).
+        #[arg(long)]
+        replace: bool,
+    },
+}
+
+/// `diff` compares files and needs no shards; the others connect.
+pub async fn run(args: Args, ctx: &Context) -> Exit {
+    match args.what {
+        Action::Diff { a, b } => diff(&a, &b, ctx.json),
+        Action::Digest => match ctx.client().await {
+            Ok(client) => digest(client.topology(), ctx.json),
+            Err(code) => code,
+        },
+        Action::Publish { replace } => match ctx.client().await {
+            Ok(client) => publish(&client, !replace, ctx.json).await,
+            Err(code) => code,
+        },
+    }
+}
 
 /// `sheaf topology digest`: this environment's topology.
-pub fn digest(topology: &Topology, as_json: bool) -> ExitCode {
+fn digest(topology: &Topology, as_json: bool) -> Exit {
     if as_json {
         let projection: Value = serde_json::from_str(&topology.projection()).unwrap_or(Value::Null);
-        exit::print_json(&json!({"digest": topology.digest(), "projection": projection}));
+        print_json(&json!({"digest": topology.digest(), "projection": projection}));
     } else {
         println!("{}", topology.digest());
     }
-    ExitCode::SUCCESS
+    Exit::Done
 }
 
 /// `sheaf topology publish`: this environment's digest on every shard.
-pub async fn publish(client: &sheaf_driver::Client, keep_previous: bool, as_json: bool) -> ExitCode {
+async fn publish(client: &sheaf_driver::Client, keep_previous: bool, as_json: bool) -> Exit {
     let report = client.publish_topology(keep_previous).await;
     if as_json {
         let ok: serde_json::Map<String, Value> = report
@@ -30,7 +78,7 @@ pub async fn publish(client: &sheaf_driver::Client, keep_previous: bool, as_json
             .iter()
             .map(|(s, (d, p))| (s.to_string(), json!({"digest": d, "previous": p})))
             .collect();
-        exit::print_json(&json!({"published": ok, "failed": exit::failures_json(&report.failed)}));
+        print_json(&json!({"published": ok, "failed": failures_json(&report.failed)}));
     } else {
         for (shard, (digest, previous)) in &report.ok {
             match previous {
@@ -79,10 +127,10 @@ fn read(path: &str) -> Result<Side, String> {
 
 /// `sheaf topology diff A B`: exits 0 when both route alike, 5 when they
 /// differ (each differing field printed), 2 when a file cannot be read.
-pub fn diff(a: &str, b: &str, as_json: bool) -> ExitCode {
+fn diff(a: &str, b: &str, as_json: bool) -> Exit {
     let (left, right) = match (read(a), read(b)) {
         (Ok(l), Ok(r)) => (l, r),
-        (Err(e), _) | (_, Err(e)) => return exit::usage(e),
+        (Err(e), _) | (_, Err(e)) => return exit::bad_input(e),
     };
     let empty = serde_json::Map::new();
     let (lm, rm) = (
@@ -107,7 +155,7 @@ pub fn diff(a: &str, b: &str, as_json: bool) -> ExitCode {
             .iter()
             .map(|(f, l, r)| ((*f).clone(), json!({"a": l, "b": r})))
             .collect();
-        exit::print_json(&json!({"a": left.digest, "b": right.digest, "same": d.is_empty(), "differing": d}));
+        print_json(&json!({"a": left.digest, "b": right.digest, "same": d.is_empty(), "differing": d}));
     } else {
         let show = |d: &Option<String>| d.clone().unwrap_or_else(|| "(no digest in the file)".into());
         println!("a: {}\nb: {}", show(&left.digest), show(&right.digest));
@@ -119,9 +167,9 @@ pub fn diff(a: &str, b: &str, as_json: bool) -> ExitCode {
         }
     }
     if differing.is_empty() {
-        ExitCode::SUCCESS
+        Exit::Done
     } else {
-        exit::FOUND.into()
+        Exit::Found
     }
 }
 

@@ -1,27 +1,73 @@
 //! `sheaf retention get|set`: how long every shard keeps what has ended.
 
 use std::collections::BTreeMap;
-use std::process::ExitCode;
 
 use serde_json::{Map, Value, json};
 use sheaf_driver::{Client, FleetReport};
 
-use crate::exit;
+use super::Context;
+use crate::exit::{self, Exit};
+use crate::output::{failures_json, print_json};
+
+/// How long every shard keeps what has ended (ended executions with
+/// their history, dead letters, seals of moved runs); `sheaf.maintain`,
+/// which every worker runs, deletes what is past it.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Each shard's policy; exits 3 when a shard did not answer.
+    Get,
+    /// Change the fields given on every shard (the rest stay as they are).
+    /// Each is a duration from 1 minute to 100 years (30days, 12h) or
+    /// `forever`. Exits 3 when a shard did not take it.
+    Set(Set),
+}
 
 /// What `sheaf retention set` was given: each a duration (`30days`, `12h`)
 /// or `forever`; `workflows` as `NAME=DURATION`, where `default` removes
 /// the workflow's own setting.
-pub struct SetArgs {
-    pub executions: Option<String>,
-    pub dead_letters: Option<String>,
-    pub seals: Option<String>,
-    pub idle_queues: Option<String>,
-    pub schedule_fires: Option<String>,
-    pub workflows: Vec<String>,
+#[derive(clap::Args)]
+struct Set {
+    /// Ended executions, with their history.
+    #[arg(long)]
+    executions: Option<String>,
+    /// Dead letters.
+    #[arg(long)]
+    dead_letters: Option<String>,
+    /// Seals of executions moved to another shard (their old ids route
+    /// through them).
+    #[arg(long)]
+    seals: Option<String>,
+    /// Queues of the default configuration with nothing in them.
+    #[arg(long)]
+    idle_queues: Option<String>,
+    /// Schedules' fire records.
+    #[arg(long)]
+    schedule_fires: Option<String>,
+    /// One workflow's ended executions: NAME=DURATION (repeatable;
+    /// NAME=default removes its own setting).
+    #[arg(long = "workflow", value_name = "NAME=DURATION")]
+    workflows: Vec<String>,
+}
+
+pub async fn run(args: Args, ctx: &Context) -> Exit {
+    let client = match ctx.client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match args.what {
+        Action::Get => get(&client, ctx.json).await,
+        Action::Set(set_args) => set(&client, &set_args, ctx.json).await,
+    }
 }
 
 /// The `set_retention` document the flags describe.
-pub fn policy(args: &SetArgs) -> Result<Value, String> {
+fn policy(args: &Set) -> Result<Value, String> {
     let mut m = Map::new();
     for (k, v) in [
         ("executions", &args.executions),
@@ -59,11 +105,11 @@ pub fn policy(args: &SetArgs) -> Result<Value, String> {
 }
 
 /// Each shard's policy, as a table or JSON; exit 3 when a shard failed.
-fn show(report: &FleetReport<Value>, as_json: bool) -> ExitCode {
+fn show(report: &FleetReport<Value>, as_json: bool) -> Exit {
     if as_json {
-        exit::print_json(&json!({
+        print_json(&json!({
             "per_shard": report.ok.iter().map(|(s, p)| (s.to_string(), p.clone())).collect::<Map<_, _>>(),
-            "failed_shards": exit::failures_json(&report.failed),
+            "failed_shards": failures_json(&report.failed),
         }));
     } else {
         println!(
@@ -96,15 +142,15 @@ fn show(report: &FleetReport<Value>, as_json: bool) -> ExitCode {
 }
 
 /// `sheaf retention get`.
-pub async fn get(client: &Client, as_json: bool) -> ExitCode {
+async fn get(client: &Client, as_json: bool) -> Exit {
     show(&client.retention().await, as_json)
 }
 
-/// `sheaf retention set ...`: on every shard; a refused value exits 1.
-pub async fn set(client: &Client, args: &SetArgs, as_json: bool) -> ExitCode {
+/// `sheaf retention set ...`: on every shard; a value a shard refuses exits 2.
+async fn set(client: &Client, args: &Set, as_json: bool) -> Exit {
     let policy = match policy(args) {
         Ok(p) => p,
-        Err(e) => return exit::usage(e),
+        Err(e) => return exit::bad_input(e),
     };
     let report = client.set_retention(policy).await;
     if let Some(e) = report

@@ -1,58 +1,134 @@
 //! `sheaf schedules list|create|update|pause|resume|trigger|delete|fires`:
 //! schedules on the fleet's default shard (listed from every shard).
 
-use std::process::ExitCode;
 use std::time::SystemTime;
 
 use serde_json::{Map, Value, json};
-use sheaf_driver::{Client, ClientError, Fire, Schedule};
+use sheaf_driver::{Client, Fire, Schedule};
 
-use crate::executions::time;
-use crate::exit;
+use super::Context;
+use crate::exit::{self, Exit};
+use crate::output::{failures_json, print_json, time};
+
+/// Schedules: cron timings (or @every) that start a workflow or enqueue
+/// a task, created on the fleet's default shard, whose maintain fires
+/// them. Exits 4 for an unknown schedule.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Every schedule of every shard: its timing, what it starts, its next
+    /// fire and its last outcome. Exits 3 when a shard did not answer.
+    List,
+    /// Create a schedule: --cron and --workflow or --queue, or a whole
+    /// --spec (flags given beside it replace its fields).
+    Create(Box<CreateArgs>),
+    /// Change the fields of a schedule's spec that a JSON patch names; its
+    /// timing starts again from now.
+    Update {
+        /// The schedule's name.
+        name: String,
+        /// The fields to change, as JSON (null removes one).
+        #[arg(long)]
+        spec: String,
+    },
+    /// Pause a schedule: it fires nothing until resumed.
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Resume a paused schedule from its next fire time after now.
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Fire a schedule now (paused or not), under its overlap policy.
+    /// Exits 1 when the start failed.
+    Trigger {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Delete a schedule and its fire records (what it started runs on).
+    Delete {
+        /// The schedule's name.
+        name: String,
+    },
+    /// A schedule's latest fire records.
+    Fires {
+        /// The schedule's name.
+        name: String,
+        /// How many (1 to 1000).
+        #[arg(long, default_value_t = 20)]
+        limit: i32,
+    },
+}
+
+/// An unknown schedule exits 4 (`exit::failed`).
+pub async fn run(args: Args, ctx: &Context) -> Exit {
+    let client = match ctx.client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let (client, as_json) = (&client, ctx.json);
+    match args.what {
+        Action::List => list(client, as_json).await,
+        Action::Create(args) => create(client, &args, as_json).await,
+        Action::Update { name, spec } => update(client, &name, &spec, as_json).await,
+        Action::Pause { name } => change(client, &name, Change::Pause, as_json).await,
+        Action::Resume { name } => change(client, &name, Change::Resume, as_json).await,
+        Action::Delete { name } => change(client, &name, Change::Delete, as_json).await,
+        Action::Trigger { name } => trigger(client, &name, as_json).await,
+        Action::Fires { name, limit } => fires(client, &name, limit, as_json).await,
+    }
+}
 
 /// What `sheaf schedules create` was given: a whole spec, or the flags
 /// that make one.
 #[derive(clap::Args)]
-pub struct CreateArgs {
+struct CreateArgs {
     /// The schedule's name (1 to 256 bytes).
-    pub name: String,
+    name: String,
     /// The spec as JSON (see docs/reference/sql/schedules.md).
     #[arg(long)]
-    pub spec: Option<String>,
+    spec: Option<String>,
     /// A cron expression (5 or 6 fields), @hourly, @daily, @weekly,
     /// @monthly, @yearly, or @every <duration>.
     #[arg(long)]
-    pub cron: Option<String>,
+    cron: Option<String>,
     /// The IANA time zone the cron expression is read in (default UTC).
     #[arg(long = "tz")]
-    pub time_zone: Option<String>,
+    time_zone: Option<String>,
     /// Start this workflow at each fire (its id: NAME@<fire time>).
     #[arg(long)]
-    pub workflow: Option<String>,
+    workflow: Option<String>,
     /// The workflow's input, as JSON.
     #[arg(long)]
-    pub input: Option<String>,
+    input: Option<String>,
     /// Enqueue a task on this queue at each fire.
     #[arg(long)]
-    pub queue: Option<String>,
+    queue: Option<String>,
     /// The task's payload, as JSON.
     #[arg(long)]
-    pub payload: Option<String>,
+    payload: Option<String>,
     /// While the previous fire's work runs: skip (default), allow or
     /// cancel_previous.
     #[arg(long)]
-    pub overlap: Option<String>,
+    overlap: Option<String>,
     /// After downtime: once (default: the latest missed time), skip
     /// (none, unless at most a minute late) or all (the latest
     /// --catch-up-max).
     #[arg(long)]
-    pub catch_up: Option<String>,
+    catch_up: Option<String>,
     /// How many missed times catch-up all fires (1 to 1000, default 10).
     #[arg(long)]
-    pub catch_up_max: Option<u32>,
+    catch_up_max: Option<u32>,
     /// Spread each fire's start over this much time after it (30s).
     #[arg(long)]
-    pub jitter: Option<String>,
+    jitter: Option<String>,
 }
 
 fn json_arg(flag: &str, text: &str) -> Result<Value, String> {
@@ -60,7 +136,7 @@ fn json_arg(flag: &str, text: &str) -> Result<Value, String> {
 }
 
 /// The spec the arguments describe (the shard checks it).
-pub fn spec(a: &CreateArgs) -> Result<Value, String> {
+fn spec(a: &CreateArgs) -> Result<Value, String> {
     let mut m = match &a.spec {
         Some(text) => match json_arg("--spec", text)? {
             Value::Object(m) => m,
@@ -105,15 +181,6 @@ pub fn spec(a: &CreateArgs) -> Result<Value, String> {
         return Err("say when: --cron '0 3 * * *' (or @hourly, @every 30s), or --spec".into());
     }
     Ok(Value::Object(m))
-}
-
-/// A refusal: 4 for an unknown schedule, 1 otherwise.
-fn refused(e: &ClientError) -> ExitCode {
-    if matches!(e, ClientError::UnknownSchedule { .. }) {
-        eprintln!("sheaf: {e}");
-        return exit::NOT_FOUND.into();
-    }
-    exit::failed(e)
 }
 
 fn maybe_time(t: Option<SystemTime>) -> String {
@@ -161,13 +228,13 @@ fn action(spec: &Value) -> String {
 }
 
 /// `sheaf schedules list`: every shard's; exit 3 when a shard failed.
-pub async fn list(client: &Client, as_json: bool) -> ExitCode {
+async fn list(client: &Client, as_json: bool) -> Exit {
     let report = client.list_schedules().await;
     let all: Vec<&Schedule> = report.ok.values().flatten().collect();
     if as_json {
-        exit::print_json(&json!({
+        print_json(&json!({
             "schedules": all.iter().map(|s| schedule_json(s)).collect::<Vec<_>>(),
-            "failed_shards": exit::failures_json(&report.failed),
+            "failed_shards": failures_json(&report.failed),
         }));
     } else {
         println!(
@@ -193,53 +260,53 @@ pub async fn list(client: &Client, as_json: bool) -> ExitCode {
 }
 
 /// `sheaf schedules create NAME ...`.
-pub async fn create(client: &Client, args: &CreateArgs, as_json: bool) -> ExitCode {
+async fn create(client: &Client, args: &CreateArgs, as_json: bool) -> Exit {
     let name = args.name.as_str();
     let spec = match spec(args) {
         Ok(s) => s,
-        Err(e) => return exit::usage(e),
+        Err(e) => return exit::bad_input(e),
     };
     match client.create_schedule(name, spec).await {
         Ok(next) => {
             if as_json {
-                exit::print_json(&json!({"name": name, "next_fire_at": time(next)}));
+                print_json(&json!({"name": name, "next_fire_at": time(next)}));
             } else {
                 println!("created schedule {name}: next fire at {}", time(next));
             }
-            ExitCode::SUCCESS
+            Exit::Done
         }
-        Err(e) => refused(&e),
+        Err(e) => exit::failed(&e),
     }
 }
 
 /// `sheaf schedules update NAME --spec PATCH`.
-pub async fn update(client: &Client, name: &str, patch: &str, as_json: bool) -> ExitCode {
+async fn update(client: &Client, name: &str, patch: &str, as_json: bool) -> Exit {
     let patch = match json_arg("--spec", patch) {
         Ok(p) => p,
-        Err(e) => return exit::usage(e),
+        Err(e) => return exit::bad_input(e),
     };
     match client.update_schedule(name, patch).await {
         Ok(next) => {
             if as_json {
-                exit::print_json(&json!({"name": name, "next_fire_at": time(next)}));
+                print_json(&json!({"name": name, "next_fire_at": time(next)}));
             } else {
                 println!("updated schedule {name}: next fire at {}", time(next));
             }
-            ExitCode::SUCCESS
+            Exit::Done
         }
-        Err(e) => refused(&e),
+        Err(e) => exit::failed(&e),
     }
 }
 
 /// What a pause, resume or delete did.
-pub enum Change {
+enum Change {
     Pause,
     Resume,
     Delete,
 }
 
 /// `sheaf schedules pause|resume|delete NAME`.
-pub async fn change(client: &Client, name: &str, what: Change, as_json: bool) -> ExitCode {
+async fn change(client: &Client, name: &str, what: Change, as_json: bool) -> Exit {
     let (done, verb) = match what {
         Change::Pause => (client.pause_schedule(name).await, "paused"),
         Change::Resume => (client.resume_schedule(name).await, "resumed"),
@@ -248,24 +315,24 @@ pub async fn change(client: &Client, name: &str, what: Change, as_json: bool) ->
     match done {
         Ok(changed) => {
             if as_json {
-                exit::print_json(&json!({"name": name, "changed": changed}));
+                print_json(&json!({"name": name, "changed": changed}));
             } else if changed {
                 println!("{verb} schedule {name}");
             } else {
                 println!("schedule {name}: nothing to do (already {verb}, or none)");
             }
-            ExitCode::SUCCESS
+            Exit::Done
         }
-        Err(e) => refused(&e),
+        Err(e) => exit::failed(&e),
     }
 }
 
 /// `sheaf schedules trigger NAME`: fires it now; exit 1 if its start failed.
-pub async fn trigger(client: &Client, name: &str, as_json: bool) -> ExitCode {
+async fn trigger(client: &Client, name: &str, as_json: bool) -> Exit {
     match client.trigger_schedule(name).await {
         Ok(f) => {
             if as_json {
-                exit::print_json(&fire_json(&f));
+                print_json(&fire_json(&f));
             } else {
                 let what = f
                     .execution_id
@@ -282,21 +349,21 @@ pub async fn trigger(client: &Client, name: &str, as_json: bool) -> ExitCode {
                 }
             }
             if f.outcome == "failed" {
-                ExitCode::FAILURE
+                Exit::Failed
             } else {
-                ExitCode::SUCCESS
+                Exit::Done
             }
         }
-        Err(e) => refused(&e),
+        Err(e) => exit::failed(&e),
     }
 }
 
 /// `sheaf schedules fires NAME`: its latest fire records.
-pub async fn fires(client: &Client, name: &str, limit: i32, as_json: bool) -> ExitCode {
+async fn fires(client: &Client, name: &str, limit: i32, as_json: bool) -> Exit {
     match client.schedule_fires(name, None, limit).await {
         Ok(fires) => {
             if as_json {
-                exit::print_json(&json!({"fires": fires.iter().map(fire_json).collect::<Vec<_>>()}));
+                print_json(&json!({"fires": fires.iter().map(fire_json).collect::<Vec<_>>()}));
             } else {
                 println!("{:<27} {:<16} {:<6} started", "fire time", "outcome", "manual");
                 for f in &fires {
@@ -315,8 +382,8 @@ pub async fn fires(client: &Client, name: &str, limit: i32, as_json: bool) -> Ex
                     );
                 }
             }
-            ExitCode::SUCCESS
+            Exit::Done
         }
-        Err(e) => refused(&e),
+        Err(e) => exit::failed(&e),
     }
 }

@@ -1,17 +1,95 @@
 //! `sheaf rate-limits list|declare|override|clear`: rate limits and pacing
 //! overrides on every shard.
 
-use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use sheaf_driver::{Client, ClientError, OverrideReport, RateLimitInfo};
 
-use crate::executions::time;
-use crate::exit;
+use super::Context;
+use crate::exit::{self, Exit};
+use crate::output::{failures_json, print_json, time};
+
+/// Rate limits on every shard (each shard paces its own buckets) and
+/// pacing overrides, fanned out to every readable shard. Exits 3 when
+/// a shard did not answer or take it.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Every shard's rate limits, overrides, buckets and waiting units.
+    List,
+    /// Declare (or change) a rate limit on every shard.
+    Declare {
+        /// The limit's name.
+        name: String,
+        /// Units per period.
+        #[arg(long)]
+        rate: f64,
+        /// The period (default 1s).
+        #[arg(long)]
+        period: Option<String>,
+        /// Units at once (default: the rate, rounded up).
+        #[arg(long)]
+        burst: Option<i64>,
+        /// A bucket per value of this payload path (payload.tenant).
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Pace a limit (or workflow:NAME, a start throttle) at --rate per
+    /// --period for --ttl, on every readable shard.
+    Override {
+        /// The limit's name, or workflow:NAME.
+        name: String,
+        /// Units per period.
+        #[arg(long)]
+        rate: f64,
+        /// The period (1s, 1m).
+        #[arg(long, value_parser = crate::parse::human_duration)]
+        period: Duration,
+        /// How long the override lasts (10m, 2h; each shard reads its end
+        /// on its own clock).
+        #[arg(long, value_parser = crate::parse::human_duration)]
+        ttl: Duration,
+    },
+    /// Remove a pacing override on every readable shard.
+    Clear {
+        /// The limit's name, or workflow:NAME.
+        name: String,
+    },
+}
+
+pub async fn run(args: Args, ctx: &Context) -> Exit {
+    let client = match ctx.client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let as_json = ctx.json;
+    match args.what {
+        Action::List => list(&client, as_json).await,
+        Action::Declare {
+            name,
+            rate,
+            period,
+            burst,
+            key,
+        } => declare(&client, &name, rate, period, burst, key, as_json).await,
+        Action::Override {
+            name,
+            rate,
+            period,
+            ttl,
+        } => override_pace(&client, &name, rate, period, ttl, as_json).await,
+        Action::Clear { name } => clear(&client, &name, as_json).await,
+    }
+}
 
 /// Every shard's limits; exit 3 when a shard failed.
-pub async fn list(client: &Client, as_json: bool) -> ExitCode {
+async fn list(client: &Client, as_json: bool) -> Exit {
     let report = client.rate_limits().await;
     let rows: Vec<(String, &RateLimitInfo)> = report
         .ok
@@ -19,7 +97,7 @@ pub async fn list(client: &Client, as_json: bool) -> ExitCode {
         .flat_map(|(shard, limits)| limits.iter().map(move |l| (shard.to_string(), l)))
         .collect();
     if as_json {
-        exit::print_json(&json!({
+        print_json(&json!({
             "rate_limits": rows.iter().map(|(shard, l)| json!({
                 "shard": shard,
                 "name": l.name,
@@ -30,7 +108,7 @@ pub async fn list(client: &Client, as_json: bool) -> ExitCode {
                 "buckets": l.buckets,
                 "waiting": l.waiting,
             })).collect::<Vec<_>>(),
-            "failed_shards": exit::failures_json(&report.failed),
+            "failed_shards": failures_json(&report.failed),
         }));
     } else {
         println!(
@@ -65,7 +143,7 @@ pub async fn list(client: &Client, as_json: bool) -> ExitCode {
 }
 
 /// `sheaf rate-limits declare NAME --rate R [--period P] [--burst B] [--key K]`.
-pub async fn declare(
+async fn declare(
     client: &Client,
     name: &str,
     rate: f64,
@@ -73,7 +151,7 @@ pub async fn declare(
     burst: Option<i64>,
     key: Option<String>,
     as_json: bool,
-) -> ExitCode {
+) -> Exit {
     let mut spec = json!({"rate": rate});
     if let Some(p) = period {
         spec["period"] = json!(p);
@@ -93,10 +171,10 @@ pub async fn declare(
         return exit::failed(e);
     }
     if as_json {
-        exit::print_json(&json!({
+        print_json(&json!({
             "declared_on": report.ok.keys().map(|s| s.get()).collect::<Vec<_>>(),
             "spec": report.ok.values().next().and_then(|s| s.to_value().ok()),
-            "failed_shards": exit::failures_json(&report.failed),
+            "failed_shards": failures_json(&report.failed),
         }));
     } else {
         println!("declared rate limit {name} on {} shard(s)", report.ok.len());
@@ -104,13 +182,13 @@ pub async fn declare(
     exit::partial_if(&report.failed, !report.failed.is_empty())
 }
 
-fn settled(what: &str, name: &str, report: Result<OverrideReport, ClientError>, as_json: bool) -> ExitCode {
+fn settled(what: &str, name: &str, report: Result<OverrideReport, ClientError>, as_json: bool) -> Exit {
     match report {
         Ok(r) => {
             if as_json {
-                exit::print_json(&json!({
+                print_json(&json!({
                     "applied": r.applied.iter().map(|s| s.get()).collect::<Vec<_>>(),
-                    "shard_errors": exit::failures_json(&r.shard_errors),
+                    "shard_errors": failures_json(&r.shard_errors),
                 }));
             } else {
                 println!("{what} {name} on {} shard(s)", r.applied.len());
@@ -123,21 +201,21 @@ fn settled(what: &str, name: &str, report: Result<OverrideReport, ClientError>, 
 
 /// `sheaf rate-limits override NAME --rate R --period P --ttl D`: on every
 /// readable shard; exit 3 (naming them) when a shard did not take it.
-pub async fn override_pace(
+async fn override_pace(
     client: &Client,
     name: &str,
     rate: f64,
     period: Duration,
     ttl: Duration,
     as_json: bool,
-) -> ExitCode {
+) -> Exit {
     let until = SystemTime::now() + ttl;
     let report = client.set_rate_override(name, rate, period, until).await;
     settled("overrode", name, report, as_json)
 }
 
 /// `sheaf rate-limits clear NAME`.
-pub async fn clear(client: &Client, name: &str, as_json: bool) -> ExitCode {
+async fn clear(client: &Client, name: &str, as_json: bool) -> Exit {
     let report = client.clear_rate_override(name).await;
     settled("cleared the override of", name, report, as_json)
 }

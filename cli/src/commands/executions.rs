@@ -1,0 +1,227 @@
+//! `sheaf executions get|history|cancel|terminate|pause|resume|signal`: one
+//! execution by id, on the shard it routes to (forwards followed).
+
+use serde_json::{Value, json};
+use sheaf_driver::{Client, ClientError, ExecutionId};
+
+use super::Context;
+use crate::exit::{self, Exit};
+use crate::output::{cut, print_json, time};
+
+/// One execution by id, on the shard it lives on: read it, its
+/// history, or act on it. Exits 4 when no such execution.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Its state, input, result or error, keys and times.
+    Get {
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// Its history, a page at a time.
+    History {
+        /// The execution's id.
+        execution_id: String,
+        /// Events after this seq (the `more:` of the page before).
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// Events per page (1 to 10000).
+        #[arg(long, default_value_t = 100)]
+        page_size: usize,
+    },
+    /// Cancel it (its tasks leave, its children hear of it).
+    Cancel {
+        /// The execution's id.
+        execution_id: String,
+        /// Why (kept in its history).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Terminate it: end it now, as an operator (written to the audit log).
+    Terminate {
+        /// The execution's id.
+        execution_id: String,
+        /// Why (kept in its history).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Pause it: its tasks wait, holding no slot, until resumed.
+    Pause {
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// Resume a paused execution.
+    Resume {
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// Send it a signal (deduplicated by --signal-id).
+    Signal {
+        /// The execution's id.
+        execution_id: String,
+        /// The signal's name.
+        name: String,
+        /// Its payload, as JSON.
+        #[arg(long)]
+        payload: Option<String>,
+        /// Delivered once per id.
+        #[arg(long)]
+        signal_id: Option<String>,
+    },
+}
+
+impl Action {
+    fn execution_id(&self) -> &str {
+        match self {
+            Action::Get { execution_id }
+            | Action::History { execution_id, .. }
+            | Action::Cancel { execution_id, .. }
+            | Action::Terminate { execution_id, .. }
+            | Action::Pause { execution_id }
+            | Action::Resume { execution_id }
+            | Action::Signal { execution_id, .. } => execution_id,
+        }
+    }
+}
+
+/// An unknown execution exits 4 (`exit::failed`), any other failure 1.
+pub async fn run(args: Args, ctx: &Context) -> Exit {
+    let client = match ctx.client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let text = args.what.execution_id();
+    let Ok(id) = text.parse::<ExecutionId>() else {
+        return exit::bad_input(format!("{:?} is not an execution id", cut(text, 40)));
+    };
+    let as_json = ctx.json;
+    match args.what {
+        Action::Get { .. } => get(&client, id, as_json).await,
+        Action::History { after, page_size, .. } => history(&client, id, after, page_size, as_json).await,
+        Action::Cancel { reason, .. } => changed(
+            client.cancel_execution(id, reason.as_deref()).await,
+            id,
+            "cancelled",
+            as_json,
+        ),
+        Action::Terminate { reason, .. } => changed(
+            client.terminate_execution(id, reason.as_deref()).await,
+            id,
+            "terminated",
+            as_json,
+        ),
+        Action::Pause { .. } => changed(client.pause_execution(id).await, id, "paused", as_json),
+        Action::Resume { .. } => changed(client.resume_execution(id).await, id, "resumed", as_json),
+        Action::Signal {
+            name,
+            payload,
+            signal_id,
+            ..
+        } => {
+            let payload: Value = match payload.as_deref().map(serde_json::from_str).transpose() {
+                Ok(p) => p.unwrap_or(Value::Null),
+                Err(e) => return exit::bad_input(format!("--payload is not JSON: {e}")),
+            };
+            let delivered = client.signal(id, &name, payload, signal_id.as_deref()).await;
+            changed(delivered, id, "signalled", as_json)
+        }
+    }
+}
+
+/// A yes/no action's answer: `false` means it changed nothing (already
+/// ended, not paused, a signal already delivered).
+fn changed(result: Result<bool, ClientError>, id: ExecutionId, what: &str, as_json: bool) -> Exit {
+    let done = match result {
+        Ok(d) => d,
+        Err(e) => return exit::failed(&e),
+    };
+    if as_json {
+        print_json(&json!({"execution_id": id.to_string(), what: done}));
+    } else if done {
+        println!("execution {id} {what}");
+    } else {
+        println!("execution {id}: nothing to do (not {what}: see `sheaf executions get`)");
+    }
+    Exit::Done
+}
+
+async fn get(client: &Client, id: ExecutionId, as_json: bool) -> Exit {
+    let e = match client.get_execution(id).await {
+        Ok(Some(e)) => e,
+        Ok(None) => {
+            eprintln!("sheaf: no execution {id} on the shard it routes to");
+            return Exit::NotFound;
+        }
+        Err(e) => return exit::failed(&e),
+    };
+    let value = json!({
+        "execution_id": e.execution_id.to_string(),
+        "shard": e.shard.get(),
+        "workflow_name": e.workflow_name,
+        "workflow_id": e.workflow_id,
+        "state": e.state.as_str(),
+        "input": e.input.to_value().unwrap_or(Value::Null),
+        "result": e.result.as_ref().and_then(|r| r.to_value().ok()),
+        "error": e.error,
+        "concurrency_key": e.concurrency_key,
+        "quota_key": e.quota_key,
+        "history_bytes": e.history_bytes,
+        "created_at": time(e.created_at),
+        "closed_at": e.closed_at.map(time),
+        "wake_at": e.wake_at.map(time),
+    });
+    if as_json {
+        print_json(&value);
+        return Exit::Done;
+    }
+    if let Value::Object(fields) = &value {
+        for (k, v) in fields {
+            let text = match v {
+                Value::Null => continue,
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            println!("{k:<16} {}", cut(&text, 100));
+        }
+    }
+    Exit::Done
+}
+
+async fn history(client: &Client, id: ExecutionId, after: i64, page_size: usize, as_json: bool) -> Exit {
+    let page = match client.history(id, after, page_size).await {
+        Ok(p) => p,
+        Err(e) => return exit::failed(&e),
+    };
+    if as_json {
+        print_json(&json!({
+            "events": page.events.iter().map(|e| json!({
+                "seq": e.seq,
+                "event_type": e.event_type,
+                "payload": e.payload.to_value().unwrap_or(Value::Null),
+                "created_at": time(e.created_at),
+            })).collect::<Vec<_>>(),
+            "next_after": page.next_after,
+        }));
+        return Exit::Done;
+    }
+    println!("{:>6} {:<28} {:<28} payload", "seq", "event", "at");
+    for e in &page.events {
+        let payload = e.payload.to_value().map(|v| v.to_string()).unwrap_or_default();
+        println!(
+            "{:>6} {:<28} {:<28} {}",
+            e.seq,
+            cut(&e.event_type, 28),
+            time(e.created_at),
+            cut(&payload, 80)
+        );
+    }
+    if let Some(next) = page.next_after {
+        println!("more: --after {next}");
+    }
+    Exit::Done
+}

@@ -1,0 +1,91 @@
+//! `sheaf find NAME WORKFLOW_ID`: an execution by its business key.
+
+use serde_json::{Value, json};
+use sheaf_driver::{Execution, Resolution};
+
+use super::Context;
+use crate::exit::{self, Exit};
+use crate::output::{failures_json, print_json, time};
+
+/// Find an execution by its business key on whichever shard holds it:
+/// its active run, else its latest ended one. Exits 4 when no shard has
+/// it, 3 when a shard that may have it did not answer.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The workflow's name.
+    name: String,
+    /// The workflow id it was started with.
+    workflow_id: String,
+}
+
+pub async fn run(args: Args, ctx: &Context) -> Exit {
+    let client = match ctx.client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let (name, workflow_id) = (&args.name, &args.workflow_id);
+    let resolution = match client.find_execution(name, workflow_id).await {
+        Ok(r) => r,
+        Err(e) => return exit::failed(&e),
+    };
+    match resolution {
+        Resolution::Found { execution, .. } => {
+            if ctx.json {
+                print_json(&json!({"status": "found", "execution": execution_json(&execution)}));
+            } else {
+                print_execution(&execution);
+            }
+            Exit::Done
+        }
+        Resolution::Absent => {
+            if ctx.json {
+                print_json(&json!({"status": "absent"}));
+            } else {
+                println!("no execution of {name:?} with id {workflow_id:?} on any shard");
+            }
+            Exit::NotFound
+        }
+        Resolution::Indeterminate {
+            ended,
+            unavailable_shards,
+        } => {
+            if ctx.json {
+                print_json(&json!({
+                    "status": "indeterminate",
+                    "ended": ended.as_deref().map(execution_json),
+                    "unavailable_shards": failures_json(&unavailable_shards),
+                }));
+            } else if let Some(e) = &ended {
+                println!("an ended run (a shard that did not answer may hold an active one):");
+                print_execution(e);
+            } else {
+                println!("not found on the shards that answered");
+            }
+            exit::partial_if(&unavailable_shards, true)
+        }
+    }
+}
+
+fn execution_json(e: &Execution) -> Value {
+    json!({
+        "execution_id": e.execution_id.to_string(),
+        "shard": e.shard.get(),
+        "workflow_name": e.workflow_name,
+        "workflow_id": e.workflow_id,
+        "state": e.state.as_str(),
+        "created_at": time(e.created_at),
+        "closed_at": e.closed_at.map(time),
+        "error": e.error,
+    })
+}
+
+fn print_execution(e: &Execution) {
+    println!("execution_id  {}", e.execution_id);
+    println!("shard         {}", e.shard);
+    println!("workflow      {} / {}", e.workflow_name, e.workflow_id);
+    println!("state         {}", e.state.as_str());
+    println!("created_at    {}", time(e.created_at));
+    if let Some(at) = e.closed_at {
+        println!("closed_at     {}", time(at));
+    }
+}
