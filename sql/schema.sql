@@ -192,6 +192,17 @@ CREATE INDEX ready_aging ON ready (queue, aging_band, k1, k2, seq) WHERE aging_b
 -- found held, and no later advance runs before it ends), or starts after
 -- the advance committed (it compares with the new floor). Deleting a ready
 -- row, committed or rolled back, never breaks the invariant.
+-- Keeping (a claim, under READ COMMITTED only): a backend may keep the
+-- floors it read between its claims instead of walking them each time: it
+-- reads g, ready_floor_gen's last value, finds both floor locks of q free,
+-- then reads the floors; each claim from them checks, after its snapshot,
+-- that the last value is still g. Every write here takes a generation
+-- first, and a readying transaction holds a floor lock from before its
+-- generation to its end: a lowering row of generation up to g is in the
+-- floors read, and a later one moves the value. An advance of generation
+-- up to g that takes its lock after the check only raises floors, so the
+-- kept ones stay at or below them. Floors read in a transaction or
+-- subtransaction that rolls back are dropped (its own advance is undone).
 --
 -- A change of aging re-keys the queue's ready rows (a readying): they go to
 -- the new mode's bands, and the old bands, empty, go at the next advance.

@@ -19,7 +19,8 @@
 //! - the queue's aging is switched on and off now and then (a re-key of
 //!   every ready row);
 //! - a reference claimer, in REPEATABLE READ so that two statements share a
-//!   snapshot: it locks the first ready rows in claim order by reading the
+//!   snapshot, or in READ COMMITTED with `ready` locked against writers (so
+//!   its claims may start from the floors its backend keeps): it locks the first ready rows in claim order by reading the
 //!   whole queue with no floor (the reference order), then claims (from the
 //!   floors or from the head, at random), and the
 //!   claim must return exactly those rows in that order;
@@ -257,9 +258,15 @@ async fn reference_claimer(queue: String, rec: Shared, stop: Arc<AtomicBool>, se
     while !stop.load(Ordering::Relaxed) {
         let n = 1 + rng.below(4) as i64;
         seek_from_floors(&db, rng.below(2) == 0).await;
-        db.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            .await
-            .unwrap();
+        // Or READ COMMITTED, where claims may start from the floors their
+        // backend keeps, with the ready set held still (SHARE: no writer
+        // in flight, none until the end) so each statement sees the same.
+        let begin = if rng.below(2) == 0 {
+            "BEGIN ISOLATION LEVEL REPEATABLE READ"
+        } else {
+            "BEGIN ISOLATION LEVEL READ COMMITTED; LOCK TABLE sheaf.ready IN SHARE MODE"
+        };
+        db.batch_execute(begin).await.unwrap();
         match reference_round(&db, &queue, n).await {
             Ok((reference, before, claimed)) => {
                 db.batch_execute("COMMIT").await.unwrap();
@@ -278,7 +285,7 @@ async fn reference_claimer(queue: String, rec: Shared, stop: Arc<AtomicBool>, se
     }
 }
 
-/// In one REPEATABLE READ snapshot: the first `n` unlocked ready rows in
+/// In one snapshot (or a held-still ready set): the first `n` unlocked ready rows in
 /// claim order read with no floor (locked, so no one else takes them), the
 /// queue's ready set, and what the claim returns.
 async fn reference_round(
@@ -581,4 +588,62 @@ async fn claims_seek_from_the_floors_while_ready_counts_dead_rows() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The first ready task of `queue` in claim order, read whole (no floor).
+async fn head(db: &Client, queue: &str) -> Uuid {
+    db.query_one(
+        "SELECT task_id FROM sheaf.ready WHERE queue = $1 ORDER BY k1, k2, seq LIMIT 1",
+        &[&queue],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// A backend keeps the floors it read between its claims instead of
+/// walking them each time (`floor::kept`). A task another backend readies
+/// below them (a release, back at its old key) is still the next it
+/// claims; so is the head of the queue after a transaction of its own that
+/// advanced the floors rolled back.
+#[tokio::test]
+async fn kept_floors_give_way_to_a_release_and_to_a_rollback() {
+    let queue = unique("kept");
+    let shard = fleet().shards().next().unwrap();
+    let (a, b) = (connect(shard).await, connect(shard).await);
+    floors_at(&a, 0, 0).await;
+    a.execute(
+        "SELECT sheaf.enqueue($1, jsonb_build_object('n', i)) FROM generate_series(0, 599) i",
+        &[&queue],
+    )
+    .await
+    .unwrap();
+    // One by one past an advance (every 128 rows): the floors move up, and
+    // the claims after it start from floors read afresh and kept.
+    let mut taken = Vec::new();
+    for _ in 0..140 {
+        taken.extend(claim(&a, &queue, "a", 1).await);
+    }
+    assert_eq!(taken.len(), 140);
+    let (id, token) = taken[0];
+    b.execute("SELECT sheaf.release($1, $2)", &[&id, &token])
+        .await
+        .unwrap();
+    assert_eq!(
+        claim(&a, &queue, "a", 1).await[0].0,
+        id,
+        "the released task, readied below the kept floors, is claimed next"
+    );
+
+    let next = head(&b, &queue).await;
+    a.batch_execute("BEGIN").await.unwrap();
+    for _ in 0..140 {
+        assert_eq!(claim(&a, &queue, "a", 1).await.len(), 1);
+    }
+    a.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        claim(&a, &queue, "a", 1).await[0].0,
+        next,
+        "after the rollback of its advance, the head of the queue"
+    );
 }

@@ -110,17 +110,19 @@ macro_rules! lock_in_order {
     };
 }
 /// The rows of the bands of priorities of `fl` from their floors, in
-/// order, locked, unless a band of `fl` is an aging one.
+/// order, locked.
+macro_rules! band_seeks {
+    () => {
+        "SELECT p.ctid FROM fl CROSS JOIN LATERAL (\
+           SELECT r.ctid FROM ready r \
+           WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
+           ORDER BY r.k1, r.k2, r.seq LIMIT $2 FOR UPDATE SKIP LOCKED) p"
+    };
+}
+/// `band_seeks!`, unless a band of `fl` is an aging one.
 macro_rules! in_bands {
     () => {
-        concat!(
-            "SELECT p.ctid FROM fl CROSS JOIN LATERAL (\
-               SELECT r.ctid FROM ready r \
-               WHERE r.queue = $1 AND (r.k1, r.k2, r.seq) >= (fl.k1, fl.k2, fl.seq) AND r.k1 <= fl.band \
-               ORDER BY r.k1, r.k2, r.seq LIMIT $2 FOR UPDATE SKIP LOCKED) p \
-             WHERE NOT ",
-            ages!()
-        )
+        concat!(band_seeks!(), " WHERE NOT ", ages!())
     };
 }
 /// The band a claimed row `g` was taken from.
@@ -189,6 +191,32 @@ const IN_BANDS: Stmt = Stmt::write(
         ", claimed_at = now()"
     ),
     CLAIM_ARGS,
+);
+/// `IN_BANDS` from the floors this backend keeps (`floor::kept`: $5..$8,
+/// their bands and keys), without walking them, as long as
+/// `ready_floor_gen` is still at their generation ($9) once the claim's
+/// snapshot is taken; else it takes nothing.
+const KEPT: Stmt = Stmt::write(
+    claim!(
+        "fl AS MATERIALIZED (\
+           SELECT * FROM unnest($5::float8[], $6::float8[], $7::float8[], $8::bigint[]) AS fl(band, k1, k2, seq) \
+           WHERE (SELECT s.last_value FROM ready_floor_gen s) = $9), ",
+        concat!(band_seeks!(), " LIMIT $2"),
+        ", aging_band",
+        band_of!(),
+        ", claimed_at = now()"
+    ),
+    &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
+        PgBuiltInOids::FLOAT8ARRAYOID,
+        PgBuiltInOids::INT8ARRAYOID,
+        PgBuiltInOids::INT8OID,
+    ],
 );
 /// The claim from the head of the queue's range on `ready_claim`, in claim
 /// order (every ready row has its key there, aging or not), without reading
@@ -368,6 +396,9 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<Cla
         return claim_with(&AT_HEAD, queue, batch, worker, lease_secs);
     }
     if !MERGING.with(|m| m.borrow().contains(queue)) {
+        if let Some(rows) = claim_kept(queue, batch, worker, lease_secs) {
+            return rows;
+        }
         let mut rows = claim_with(&IN_BANDS, queue, batch, worker, lease_secs);
         if rows.len() as i32 == batch || !ages(queue) {
             return rows;
@@ -457,30 +488,69 @@ fn ages(queue: &str) -> bool {
     })
 }
 
+/// The claim from the floors this backend keeps (`KEPT`), if it keeps
+/// them or can read them now; `None` where the floors must be walked.
+fn claim_kept(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Option<Vec<ClaimedRow>> {
+    let kept = floor::kept(queue)?;
+    let rows = claim_kept_with(&kept, queue, batch, worker, lease_secs);
+    if !rows.is_empty() || floor::confirm(queue, &kept) {
+        return Some(rows);
+    }
+    // They no longer held: once more, from floors read now.
+    let kept = floor::kept(queue)?;
+    Some(claim_kept_with(&kept, queue, batch, worker, lease_secs))
+}
+
+fn claim_kept_with(
+    kept: &floor::Kept,
+    queue: &str,
+    batch: i32,
+    worker: &str,
+    lease_secs: f64,
+) -> Vec<ClaimedRow> {
+    claim_rows(
+        &KEPT,
+        &[
+            queue.into(),
+            (batch as i64).into(),
+            worker.into(),
+            lease_secs.into(),
+            kept.bands.as_slice().into(),
+            kept.k1.as_slice().into(),
+            kept.k2.as_slice().into(),
+            kept.seq.as_slice().into(),
+            kept.generation.into(),
+        ],
+    )
+}
+
 fn claim_with(stmt: &Stmt, queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<ClaimedRow> {
+    claim_rows(
+        stmt,
+        &[
+            queue.into(),
+            (batch as i64).into(),
+            worker.into(),
+            lease_secs.into(),
+        ],
+    )
+}
+
+fn claim_rows(stmt: &Stmt, args: &[pgrx::datum::DatumWithOid<'_>]) -> Vec<ClaimedRow> {
     Spi::connect_mut(|client| {
-        run(
-            client,
-            stmt,
-            &[
-                queue.into(),
-                (batch as i64).into(),
-                worker.into(),
-                lease_secs.into(),
-            ],
-        )
-        .map(|row| {
-            let (id, token, payload, attempt, execution_id, key, kind, k1, k2, seq, band) =
-                FromRow::from_row(&row, "reading a claimed task");
-            (
-                (id, token, payload, attempt, execution_id, key, kind),
-                k1,
-                k2,
-                seq,
-                band,
-            )
-        })
-        .collect()
+        run(client, stmt, args)
+            .map(|row| {
+                let (id, token, payload, attempt, execution_id, key, kind, k1, k2, seq, band) =
+                    FromRow::from_row(&row, "reading a claimed task");
+                (
+                    (id, token, payload, attempt, execution_id, key, kind),
+                    k1,
+                    k2,
+                    seq,
+                    band,
+                )
+            })
+            .collect()
     })
 }
 

@@ -6,14 +6,17 @@
 //! every path that writes ready rows calls `readied` (the enqueue statement
 //! does its step 2 itself, after `try_readying`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::rc::Rc;
+
+use pgrx::fcinfo::direct_function_call;
 
 use pgrx::prelude::*;
 
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::rows::{self, FromRow};
 
 /// Rows a backend claims from a queue between two tries at advancing its
 /// floors. An advance costs one seek per band and leaves two dead row
@@ -218,6 +221,40 @@ const ADVANCE: Stmt = Stmt::write(
     ],
 );
 
+// The floors of queue $1 in band order (`kept`).
+const WALK: Stmt = Stmt::write(
+    concat!(
+        "WITH RECURSIVE ",
+        floors!(),
+        " SELECT band, k1, k2, seq FROM fl ORDER BY band"
+    ),
+    &[PgBuiltInOids::TEXTOID],
+);
+/// Bands of floors a backend keeps for a queue; a queue with more is
+/// walked on every claim.
+const KEPT_BANDS: usize = 64;
+
+/// A queue's floors as a backend read them, kept between its claims so a
+/// claim need not walk them (`kept`): each band (ascending) with its floor.
+pub struct Kept {
+    /// `ready_floor_gen`'s last value before they were read: they hold as
+    /// long as it has not moved.
+    pub generation: i64,
+    pub bands: Vec<f64>,
+    pub k1: Vec<f64>,
+    pub k2: Vec<f64>,
+    pub seq: Vec<i64>,
+}
+
+struct KeptEntry {
+    /// The sequence they were read against (a sheaf dropped and created
+    /// again starts its generations over).
+    sequence: pg_sys::Oid,
+    /// `ABORTS` when they were read.
+    aborts: u64,
+    kept: Rc<Kept>,
+}
+
 /// What a backend claimed from a queue since its last advance there: how
 /// many rows, and the highest key per band.
 #[derive(Default)]
@@ -228,6 +265,12 @@ struct Since {
 
 thread_local! {
     static SINCE_ADVANCE: RefCell<HashMap<String, Since>> = RefCell::new(HashMap::new());
+    static KEPT: RefCell<HashMap<String, KeptEntry>> = RefCell::new(HashMap::new());
+    /// (Sub)transactions this backend rolled back since it first kept
+    /// floors: floors read in one that rolled back may include its own
+    /// advance, undone since (`on_abort`).
+    static ABORTS: Cell<u64> = const { Cell::new(0) };
+    static WATCHING_ABORTS: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A position in a queue's claim order: `(k1, k2, seq)` of `ready_claim`.
@@ -372,6 +415,143 @@ pub fn claimed(queue: &str, rows: impl Iterator<Item = (f64, Key)>) {
         generation.into(),
     ];
     exec(&ADVANCE, &args);
+    // Its generation is past the kept floors': the next claim reads them.
+    forget(queue);
+}
+
+/// The floors of `queue` this backend keeps, or reads now and keeps; `None`
+/// where a claim must walk them (not READ COMMITTED, a readying
+/// transaction of the queue is open, or a band is an aging one or the
+/// upgrade's).
+///
+/// Kept floors are at or below the floors in every later snapshot, until
+/// `ready_floor_gen` moves past `Kept::generation` (the claim checks that
+/// in its own statement, after its snapshot, and `confirm` after a claim
+/// that came back empty): every write to `ready_floors` takes a generation
+/// first. A lowering row, the only write that lowers a floor, is written
+/// by a readying transaction holding a floor lock from before its
+/// generation to its end; so one with a generation up to the one read here
+/// has ended before the locks were found free (and is in the walk's
+/// snapshot, taken after), and a later one moves the generation. An
+/// advance with an earlier generation that locks after the check only
+/// raises floors: the kept ones are lower, which costs seeks over dead
+/// entries, never a row. Floors read in a (sub)transaction that rolls back
+/// are dropped (`ABORTS`): they may include its own advance.
+pub fn kept(queue: &str) -> Option<Rc<Kept>> {
+    if !read_committed() {
+        return None;
+    }
+    let sequence = generation_sequence()?;
+    let aborts = ABORTS.get();
+    let hit = KEPT.with(|k| {
+        k.borrow()
+            .get(queue)
+            .filter(|e| e.sequence == sequence && e.aborts == aborts)
+            .map(|e| e.kept.clone())
+    });
+    if hit.is_some() {
+        return hit;
+    }
+    watch_aborts();
+    let generation = last_generation(sequence);
+    if !locks::free(Class::Floor, queue) || !locks::free(Class::FloorLate, queue) {
+        return None;
+    }
+    let floors: Vec<(f64, f64, f64, i64)> = Spi::connect_mut(|client| {
+        run(client, &WALK, &[queue.into()])
+            .map(|row| FromRow::from_row(&row, "reading a queue's floors"))
+            .collect()
+    });
+    if floors.is_empty() || floors.len() > KEPT_BANDS || floors.iter().any(|f| is_aging(f.0) || f.0.is_nan())
+    {
+        return None;
+    }
+    let kept = Rc::new(Kept {
+        generation,
+        bands: floors.iter().map(|f| f.0).collect(),
+        k1: floors.iter().map(|f| f.1).collect(),
+        k2: floors.iter().map(|f| f.2).collect(),
+        seq: floors.iter().map(|f| f.3).collect(),
+    });
+    KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        if k.len() >= COUNTED_QUEUES {
+            k.clear();
+        }
+        k.insert(
+            queue.to_owned(),
+            KeptEntry {
+                sequence,
+                aborts,
+                kept: kept.clone(),
+            },
+        );
+    });
+    Some(kept)
+}
+
+/// Whether `kept` still holds (after a claim from them came back empty:
+/// the claim's own check may have failed); forgets them if not.
+pub fn confirm(queue: &str, kept: &Kept) -> bool {
+    let holds = generation_sequence().is_some_and(|s| last_generation(s) == kept.generation);
+    if !holds {
+        forget(queue);
+    }
+    holds
+}
+
+fn forget(queue: &str) {
+    KEPT.with(|k| k.borrow_mut().remove(queue));
+}
+
+/// `ready_floor_gen`, if the catalog has it.
+fn generation_sequence() -> Option<pg_sys::Oid> {
+    // SAFETY: a catalog lookup by name, in a transaction (the search path
+    // starts with sheaf's schema).
+    let oid = unsafe { pg_sys::RelnameGetRelid(c"ready_floor_gen".as_ptr()) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+/// The last generation any backend took (0 before the first): a
+/// sequence's last value is shared and moves at `nextval`, not at commit.
+fn last_generation(sequence: pg_sys::Oid) -> i64 {
+    // SAFETY: a builtin taking a regclass and returning an int8 or NULL,
+    // called in a transaction as the function's owner, who owns the
+    // sequence.
+    unsafe { direct_function_call::<i64>(pg_sys::pg_sequence_last_value, &[sequence.into_datum()]) }
+        .unwrap_or(0)
+}
+
+/// Counts this backend's rollbacks from now on (once per backend).
+fn watch_aborts() {
+    if WATCHING_ABORTS.replace(true) {
+        return;
+    }
+    // SAFETY: registers plain functions that only bump a counter; they
+    // stay registered for the backend's life.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(on_abort), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(on_subabort), std::ptr::null_mut());
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_abort(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    if event == pg_sys::XactEvent::XACT_EVENT_ABORT || event == pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT {
+        ABORTS.set(ABORTS.get().wrapping_add(1));
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subabort(
+    event: pg_sys::SubXactEvent::Type,
+    _sub: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        ABORTS.set(ABORTS.get().wrapping_add(1));
+    }
 }
 
 /// Keeps the highest key claimed in each band.
@@ -411,6 +591,9 @@ mod tests {
     #[pg_test]
     fn each_band_floor_follows_the_claims_and_drops_for_what_is_readied_below_it() {
         init();
+        // Claims from the floors, which the backend keeps between claims:
+        // a task readied below them must still come next.
+        Spi::run("SET LOCAL sheaf.claim_floors_at_lag = 0").expect("set");
         for n in 0..300 {
             enqueue("fl-1", json!({"n": n}), json!({}));
         }
