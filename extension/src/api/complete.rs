@@ -8,8 +8,8 @@ use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
 use crate::queue::complete;
 use crate::workflow::continuation;
-use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::lifecycle::{self, Close};
+use crate::workflow::hooks::{self, EXECUTIONS};
+use crate::workflow::lifecycle::Close;
 
 /// Completes a task claimed under `token`. A stale token (the lease was lost)
 /// raises 55P03, a task that is gone (finished, or never there) P0002; either
@@ -36,7 +36,7 @@ fn complete_task_and_execution(task_id: Option<pgrx::Uuid>, token: Option<i64>, 
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
     let result = result.map(|r| r.parse("result"));
-    lifecycle::close_with_task(task_id, token, result.clone(), Close::Completed { result });
+    hooks::close_with_task(task_id, token, result.clone(), Close::Completed { result });
 }
 
 /// Completes a task of an execution claimed under `token` and fails its
@@ -49,7 +49,7 @@ fn complete_task_and_fail_execution(task_id: Option<pgrx::Uuid>, token: Option<i
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
     let error = required(error, "error").to_owned();
-    lifecycle::close_with_task(task_id, token, None, Close::Failed { error });
+    hooks::close_with_task(task_id, token, None, Close::Failed { error });
 }
 
 /// Completes a task of an execution claimed under `token` and continues

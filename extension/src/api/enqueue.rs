@@ -9,7 +9,7 @@ use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
 use crate::base::topology;
 use crate::queue::{enqueue, queues};
-use crate::workflow::hooks::EXECUTIONS;
+use crate::workflow::executions::INTAKE;
 
 /// Enqueues one task and returns its id. `opts` (all optional): `priority`
 /// (higher first), `run_at`, `concurrency_key`, `fairness_key`,
@@ -67,5 +67,5 @@ fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<Jsonb>) 
     if o.execution_id.is_none() {
         topology::check_declared();
     }
-    enqueue::insert(name, payloads, &o, &EXECUTIONS)
+    enqueue::insert(name, payloads, &o, &INTAKE)
 }

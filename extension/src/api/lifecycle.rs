@@ -10,6 +10,7 @@ use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::workflow::continuation;
 use crate::workflow::lifecycle::{self, Close};
+use crate::workflow::wake;
 
 fn execution_arg(id: Option<pgrx::Uuid>) -> pgrx::Uuid {
     required(id, "execution_id")
@@ -111,7 +112,7 @@ fn suspend_execution(
     {
         bad_argument("wake_at", "must be a finite timestamp (or NULL for no timer)");
     }
-    lifecycle::suspend(id, wake_at)
+    wake::suspend(id, wake_at)
 }
 
 /// Wakes a suspended execution: RUNNING again, with a new workflow task.
@@ -120,5 +121,5 @@ fn suspend_execution(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn wake_execution(execution_id: Option<pgrx::Uuid>) -> bool {
-    lifecycle::wake(execution_arg(execution_id))
+    wake::wake(execution_arg(execution_id))
 }

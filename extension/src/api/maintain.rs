@@ -11,7 +11,7 @@ use crate::mutex;
 use crate::queue::workers::{self, LIVE_SECS};
 use crate::queue::{cancel, lease, progress, promote, queues, rate, ready};
 use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::{debounce, lifecycle, policy, retention, schedules};
+use crate::workflow::{debounce, lifecycle, policy, retention, schedules, wake};
 
 const PROMOTE_MAX: i64 = 10_000;
 const REAP_MAX: i64 = 1_000;
@@ -41,7 +41,7 @@ fn maintain() -> pgrx::JsonB {
         promoted += promote::due(&q, PROMOTE_MAX - promoted, None);
     }
     let reaped = lease::reap_all(REAP_MAX, &EXECUTIONS);
-    let woken = lifecycle::wake_due(WAKE_MAX);
+    let woken = wake::wake_due(WAKE_MAX);
     let timed_out = lifecycle::time_out_due(TIMEOUT_MAX);
     let schedules_fired = schedules::fire_due(SCHEDULE_MAX);
     let rate_units_timed = rate::sweep(RATE_BUCKETS_MAX, RATE_UNITS_MAX, &policy::current_pace);

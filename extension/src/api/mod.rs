@@ -1,7 +1,8 @@
 //! The top layer: every `#[pg_extern]`, one module per concept. Each
 //! function validates its arguments, calls the layer below, and returns;
 //! none holds logic of its own. Queue functions that can touch an execution
-//! are handed the workflow layer's hook (`workflow::hooks::EXECUTIONS`).
+//! are handed the workflow layer's hooks (`workflow::hooks::EXECUTIONS`,
+//! `workflow::executions::INTAKE`).
 
 // pgrx takes a table function's column names from the `name!` markers in
 // its signature; a type alias would hide them, so the long return types stay.

@@ -16,7 +16,7 @@ use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::queue::floor::{self, lower_in_enqueue};
-use crate::queue::hooks::{ExecutionHooks, Intake};
+use crate::queue::hooks::{ExecutionIntake, Intake};
 use crate::queue::queues::Queue;
 use crate::queue::{caps, queues, rate, ready};
 
@@ -309,17 +309,17 @@ fn fair_starts(q: Queue, name: &str, o: &EnqueueOptions, n: usize, admitted: usi
 }
 
 /// Inserts tasks with validated options (the queue name is checked). A task
-/// of an execution asks it whether it takes tasks (`hooks`).
+/// of an execution asks it whether it takes tasks (`intake`).
 pub fn insert(
     name: &str,
     payloads: Vec<Jsonb>,
     o: &EnqueueOptions,
-    hooks: &dyn ExecutionHooks,
+    intake: &dyn ExecutionIntake,
 ) -> Vec<pgrx::Uuid> {
     let run_at = parse_run_at(o);
     match &o.rate_limit {
-        None => insert_at(name, payloads, o, run_at, hooks),
-        Some(limit) => insert_limited(name, limit, payloads, o, run_at, hooks),
+        None => insert_at(name, payloads, o, run_at, intake),
+        Some(limit) => insert_limited(name, limit, payloads, o, run_at, intake),
     }
 }
 
@@ -332,7 +332,7 @@ fn insert_limited(
     payloads: Vec<Jsonb>,
     o: &EnqueueOptions,
     run_at: Option<TimestampWithTimeZone>,
-    hooks: &dyn ExecutionHooks,
+    intake: &dyn ExecutionIntake,
 ) -> Vec<pgrx::Uuid> {
     let Some(declared) = rate::declared(limit) else {
         bad_argument(
@@ -369,7 +369,7 @@ fn insert_limited(
             rate::Admission::At(us) => clock::from_us(us),
             rate::Admission::Line => TimestampWithTimeZone::positive_infinity(),
         };
-        let id = insert_at(name, vec![payload], o, Some(at), hooks);
+        let id = insert_at(name, vec![payload], o, Some(at), intake);
         if at.is_infinity() {
             rate::line(limit, &key, &id);
         }
@@ -384,11 +384,11 @@ pub fn insert_at(
     payloads: Vec<Jsonb>,
     o: &EnqueueOptions,
     run_at: Option<TimestampWithTimeZone>,
-    hooks: &dyn ExecutionHooks,
+    intake: &dyn ExecutionIntake,
 ) -> Vec<pgrx::Uuid> {
     let execution_id = o.execution_id.map(pgrx::Uuid::from_bytes);
     // A paused execution's new tasks wait, holding no slot, until it resumes.
-    let paused = execution_id.is_some_and(|id| hooks.intake(id) == Intake::Parked);
+    let paused = execution_id.is_some_and(|id| intake.intake(id) == Intake::Parked);
     if let Some(key) = &o.idempotency_key {
         if payloads.len() > 1 {
             bad_argument(

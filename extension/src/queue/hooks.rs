@@ -2,11 +2,13 @@
 //!
 //! A task may belong to an execution (`tasks.execution_id`). The queue never
 //! names workflow code: where a task's life matters to its execution, the
-//! queue function takes `&dyn ExecutionHooks` and calls it, in the same
-//! transaction and at the point the list below says. The workflow layer
-//! implements it (`workflow::hooks::EXECUTIONS`); the api layer passes it in.
-//! So a signature says it: a function without the parameter never touches
-//! an execution.
+//! queue function takes `&dyn ExecutionIntake` (enqueueing: may it take a
+//! task?) or `&dyn ExecutionHooks` (what became of its task) and calls it,
+//! in the same transaction and at the point the lists below say. The
+//! workflow layer implements them (`workflow::executions::INTAKE`, which
+//! reads an execution's state only, and `workflow::hooks::EXECUTIONS`, which
+//! may end the execution); the api layer passes them in. So a signature
+//! says it: a function without either parameter never touches an execution.
 
 /// What became of a task of an execution.
 pub enum Outcome<'a> {
@@ -47,13 +49,16 @@ pub enum Intake {
     Parked,
 }
 
-/// What the queue asks of, and tells, the execution a task belongs to.
-pub trait ExecutionHooks {
+/// What the queue asks of the execution a new task is for.
+pub trait ExecutionIntake {
     /// Whether execution `id` takes a new task, and how; raises (P0002 for
     /// an unknown id, 55000 for an ended one) if it takes none. Called
     /// before the task is written.
     fn intake(&self, id: pgrx::Uuid) -> Intake;
+}
 
+/// What the queue tells the execution a task belongs to.
+pub trait ExecutionHooks {
     /// A task of an execution reached an outcome. Called after the task row
     /// changed (it is still locked) and before its concurrency slot is
     /// released: the execution row comes after task rows and before

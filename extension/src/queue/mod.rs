@@ -1,5 +1,5 @@
 //! The queue layer: tasks and everything that moves them. Names `base` only;
-//! where a task's life matters to its execution it calls the hook it is
+//! where a task's life matters to its execution it calls the hooks it is
 //! handed (`hooks`), never workflow code.
 
 pub mod cancel;

@@ -1,34 +1,24 @@
 //! Child workflows, on the parent's shard: `start_child` (a child here is
 //! started in the parent's transaction; one on another shard gets a
-//! lifecycle row in `cross_shard_children` for the relay), a local child's
-//! end reported to its parent in the child's own terminal transaction, a
-//! parent's cancel of its child, and what a parent's end does to its
-//! children (`parent_close`).
+//! lifecycle row in `cross_shard_children` for the relay), a parent's
+//! cancel of its child, and the listings of children. What an end does
+//! between a parent and its children is `family`, which the end itself
+//! (`lifecycle::close`) calls.
 //!
-//! Lock order (`base::locks`): a child's row before its parent's (a child's
-//! end appends to its parent), and a parent's row before its lifecycle rows.
-//! Nothing here locks a child's row while holding its parent's, so a
-//! parent's end never closes a child itself: it asks the relay to
-//! (`cross_shard_children.close_requested`), for local children too.
+//! Lock order (`base::locks`): a child's row before its parent's, and a
+//! parent's row before its lifecycle rows (`family`).
 
 use pgrx::prelude::*;
-use sheaf_core::children::{ChildOptions, CloseKind, ended_event};
+use sheaf_core::children::{ChildOptions, CloseKind};
 use sheaf_core::id;
 use sheaf_core::policy::StartOptions;
-use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{bad_argument, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::{ids, rows, shard};
-use crate::workflow::executions;
 use crate::workflow::lifecycle::{self, Close};
-use crate::workflow::{history, start};
-
-/// The channel the relay listens on. Payloads: `due` (a lifecycle row on
-/// this shard is due now) and `ended <parent id> <child id>` (a child here
-/// whose parent is on another shard has ended).
-const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_relay', $1)", &[PgBuiltInOids::TEXTOID]);
+use crate::workflow::{executions, family, history, start, wake};
 
 const EXISTING: Stmt = Stmt::read(
     "SELECT child_id, target_shard FROM children \
@@ -75,52 +65,6 @@ const REQUEST_CLOSE: Stmt = Stmt::write(
         PgBuiltInOids::TEXTOID,
     ],
 );
-// A parent's end: its lifecycle rows learn it, and those its children's
-// parent_close closes ask for the close (a terminate wins over a cancel).
-const PARENT_ENDED: Stmt = Stmt::write(
-    "WITH u AS (UPDATE cross_shard_children c SET parent_ended = true, due_at = now(), \
-                close_requested = CASE ch.parent_close WHEN 'terminate' THEN 'terminate' \
-                                  WHEN 'request_cancel' THEN coalesce(c.close_requested, 'cancel') \
-                                  ELSE c.close_requested END, \
-                close_reason = CASE WHEN ch.parent_close = 'abandon' THEN c.close_reason ELSE $2 END \
-                FROM children ch WHERE c.parent_id = $1 AND ch.child_id = c.child_id RETURNING 1) \
-     SELECT count(*) FROM u",
-    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID],
-);
-// Its local children still running get a lifecycle row of their own.
-const CLOSE_LOCAL: Stmt = Stmt::write(
-    "WITH i AS (INSERT INTO cross_shard_children \
-                    (child_id, parent_id, target_shard, state, close_requested, close_reason, parent_ended) \
-                SELECT ch.child_id, ch.parent_id, ch.target_shard, 'RUNNING', \
-                       CASE ch.parent_close WHEN 'terminate' THEN 'terminate' ELSE 'cancel' END, $3, true \
-                FROM children ch JOIN executions e ON e.id = ch.child_id \
-                WHERE ch.parent_id = $1 AND ch.target_shard = $2 AND ch.parent_close <> 'abandon' \
-                  AND e.state IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING') \
-                ON CONFLICT (child_id) DO NOTHING RETURNING 1) \
-     SELECT count(*) FROM i",
-    &[
-        PgBuiltInOids::UUIDOID,
-        PgBuiltInOids::INT4OID,
-        PgBuiltInOids::TEXTOID,
-    ],
-);
-const SETTLE: Stmt = Stmt::write(
-    "DELETE FROM cross_shard_children WHERE child_id = $1",
-    &[PgBuiltInOids::UUIDOID],
-);
-// A child whose end its parent here has (or, ended, needs no more).
-const DELIVERED: Stmt = Stmt::write(
-    "UPDATE executions SET result_pulled_at = now() WHERE id = $1 AND result_pulled_at IS NULL",
-    &[PgBuiltInOids::UUIDOID],
-);
-// A child's end in its parent's history, built around the child's result
-// as Postgres stored it.
-const ENDED_EVENT: Stmt = Stmt::read(
-    "SELECT state, jsonb_build_object('child_id', id, 'state', state, 'result', result, 'error', error) \
-     FROM executions WHERE id = $1",
-    &[PgBuiltInOids::UUIDOID],
-);
-
 // A parent's children here, and (on its own shard) those still starting
 // elsewhere, in id order after `$2`.
 const LIST: Stmt = Stmt::read(
@@ -220,19 +164,6 @@ pub fn list(parent: pgrx::Uuid, after: Option<pgrx::Uuid>, max: i64) -> Vec<List
 /// started it (false: the same (parent, name, workflow id) started it before).
 pub type Child = (pgrx::Uuid, i32, bool);
 
-/// Whether this shard's catalog has children: between installing a
-/// library of 0.2.0 or later and `ALTER EXTENSION sheaf UPDATE` it does
-/// not, and no execution can have any.
-pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the search path
-    // starts with sheaf's schema).
-    unsafe { pg_sys::RelnameGetRelid(c"cross_shard_children".as_ptr()) != pg_sys::InvalidOid }
-}
-
-fn notify(payload: &str) {
-    exec(&NOTIFY, &[payload.into()]);
-}
-
 /// Starts child `name`/`workflow_id` of `parent` on `o.target_shard`
 /// (default: here), once per (parent, name, workflow id).
 pub fn start_child(
@@ -303,7 +234,7 @@ pub fn start_child(
             &LIFECYCLE,
             &[child.into(), parent.into(), target.into(), input.into()],
         );
-        notify("due");
+        family::notify("due");
     }
     (child, target, true)
 }
@@ -319,7 +250,7 @@ fn start_local(parent: pgrx::Uuid, child: pgrx::Uuid, name: &str, workflow_id: &
     if !created {
         let reason = conflict_reason(name, workflow_id, started, shard::current());
         append_failed(parent, child, &reason);
-        lifecycle::wake_for_event(&executions::lock(parent));
+        wake::wake_for_event(&executions::lock(parent));
     }
 }
 
@@ -338,63 +269,6 @@ pub fn append_failed(parent: pgrx::Uuid, child: pgrx::Uuid, error: &str) {
         "ChildFailed",
         serde_json::json!({"child_id": child.to_string(), "state": null, "result": null, "error": error}),
     );
-}
-
-/// A child has ended (its row is locked and closed, in its terminal
-/// transaction). Where its parent *lives* decides, never the shard its id
-/// names (a parent born elsewhere may have moved here, one born here may
-/// have moved away): a parent whose row is here and is not a seal gets the
-/// end in its history and is woken, and the child is marked delivered
-/// (retention may delete it); a parent elsewhere (no row here, or a seal)
-/// is told through the relay's channel, and the relay pulls the end.
-pub fn report_end(child: pgrx::Uuid, parent: pgrx::Uuid) {
-    // The child's row, then its parent's (this module's lock order).
-    let p = executions::try_lock(parent).filter(|p| p.state != ExecutionState::Migrated);
-    let Some(p) = p else {
-        notify(&format!("ended {parent} {child}"));
-        return;
-    };
-    exec(&SETTLE, &[child.into()]);
-    exec(&DELIVERED, &[child.into()]);
-    if !p.state.is_active() {
-        return;
-    }
-    let (state, event): (ExecutionState, Jsonb) = Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &ENDED_EVENT, &[child.into()]),
-            "reading a child's end",
-        )
-    });
-    let Some(event_type) = ended_event(state) else {
-        return;
-    };
-    history::append_jsonb(parent, event_type, event);
-    lifecycle::wake_for_event(&p);
-}
-
-/// The parent's end (its row is locked, in its terminal transaction):
-/// every child its `parent_close` closes is asked to close, through the
-/// relay; the relay settles each lifecycle row.
-pub fn parent_ended(parent: pgrx::Uuid, state: ExecutionState) {
-    let reason = format!("parent {parent} ended ({state})");
-    let (remote, local): (i64, i64) = Spi::connect_mut(|client| {
-        let remote = rows::only_value(
-            run(client, &PARENT_ENDED, &[parent.into(), reason.as_str().into()]),
-            "closing a parent's children",
-        );
-        let local = rows::only_value(
-            run(
-                client,
-                &CLOSE_LOCAL,
-                &[parent.into(), shard::current().into(), reason.as_str().into()],
-            ),
-            "closing a parent's local children",
-        );
-        (remote, local)
-    });
-    if remote + local > 0 {
-        notify("due");
-    }
 }
 
 /// Cancels child `child` of `parent`: here at once (its end reaches the
@@ -438,7 +312,7 @@ pub fn cancel_child(parent: pgrx::Uuid, child: pgrx::Uuid, reason: Option<&str>)
     })
     .is_some();
     if requested {
-        notify("due");
+        family::notify("due");
     }
     requested
 }

@@ -20,8 +20,8 @@ use crate::base::rows;
 use crate::queue::{complete, tasks};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::lifecycle::{self, Close};
-use crate::workflow::quota;
 use crate::workflow::start::{self, Begin, Timeout};
+use crate::workflow::{hooks, quota};
 
 const PRIOR: Stmt = Stmt::read(
     "SELECT workflow_name, workflow_id, search_attrs, timeout_at FROM executions WHERE id = $1",
@@ -147,7 +147,7 @@ pub fn with_task(task_id: pgrx::Uuid, token: i64, input: Jsonb) -> pgrx::Uuid {
     locks::exclusive_pair(Class::Start, &p.workflow_name, &p.workflow_id);
     let e = lock_continuable(id);
     let successor = ids::mint();
-    lifecycle::close_with_task(task_id, token, None, Close::ContinuedAsNew { successor });
+    hooks::close_with_task(task_id, token, None, Close::ContinuedAsNew { successor });
     begin_successor(e, p, id, successor, input)
 }
 

@@ -97,7 +97,7 @@ pub fn erase(id: pgrx::Uuid) -> Option<serde_json::Value> {
     let related: i64 = Spi::connect_mut(|client| {
         rows::only_value(run(client, &ERASE_RELATED, &[id.into()]), "erasing task payloads")
     });
-    let relayed: i64 = if crate::workflow::children::enabled() {
+    let relayed: i64 = if crate::workflow::family::enabled() {
         Spi::connect_mut(|client| {
             rows::only_value(run(client, &ERASE_RELAY, &[id.into()]), "erasing outbox payloads")
         })

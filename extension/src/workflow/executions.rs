@@ -1,4 +1,6 @@
-//! Executions: locking and reading one, and enqueueing its workflow tasks.
+//! Executions: locking, reading and setting the state of one, whether one
+//! takes a new task (the queue's `ExecutionIntake`), and enqueueing its
+//! workflow tasks.
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
@@ -8,10 +10,10 @@ use sheaf_core::state::TaskKind;
 
 use crate::base::errors::{moved, not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, run};
+use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::queue::enqueue;
-use crate::workflow::hooks::EXECUTIONS;
+use crate::queue::hooks::{ExecutionIntake, Intake};
 
 const STATE: Stmt = Stmt::read(
     "SELECT state FROM executions WHERE id = $1",
@@ -150,10 +152,63 @@ pub fn enqueue_workflow_task(
         kind: TaskKind::Workflow,
         ..EnqueueOptions::default()
     };
-    let ids = enqueue::insert_at(&e.queue, vec![payload], &o, run_at, &EXECUTIONS);
+    let ids = enqueue::insert_at(&e.queue, vec![payload], &o, run_at, &INTAKE);
     ids.first()
         .copied()
         .unwrap_or_else(|| crate::base::errors::internal("enqueueing a workflow task: no id came back"))
+}
+
+/// Executions as the queue's enqueue asks them whether they take a task.
+pub struct TaskIntake;
+
+/// The one implementation; the api layer hands it to `queue::enqueue`.
+pub static INTAKE: TaskIntake = TaskIntake;
+
+impl ExecutionIntake for TaskIntake {
+    fn intake(&self, id: pgrx::Uuid) -> Intake {
+        match state_of(id) {
+            None => unknown_execution(id),
+            Some(ExecutionState::Paused) => Intake::Parked,
+            Some(state) if state.takes_tasks() => Intake::Open,
+            Some(state) => {
+                // A task for a run that moved goes where it lives.
+                forward(id, state);
+                not_ready(format!("execution {id} is {state}: it takes no new tasks"))
+            }
+        }
+    }
+}
+
+const SET_STATE: Stmt = Stmt::write(
+    "UPDATE executions SET state = $2, paused_from = $3, wake_at = CASE WHEN $5 THEN $4 ELSE wake_at END \
+     WHERE id = $1",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::BOOLOID,
+    ],
+);
+
+/// Sets a locked execution's state (pause, resume, suspend, wake);
+/// `wake_at`: `Some(t)` sets the timer to `t`, `None` keeps it.
+pub fn set_state(
+    e: &Locked,
+    state: ExecutionState,
+    paused_from: Option<ExecutionState>,
+    wake_at: Option<Option<TimestampWithTimeZone>>,
+) {
+    exec(
+        &SET_STATE,
+        &[
+            e.id.into(),
+            state.as_str().into(),
+            paused_from.map(ExecutionState::as_str).into(),
+            wake_at.flatten().into(),
+            wake_at.is_some().into(),
+        ],
+    );
 }
 
 /// An execution as `get_execution` returns it.
@@ -205,6 +260,16 @@ pub fn moves_enabled() -> bool {
     // SAFETY: a catalog lookup by name, in a transaction (the search path
     // starts with sheaf's schema).
     unsafe { pg_sys::RelnameGetRelid(c"migrations".as_ptr()) != pg_sys::InvalidOid }
+}
+
+/// Whether this shard's catalog has execution timeouts (0.2.0 on).
+pub fn timeouts_enabled() -> bool {
+    // SAFETY: catalog lookups by name, in a transaction (the search path
+    // starts with sheaf's schema).
+    unsafe {
+        let rel = pg_sys::RelnameGetRelid(c"executions".as_ptr());
+        rel != pg_sys::InvalidOid && pg_sys::get_attnum(rel, c"timeout_at".as_ptr()) > 0
+    }
 }
 
 /// Raises the forwarding error (`errors::moved`) if execution `id` is a

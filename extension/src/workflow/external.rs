@@ -15,9 +15,9 @@ use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::{ids, rows, shard};
 use crate::workflow::executions::{self, Locked};
-use crate::workflow::{history, lifecycle};
+use crate::workflow::{history, wake};
 
-/// The relay's channel (`workflow::children`): `due` wakes it.
+/// The relay's channel (`workflow::family`): `due` wakes it.
 const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_relay', 'due')", &[]);
 
 const SEEN: Stmt = Stmt::read(
@@ -249,7 +249,7 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
             Some(s) => {
                 history::append(sender, event_type, event);
                 exec(&DONE, &[id.into()]);
-                lifecycle::wake_for_event(s);
+                wake::wake_for_event(s);
             }
             // Its end has passed: nothing keeps the row.
             None => exec(&DELETE, &[id.into()]),

@@ -1,12 +1,13 @@
 //! The workflow layer's side of `queue::hooks`: what a task's outcome does
-//! to its execution.
+//! to its execution (whether an execution takes a new task is
+//! `executions::INTAKE`), and a task's completion that ends its execution.
 
 use std::collections::BTreeMap;
 
-use sheaf_core::state::ExecutionState;
-
-use crate::base::errors::{not_ready, unknown_execution};
-use crate::queue::hooks::{ExecutionHooks, Intake, Outcome, TaskEvent};
+use crate::base::errors::not_ready;
+use crate::queue::caps;
+use crate::queue::complete::{self, Taken};
+use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::{executions, history, quota};
 
@@ -17,19 +18,6 @@ pub struct Executions;
 pub static EXECUTIONS: Executions = Executions;
 
 impl ExecutionHooks for Executions {
-    fn intake(&self, id: pgrx::Uuid) -> Intake {
-        match executions::state_of(id) {
-            None => unknown_execution(id),
-            Some(ExecutionState::Paused) => Intake::Parked,
-            Some(state) if state.takes_tasks() => Intake::Open,
-            Some(state) => {
-                // A task for a run that moved goes where it lives.
-                crate::workflow::executions::forward(id, state);
-                not_ready(format!("execution {id} is {state}: it takes no new tasks"))
-            }
-        }
-    }
-
     fn task_outcome(&self, event: TaskEvent<'_>) {
         let TaskEvent {
             execution_id,
@@ -126,5 +114,120 @@ impl ExecutionHooks for Executions {
         for (key, k) in per_quota_key {
             quota::add(&key, 0, 0, -k);
         }
+    }
+}
+
+/// Completes a task of an execution claimed under `token` and ends its
+/// execution `how`, in one transaction: the task's `TaskCompleted` (with
+/// `result`) comes first in the history, then the execution's end. (Ending
+/// the execution on its own would cancel the task, and its completion would
+/// then be refused.) A stale token raises 55P03, a task that is gone P0002, a task of no execution
+/// 55000, and either changes nothing.
+pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_json::Value>, how: Close) {
+    let Taken {
+        key,
+        execution_id,
+        kind,
+        secs,
+    } = complete::take(task_id, token);
+    let Some(execution_id) = execution_id else {
+        not_ready(format!(
+            "task {task_id} belongs to no execution: complete it with sheaf.complete"
+        ));
+    };
+    // The task row is held: the execution's other tasks, then its row, as in
+    // `close` (`base::locks`). The record runs in between, as a dead-lettered
+    // workflow task's does.
+    let record = || {
+        EXECUTIONS.task_outcome(TaskEvent {
+            execution_id,
+            task_id,
+            kind: &kind,
+            outcome: Outcome::Completed { result },
+            secs,
+        });
+    };
+    lifecycle::close_after(execution_id, how, record);
+    // Concurrency keys after the execution row.
+    if let Some(key) = key {
+        caps::release(&key, 1);
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::testing::{claim, count, init, start, state};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    /// The events of an execution, in order.
+    fn events(id: pgrx::Uuid) -> Vec<String> {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
+                    None,
+                    &[id.into()],
+                )
+                .unwrap()
+                .map(|row| row.get::<String>(1).unwrap().unwrap())
+                .collect()
+        })
+    }
+
+    #[pg_test]
+    fn a_workflow_task_completes_with_its_execution_in_one_call() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        let t = claim("default", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.complete_task_and_execution($1, $2, '{\"total\": 3}')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(state(a), "COMPLETED");
+        let e = events(a);
+        assert_eq!(&e[e.len() - 2..], ["TaskCompleted", "WorkflowCompleted"], "{e:?}");
+        assert_eq!(
+            Spi::get_one_with_args::<i64>(
+                "SELECT (result->>'total')::bigint FROM sheaf.executions WHERE id = $1",
+                &[a.into()]
+            )
+            .unwrap(),
+            Some(3)
+        );
+        assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 0);
+    }
+
+    #[pg_test]
+    fn a_workflow_task_completes_and_fails_its_execution_in_one_call() {
+        init();
+        let (a, ..) = start("w", "a", json!({}));
+        let t = claim("default", 1);
+        Spi::run_with_args(
+            "SELECT sheaf.complete_task_and_fail_execution($1, $2, 'gave up')",
+            &[t[0].0.into(), t[0].1.into()],
+        )
+        .unwrap();
+        assert_eq!(state(a), "FAILED");
+        let e = events(a);
+        assert_eq!(&e[e.len() - 2..], ["TaskCompleted", "WorkflowFailed"], "{e:?}");
+    }
+
+    #[pg_test(
+        error = "task 00010000-0000-8000-8000-000000000001 belongs to no execution: complete it with sheaf.complete"
+    )]
+    fn a_task_of_no_execution_cannot_end_one() {
+        init();
+        crate::testing::enqueue("q", json!({}), json!({}));
+        let t = claim("q", 1);
+        // A known id, for the message (a running task is in no other table).
+        Spi::run("UPDATE sheaf.tasks SET id = '00010000-0000-8000-8000-000000000001'").unwrap();
+        Spi::run_with_args(
+            "SELECT sheaf.complete_task_and_execution('00010000-0000-8000-8000-000000000001', $1, NULL)",
+            &[t[0].1.into()],
+        )
+        .unwrap();
     }
 }

@@ -1,5 +1,7 @@
-//! Execution state transitions. Each one locks the execution row, appends its
-//! event, and changes the state in the same transaction.
+//! Execution state transitions that lock the execution's tasks before its
+//! row: pause, resume, and the end (`close`). Each one locks the execution
+//! row, appends its event, and changes the state in the same transaction.
+//! Suspending and waking, which lock the row only, are `wake`.
 //!
 //! A terminal transition also releases everything the execution holds: its
 //! unfinished tasks are cancelled (their concurrency slots go to the next
@@ -10,19 +12,14 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::state::{ExecutionState, TaskKind};
+use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{not_ready, unknown_execution};
-use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
+use crate::base::plans::{Stmt, run};
 use crate::base::rows;
 use crate::mutex;
-use crate::queue::complete::{self, Taken};
-use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::{caps, promote, tasks};
-use crate::workflow::executions::{self, Locked};
-use crate::workflow::hooks::EXECUTIONS;
-use crate::workflow::{children, external, history, quota, start};
+use crate::workflow::{executions, external, family, history, quota};
 
 /// How an execution ends.
 pub enum Close {
@@ -89,23 +86,6 @@ const CLOSE: Stmt = Stmt::write(
         PgBuiltInOids::TEXTOID,
     ],
 );
-const SET_STATE: Stmt = Stmt::write(
-    "UPDATE executions SET state = $2, paused_from = $3, wake_at = CASE WHEN $5 THEN $4 ELSE wake_at END \
-     WHERE id = $1",
-    &[
-        PgBuiltInOids::UUIDOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TIMESTAMPTZOID,
-        PgBuiltInOids::BOOLOID,
-    ],
-);
-const DUE_WAKES: Stmt = Stmt::write(
-    "SELECT id FROM executions WHERE state = 'SUSPENDED' AND wake_at <= now() \
-     ORDER BY wake_at LIMIT $1 FOR UPDATE SKIP LOCKED",
-    &[PgBuiltInOids::INT8OID],
-);
-
 // Read without a lock: `close` locks the run's tasks before its row.
 const DUE_TIMEOUTS: Stmt = Stmt::write(
     "SELECT id, timeout_at FROM executions \
@@ -168,54 +148,17 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
     }
     caps::release_held(cancelled);
     mutex::release_all(id);
-    if children::enabled() {
+    if family::enabled() {
         // As a parent: its children's parent_close, through the relay. As
         // a child: its end to its parent (the parent's row after its own).
-        children::parent_ended(id, how.state());
+        family::parent_ended(id, how.state());
         if let Some(parent) = e.parent_id {
-            children::report_end(id, parent);
+            family::report_end(id, parent);
         }
         // As a sender: its outbox keeps only what is still to deliver.
         external::sender_ended(id);
     }
     true
-}
-
-/// Completes a task of an execution claimed under `token` and ends its
-/// execution `how`, in one transaction: the task's `TaskCompleted` (with
-/// `result`) comes first in the history, then the execution's end. (Ending
-/// the execution on its own would cancel the task, and its completion would
-/// then be refused.) A stale token raises 55P03, a task that is gone P0002, a task of no execution
-/// 55000, and either changes nothing.
-pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_json::Value>, how: Close) {
-    let Taken {
-        key,
-        execution_id,
-        kind,
-        secs,
-    } = complete::take(task_id, token);
-    let Some(execution_id) = execution_id else {
-        not_ready(format!(
-            "task {task_id} belongs to no execution: complete it with sheaf.complete"
-        ));
-    };
-    // The task row is held: the execution's other tasks, then its row, as in
-    // `close` (`base::locks`). The record runs in between, as a dead-lettered
-    // workflow task's does.
-    let record = || {
-        EXECUTIONS.task_outcome(TaskEvent {
-            execution_id,
-            task_id,
-            kind: &kind,
-            outcome: Outcome::Completed { result },
-            secs,
-        });
-    };
-    close_after(execution_id, how, record);
-    // Concurrency keys after the execution row.
-    if let Some(key) = key {
-        caps::release(&key, 1);
-    }
 }
 
 fn refuse_migrating(id: pgrx::Uuid, state: ExecutionState) -> bool {
@@ -227,26 +170,6 @@ fn refuse_migrating(id: pgrx::Uuid, state: ExecutionState) -> bool {
         ));
     }
     false
-}
-
-/// Sets an execution's state; `wake_at`: `Some(t)` sets the timer to `t`,
-/// `None` keeps it.
-fn set_state(
-    e: &Locked,
-    state: ExecutionState,
-    paused_from: Option<ExecutionState>,
-    wake_at: Option<Option<TimestampWithTimeZone>>,
-) {
-    exec(
-        &SET_STATE,
-        &[
-            e.id.into(),
-            state.as_str().into(),
-            paused_from.map(ExecutionState::as_str).into(),
-            wake_at.flatten().into(),
-            wake_at.is_some().into(),
-        ],
-    );
 }
 
 /// Pauses a running or suspended execution: its ready, waiting and scheduled
@@ -268,7 +191,7 @@ pub fn pause(id: pgrx::Uuid) -> bool {
         "WorkflowPaused",
         serde_json::json!({ "from": e.state.as_str() }),
     );
-    set_state(&e, ExecutionState::Paused, Some(e.state), None);
+    executions::set_state(&e, ExecutionState::Paused, Some(e.state), None);
     caps::release_held(parked);
     true
 }
@@ -289,61 +212,8 @@ pub fn resume(id: pgrx::Uuid) -> bool {
     }
     let to = e.paused_from.unwrap_or(ExecutionState::Running);
     history::append(e.id, "WorkflowResumed", serde_json::json!({ "to": to.as_str() }));
-    set_state(&e, to, None, None);
+    executions::set_state(&e, to, None, None);
     promote::place(parked);
-    true
-}
-
-/// Suspends a running execution until `wake`, or until `wake_at` (then
-/// `wake_due` wakes it). `false` if it was already suspended; 55000 if it is
-/// paused or has ended.
-pub fn suspend(id: pgrx::Uuid, wake_at: Option<TimestampWithTimeZone>) -> bool {
-    let e = executions::lock_active(id, "be suspended");
-    match e.state {
-        ExecutionState::Suspended => false,
-        ExecutionState::Paused => not_ready(format!(
-            "execution {id} is PAUSED: resume it before suspending it"
-        )),
-        _ => {
-            history::append(id, "WorkflowSuspended", serde_json::json!({ "wake_at": wake_at }));
-            set_state(&e, ExecutionState::Suspended, None, Some(wake_at));
-            true
-        }
-    }
-}
-
-/// Wakes a suspended execution: RUNNING again, with a new workflow task.
-/// A paused execution that was suspended wakes into paused-from-running
-/// (its task waits for the resume). `false` if it was not suspended.
-pub fn wake(id: pgrx::Uuid) -> bool {
-    // The execution row first: a wake locks none of the execution's tasks,
-    // it only inserts a new one (`base::locks`: new rows are no one's yet).
-    let e = executions::lock_active(id, "be woken");
-    let suspended = e.state == ExecutionState::Suspended;
-    let paused_suspended =
-        e.state == ExecutionState::Paused && e.paused_from == Some(ExecutionState::Suspended);
-    if !suspended && !paused_suspended {
-        return false;
-    }
-    history::append(id, "WorkflowWoken", serde_json::json!({}));
-    if suspended {
-        set_state(&e, ExecutionState::Running, None, Some(None));
-    } else {
-        set_state(
-            &e,
-            ExecutionState::Paused,
-            Some(ExecutionState::Running),
-            Some(None),
-        );
-    }
-    executions::enqueue_workflow_task(
-        &e,
-        Jsonb::from_value(
-            serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "woken": true}),
-        ),
-        0,
-        None,
-    );
     true
 }
 
@@ -351,7 +221,7 @@ pub fn wake(id: pgrx::Uuid) -> bool {
 /// returns how many. One that ended, or began to move, since it was read is
 /// left alone.
 pub fn time_out_due(max: i64) -> i64 {
-    if !start::timeouts_enabled() {
+    if !executions::timeouts_enabled() {
         return 0;
     }
     let due: Vec<(pgrx::Uuid, TimestampWithTimeZone)> = Spi::connect_mut(|client| {
@@ -374,33 +244,6 @@ pub fn time_out_due(max: i64) -> i64 {
 fn close_active(id: pgrx::Uuid, how: Close) -> bool {
     tasks::lock_of_execution(id);
     executions::try_lock(id).is_some_and(|e| e.state.is_active()) && close(id, how)
-}
-
-/// Wakes up to `max` suspended executions whose timer is due; returns how many.
-pub fn wake_due(max: i64) -> i64 {
-    let due: Vec<pgrx::Uuid> =
-        Spi::connect_mut(|client| rows::values(run(client, &DUE_WAKES, &[max.into()]), "reading due timers"));
-    due.into_iter().filter(|id| wake(*id)).count() as i64
-}
-
-/// Wakes an execution that an event concerns (a child's end, the outcome
-/// of its external signal or cancel): a suspended one wakes; a running (or
-/// paused) one without a workflow task waiting to run gets one, so a
-/// handler that already read its history runs again.
-pub fn wake_for_event(e: &Locked) {
-    let suspended = e.state == ExecutionState::Suspended
-        || (e.state == ExecutionState::Paused && e.paused_from == Some(ExecutionState::Suspended));
-    if suspended {
-        wake(e.id);
-    } else if e.state.is_active() && !tasks::has_unclaimed_of_execution(e.id, TaskKind::Workflow.as_str()) {
-        executions::enqueue_workflow_task(
-            e,
-            Jsonb::from_value(serde_json::json!({"workflow_name": e.workflow_name,
-                                                 "workflow_id": e.workflow_id, "woken": true})),
-            0,
-            None,
-        );
-    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -516,76 +359,6 @@ mod tests {
         assert_eq!(count("SELECT count(*) FROM sheaf.dead_letters"), 1);
     }
 
-    /// The events of an execution, in order.
-    fn events(id: pgrx::Uuid) -> Vec<String> {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
-                    None,
-                    &[id.into()],
-                )
-                .unwrap()
-                .map(|row| row.get::<String>(1).unwrap().unwrap())
-                .collect()
-        })
-    }
-
-    #[pg_test]
-    fn a_workflow_task_completes_with_its_execution_in_one_call() {
-        init();
-        let (a, ..) = start("w", "a", json!({}));
-        let t = claim("default", 1);
-        Spi::run_with_args(
-            "SELECT sheaf.complete_task_and_execution($1, $2, '{\"total\": 3}')",
-            &[t[0].0.into(), t[0].1.into()],
-        )
-        .unwrap();
-        assert_eq!(state(a), "COMPLETED");
-        let e = events(a);
-        assert_eq!(&e[e.len() - 2..], ["TaskCompleted", "WorkflowCompleted"], "{e:?}");
-        assert_eq!(
-            Spi::get_one_with_args::<i64>(
-                "SELECT (result->>'total')::bigint FROM sheaf.executions WHERE id = $1",
-                &[a.into()]
-            )
-            .unwrap(),
-            Some(3)
-        );
-        assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 0);
-    }
-
-    #[pg_test]
-    fn a_workflow_task_completes_and_fails_its_execution_in_one_call() {
-        init();
-        let (a, ..) = start("w", "a", json!({}));
-        let t = claim("default", 1);
-        Spi::run_with_args(
-            "SELECT sheaf.complete_task_and_fail_execution($1, $2, 'gave up')",
-            &[t[0].0.into(), t[0].1.into()],
-        )
-        .unwrap();
-        assert_eq!(state(a), "FAILED");
-        let e = events(a);
-        assert_eq!(&e[e.len() - 2..], ["TaskCompleted", "WorkflowFailed"], "{e:?}");
-    }
-
-    #[pg_test(
-        error = "task 00010000-0000-8000-8000-000000000001 belongs to no execution: complete it with sheaf.complete"
-    )]
-    fn a_task_of_no_execution_cannot_end_one() {
-        init();
-        crate::testing::enqueue("q", json!({}), json!({}));
-        let t = claim("q", 1);
-        // A known id, for the message (a running task is in no other table).
-        Spi::run("UPDATE sheaf.tasks SET id = '00010000-0000-8000-8000-000000000001'").unwrap();
-        Spi::run_with_args(
-            "SELECT sheaf.complete_task_and_execution('00010000-0000-8000-8000-000000000001', $1, NULL)",
-            &[t[0].1.into()],
-        )
-        .unwrap();
-    }
-
     #[pg_test]
     fn pause_parks_tasks_and_resume_brings_them_back() {
         init();
@@ -599,26 +372,6 @@ mod tests {
         assert!(call("SELECT sheaf.resume_execution($1)", a));
         assert_eq!(state(a), "RUNNING");
         assert_eq!(claim("default", 1).len(), 1);
-    }
-
-    #[pg_test]
-    fn suspend_and_wake_enqueue_a_new_workflow_task() {
-        init();
-        let (a, ..) = start("w", "a", json!({}));
-        let t = claim("default", 1);
-        crate::testing::complete(&t[0]);
-        assert!(call(
-            "SELECT sheaf.suspend_execution($1, now() - interval '1 second')",
-            a
-        ));
-        assert_eq!(state(a), "SUSPENDED");
-        let woken = Spi::get_one::<i64>("SELECT (sheaf.maintain()->>'woken')::bigint").unwrap();
-        assert_eq!(woken, Some(1));
-        assert_eq!(state(a), "RUNNING");
-        assert_eq!(
-            count("SELECT count(*) FROM sheaf.tasks WHERE kind = 'workflow'"),
-            1
-        );
     }
 
     #[pg_test(error = "execution 00010000-0000-8000-8000-000000000001 is COMPLETED: cannot be paused")]

@@ -1,6 +1,6 @@
 //! The workflow layer: executions and everything that admits, moves and ends
-//! them. Names `queue`, `mutex` and `base`; implements the queue's hook
-//! (`hooks`).
+//! them. Names `queue`, `mutex` and `base`; implements the queue's hooks
+//! (`executions::INTAKE`, `hooks::EXECUTIONS`).
 
 pub mod children;
 pub mod config;
@@ -9,6 +9,7 @@ pub mod debounce;
 pub mod erase;
 pub mod executions;
 pub mod external;
+pub mod family;
 pub mod gates;
 pub mod history;
 pub mod hooks;
@@ -23,3 +24,4 @@ pub mod search;
 pub mod signals;
 pub mod start;
 pub mod usage;
+pub mod wake;

@@ -16,7 +16,7 @@ use crate::base::plans::{Stmt, exec, run};
 use crate::base::{rows, shard};
 use crate::workflow::children::{append_failed, conflict_reason};
 use crate::workflow::lifecycle::{self, Close};
-use crate::workflow::{executions, history, start};
+use crate::workflow::{executions, history, start, wake};
 
 /// The columns `take` returns, in `relay_take`'s order.
 macro_rules! taken_columns {
@@ -202,7 +202,7 @@ pub fn report(child: pgrx::Uuid, token: i64, r: &Report, outcome: Jsonb) -> &'st
     let Some(parent) = parent else {
         return "stale";
     };
-    // The parent's row before its lifecycle rows (`workflow::children`).
+    // The parent's row before its lifecycle rows (`workflow::family`).
     let p = executions::try_lock(parent);
     type Row = (String, Option<String>, bool, bool, i32, String, String);
     let row: Option<Row> = Spi::connect_mut(|client| {
@@ -238,7 +238,7 @@ pub fn report(child: pgrx::Uuid, token: i64, r: &Report, outcome: Jsonb) -> &'st
             if let Some(p) = parent_live {
                 let reason = conflict_reason(&name, &workflow_id, pgrx::Uuid::from_bytes(*existing), target);
                 append_failed(parent, child, &reason);
-                lifecycle::wake_for_event(p);
+                wake::wake_for_event(p);
             }
             settle()
         }
@@ -249,14 +249,14 @@ pub fn report(child: pgrx::Uuid, token: i64, r: &Report, outcome: Jsonb) -> &'st
                     child,
                     &format!("shard {target} refused the child's start: {why}"),
                 );
-                lifecycle::wake_for_event(p);
+                wake::wake_for_event(p);
             }
             settle()
         }
         Report::Ended(ended) => {
             if let Some(p) = parent_live {
                 append_ended(parent, child, *ended, outcome);
-                lifecycle::wake_for_event(p);
+                wake::wake_for_event(p);
             }
             settle()
         }

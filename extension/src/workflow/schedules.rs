@@ -20,9 +20,10 @@ use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
 use crate::base::subxact;
 use crate::queue::{cancel, enqueue};
+use crate::workflow::executions::{self, INTAKE};
 use crate::workflow::hooks::EXECUTIONS;
 use crate::workflow::lifecycle::{self, Close};
-use crate::workflow::{executions, start};
+use crate::workflow::start;
 
 /// Due fire times one sweep looks at per schedule: a schedule further
 /// behind catches up over several sweeps.
@@ -539,7 +540,7 @@ fn begin(name: &str, spec: &Spec, at: i64) -> (Option<pgrx::Uuid>, Option<pgrx::
                 run_at,
                 ..opts.clone()
             };
-            let ids = enqueue::insert(queue, vec![Jsonb::from_value(payload.clone())], &o, &EXECUTIONS);
+            let ids = enqueue::insert(queue, vec![Jsonb::from_value(payload.clone())], &o, &INTAKE);
             (None, ids.first().copied())
         }
     }

@@ -11,7 +11,7 @@ use crate::base::errors::not_ready;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
-use crate::workflow::{executions, history, lifecycle};
+use crate::workflow::{executions, history, wake};
 
 use sheaf_core::state::ExecutionState;
 
@@ -98,7 +98,7 @@ pub fn signal(id: pgrx::Uuid, signal: &str, payload: Jsonb, signal_id: Option<&s
     let suspended = e.state == ExecutionState::Suspended
         || (e.state == ExecutionState::Paused && e.paused_from == Some(ExecutionState::Suspended));
     if suspended {
-        lifecycle::wake(id);
+        wake::wake(id);
     }
     true
 }

@@ -22,7 +22,7 @@ use crate::base::rows;
 use crate::base::{clock, ids, shard};
 use crate::queue::caps;
 use crate::queue::rate::{self, Admission};
-use crate::workflow::executions::{Locked, enqueue_workflow_task, task_key};
+use crate::workflow::executions::{Locked, enqueue_workflow_task, task_key, timeouts_enabled};
 use crate::workflow::{gates, history, policy, quota};
 
 // Write statements read with a fresh snapshot: they must see what the
@@ -89,16 +89,6 @@ const INSERT_TIMED: Stmt = Stmt::write(
         PgBuiltInOids::TIMESTAMPTZOID,
     ],
 );
-
-/// Whether this shard's catalog has execution timeouts (0.2.0 on).
-pub fn timeouts_enabled() -> bool {
-    // SAFETY: catalog lookups by name, in a transaction (the search path
-    // starts with sheaf's schema).
-    unsafe {
-        let rel = pg_sys::RelnameGetRelid(c"executions".as_ptr());
-        rel != pg_sys::InvalidOid && pg_sys::get_attnum(rel, c"timeout_at".as_ptr()) > 0
-    }
-}
 
 /// What a start returns: the execution, whether this start created it, and
 /// the executions it superseded.
