@@ -558,8 +558,19 @@ fn sweep_due(queue: &str) -> bool {
     LAST_SWEEP.with(|last| {
         last.borrow()
             .get(queue)
-            .is_none_or(|s| s.at.elapsed() >= SWEEP_EVERY)
+            .is_none_or(|s| now().saturating_duration_since(s.at) >= SWEEP_EVERY)
     })
+}
+
+/// The sweeps' clock: the monotonic one, which a test may stop and move
+/// (`tests::StoppedClock`) so that what it checks does not hang on how
+/// fast the machine is.
+fn now() -> Instant {
+    #[cfg(any(test, feature = "pg_test"))]
+    if let Some(t) = tests::STOPPED_AT.get() {
+        return t;
+    }
+    Instant::now()
 }
 
 /// Seconds since the epoch, by this host's clock (the server's: the
@@ -574,11 +585,12 @@ fn epoch_now() -> f64 {
 /// returns how many tasks became claimable or waiting. Reads the heads
 /// whole or from the last sweep's window (`SWEEP_WHOLE_SHARE`).
 fn sweep(queue: &str, hooks: &dyn ExecutionHooks) -> i64 {
-    let began = Instant::now();
+    let began = now();
     let began_wall = epoch_now();
     let last = LAST_SWEEP.with(|l| l.borrow().get(queue).copied());
     let since = last.and_then(|s| {
-        let whole_due = s.whole_at.elapsed() >= SWEEP_EVERY.max(s.whole_cost * SWEEP_WHOLE_SHARE);
+        let whole_due =
+            now().saturating_duration_since(s.whole_at) >= SWEEP_EVERY.max(s.whole_cost * SWEEP_WHOLE_SHARE);
         s.window_from.filter(|_| !whole_due)
     });
     let (due, expired) = Spi::connect_mut(|client| {
@@ -591,7 +603,7 @@ fn sweep(queue: &str, hooks: &dyn ExecutionHooks) -> i64 {
             "probing for due tasks",
         )
     });
-    let probe_cost = began.elapsed();
+    let probe_cost = now().saturating_duration_since(began);
     let promoted = if due {
         promote::due(queue, SWEEP_PROMOTE, since)
     } else {
@@ -633,9 +645,37 @@ fn sweep(queue: &str, hooks: &dyn ExecutionHooks) -> i64 {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
+    use std::cell::Cell;
+    use std::time::{Duration, Instant};
+
     use crate::testing::{claim, complete, count, enqueue, init, ns};
     use pgrx::prelude::*;
     use serde_json::json;
+
+    thread_local! {
+        /// Where the sweeps' clock stands while a test holds it (`now`).
+        pub static STOPPED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+
+    /// Stops the sweeps' clock until dropped; `advance` moves it.
+    struct StoppedClock;
+
+    impl StoppedClock {
+        fn stop() -> StoppedClock {
+            STOPPED_AT.set(Some(Instant::now()));
+            StoppedClock
+        }
+
+        fn advance(&self, by: Duration) {
+            STOPPED_AT.set(STOPPED_AT.get().map(|t| t + by));
+        }
+    }
+
+    impl Drop for StoppedClock {
+        fn drop(&mut self) {
+            STOPPED_AT.set(None);
+        }
+    }
 
     #[pg_test]
     fn priority_first_then_enqueue_order() {
@@ -692,6 +732,7 @@ mod tests {
     #[pg_test]
     fn a_future_task_is_never_claimed_early() {
         init();
+        let clock = StoppedClock::stop();
         enqueue("q", json!({"n": 1}), json!({"run_at": "2999-01-01T00:00:00Z"}));
         enqueue("q", json!({"n": 2}), json!({}));
         assert_eq!(ns(&claim("q", 10)), vec![2]);
@@ -699,21 +740,12 @@ mod tests {
         assert_eq!(count("SELECT scheduled FROM sheaf.queue_stats('q')"), 1);
         // Time passes: the task comes due, and a later claim promotes it.
         // Due by this transaction's now(), which due-ness reads; and a
-        // second later, so that the claim's sweep reads the heads whole:
-        // a windowed sweep follows the wall clock, which a loaded machine
-        // leaves seconds ahead of a test transaction's now() (it failed so
-        // in CI twice, with a window and with the wall clock).
-        // (A whole read comes once `SWEEP_WHOLE_SHARE` times the last one's
-        // cost has passed, at least a second: tries for up to 11 s.)
+        // second later on the sweeps' clock, so that the claim's sweep reads
+        // the heads whole: a windowed sweep follows the wall clock, which a
+        // loaded machine leaves seconds ahead of a test transaction's now().
         Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '1 second'").expect("time passes");
-        let mut got = Vec::new();
-        for _ in 0..10 {
-            std::thread::sleep(std::time::Duration::from_millis(1100));
-            got = claim("q", 10);
-            if !got.is_empty() {
-                break;
-            }
-        }
+        clock.advance(Duration::from_millis(1100));
+        let got = claim("q", 10);
         assert_eq!(ns(&got), vec![1]);
     }
 
@@ -723,6 +755,9 @@ mod tests {
     #[pg_test]
     fn a_sweep_reads_its_window_and_the_whole_heads_every_second() {
         init();
+        // A whole read costs nothing on a stopped clock, so the next one
+        // is due a second later however slow the machine is.
+        let clock = StoppedClock::stop();
         enqueue(
             "q",
             json!({"n": 1}),
@@ -732,13 +767,13 @@ mod tests {
         // Due an hour ago, but written only now (a late writer).
         Spi::run("UPDATE sheaf.tasks SET run_at = now() - interval '1 hour'").expect("due");
         assert!(claim("q", 10).is_empty(), "before the window");
-        std::thread::sleep(std::time::Duration::from_millis(1100));
+        clock.advance(Duration::from_millis(1100));
         let first = claim("q", 10);
         assert_eq!(ns(&first), vec![1], "the next whole read");
         // The same for a lease that expired an hour ago.
         Spi::run("UPDATE sheaf.tasks SET lease_expires_at = now() - interval '1 hour'").expect("expired");
         assert!(claim("q", 10).is_empty(), "before the window");
-        std::thread::sleep(std::time::Duration::from_millis(1100));
+        clock.advance(Duration::from_millis(1100));
         let again = claim("q", 10);
         assert_eq!(ns(&again), vec![1], "reaped by the next whole read");
         assert_ne!(again[0].1, first[0].1, "under a new token");
