@@ -19,6 +19,7 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::errors::{internal, not_mutex_holder};
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
@@ -154,16 +155,11 @@ const STATUS_0_1: Stmt = Stmt::read(
     &[PgBuiltInOids::TEXTOID],
 );
 
-/// Whether the catalog's waiters hold leases (0.2.0 on); looked up on each
-/// call (the syscache, a few hundred nanoseconds), so a backend follows an
-/// `ALTER EXTENSION sheaf UPDATE` from its next transaction on.
+/// Whether the catalog's waiters hold leases (0.2.0 on); a backend follows
+/// an `ALTER EXTENSION sheaf UPDATE` from its next transaction on
+/// (`base::catalog`).
 fn waiter_leases() -> bool {
-    // SAFETY: catalog lookups by name, in a transaction (the search path
-    // starts with sheaf's schema); a dropped column has no number.
-    unsafe {
-        let waiters = pg_sys::RelnameGetRelid(c"mutex_waiters".as_ptr());
-        waiters != pg_sys::InvalidOid && pg_sys::get_attnum(waiters, c"expires_at".as_ptr()) > 0
-    }
+    catalog::has(Feature::WaiterLeases)
 }
 
 fn lock(key: &str) {

@@ -826,8 +826,9 @@ async fn at_the_release(env: &Env) -> (Live, BTreeMap<String, String>) {
 }
 
 /// The package upgrade: HEAD's library under the release's catalog. Returns
-/// the old catalog's failed calls and the snapshot.
-async fn after_the_swap(env: &Env, live: &Live) -> (Vec<String>, BTreeMap<String, String>) {
+/// the old catalog's failed calls, the snapshot, and the connection, whose
+/// backend has served the old catalog (a long-lived pooled connection).
+async fn after_the_swap(env: &Env, live: &Live) -> (Vec<String>, BTreeMap<String, String>, Client) {
     set_library_path(env, None).await;
     let db = env.connect(LIVE_DB).await;
     assert_eq!(
@@ -841,7 +842,8 @@ async fn after_the_swap(env: &Env, live: &Live) -> (Vec<String>, BTreeMap<String
         "the catalog is still the release's before ALTER EXTENSION UPDATE"
     );
     let old_catalog = run_statements(&db, OLD_CATALOG_CALLS).await;
-    (old_catalog, snapshot(&db, live).await)
+    let snap = snapshot(&db, live).await;
+    (old_catalog, snap, db)
 }
 
 /// `ALTER EXTENSION sheaf UPDATE` on a new connection (as after a restart
@@ -885,12 +887,15 @@ async fn an_upgraded_shard_equals_a_fresh_install_and_carries_on() {
     );
 
     let (live, before) = at_the_release(&env).await;
-    let (old_catalog, between) = after_the_swap(&env, &live).await;
+    let (old_catalog, between, pooled) = after_the_swap(&env, &live).await;
     let (db, after, catalog_diff, compared) = after_the_update(&env, &live).await;
     let data = data_carries_on(&db, &live).await;
     // 3. Every function of HEAD, called on the upgraded database (shard
-    // valid_calls::SHARD_ID, as they expect; its state has no `vc_` names).
-    let calls_db = env.connect(LIVE_DB).await;
+    // valid_calls::SHARD_ID, as they expect; its state has no `vc_` names),
+    // through the backend that served the old catalog before the UPDATE ran
+    // elsewhere: it must see the new catalog (`base::catalog`), or the
+    // features the old one lacked stay off there.
+    let calls_db = pooled;
     let coverage = valid_calls::check_coverage(&calls_db).await;
     let calls = valid_calls::run_all(&calls_db).await;
 

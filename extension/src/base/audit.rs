@@ -3,6 +3,7 @@
 
 use pgrx::prelude::*;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
@@ -29,9 +30,7 @@ const PAGE: Stmt = Stmt::read(
 );
 
 fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the search path
-    // starts with sheaf's schema). A 0.1.0 catalog has no audit log.
-    unsafe { pg_sys::RelnameGetRelid(c"audit_log".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::AuditLog)
 }
 
 /// Records that `action` was done to `target` (`ok` unless `outcome` says).

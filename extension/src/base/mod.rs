@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod audit;
+pub mod catalog;
 pub mod clock;
 pub mod errors;
 pub mod ids;

@@ -6,6 +6,7 @@
 
 use pgrx::prelude::*;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::errors::topology_mismatch;
 use crate::base::plans::{Stmt, run};
 use crate::base::rows;
@@ -27,9 +28,7 @@ const PUBLISH: Stmt = Stmt::write(
 pub type Published = (String, Option<String>, pgrx::datum::TimestampWithTimeZone);
 
 fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the search path
-    // starts with sheaf's schema). A 0.1.0 catalog has no such table.
-    unsafe { pg_sys::RelnameGetRelid(c"topology_digest".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::TopologyDigest)
 }
 
 /// The digest this session's client declared, if any.

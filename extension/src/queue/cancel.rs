@@ -12,6 +12,7 @@
 use pgrx::prelude::*;
 use sheaf_core::state::TaskState;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::errors::{not_ready, task_cancelled, unknown_task};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
@@ -24,9 +25,7 @@ pub const MAX_REASON_BYTES: usize = 8_192;
 /// Whether this catalog has cancellations (a 0.1.0 catalog, under a newer
 /// library before `ALTER EXTENSION sheaf UPDATE`, has none).
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the function's
-    // search_path starts with sheaf's schema).
-    unsafe { pg_sys::RelnameGetRelid(c"task_cancellations".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::Cancellations)
 }
 
 // The ready row first, as a claim takes it (`base::locks`): a claim in

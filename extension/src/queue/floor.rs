@@ -14,6 +14,7 @@ use pgrx::fcinfo::direct_function_call;
 
 use pgrx::prelude::*;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::locks::{self, Class};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows::{self, FromRow};
@@ -286,12 +287,9 @@ pub fn read_committed() -> bool {
 
 /// Whether this shard's catalog has claim floors: between installing a
 /// library of 0.2.0 or later and `ALTER EXTENSION sheaf UPDATE`, the
-/// catalog is older, and every claim seeks from the head as before. A
-/// catalog lookup, a few hundred nanoseconds.
+/// catalog is older, and every claim seeks from the head as before.
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the search path
-    // starts with sheaf's schema).
-    unsafe { pg_sys::RelnameGetRelid(c"ready_floors".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::ClaimFloors)
 }
 
 /// What step 1 of readying found out for a queue.

@@ -3,6 +3,7 @@
 
 use pgrx::prelude::*;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
@@ -13,8 +14,7 @@ pub const MAX_PROGRESS_BYTES: usize = 65_536;
 
 /// Whether this catalog keeps progress (not a 0.1.0 catalog).
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction.
-    unsafe { pg_sys::RelnameGetRelid(c"task_progress".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::Progress)
 }
 
 // Key-share: a completion waits for the report to commit, so a report never

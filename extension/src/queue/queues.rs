@@ -11,6 +11,7 @@ use sheaf_core::ordering::Mode;
 use sheaf_core::state::TaskState;
 
 use crate::base::args::required;
+use crate::base::catalog::{self, Feature};
 use crate::base::errors::{bad_argument, internal, not_found, not_ready};
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::rows;
@@ -379,8 +380,7 @@ pub fn expire_idle(older_secs: f64) -> i64 {
 /// Whether this catalog keeps `queues.idle_since` (not a 0.1.0 catalog):
 /// the column came with the `retention` table, whose presence answers.
 fn idle_enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction.
-    unsafe { pg_sys::RelnameGetRelid(c"retention".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::Retention)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

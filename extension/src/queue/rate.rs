@@ -16,6 +16,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::rate::{Pace, RateLimit};
 
+use crate::base::catalog::{self, Feature};
 use crate::base::clock::{self, from_us};
 use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
@@ -29,8 +30,7 @@ pub const LOOKAHEAD_US: i64 = 30_000_000;
 
 /// Whether this catalog has rate limits (not a 0.1.0 catalog).
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction.
-    unsafe { pg_sys::RelnameGetRelid(c"rate_buckets".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::RateLimits)
 }
 
 fn require_enabled() {

@@ -16,6 +16,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::policy::{Debounce, DebounceMode, StartOptions};
 
+use crate::base::catalog::{self, Feature};
 use crate::base::clock;
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
@@ -27,8 +28,7 @@ use crate::workflow::start::{self, Started};
 
 /// Whether this catalog has debounces (not a 0.1.0 catalog).
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction.
-    unsafe { pg_sys::RelnameGetRelid(c"debounces".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::Debounce)
 }
 
 // Write statements read a fresh snapshot: what the previous holder of the

@@ -8,6 +8,7 @@ use sheaf_core::options::EnqueueOptions;
 use sheaf_core::state::ExecutionState;
 use sheaf_core::state::TaskKind;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::errors::{moved, not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
@@ -257,19 +258,12 @@ const POINTER: Stmt = Stmt::write(
 
 /// Whether this shard's catalog has rebalancing (0.2.0 on).
 pub fn moves_enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the search path
-    // starts with sheaf's schema).
-    unsafe { pg_sys::RelnameGetRelid(c"migrations".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::Moves)
 }
 
 /// Whether this shard's catalog has execution timeouts (0.2.0 on).
 pub fn timeouts_enabled() -> bool {
-    // SAFETY: catalog lookups by name, in a transaction (the search path
-    // starts with sheaf's schema).
-    unsafe {
-        let rel = pg_sys::RelnameGetRelid(c"executions".as_ptr());
-        rel != pg_sys::InvalidOid && pg_sys::get_attnum(rel, c"timeout_at".as_ptr()) > 0
-    }
+    catalog::has(Feature::Timeouts)
 }
 
 /// Raises the forwarding error (`errors::moved`) if execution `id` is a

@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 use sheaf_core::children::ended_event;
 use sheaf_core::state::ExecutionState;
 
+use crate::base::catalog::{self, Feature};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
 use crate::base::{rows, shard};
@@ -74,9 +75,7 @@ const ENDED_EVENT: Stmt = Stmt::read(
 /// library of 0.2.0 or later and `ALTER EXTENSION sheaf UPDATE` it does
 /// not, and no execution can have any.
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction (the search path
-    // starts with sheaf's schema).
-    unsafe { pg_sys::RelnameGetRelid(c"cross_shard_children".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::CrossShardChildren)
 }
 
 /// Tells the relay (`NOTIFY`'s payloads).

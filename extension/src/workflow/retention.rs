@@ -11,6 +11,7 @@ use pgrx::prelude::*;
 use serde_json::Value;
 use sheaf_core::retention::{Keep, Retention};
 
+use crate::base::catalog::{self, Feature};
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
@@ -21,8 +22,7 @@ use crate::workflow::{executions, quota};
 
 /// Whether this catalog keeps a retention policy (not a 0.1.0 catalog).
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction.
-    unsafe { pg_sys::RelnameGetRelid(c"retention".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::Retention)
 }
 
 const LOAD: Stmt = Stmt::read("SELECT policy FROM retention", &[]);

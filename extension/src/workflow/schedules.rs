@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 use sheaf_core::options::EnqueueOptions;
 use sheaf_core::schedule::{self, Action, Overlap, Spec};
 
+use crate::base::catalog::{self, Feature};
 use crate::base::errors::{bad_argument, not_found, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, exec, run};
@@ -31,8 +32,7 @@ const PLAN_BUDGET: usize = 10_000;
 
 /// Whether this catalog has schedules (not a 0.1.0 catalog).
 pub fn enabled() -> bool {
-    // SAFETY: a catalog lookup by name, in a transaction.
-    unsafe { pg_sys::RelnameGetRelid(c"schedules".as_ptr()) != pg_sys::InvalidOid }
+    catalog::has(Feature::Schedules)
 }
 
 fn require_enabled() {
