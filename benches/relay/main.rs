@@ -209,6 +209,7 @@ async fn round(
 async fn fanout(c: &Arc<Client>, topology: &Topology, n: usize, tag: &str) -> Result<(), Error> {
     let queue = format!("bench-fanout-{}", std::process::id());
     let report = c
+        .admin()
         .declare_workflow("bench-fanout-child", json!({"queue": queue}))
         .await;
     if !report.is_complete() {

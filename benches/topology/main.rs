@@ -57,7 +57,7 @@ async fn main() -> Result<(), Error> {
         .map(Arc::new)
     };
     let (checked, unchecked) = (make(true)?, make(false)?);
-    let report = checked.publish_topology(false).await;
+    let report = checked.admin().publish_topology(false).await;
     if !report.is_complete() {
         return Err(format!("publishing the digest failed: {:?}", report.failed).into());
     }

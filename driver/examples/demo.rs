@@ -136,7 +136,7 @@ async fn main() -> Result<(), Error> {
         }
     }
 
-    let status = client.topology_status(Duration::from_secs(5)).await;
+    let status = client.admin().topology_status(Duration::from_secs(5)).await;
     println!("topology_status() while the workers are live:");
     println!(
         "  {:<6} {:<10} {:<8} {:<9} {:<8} {:<13} {:<7} stranded",

@@ -162,7 +162,12 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     {
         let mut last = shared.last.lock().await;
         if last.is_none_or(|at| at.elapsed() >= shared.options.sample_every) {
-            match tokio::time::timeout(shared.options.sample_timeout, shared.client.sample_queues()).await {
+            match tokio::time::timeout(
+                shared.options.sample_timeout,
+                shared.client.admin().sample_queues(),
+            )
+            .await
+            {
                 Ok(failed) => {
                     for (shard, e) in failed {
                         tracing::debug!(%shard, error = %e, "queue sample: shard did not answer");

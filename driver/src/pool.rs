@@ -1,7 +1,4 @@
-//! One connection pool per shard, each with bounded acquire and connect
-//! timeouts and its own circuit breaker. A caller never parks forever on a
-//! pool, and an unreachable shard fails loudly, by name, without slowing the
-//! others down.
+//! One connection pool per shard, [`ShardPools`].
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -173,6 +170,11 @@ fn escape_option(value: &str) -> String {
 }
 
 /// The pools of every shard in a topology.
+///
+/// One connection pool per shard, each with bounded acquire and connect
+/// timeouts and its own circuit breaker. A caller never parks forever on a
+/// pool, and an unreachable shard fails loudly, by name, without slowing the
+/// others down.
 pub struct ShardPools {
     pools: BTreeMap<ShardId, ShardPool>,
     options: PoolOptions,

@@ -1,19 +1,4 @@
-//! The worker loop: claims from its shards round-robin (so a deep backlog on
-//! one shard cannot starve another), runs a handler per task with bounded
-//! concurrency, heartbeats each lease, registers itself in every shard's
-//! live-worker registry, runs `sheaf.maintain()` periodically, and drains
-//! gracefully: on shutdown it stops claiming, waits a bounded time for the
-//! tasks in hand, and releases the rest without spending their attempts.
-//!
-//! It sleeps on `LISTEN sheaf_ready` (one dedicated connection per shard,
-//! outside the pools) when idle, and polls anyway, so a lost notification
-//! costs at most one poll interval.
-//!
-//! Its relay and rebalance auto-resume run the protocol's steps, granted to
-//! `sheaf_relay` only: on each shard it asks once whether its login holds
-//! that role, and where it does not, it warns once and runs neither there
-//! ([`Worker::protocol_role`], `sheaf_protocol_role{shard}`); claiming is
-//! unaffected.
+//! The worker loop; what it does is on [`Worker`].
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
@@ -27,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::client::Steps;
 use crate::client::{ClaimedTask, Client, ClientError};
 use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure, lease_lost};
 use crate::id::TaskId;
@@ -82,7 +68,7 @@ pub struct WorkerOptions {
     /// Auto-resume of rebalancing: with each maintenance pass, activate the
     /// moves off its shards whose cutover committed and then stalled this
     /// long (at least 5 s; default 30 s), each recorded with an audit entry
-    /// (`Client::settle_stalled`). `None`: only `sheaf rebalance-resume`
+    /// (`Protocol::settle_stalled`). `None`: only `sheaf rebalance-resume`
     /// settles them. Like the relay, only on shards where its login holds
     /// `sheaf_relay`.
     pub rebalance_resume: Option<Duration>,
@@ -325,6 +311,53 @@ struct Ctx {
 /// runtime it was started on (`Drop` cannot wait for that). If that runtime
 /// has shut down, nothing more can be sent: the tasks stay running until
 /// their leases expire, and are then claimed again (the attempt spent).
+///
+/// The worker loop: claims from its shards round-robin (so a deep backlog on
+/// one shard cannot starve another), runs a handler per task with bounded
+/// concurrency, heartbeats each lease, registers itself in every shard's
+/// live-worker registry, runs `sheaf.maintain()` periodically, and drains
+/// gracefully: on shutdown it stops claiming, waits a bounded time for the
+/// tasks in hand, and releases the rest without spending their attempts.
+///
+/// It sleeps on `LISTEN sheaf_ready` (one dedicated connection per shard,
+/// outside the pools) when idle, and polls anyway, so a lost notification
+/// costs at most one poll interval.
+///
+/// Its relay and rebalance auto-resume run the protocol's steps, granted to
+/// `sheaf_relay` only: on each shard it asks once whether its login holds
+/// that role, and where it does not, it warns once and runs neither there
+/// ([`Worker::protocol_role`], `sheaf_protocol_role{shard}`); claiming is
+/// unaffected.
+///
+/// ```no_run
+/// use std::sync::Arc;
+///
+/// use sheaf_driver::{Client, PoolOptions, TaskContext, TaskDone, TaskFailure, Topology, Worker, WorkerOptions};
+///
+/// async fn send_email(ctx: TaskContext) -> Result<TaskDone, TaskFailure> {
+///     let to: String = ctx
+///         .task()
+///         .payload
+///         .deserialize()
+///         .map_err(|e| TaskFailure::permanent(format!("bad payload: {e}")))?;
+///     println!("mailing {to}");
+///     Ok(TaskDone::Complete(None))
+/// }
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Arc::new(Client::new(Topology::from_env()?, PoolOptions::default())?);
+/// let options = WorkerOptions::new("mailer-1", ["emails"]);
+/// let worker = Worker::start(client, options, send_email)?;
+///
+/// // ... until the process is told to stop; then:
+/// tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+/// // Stops claiming, lets the tasks in hand finish (or releases them),
+/// // and leaves every shard's live-worker registry.
+/// let report = worker.shutdown().await;
+/// println!("{report:?}");
+/// # Ok(())
+/// # }
+/// ```
 pub struct Worker {
     ctx: Arc<Ctx>,
     /// Where `Drop` sends the releases and the deregistration.
@@ -619,7 +652,7 @@ fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, Worke
 /// Counts this worker's claim loops against each shard's pool; the pools
 /// too small for every claim loop of the process, as warnings (also logged).
 fn count_scanners(client: &Client, shards: &[ShardId], name: &str) -> Vec<String> {
-    let max_size = client.pools().options().max_size;
+    let max_size = client.admin().pools().options().max_size;
     let mut warnings = Vec::new();
     for &shard in shards {
         let scanners = client.add_scanner(shard);
@@ -935,7 +968,12 @@ async fn housekeep(ctx: Arc<Ctx>) {
 /// Takes this worker out of the registry of every shard it covers.
 async fn deregister(ctx: &Ctx) {
     let calls = ctx.shards.iter().map(|&shard| async move {
-        if let Err(e) = ctx.client.worker_deregister(shard, &ctx.options.name).await {
+        if let Err(e) = ctx
+            .client
+            .protocol()
+            .worker_deregister(shard, &ctx.options.name)
+            .await
+        {
             log_failure(ctx, shard, "worker deregistration", &e);
         }
     });
@@ -950,6 +988,7 @@ async fn register(ctx: &Ctx) {
         let metrics = ctx.client.metrics();
         match ctx
             .client
+            .protocol()
             .worker_heartbeat(shard, &ctx.options.name, &ctx.options.queues)
             .await
         {
@@ -976,7 +1015,7 @@ async fn register(ctx: &Ctx) {
 
 async fn maintain(ctx: &Ctx) {
     let calls = ctx.shards.iter().map(|&shard| async move {
-        if let Err(e) = ctx.client.maintain(shard).await {
+        if let Err(e) = ctx.client.admin().maintain(shard).await {
             // A shard that cannot be maintained now is not asked for more:
             // every call to it would hold a connection until its timeout.
             log_failure(ctx, shard, "maintenance", &e);
@@ -986,7 +1025,7 @@ async fn maintain(ctx: &Ctx) {
         if let Some(grace) = ctx.options.rebalance_resume
             && ctx.protocol_role(shard) == Some(ProtocolRole::Held)
         {
-            match ctx.client.settle_stalled(shard, grace).await {
+            match ctx.client.protocol().settle_stalled(shard, grace).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(%shard, settled = n, "auto-resume activated stalled moves"),
                 Err(e) => log_failure(ctx, shard, "rebalance auto-resume", &e),

@@ -240,6 +240,7 @@ async fn prepare(fleet: &Fleet, client: &Client) {
     }
     for key in 0..feed::CAP_KEYS {
         let report = client
+            .admin()
             .set_concurrency_limit(&format!("soak-cap-{key}"), Some(feed::CAP as i32))
             .await;
         assert!(

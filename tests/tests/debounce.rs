@@ -23,7 +23,8 @@ fn client() -> Arc<Client> {
 async fn a_thousand_concurrent_starts_on_one_key_make_one_run() {
     let c = client();
     let (name, key, queue) = (unique("debounced"), unique("doc"), unique("debq"));
-    c.declare_workflow(&name, json!({ "queue": queue }))
+    c.admin()
+        .declare_workflow(&name, json!({ "queue": queue }))
         .await
         .into_result()
         .expect("declared");

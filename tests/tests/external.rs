@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     ByKey, Client, ExecutionId, ExecutionState, Placement, PoolOptions, Relay, RelayOptions, ShardId,
     StartOptions, Topology,
@@ -219,7 +220,7 @@ async fn an_unreadable_shard_delays_a_delivery_and_a_crashed_relay_repeats_nothi
         .await
         .expect("signal_external");
     eventually("the resolution is indeterminate", 20, || async {
-        c.outbox_backlog(s0).await.is_ok_and(|b| {
+        c.admin().outbox_backlog(s0).await.is_ok_and(|b| {
             b.iter()
                 .any(|g| g.indeterminate > 0 && g.indeterminate_since.is_some())
         })
@@ -254,6 +255,7 @@ async fn an_unreadable_shard_delays_a_delivery_and_a_crashed_relay_repeats_nothi
         .await
         .expect("signal_external");
     let taken = c
+        .protocol()
         .outbox_take(s0, 10, Duration::from_secs(1))
         .await
         .expect("outbox_take");

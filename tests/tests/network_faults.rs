@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     BreakerState, Client, ClientError, Coverage, EnqueueOptions, ExecutionId, Placement, PoolOptions,
     ShardError, ShardId, TaskContext, TaskDone, TaskFailure, TaskId, Topology, Worker, WorkerOptions,
@@ -182,11 +183,13 @@ async fn calls_on(
     out.push(("complete", r.map(drop), t));
     let (r, t) = timed(
         "heartbeat",
-        client.worker_heartbeat(shard, "nf", &[queue.to_owned()]),
+        client
+            .protocol()
+            .worker_heartbeat(shard, "nf", &[queue.to_owned()]),
     )
     .await;
     out.push(("worker_heartbeat", r.map(drop), t));
-    let (r, t) = timed("maintain", client.maintain(shard)).await;
+    let (r, t) = timed("maintain", client.admin().maintain(shard)).await;
     out.push(("maintain", r.map(drop), t));
     out
 }
@@ -257,7 +260,10 @@ async fn fault_scenario(fault: Fault, stale_schema: bool) {
         }
         healthy_serve(&r.client, &r.healthy, &queue).await;
     }
-    assert_eq!(r.client.pools().breaker_state(r.faulty), Some(BreakerState::Open));
+    assert_eq!(
+        r.client.admin().pools().breaker_state(r.faulty),
+        Some(BreakerState::Open)
+    );
     // Past the cooldown the breaker lets one probe through: on a pooled
     // connection (a round trip decides) and then on a new one (the TCP
     // connect succeeds, the startup packet goes unanswered): bounded too.
@@ -271,11 +277,17 @@ async fn fault_scenario(fault: Fault, stale_schema: bool) {
             worst = worst.max(took);
             assert_shard_failure(what, result, took, r.faulty, bound);
         }
-        assert_eq!(r.client.pools().breaker_state(r.faulty), Some(BreakerState::Open));
+        assert_eq!(
+            r.client.admin().pools().breaker_state(r.faulty),
+            Some(BreakerState::Open)
+        );
     }
     eprintln!("{fault:?}: worst call on the faulty shard {worst:?}");
     for &shard in &r.healthy {
-        assert_eq!(r.client.pools().breaker_state(shard), Some(BreakerState::Closed));
+        assert_eq!(
+            r.client.admin().pools().breaker_state(shard),
+            Some(BreakerState::Closed)
+        );
     }
     r.proxy.heal();
     let back = until(
@@ -293,7 +305,7 @@ async fn fault_scenario(fault: Fault, stale_schema: bool) {
     .await;
     eprintln!("{fault:?}: back {back:?} after the heal");
     assert_eq!(
-        r.client.pools().breaker_state(r.faulty),
+        r.client.admin().pools().breaker_state(r.faulty),
         Some(BreakerState::Closed)
     );
 }
@@ -337,7 +349,7 @@ async fn an_abandoned_probe_does_not_wedge_the_breaker() {
     r.proxy.set(Fault::HalfOpen);
     until("the breaker opens", Duration::from_secs(20), async || {
         let _ = timed("claim", r.client.claim(r.faulty, &queue, "nf", 1, QUERY)).await;
-        r.client.pools().breaker_state(r.faulty) == Some(BreakerState::Open)
+        r.client.admin().pools().breaker_state(r.faulty) == Some(BreakerState::Open)
     })
     .await;
     tokio::time::sleep(COOLDOWN + Duration::from_millis(100)).await;
@@ -633,7 +645,7 @@ async fn idle_connections_gone_half_open_do_not_hold_the_breaker_closed() {
     r.proxy.set(Fault::HalfOpen);
     let started = Instant::now();
     let mut calls = 0;
-    while r.client.pools().breaker_state(r.faulty) != Some(BreakerState::Open) {
+    while r.client.admin().pools().breaker_state(r.faulty) != Some(BreakerState::Open) {
         calls += 1;
         assert!(
             calls <= 4,
@@ -902,7 +914,7 @@ async fn enqueue_steadily(r: Arc<Rig>, queue: String, stop: Arc<AtomicBool>, enq
 /// straight from the shards).
 async fn queue_is_empty(queue: &str) -> bool {
     let direct = Client::new(fleet().clone(), options()).expect("client");
-    let stats = direct.queue_stats(queue).await;
+    let stats = direct.admin().queue_stats(queue).await;
     stats.is_complete()
         && stats
             .ok

@@ -130,7 +130,7 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
         assert!(tokio::time::Instant::now() < deadline, "{:?}", worker.stats());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let status = client.topology_status(Duration::from_secs(2)).await;
+    let status = client.admin().topology_status(Duration::from_secs(2)).await;
     let down = &status.shards[1];
     assert!(!down.probe.reachable && down.probe.problem.is_some(), "{down:?}");
     assert!(status.shards[0].probe.reachable && status.shards[2].probe.reachable);

@@ -685,9 +685,9 @@ async fn audit_rows_carry_the_login_beside_the_declared_actor() {
     make_login(ADMIN, "sheaf_admin").await;
     let c = client_as(ADMIN, Some("ann"));
     let key = unique("audit-login");
-    let set = c.set_concurrency_limit(&key, Some(3)).await;
+    let set = c.admin().set_concurrency_limit(&key, Some(3)).await;
     assert!(set.failed.is_empty(), "{:?}", set.failed);
-    let audit = c.fleet_audit_log(50).await;
+    let audit = c.admin().fleet_audit_log(50).await;
     assert!(audit.failed.is_empty(), "{:?}", audit.failed);
     for shard in fleet().shards() {
         let entry = audit.ok[&shard.id]

@@ -92,7 +92,7 @@ async fn a_shard_that_requires_tls_is_reached_over_tls_and_verified() {
     assert!(tls_backends(&db).await >= 2, "the listener's connection is TLS");
     worker.shutdown().await;
 
-    let status = c.topology_status(Duration::from_secs(5)).await;
+    let status = c.admin().topology_status(Duration::from_secs(5)).await;
     assert!(
         status.shards.iter().all(|s| s.probe.reachable),
         "the status probe connects over TLS"

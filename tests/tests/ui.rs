@@ -316,7 +316,8 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
         .expect("a child");
     // A key at its cap of 1 with two tasks waiting for the slot.
     let key = unique("ui-key");
-    c.set_concurrency_limit(&key, Some(1))
+    c.admin()
+        .set_concurrency_limit(&key, Some(1))
         .await
         .into_result()
         .expect("a cap on every shard");
@@ -687,7 +688,8 @@ async fn ask_redrive(d: &Dash, queue: &str, ids: &[TaskId]) {
 }
 
 async fn dead_now(c: &Client, queue: &str) -> Vec<TaskId> {
-    c.list_dead_letters(Some(queue), None, 100)
+    c.admin()
+        .list_dead_letters(Some(queue), None, 100)
         .await
         .expect("dead letters")
         .items
@@ -764,7 +766,7 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
     let left = dead_now(&c, &queue).await;
     assert_eq!(left.len(), 2);
     assert!(!left.contains(&ids[0]) && !left.contains(&ids[1]));
-    let audit = c.audit_log(shard, None, 50).await.expect("the audit log");
+    let audit = c.admin().audit_log(shard, None, 50).await.expect("the audit log");
     assert!(
         audit
             .iter()
@@ -829,7 +831,8 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
     d.click("#do-it").await;
     assert_eq!(d.text(".result").await, format!("Task {task} cancelled."));
     assert!(
-        c.audit_log(shard, None, 50)
+        c.admin()
+            .audit_log(shard, None, 50)
             .await
             .expect("the audit log")
             .iter()

@@ -110,13 +110,13 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             as_json,
         ),
         Action::Terminate { reason, .. } => changed(
-            client.terminate_execution(id, reason.as_deref()).await,
+            client.admin().terminate_execution(id, reason.as_deref()).await,
             id,
             "terminated",
             as_json,
         ),
-        Action::Pause { .. } => changed(client.pause_execution(id).await, id, "paused", as_json),
-        Action::Resume { .. } => changed(client.resume_execution(id).await, id, "resumed", as_json),
+        Action::Pause { .. } => changed(client.admin().pause_execution(id).await, id, "paused", as_json),
+        Action::Resume { .. } => changed(client.admin().resume_execution(id).await, id, "resumed", as_json),
         Action::Signal {
             name,
             payload,

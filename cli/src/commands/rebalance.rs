@@ -62,6 +62,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     options.after_phase = kill_hook();
     let bar = bar(as_json);
     let result = client
+        .admin()
         .rebalance(from, to, &options, |p, _| show(&bar, p, limit))
         .await;
     bar.finish_and_clear();

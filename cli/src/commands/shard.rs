@@ -94,7 +94,10 @@ async fn drain(
     options.limit = limit;
     options.after_phase = kill_hook();
     let bar = bar(as_json);
-    let result = client.drain(leaving, &options, |p, _| show(&bar, p, limit)).await;
+    let result = client
+        .admin()
+        .drain(leaving, &options, |p, _| show(&bar, p, limit))
+        .await;
     bar.finish_and_clear();
     let drain = match result {
         Ok(d) => d,
@@ -164,7 +167,7 @@ async fn health(
         Ok(c) => c,
         Err(e) => return exit::bad_input(format!("--candidate: {e}")),
     };
-    let verdicts = client.shard_health(candidate, timeout).await;
+    let verdicts = client.admin().shard_health(candidate, timeout).await;
     if as_json {
         let shards: Vec<Value> = verdicts
             .iter()

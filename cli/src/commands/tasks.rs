@@ -115,7 +115,7 @@ async fn list(
         Ok(s) => s,
         Err(_) => return exit::bad_input("--state takes scheduled, waiting, ready, running or paused"),
     };
-    let page = match client.list_tasks(queue, state, cursor, page_size).await {
+    let page = match client.admin().list_tasks(queue, state, cursor, page_size).await {
         Ok(p) => p,
         Err(e) => return exit::failed(&e),
     };

@@ -18,7 +18,7 @@ use sheaf_core::page::{SortOrder, merge_sorted};
 use sheaf_core::state::TaskState;
 
 use super::search::{refused_argument, status};
-use super::{Call, Client, ClientError, Owned, PageStatus, single};
+use super::{Admin, Call, Client, ClientError, Owned, PageStatus, single};
 use crate::id::{ExecutionId, TaskId};
 use crate::metrics::QueueSample;
 use crate::topology::ShardId;
@@ -319,14 +319,16 @@ impl Client {
         };
         read().map_err(|e| call.error(e, 1))
     }
+}
 
+impl Admin<'_> {
     /// One page of `queue`'s tasks across every readable shard: in `state`,
     /// or every state (running, ready, scheduled, waiting, paused, in that
     /// order); within a state by priority (highest first) then enqueue time,
     /// scheduled ones by `run_at`, running ones by lease end. `cursor` is a
     /// page's `next_cursor` for the same queue and state.
     pub async fn list_tasks(
-        &self,
+        self,
         queue: &str,
         state: Option<TaskState>,
         cursor: Option<&str>,
@@ -337,7 +339,8 @@ impl Client {
         let cursor = shard_cursor(cursor, listing_hash(&["tasks", queue, state_name.unwrap_or("")]))?;
         let ask = (page_size + 1) as i32;
         let report = self
-            .fan_out(self.readable_shards(), |shard| {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| {
                 let after = cursor.anchors.get(&shard.get()).cloned();
                 async move {
                     let call = Call {
@@ -345,6 +348,7 @@ impl Client {
                         owned: Owned::Queue(queue.to_owned()),
                     };
                     let rows = self
+                        .client
                         .query(&call, LIST_TASKS, &[&queue, &state_name, &after, &ask])
                         .await?;
                     rows.iter().map(|row| listed_task(&call, queue, row)).collect()
@@ -372,7 +376,7 @@ impl Client {
     /// every readable shard, newest first. `cursor` is a page's
     /// `next_cursor` for the same queue.
     pub async fn list_dead_letters(
-        &self,
+        self,
         queue: Option<&str>,
         cursor: Option<&str>,
         page_size: usize,
@@ -381,14 +385,18 @@ impl Client {
         let cursor = shard_cursor(cursor, listing_hash(&["dead", queue.unwrap_or("")]))?;
         let ask = (page_size + 1) as i32;
         let report = self
-            .fan_out(self.readable_shards(), |shard| {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| {
                 let after = cursor.anchors.get(&shard.get()).cloned();
                 async move {
                     let call = Call {
                         shard,
                         owned: Owned::Listing("listing dead letters"),
                     };
-                    let rows = self.query(&call, LIST_DEAD, &[&queue, &after, &ask]).await?;
+                    let rows = self
+                        .client
+                        .query(&call, LIST_DEAD, &[&queue, &after, &ask])
+                        .await?;
                     rows.iter().map(|row| listed_dead(&call, row)).collect()
                 }
             })
@@ -412,10 +420,14 @@ impl Client {
 
     /// Every queue of every readable shard, by name, with its counts per
     /// shard and in total.
-    pub async fn list_queues(&self) -> QueueListing {
+    pub async fn list_queues(self) -> QueueListing {
         let report = self
-            .fan_out(self.readable_shards(), |shard| async move {
-                let (call, rows) = self.on_shard(shard, Owned::Shard, LIST_QUEUES, &[]).await?;
+            .client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, LIST_QUEUES, &[])
+                    .await?;
                 rows.iter()
                     .map(|row| queue_row(&call, row))
                     .collect::<Result<Vec<_>, _>>()
@@ -443,17 +455,17 @@ impl Client {
     }
 }
 
-impl Client {
+impl Admin<'_> {
     /// Samples every readable shard's queues into this client's metrics
     /// (`sheaf_queue_tasks{shard,queue,state}`,
     /// `sheaf_queue_oldest_ready_seconds{shard,queue}`): one `list_queues`
     /// per shard, whose counts walk each queue's indexes. Returns the
     /// shards that could not answer (their last sample stays, and
     /// `sheaf_shard_up` says they are down).
-    pub async fn sample_queues(&self) -> BTreeMap<ShardId, ClientError> {
+    pub async fn sample_queues(self) -> BTreeMap<ShardId, ClientError> {
         let listing = self.list_queues().await;
         let mut per_shard: BTreeMap<ShardId, Vec<QueueSample>> = BTreeMap::new();
-        for shard in self.readable_shards() {
+        for shard in self.client.readable_shards() {
             if !listing.unavailable_shards.contains_key(&shard) {
                 per_shard.insert(shard, Vec::new());
             }
@@ -468,7 +480,7 @@ impl Client {
             }
         }
         for (shard, sample) in per_shard {
-            self.metrics().queues(shard, &sample);
+            self.client.metrics().queues(shard, &sample);
         }
         listing.unavailable_shards
     }

@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{Client, ClientError, Owned, first_column};
+use super::Steps;
+use super::{Admin, Client, ClientError, Owned, Protocol, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
@@ -110,7 +111,7 @@ pub struct Migration {
     pub updated_at: SystemTime,
 }
 
-/// A COMMITTED move claimed for settling (`Client::migration_stalled`).
+/// A COMMITTED move claimed for settling (`Protocol::migration_stalled`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StalledMove {
@@ -263,268 +264,6 @@ fn read_err(shard: ShardId, what: &str, e: impl std::fmt::Display) -> ClientErro
 }
 
 impl Client {
-    /// A page of `shard`'s unfinished executions after `after`, in id
-    /// order, at most `max_rows` (1..10000), with their blockers
-    /// (`sheaf.rebalance_candidates`).
-    pub async fn rebalance_candidates(
-        &self,
-        shard: ShardId,
-        after: Option<ExecutionId>,
-        max_rows: i32,
-    ) -> Result<Vec<Candidate>, ClientError> {
-        let after = after.map(|a| a.as_uuid());
-        let (call, rows) = self
-            .on_shard(shard, Owned::Shard, CANDIDATES, &[&after, &max_rows])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let read = || -> Result<Candidate, tokio_postgres::Error> {
-                    Ok(Candidate {
-                        id: ExecutionId::from_uuid(row.try_get("execution_id")?),
-                        workflow_name: row.try_get("workflow_name")?,
-                        workflow_id: row.try_get("workflow_id")?,
-                        state: row.try_get("state")?,
-                        history_bytes: row.try_get("history_bytes")?,
-                        blockers: row.try_get("blockers")?,
-                    })
-                };
-                read().map_err(|e| call.error(e, 1))
-            })
-            .collect()
-    }
-
-    /// `shard`'s moves as the source, newest first, at most `max_rows`;
-    /// only unfinished ones if `open_only` (`sheaf.migrations`).
-    pub async fn migrations(
-        &self,
-        shard: ShardId,
-        open_only: bool,
-        max_rows: i32,
-    ) -> Result<Vec<Migration>, ClientError> {
-        let (call, rows) = self
-            .on_shard(shard, Owned::Shard, MIGRATIONS, &[&open_only, &max_rows])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let target: i32 = row.try_get("target_shard").map_err(|e| call.error(e, 1))?;
-                let target =
-                    ShardId::new(target as u32).map_err(|e| read_err(shard, "a move's target", e))?;
-                let read = || -> Result<Migration, tokio_postgres::Error> {
-                    Ok(Migration {
-                        shard,
-                        id: row.try_get("migration_id")?,
-                        execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
-                        target,
-                        phase: row.try_get("phase")?,
-                        attempts: row.try_get("attempts")?,
-                        last_error: row.try_get("last_error")?,
-                        verified_event_seq: row.try_get("verified_event_seq")?,
-                        bytes: row.try_get("bytes")?,
-                        actor: row.try_get("actor")?,
-                        login: row.try_get("login")?,
-                        created_at: row.try_get("created_at")?,
-                        updated_at: row.try_get("updated_at")?,
-                    })
-                };
-                read().map_err(|e| call.error(e, 1))
-            })
-            .collect()
-    }
-
-    /// Begins moving `id` from `from` to `to` (`sheaf.migration_begin`),
-    /// held for `lease` (5 s to 1 h) without a step: the export to stage,
-    /// with its `lease_token`. [`ClientError::WrongState`] names every
-    /// blocker if it is not quiescent.
-    pub async fn migration_begin(
-        &self,
-        from: ShardId,
-        id: ExecutionId,
-        to: ShardId,
-        lease: Duration,
-    ) -> Result<Json, ClientError> {
-        let target = to.get() as i32;
-        let secs = lease.as_secs_f64();
-        let (call, rows) = self
-            .on_shard(
-                from,
-                Owned::Execution(id),
-                BEGIN,
-                &[&id.as_uuid(), &target, &secs],
-            )
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// Stages an export on `to` (`sheaf.migration_stage`); the digest of
-    /// what it stored.
-    pub async fn migration_stage(&self, to: ShardId, export: &Json) -> Result<String, ClientError> {
-        let (call, rows) = self.on_shard(to, Owned::Shard, STAGE, &[export]).await?;
-        first_column(&call, &rows)
-    }
-
-    /// Verifies move `migration` on its source against the staged digest
-    /// (`sheaf.migration_verify`), as the holder of `lease_token` (the
-    /// export's, or a takeover's).
-    pub async fn migration_verify(
-        &self,
-        from: ShardId,
-        migration: i64,
-        lease_token: i64,
-        digest: &str,
-    ) -> Result<bool, ClientError> {
-        let (call, rows) = self
-            .on_shard(from, Owned::Shard, VERIFY, &[&migration, &lease_token, &digest])
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// The cutover of move `migration` on its source
-    /// (`sheaf.migration_cutover`), as the holder of `lease_token`: `false`
-    /// if it declined.
-    pub async fn migration_cutover(
-        &self,
-        from: ShardId,
-        migration: i64,
-        lease_token: i64,
-    ) -> Result<bool, ClientError> {
-        let (call, rows) = self
-            .on_shard(from, Owned::Shard, CUTOVER, &[&migration, &lease_token])
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// Takes move `migration` over when its mover's lease has lapsed
-    /// (`sheaf.migration_takeover`): the new lease token, or `None` while
-    /// its mover still holds it or the move is over.
-    pub async fn migration_takeover(
-        &self,
-        from: ShardId,
-        migration: i64,
-        lease: Duration,
-    ) -> Result<Option<i64>, ClientError> {
-        let secs = lease.as_secs_f64();
-        let (call, rows) = self
-            .on_shard(from, Owned::Shard, TAKEOVER, &[&migration, &secs])
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// Activates the staged copy of `id` on `to` (`sheaf.migration_activate`).
-    pub async fn migration_activate(&self, to: ShardId, id: ExecutionId) -> Result<bool, ClientError> {
-        let (call, rows) = self
-            .on_shard(to, Owned::Execution(id), ACTIVATE, &[&id.as_uuid()])
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// Discards the copy of `id` that move `migration` of `from` staged on
-    /// `to` (`sheaf.migration_discard`); `false` if nothing is staged there
-    /// or the copy is another move's.
-    pub async fn migration_discard(
-        &self,
-        to: ShardId,
-        id: ExecutionId,
-        from: ShardId,
-        migration: i64,
-    ) -> Result<bool, ClientError> {
-        let source = from.get() as i32;
-        let (call, rows) = self
-            .on_shard(
-                to,
-                Owned::Execution(id),
-                DISCARD,
-                &[&id.as_uuid(), &source, &migration],
-            )
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// Records how move `migration` ended on its source
-    /// (`sheaf.migration_report`: `done`, `resumed`, `aborted`, `failed`),
-    /// as the holder of `lease_token`; its phase after.
-    pub async fn migration_report(
-        &self,
-        from: ShardId,
-        migration: i64,
-        lease_token: i64,
-        outcome: &str,
-        error: Option<&str>,
-    ) -> Result<String, ClientError> {
-        let (call, rows) = self
-            .on_shard(
-                from,
-                Owned::Shard,
-                REPORT,
-                &[&migration, &lease_token, &outcome, &error],
-            )
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// Claims `shard`'s COMMITTED moves stalled longer than `grace` whose
-    /// target this client reaches (`sheaf.migration_stalled`).
-    pub async fn migration_stalled(
-        &self,
-        shard: ShardId,
-        grace: Duration,
-        max_rows: i32,
-    ) -> Result<Vec<StalledMove>, ClientError> {
-        let targets: Vec<i32> = self.topology().shards().map(|s| s.id.get() as i32).collect();
-        let secs = grace.as_secs_f64();
-        let (call, rows) = self
-            .on_shard(shard, Owned::Shard, STALLED, &[&secs, &max_rows, &targets])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let read = || -> Result<(i64, uuid::Uuid, i32, i32, i64), tokio_postgres::Error> {
-                    Ok((
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                        row.try_get(4)?,
-                    ))
-                };
-                let (id, execution, target, attempts, lease_token) = read().map_err(|e| call.error(e, 1))?;
-                Ok(StalledMove {
-                    id,
-                    execution_id: ExecutionId::from_uuid(execution),
-                    target: ShardId::new(target as u32).map_err(|e| read_err(shard, "a move's target", e))?,
-                    attempts,
-                    lease_token,
-                })
-            })
-            .collect()
-    }
-
-    /// Points `origin`'s seal of `id` at `home` (`sheaf.migration_repoint`).
-    pub async fn migration_repoint(
-        &self,
-        origin: ShardId,
-        id: ExecutionId,
-        home: ShardId,
-    ) -> Result<bool, ClientError> {
-        let home = home.get() as i32;
-        let (call, rows) = self
-            .on_shard(origin, Owned::Execution(id), REPOINT, &[&id.as_uuid(), &home])
-            .await?;
-        first_column(&call, &rows)
-    }
-
-    /// Moves one quiescent execution from `from` to `to`, every phase in
-    /// order. A failure before the cutover discards the staged copy and
-    /// records the move aborted; one after it leaves the record COMMITTED
-    /// for `rebalance_resume` or a worker's auto-resume, and is returned.
-    pub async fn move_execution(
-        &self,
-        from: ShardId,
-        id: ExecutionId,
-        to: ShardId,
-    ) -> Result<MoveOutcome, ClientError> {
-        self.move_observed(from, id, to, &RebalanceOptions::default())
-            .await
-    }
-
     async fn move_observed(
         &self,
         from: ShardId,
@@ -539,7 +278,7 @@ impl Client {
             }
         };
         let lease = options.lease.unwrap_or(MOVE_LEASE);
-        let export = match self.migration_begin(from, id, to, lease).await {
+        let export = match self.protocol().migration_begin(from, id, to, lease).await {
             Ok(export) => export,
             Err(ClientError::WrongState { message, .. }) => return Ok(MoveOutcome::Blocked(vec![message])),
             Err(e) => return Err(e),
@@ -561,19 +300,24 @@ impl Client {
         let bytes = value["execution"]["history_bytes"].as_i64().unwrap_or_default();
         drop(value);
         after(Phase::Begun);
-        let staged = match self.migration_stage(to, &export).await {
+        let staged = match self.protocol().migration_stage(to, &export).await {
             Ok(digest) => digest,
             Err(e) => return self.abort(&mv, &e.to_string()).await,
         };
         drop(export);
         after(Phase::Staged);
-        if !self.migration_verify(from, migration, lease, &staged).await? {
+        if !self
+            .protocol()
+            .migration_verify(from, migration, lease, &staged)
+            .await?
+        {
             return self.abort(&mv, "the staged copy differs from the source").await;
         }
         after(Phase::Verified);
-        if !self.migration_cutover(from, migration, lease).await? {
+        if !self.protocol().migration_cutover(from, migration, lease).await? {
             // The cutover noted why on the record.
             let why = self
+                .admin()
                 .migrations(from, true, 10_000)
                 .await?
                 .into_iter()
@@ -607,8 +351,9 @@ impl Client {
             migration,
             token,
         } = mv;
-        if let Err(e) = self.migration_activate(to, id).await {
+        if let Err(e) = self.protocol().migration_activate(to, id).await {
             if let Err(r) = self
+                .protocol()
                 .migration_report(from, migration, token, "failed", Some(&e.to_string()))
                 .await
             {
@@ -624,11 +369,12 @@ impl Client {
         let origin = id.route(self.topology());
         if origin != to && origin != from {
             // Best effort: a stale origin pointer is followed, only longer.
-            if let Err(e) = self.migration_repoint(origin, id, to).await {
+            if let Err(e) = self.protocol().migration_repoint(origin, id, to).await {
                 tracing::warn!(%id, %origin, error = %e, "repointing the origin's seal failed; the chain is followed");
             }
         }
-        self.migration_report(from, migration, token, outcome, None)
+        self.protocol()
+            .migration_report(from, migration, token, outcome, None)
             .await?;
         Ok(live)
     }
@@ -639,33 +385,13 @@ impl Client {
     /// is never touched). A copy left by a failed discard is never live and
     /// is replaced by the next stage of the run there.
     async fn abort(&self, mv: &Lease, why: &str) -> Result<MoveOutcome, ClientError> {
-        self.migration_report(mv.from, mv.migration, mv.token, "aborted", Some(why))
+        self.protocol()
+            .migration_report(mv.from, mv.migration, mv.token, "aborted", Some(why))
             .await?;
-        self.migration_discard(mv.to, mv.id, mv.from, mv.migration)
+        self.protocol()
+            .migration_discard(mv.to, mv.id, mv.from, mv.migration)
             .await?;
         Ok(MoveOutcome::Aborted(why.to_owned()))
-    }
-
-    /// Moves quiescent executions from `from` to `to`, one at a time, in
-    /// id order (at most `options.limit`), calling `progress` after each;
-    /// every execution it left is reported with why. A run whose workflow
-    /// is configured differently on `to` (policy, queue options) is not
-    /// moved (`target_config_differs`). A dry run changes nothing and
-    /// reports what would move.
-    pub async fn rebalance(
-        &self,
-        from: ShardId,
-        to: ShardId,
-        options: &RebalanceOptions,
-        progress: impl FnMut(Progress, &MoveReport),
-    ) -> Result<Vec<MoveReport>, ClientError> {
-        if from == to {
-            return Err(ClientError::BadRequest(format!(
-                "a rebalance moves to another shard: --from and --to are both {from}"
-            )));
-        }
-        let moves = self.move_all(from, options, |_| Ok(to), progress).await?;
-        Ok(moves.into_iter().map(|(r, _)| r).collect())
     }
 
     /// Moves `from`'s quiescent executions, each to `target(candidate)`, in
@@ -679,13 +405,13 @@ impl Client {
         target: impl Fn(&Candidate) -> Result<ShardId, ClientError>,
         mut progress: impl FnMut(Progress, &MoveReport),
     ) -> Result<Vec<(MoveReport, ShardId)>, ClientError> {
-        let source = self.shard_config(from).await?;
+        let source = self.admin().shard_config(from).await?;
         let mut configs = std::collections::BTreeMap::new();
         let mut after = None;
         let mut state = Progress::default();
         let mut moves = Vec::new();
         'pages: loop {
-            let page = self.rebalance_candidates(from, after, PAGE).await?;
+            let page = self.admin().rebalance_candidates(from, after, PAGE).await?;
             let Some(last) = page.last() else { break };
             after = Some(last.id);
             for c in page {
@@ -694,7 +420,7 @@ impl Client {
                 }
                 let to = target(&c)?;
                 if let std::collections::btree_map::Entry::Vacant(v) = configs.entry(to) {
-                    v.insert(self.shard_config(to).await?);
+                    v.insert(self.admin().shard_config(to).await?);
                 }
                 let mut blockers = c.blockers.clone();
                 if configs
@@ -734,6 +460,100 @@ impl Client {
         }
         Ok(moves)
     }
+}
+
+impl Admin<'_> {
+    /// A page of `shard`'s unfinished executions after `after`, in id
+    /// order, at most `max_rows` (1..10000), with their blockers
+    /// (`sheaf.rebalance_candidates`).
+    pub async fn rebalance_candidates(
+        self,
+        shard: ShardId,
+        after: Option<ExecutionId>,
+        max_rows: i32,
+    ) -> Result<Vec<Candidate>, ClientError> {
+        let after = after.map(|a| a.as_uuid());
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, CANDIDATES, &[&after, &max_rows])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<Candidate, tokio_postgres::Error> {
+                    Ok(Candidate {
+                        id: ExecutionId::from_uuid(row.try_get("execution_id")?),
+                        workflow_name: row.try_get("workflow_name")?,
+                        workflow_id: row.try_get("workflow_id")?,
+                        state: row.try_get("state")?,
+                        history_bytes: row.try_get("history_bytes")?,
+                        blockers: row.try_get("blockers")?,
+                    })
+                };
+                read().map_err(|e| call.error(e, 1))
+            })
+            .collect()
+    }
+
+    /// `shard`'s moves as the source, newest first, at most `max_rows`;
+    /// only unfinished ones if `open_only` (`sheaf.migrations`).
+    pub async fn migrations(
+        self,
+        shard: ShardId,
+        open_only: bool,
+        max_rows: i32,
+    ) -> Result<Vec<Migration>, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, MIGRATIONS, &[&open_only, &max_rows])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let target: i32 = row.try_get("target_shard").map_err(|e| call.error(e, 1))?;
+                let target =
+                    ShardId::new(target as u32).map_err(|e| read_err(shard, "a move's target", e))?;
+                let read = || -> Result<Migration, tokio_postgres::Error> {
+                    Ok(Migration {
+                        shard,
+                        id: row.try_get("migration_id")?,
+                        execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
+                        target,
+                        phase: row.try_get("phase")?,
+                        attempts: row.try_get("attempts")?,
+                        last_error: row.try_get("last_error")?,
+                        verified_event_seq: row.try_get("verified_event_seq")?,
+                        bytes: row.try_get("bytes")?,
+                        actor: row.try_get("actor")?,
+                        login: row.try_get("login")?,
+                        created_at: row.try_get("created_at")?,
+                        updated_at: row.try_get("updated_at")?,
+                    })
+                };
+                read().map_err(|e| call.error(e, 1))
+            })
+            .collect()
+    }
+
+    /// Moves quiescent executions from `from` to `to`, one at a time, in
+    /// id order (at most `options.limit`), calling `progress` after each;
+    /// every execution it left is reported with why. A run whose workflow
+    /// is configured differently on `to` (policy, queue options) is not
+    /// moved (`target_config_differs`). A dry run changes nothing and
+    /// reports what would move.
+    pub async fn rebalance(
+        self,
+        from: ShardId,
+        to: ShardId,
+        options: &RebalanceOptions,
+        progress: impl FnMut(Progress, &MoveReport),
+    ) -> Result<Vec<MoveReport>, ClientError> {
+        if from == to {
+            return Err(ClientError::BadRequest(format!(
+                "a rebalance moves to another shard: --from and --to are both {from}"
+            )));
+        }
+        let moves = self.client.move_all(from, options, |_| Ok(to), progress).await?;
+        Ok(moves.into_iter().map(|(r, _)| r).collect())
+    }
 
     /// Finishes `from`'s unfinished moves after a crash, each only once its
     /// mover's lease has lapsed (taken over with a new lease; a move still
@@ -741,12 +561,17 @@ impl Client {
     /// cutover is aborted and its staged copy discarded, then moved again
     /// from its current history (if it still may move); one after it is
     /// activated on its target and recorded done.
-    pub async fn rebalance_resume(&self, from: ShardId) -> Result<Vec<MoveReport>, ClientError> {
+    pub async fn rebalance_resume(self, from: ShardId) -> Result<Vec<MoveReport>, ClientError> {
         let mut reports = Vec::new();
         for m in self.migrations(from, true, 10_000).await? {
             // Only a move whose mover's lease lapsed is taken over: one
             // still in progress elsewhere is left to it.
-            let Some(token) = self.migration_takeover(from, m.id, RESUME_LEASE).await? else {
+            let Some(token) = self
+                .client
+                .protocol()
+                .migration_takeover(from, m.id, RESUME_LEASE)
+                .await?
+            else {
                 reports.push(MoveReport {
                     id: m.execution_id,
                     workflow_name: String::new(),
@@ -765,14 +590,23 @@ impl Client {
                 token,
             };
             let outcome = match m.phase.as_str() {
-                "COMMITTED" => self.settle(&mv, "done", None).await.map(|_| MoveOutcome::Moved {
-                    bytes: m.bytes,
-                    unavailable: Duration::ZERO,
-                }),
+                "COMMITTED" => self
+                    .client
+                    .settle(&mv, "done", None)
+                    .await
+                    .map(|_| MoveOutcome::Moved {
+                        bytes: m.bytes,
+                        unavailable: Duration::ZERO,
+                    }),
                 _ => {
                     let why = format!("interrupted at {}; resumed", m.phase);
-                    match self.abort(&mv, &why).await {
-                        Ok(_) => self.move_execution(from, m.execution_id, m.target).await,
+                    match self.client.abort(&mv, &why).await {
+                        Ok(_) => {
+                            self.client
+                                .protocol()
+                                .move_execution(from, m.execution_id, m.target)
+                                .await
+                        }
                         Err(e) => Err(e),
                     }
                 }
@@ -785,12 +619,223 @@ impl Client {
         }
         Ok(reports)
     }
+}
+
+impl Protocol<'_> {
+    /// Begins moving `id` from `from` to `to` (`sheaf.migration_begin`),
+    /// held for `lease` (5 s to 1 h) without a step: the export to stage,
+    /// with its `lease_token`. [`ClientError::WrongState`] names every
+    /// blocker if it is not quiescent.
+    pub async fn migration_begin(
+        self,
+        from: ShardId,
+        id: ExecutionId,
+        to: ShardId,
+        lease: Duration,
+    ) -> Result<Json, ClientError> {
+        let target = to.get() as i32;
+        let secs = lease.as_secs_f64();
+        let (call, rows) = self
+            .client
+            .on_shard(
+                from,
+                Owned::Execution(id),
+                BEGIN,
+                &[&id.as_uuid(), &target, &secs],
+            )
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Stages an export on `to` (`sheaf.migration_stage`); the digest of
+    /// what it stored.
+    pub async fn migration_stage(self, to: ShardId, export: &Json) -> Result<String, ClientError> {
+        let (call, rows) = self.client.on_shard(to, Owned::Shard, STAGE, &[export]).await?;
+        first_column(&call, &rows)
+    }
+
+    /// Verifies move `migration` on its source against the staged digest
+    /// (`sheaf.migration_verify`), as the holder of `lease_token` (the
+    /// export's, or a takeover's).
+    pub async fn migration_verify(
+        self,
+        from: ShardId,
+        migration: i64,
+        lease_token: i64,
+        digest: &str,
+    ) -> Result<bool, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(from, Owned::Shard, VERIFY, &[&migration, &lease_token, &digest])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// The cutover of move `migration` on its source
+    /// (`sheaf.migration_cutover`), as the holder of `lease_token`: `false`
+    /// if it declined.
+    pub async fn migration_cutover(
+        self,
+        from: ShardId,
+        migration: i64,
+        lease_token: i64,
+    ) -> Result<bool, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(from, Owned::Shard, CUTOVER, &[&migration, &lease_token])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Takes move `migration` over when its mover's lease has lapsed
+    /// (`sheaf.migration_takeover`): the new lease token, or `None` while
+    /// its mover still holds it or the move is over.
+    pub async fn migration_takeover(
+        self,
+        from: ShardId,
+        migration: i64,
+        lease: Duration,
+    ) -> Result<Option<i64>, ClientError> {
+        let secs = lease.as_secs_f64();
+        let (call, rows) = self
+            .client
+            .on_shard(from, Owned::Shard, TAKEOVER, &[&migration, &secs])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Activates the staged copy of `id` on `to` (`sheaf.migration_activate`).
+    pub async fn migration_activate(self, to: ShardId, id: ExecutionId) -> Result<bool, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(to, Owned::Execution(id), ACTIVATE, &[&id.as_uuid()])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Discards the copy of `id` that move `migration` of `from` staged on
+    /// `to` (`sheaf.migration_discard`); `false` if nothing is staged there
+    /// or the copy is another move's.
+    pub async fn migration_discard(
+        self,
+        to: ShardId,
+        id: ExecutionId,
+        from: ShardId,
+        migration: i64,
+    ) -> Result<bool, ClientError> {
+        let source = from.get() as i32;
+        let (call, rows) = self
+            .client
+            .on_shard(
+                to,
+                Owned::Execution(id),
+                DISCARD,
+                &[&id.as_uuid(), &source, &migration],
+            )
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Records how move `migration` ended on its source
+    /// (`sheaf.migration_report`: `done`, `resumed`, `aborted`, `failed`),
+    /// as the holder of `lease_token`; its phase after.
+    pub async fn migration_report(
+        self,
+        from: ShardId,
+        migration: i64,
+        lease_token: i64,
+        outcome: &str,
+        error: Option<&str>,
+    ) -> Result<String, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(
+                from,
+                Owned::Shard,
+                REPORT,
+                &[&migration, &lease_token, &outcome, &error],
+            )
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Claims `shard`'s COMMITTED moves stalled longer than `grace` whose
+    /// target this client reaches (`sheaf.migration_stalled`).
+    pub async fn migration_stalled(
+        self,
+        shard: ShardId,
+        grace: Duration,
+        max_rows: i32,
+    ) -> Result<Vec<StalledMove>, ClientError> {
+        let targets: Vec<i32> = self
+            .client
+            .topology()
+            .shards()
+            .map(|s| s.id.get() as i32)
+            .collect();
+        let secs = grace.as_secs_f64();
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, STALLED, &[&secs, &max_rows, &targets])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<(i64, uuid::Uuid, i32, i32, i64), tokio_postgres::Error> {
+                    Ok((
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                    ))
+                };
+                let (id, execution, target, attempts, lease_token) = read().map_err(|e| call.error(e, 1))?;
+                Ok(StalledMove {
+                    id,
+                    execution_id: ExecutionId::from_uuid(execution),
+                    target: ShardId::new(target as u32).map_err(|e| read_err(shard, "a move's target", e))?,
+                    attempts,
+                    lease_token,
+                })
+            })
+            .collect()
+    }
+
+    /// Points `origin`'s seal of `id` at `home` (`sheaf.migration_repoint`).
+    pub async fn migration_repoint(
+        self,
+        origin: ShardId,
+        id: ExecutionId,
+        home: ShardId,
+    ) -> Result<bool, ClientError> {
+        let home = home.get() as i32;
+        let (call, rows) = self
+            .client
+            .on_shard(origin, Owned::Execution(id), REPOINT, &[&id.as_uuid(), &home])
+            .await?;
+        first_column(&call, &rows)
+    }
+
+    /// Moves one quiescent execution from `from` to `to`, every phase in
+    /// order. A failure before the cutover discards the staged copy and
+    /// records the move aborted; one after it leaves the record COMMITTED
+    /// for `rebalance_resume` or a worker's auto-resume, and is returned.
+    pub async fn move_execution(
+        self,
+        from: ShardId,
+        id: ExecutionId,
+        to: ShardId,
+    ) -> Result<MoveOutcome, ClientError> {
+        self.client
+            .move_observed(from, id, to, &RebalanceOptions::default())
+            .await
+    }
 
     /// Auto-resume, as a worker runs it for `shard`: activates every
     /// COMMITTED move recorded there that stalled longer than `grace` (at
     /// least 5 s), each claimed by one settler and recorded `resumed` with
     /// an audit entry. How many it settled.
-    pub async fn settle_stalled(&self, shard: ShardId, grace: Duration) -> Result<usize, ClientError> {
+    pub async fn settle_stalled(self, shard: ShardId, grace: Duration) -> Result<usize, ClientError> {
         let mut settled = 0;
         for m in self
             .migration_stalled(shard, grace.max(MIN_STALL_AFTER), 10)
@@ -803,7 +848,7 @@ impl Client {
                 migration: m.id,
                 token: m.lease_token,
             };
-            match self.settle(&mv, "resumed", None).await {
+            match self.client.settle(&mv, "resumed", None).await {
                 Ok(_) => settled += 1,
                 Err(e) => {
                     tracing::error!(execution = %m.execution_id, %shard, target = %m.target, error = %e,
@@ -817,7 +862,7 @@ impl Client {
 
 const ERASE: &str = "SELECT sheaf.erase_payloads($1)";
 
-/// What `Client::erase_payloads` did.
+/// What `Admin::erase_payloads` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Erasure {
@@ -835,20 +880,29 @@ pub struct Erasure {
 }
 
 impl Client {
+    async fn erase_on(&self, shard: ShardId, id: ExecutionId) -> Result<serde_json::Value, ClientError> {
+        let (call, rows) = self
+            .on_shard(shard, Owned::Execution(id), ERASE, &[&id.as_uuid()])
+            .await?;
+        first_column(&call, &rows)
+    }
+}
+
+impl Admin<'_> {
     /// Erases an ended execution's payloads on every shard that holds a
     /// copy: where it lives (gated there: it must have ended), then every
     /// other shard of the topology (a shard it lived on keeps a seal, and a
     /// drain hands its seals to another). Fails, after trying them all, if
     /// one could not be reached: an erasure is never reported complete
     /// unless it is (run it again; it is idempotent).
-    pub async fn erase_payloads(&self, id: ExecutionId) -> Result<Erasure, ClientError> {
-        let Some(live) = self.get_execution(id).await? else {
+    pub async fn erase_payloads(self, id: ExecutionId) -> Result<Erasure, ClientError> {
+        let Some(live) = self.client.get_execution(id).await? else {
             return Err(ClientError::UnknownExecution {
-                shard: id.route(self.topology()),
+                shard: id.route(self.client.topology()),
                 message: format!("no execution {id}"),
             });
         };
-        let report = self.erase_on(live.shard, id).await?;
+        let report = self.client.erase_on(live.shard, id).await?;
         // Every other shard is asked, not only those the run's row names
         // (`migrated_from_shards`): a drain hands its seals, input and all,
         // to a shard the run never lived on. A shard holding no copy says
@@ -856,12 +910,13 @@ impl Client {
         let mut prior = Vec::new();
         let mut failed = None;
         for shard in self
+            .client
             .topology()
             .shards()
             .map(|s| s.id)
             .filter(|s| *s != live.shard)
         {
-            match self.erase_on(shard, id).await {
+            match self.client.erase_on(shard, id).await {
                 Ok(r) if r["found"] == serde_json::Value::Bool(true) => prior.push(shard),
                 Ok(_) => {}
                 Err(e) => {
@@ -881,20 +936,13 @@ impl Client {
             bytes_after: report["bytes_after"].as_i64().unwrap_or_default(),
         })
     }
-
-    async fn erase_on(&self, shard: ShardId, id: ExecutionId) -> Result<serde_json::Value, ClientError> {
-        let (call, rows) = self
-            .on_shard(shard, Owned::Execution(id), ERASE, &[&id.as_uuid()])
-            .await?;
-        first_column(&call, &rows)
-    }
 }
 
 const SEALS: &str = "SELECT execution_id, moved_to, seal FROM sheaf.migration_seals($1, $2)";
 const ROWS_TO: &str = "SELECT child_id, parent_id, state FROM sheaf.relay_rows_to($1, $2, $3)";
 const ADOPT: &str = "SELECT sheaf.migration_adopt_seal($1)";
 
-/// What `Client::drain` did.
+/// What `Admin::drain` did.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Drain {
@@ -941,72 +989,6 @@ impl Drain {
 }
 
 impl Client {
-    /// A page of `shard`'s seals after `after` (`sheaf.migration_seals`):
-    /// (execution, where it moved, the seal's row).
-    pub async fn migration_seals(
-        &self,
-        shard: ShardId,
-        after: Option<ExecutionId>,
-        max_rows: i32,
-    ) -> Result<Vec<(ExecutionId, Option<ShardId>, Json)>, ClientError> {
-        let after = after.map(|a| a.as_uuid());
-        let (call, rows) = self
-            .on_shard(shard, Owned::Shard, SEALS, &[&after, &max_rows])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let read = || -> Result<(uuid::Uuid, Option<i32>, Json), tokio_postgres::Error> {
-                    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
-                };
-                let (id, to, seal) = read().map_err(|e| call.error(e, 1))?;
-                let to = to.and_then(|t| ShardId::new(t as u32).ok());
-                Ok((ExecutionId::from_uuid(id), to, seal))
-            })
-            .collect()
-    }
-
-    /// Keeps a seal on `shard` (`sheaf.migration_adopt_seal`).
-    pub async fn migration_adopt_seal(&self, shard: ShardId, seal: &Json) -> Result<bool, ClientError> {
-        let (call, rows) = self.on_shard(shard, Owned::Shard, ADOPT, &[seal]).await?;
-        first_column(&call, &rows)
-    }
-
-    /// Drains `leaving`: every quiescent execution moves to its rendezvous
-    /// winner among the other placeable shards (where a start of its key
-    /// goes once `leaving` is retired), then every seal on `leaving` is
-    /// handed to the shard its ids will forward to ([`Drain::forward_to`]),
-    /// so they keep resolving after the forwards entry replaces it.
-    pub async fn drain(
-        &self,
-        leaving: ShardId,
-        options: &RebalanceOptions,
-        progress: impl FnMut(Progress, &MoveReport),
-    ) -> Result<Drain, ClientError> {
-        let forward_to = self.topology().drain_forward(leaving)?;
-        let topology = self.topology();
-        let moves = self
-            .move_all(
-                leaving,
-                options,
-                |c| Ok(topology.drain_target(&c.workflow_name, &c.workflow_id, leaving)?),
-                progress,
-            )
-            .await?;
-        let seals_adopted = if options.dry_run {
-            0
-        } else {
-            self.hand_over_seals(leaving, forward_to).await?
-        };
-        let mut unsettled = self.relay_rows_owed_to(leaving).await?;
-        unsettled.extend(self.relay_rows_owed_by(leaving).await?);
-        Ok(Drain {
-            moves,
-            forward_to,
-            seals_adopted,
-            unsettled,
-        })
-    }
-
     /// Lifecycle rows on the other shards that still need `leaving`: a
     /// child start to happen there (a parent elsewhere asked for it), or
     /// a child that ended there whose end its parent has not pulled yet.
@@ -1071,7 +1053,13 @@ impl Client {
     /// rows (signals and cancels by key) not yet delivered.
     async fn relay_rows_owed_by(&self, leaving: ShardId) -> Result<Vec<Unsettled>, ClientError> {
         let mut owed = Vec::new();
-        let rows: i64 = self.relay_backlog(leaving).await?.iter().map(|b| b.rows).sum();
+        let rows: i64 = self
+            .admin()
+            .relay_backlog(leaving)
+            .await?
+            .iter()
+            .map(|b| b.rows)
+            .sum();
         if rows > 0 {
             owed.push(Unsettled {
                 shard: leaving,
@@ -1081,7 +1069,13 @@ impl Client {
                 ),
             });
         }
-        let rows: i64 = self.outbox_backlog(leaving).await?.iter().map(|b| b.rows).sum();
+        let rows: i64 = self
+            .admin()
+            .outbox_backlog(leaving)
+            .await?
+            .iter()
+            .map(|b| b.rows)
+            .sum();
         if rows > 0 {
             owed.push(Unsettled {
                 shard: leaving,
@@ -1100,16 +1094,88 @@ impl Client {
         let mut after = None;
         let mut adopted = 0;
         loop {
-            let page = self.migration_seals(leaving, after, PAGE).await?;
+            let page = self.protocol().migration_seals(leaving, after, PAGE).await?;
             let Some(last) = page.last() else {
                 return Ok(adopted);
             };
             after = Some(last.0);
             for (_, to, seal) in &page {
-                if *to != Some(forward_to) && self.migration_adopt_seal(forward_to, seal).await? {
+                if *to != Some(forward_to) && self.protocol().migration_adopt_seal(forward_to, seal).await? {
                     adopted += 1;
                 }
             }
         }
+    }
+}
+
+impl Admin<'_> {
+    /// Drains `leaving`: every quiescent execution moves to its rendezvous
+    /// winner among the other placeable shards (where a start of its key
+    /// goes once `leaving` is retired), then every seal on `leaving` is
+    /// handed to the shard its ids will forward to ([`Drain::forward_to`]),
+    /// so they keep resolving after the forwards entry replaces it.
+    pub async fn drain(
+        self,
+        leaving: ShardId,
+        options: &RebalanceOptions,
+        progress: impl FnMut(Progress, &MoveReport),
+    ) -> Result<Drain, ClientError> {
+        let forward_to = self.client.topology().drain_forward(leaving)?;
+        let topology = self.client.topology();
+        let moves = self
+            .client
+            .move_all(
+                leaving,
+                options,
+                |c| Ok(topology.drain_target(&c.workflow_name, &c.workflow_id, leaving)?),
+                progress,
+            )
+            .await?;
+        let seals_adopted = if options.dry_run {
+            0
+        } else {
+            self.client.hand_over_seals(leaving, forward_to).await?
+        };
+        let mut unsettled = self.client.relay_rows_owed_to(leaving).await?;
+        unsettled.extend(self.client.relay_rows_owed_by(leaving).await?);
+        Ok(Drain {
+            moves,
+            forward_to,
+            seals_adopted,
+            unsettled,
+        })
+    }
+}
+
+impl Protocol<'_> {
+    /// A page of `shard`'s seals after `after` (`sheaf.migration_seals`):
+    /// (execution, where it moved, the seal's row).
+    pub async fn migration_seals(
+        self,
+        shard: ShardId,
+        after: Option<ExecutionId>,
+        max_rows: i32,
+    ) -> Result<Vec<(ExecutionId, Option<ShardId>, Json)>, ClientError> {
+        let after = after.map(|a| a.as_uuid());
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, SEALS, &[&after, &max_rows])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<(uuid::Uuid, Option<i32>, Json), tokio_postgres::Error> {
+                    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+                };
+                let (id, to, seal) = read().map_err(|e| call.error(e, 1))?;
+                let to = to.and_then(|t| ShardId::new(t as u32).ok());
+                Ok((ExecutionId::from_uuid(id), to, seal))
+            })
+            .collect()
+    }
+
+    /// Keeps a seal on `shard` (`sheaf.migration_adopt_seal`).
+    pub async fn migration_adopt_seal(self, shard: ShardId, seal: &Json) -> Result<bool, ClientError> {
+        let (call, rows) = self.client.on_shard(shard, Owned::Shard, ADOPT, &[seal]).await?;
+        first_column(&call, &rows)
     }
 }

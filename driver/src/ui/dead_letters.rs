@@ -53,6 +53,7 @@ pub(super) async fn page(
     };
     let listed = shared
         .client
+        .admin()
         .list_dead_letters(Some(page.queue.as_str()).filter(|q| !q.is_empty()), cursor, PAGE)
         .await;
     match listed {

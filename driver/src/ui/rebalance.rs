@@ -68,8 +68,10 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
     let client = &shared.client;
     let (open, recent) = tokio::join!(
         client.fan_out(client.readable_shards(), |shard| client
+            .admin()
             .migrations(shard, true, OPEN)),
         client.fan_out(client.readable_shards(), |shard| client
+            .admin()
             .migrations(shard, false, RECENT)),
     );
     chrome.missing(open.failed.keys());

@@ -61,7 +61,7 @@ pub(super) async fn page(
         next: None,
     };
     if page.queue.is_empty() {
-        let listing = shared.client.list_queues().await;
+        let listing = shared.client.admin().list_queues().await;
         page.chrome.missing(listing.unavailable_shards.keys());
         page.queues = listing.queues.into_iter().map(|q| q.queue).collect();
         return render(StatusCode::OK, page);
@@ -81,7 +81,12 @@ pub(super) async fn page(
         }
     };
     let cursor = Some(first(&q, "cursor")).filter(|c| !c.is_empty());
-    match shared.client.list_tasks(&page.queue, state, cursor, PAGE).await {
+    match shared
+        .client
+        .admin()
+        .list_tasks(&page.queue, state, cursor, PAGE)
+        .await
+    {
         Err(e) => {
             page.error = Some(read_error(&e));
             page.chrome.failed(&e);

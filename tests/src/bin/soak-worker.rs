@@ -133,7 +133,7 @@ async fn handle(ctx: TaskContext, log: Arc<Log>, sabotage: Sabotage) -> Result<T
         "capped" => {
             if sabotage == Sabotage::Cap {
                 let key = task.concurrency_key.clone().unwrap_or_default();
-                let _ = ctx.client().set_concurrency_limit(&key, Some(8)).await;
+                let _ = ctx.client().admin().set_concurrency_limit(&key, Some(8)).await;
             }
             // Long enough that a key's line is saturated at the sampler's
             // instants: a cap that did not hold would show.
