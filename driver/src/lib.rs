@@ -91,6 +91,7 @@ mod tls;
 mod topology;
 #[cfg(feature = "ui")]
 mod ui;
+mod words;
 mod worker;
 
 /// The relay's, the rebalancer's and the worker registry's steps one SQL
@@ -107,18 +108,19 @@ pub mod protocol {
 
 pub use breaker::{Breaker, BreakerState};
 pub use client::{
-    Acquired, Admin, AttrOp, AuditEntry, ByKey, Candidate, Child, ChildOptions, ChildPlacement, Children,
-    ClaimedTask, Client, ClientError, ConcurrencyStat, DebounceMode, Drain, EnqueueOptions, Enqueued,
-    EnqueuedBatch, EnvError, Erasure, Event, Execution, ExecutionFilter, ExecutionPage, FailOutcome, Fire,
-    FleetConfig, FleetError, FleetReport, GroupBy, HistoryPage, KeyConcurrency, ListPage, ListedDeadLetter,
-    ListedExecution, ListedTask, LockOptions, MAX_BATCH, MAX_CHILDREN, MAX_FIRES_PAGE, MAX_FORWARDS,
-    MAX_HISTORY_PAGE, MAX_LIST_PAGE, MAX_TASK_PAGE, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport,
-    MutexGuard, MutexKey, MutexStatus, OnShard, Orphan, Orphans, OutboxBacklog, OverrideReport, Owned,
-    PageStatus, ParentClose, PendingStart, Phase, PhaseHook, Progress, PublishedTopology, QueueConfig,
-    QueueCounts, QueueListing, QueueOptions, QueueStats, QueueSummary, QuotaDetail, QuotaUsage,
-    RateLimitInfo, RebalanceOptions, RegisteredWorker, RelayBacklog, Report, Resolution, STALL_AFTER,
-    Schedule, ShardConnection, ShardInfo, SortOrder, StartOptions, Started, StartedChild, StrandedWork,
-    TaskInfo, Tree, TreeNode, Unsettled, Usage, attr_equality, config_drift,
+    Acquired, Admin, AttrOp, AuditEntry, Blocker, ByKey, Candidate, Child, ChildOptions, ChildPlacement,
+    Children, ClaimedTask, Client, ClientError, ConcurrencyStat, DebounceMode, Drain, EnqueueOptions,
+    Enqueued, EnqueuedBatch, EnvError, Erasure, Event, EventType, Execution, ExecutionFilter, ExecutionPage,
+    ExternalAction, FailOutcome, Fire, FireOutcome, FleetConfig, FleetError, FleetReport, GroupBy,
+    HistoryPage, KeyConcurrency, ListPage, ListedDeadLetter, ListedExecution, ListedTask, LockOptions,
+    MAX_BATCH, MAX_CHILDREN, MAX_FIRES_PAGE, MAX_FORWARDS, MAX_HISTORY_PAGE, MAX_LIST_PAGE, MAX_TASK_PAGE,
+    MIN_STALL_AFTER, Migration, MoveOutcome, MovePhase, MoveReport, MutexGuard, MutexKey, MutexStatus,
+    OnShard, Orphan, Orphans, OutboxBacklog, OutboxState, OverrideReport, Owned, PageStatus, ParentClose,
+    PendingStart, Phase, PhaseHook, Progress, PublishedTopology, QueueConfig, QueueCounts, QueueListing,
+    QueueOptions, QueueStats, QueueSummary, QuotaDetail, QuotaUsage, RateLimitInfo, RebalanceOptions,
+    RegisteredWorker, RelayBacklog, Report, Resolution, STALL_AFTER, Schedule, ShardConnection, ShardInfo,
+    SortOrder, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, TaskStatus, Tree, TreeNode,
+    Unsettled, Usage, attr_equality, config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use health::{HealthReason, Readiness};

@@ -78,7 +78,7 @@ async fn history(c: &Client, id: ExecutionId) -> Vec<(i64, String, String)> {
         out.extend(
             page.events
                 .iter()
-                .map(|e| (e.seq, e.event_type.clone(), e.payload.as_str().to_owned())),
+                .map(|e| (e.seq, e.event_type.to_string(), e.payload.as_str().to_owned())),
         );
         match page.next_after {
             Some(n) => after = n,

@@ -47,7 +47,7 @@ async fn moved(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) {
 
 async fn event_types(c: &Client, id: ExecutionId) -> Vec<String> {
     let page = c.history(id, 0, 1000).await.expect("a history page");
-    page.events.iter().map(|e| e.event_type.clone()).collect()
+    page.events.iter().map(|e| e.event_type.to_string()).collect()
 }
 
 fn count(events: &[String], kind: &str) -> usize {
@@ -573,7 +573,7 @@ async fn a_move_has_one_mover_at_a_time() {
     let resumed = c.admin().rebalance_resume(from).await.expect("a resume");
     let mine = resumed.iter().find(|r| r.id == id).expect("the move is listed");
     assert!(
-        matches!(&mine.outcome, Ok(MoveOutcome::Blocked(why)) if why[0].contains("lease")),
+        matches!(&mine.outcome, Ok(MoveOutcome::Blocked(why)) if why[0].as_str().contains("lease")),
         "a move in progress is not taken over: {mine:?}"
     );
     assert!(

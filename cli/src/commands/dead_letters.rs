@@ -131,7 +131,7 @@ fn dead_json(d: &ListedDeadLetter) -> Value {
         "task_id": d.task_id.to_string(),
         "shard": d.shard.get(),
         "queue": d.queue,
-        "kind": d.kind,
+        "kind": d.kind.as_str(),
         "priority": d.priority,
         "attempts": d.attempts,
         "max_attempts": d.max_attempts,

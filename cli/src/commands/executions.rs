@@ -215,7 +215,7 @@ async fn history(client: &Client, id: ExecutionId, after: i64, page_size: usize,
         println!(
             "{:>6} {:<28} {:<28} {}",
             e.seq,
-            cut(&e.event_type, 28),
+            cut(e.event_type.as_str(), 28),
             time(e.created_at),
             cut(&payload, 80)
         );

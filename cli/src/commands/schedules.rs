@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use serde_json::{Map, Value, json};
-use sheaf_driver::{Client, Fire, Schedule};
+use sheaf_driver::{Client, Fire, FireOutcome, Schedule};
 
 use super::Context;
 use crate::exit::{self, Exit};
@@ -251,7 +251,7 @@ async fn list(client: &Client, as_json: bool) -> Exit {
                 action(&spec),
                 if s.paused { "paused" } else { "active" },
                 maybe_time(s.next_fire_at),
-                s.last_outcome.as_deref().unwrap_or("-"),
+                s.last_outcome.as_ref().map_or("-", FireOutcome::as_str),
                 s.fires
             );
         }

@@ -18,6 +18,7 @@ use super::{Admin, Client, ClientError, Owned, Protocol, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
+use crate::words::{word, words};
 
 const SIGNAL_EXTERNAL: &str = "SELECT sheaf.signal_external($1, $2, $3, $4, $5, \
      jsonb_strip_nulls(jsonb_build_object('signal_id', $6::text)))";
@@ -161,14 +162,35 @@ impl OutboxOutcome {
     }
 }
 
+words! {
+    /// What an outbox row sends to another execution.
+    pub enum ExternalAction {
+        /// A signal (`sheaf.signal_external`).
+        Signal = "signal",
+        /// A cancel (`sheaf.cancel_external`).
+        Cancel = "cancel",
+    }
+}
+
+words! {
+    /// Where an undelivered outbox row stands.
+    pub enum OutboxState {
+        /// Not delivered yet.
+        Pending = "PENDING",
+        /// A cancel delivered, waiting for a later complete fan-out to
+        /// find no live run of the key before it is recorded.
+        Confirming = "CONFIRMING",
+    }
+}
+
 /// One group of a shard's undelivered outbox rows (`sheaf.outbox_backlog`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OutboxBacklog {
-    /// `signal` or `cancel`.
-    pub kind: String,
-    /// `PENDING` or `CONFIRMING`.
-    pub state: String,
+    /// What the rows send.
+    pub kind: ExternalAction,
+    /// Where they stand.
+    pub state: OutboxState,
     /// How many rows.
     pub rows: i64,
     /// How many failed their last delivery.
@@ -414,8 +436,8 @@ impl Admin<'_> {
             .map(|row| {
                 let read = || -> Result<OutboxBacklog, tokio_postgres::Error> {
                     Ok(OutboxBacklog {
-                        kind: row.try_get("kind")?,
-                        state: row.try_get("state")?,
+                        kind: word(row, "kind")?,
+                        state: word(row, "state")?,
                         rows: row.try_get("rows")?,
                         failing: row.try_get("failing")?,
                         indeterminate: row.try_get("indeterminate")?,

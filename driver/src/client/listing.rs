@@ -15,13 +15,14 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use sheaf_core::listing::{STATE_ORDER, ShardCursor, listing_hash};
 use sheaf_core::page::{SortOrder, merge_sorted};
-use sheaf_core::state::TaskState;
+use sheaf_core::state::{TaskKind, TaskState};
 
 use super::search::{refused_argument, status};
 use super::{Admin, Call, Client, ClientError, Owned, PageStatus, single};
 use crate::id::{ExecutionId, TaskId};
 use crate::metrics::QueueSample;
 use crate::topology::ShardId;
+use crate::words::{word, words};
 
 /// The most rows a listing page may ask for (each shard is asked for one
 /// more, and a shard returns at most 1000).
@@ -39,6 +40,25 @@ const LIST_QUEUES: &str = "SELECT queue, aging_secs, fairness, notify, created_a
      waiting, paused, dead, extract(epoch FROM oldest_ready_age)::float8 AS oldest_ready_secs \
      FROM sheaf.list_queues()";
 
+words! {
+    /// Where a task stands as [`Client::get_task`] reports it: a queued
+    /// task's [`TaskState`], or dead-lettered.
+    pub enum TaskStatus {
+        /// Due later (a `run_at`, a retry's backoff).
+        Scheduled = "scheduled",
+        /// Held back by its concurrency key's cap, or a rate limit.
+        Waiting = "waiting",
+        /// Claimable now.
+        Ready = "ready",
+        /// Claimed, under a lease.
+        Running = "running",
+        /// Parked with its paused execution.
+        Paused = "paused",
+        /// In the dead letters.
+        Dead = "dead",
+    }
+}
+
 /// A task as `get_task` reads it: unfinished, or dead-lettered (`dead_at`).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -49,10 +69,10 @@ pub struct TaskInfo {
     pub shard: ShardId,
     /// Its queue.
     pub queue: String,
-    /// `activity` or `workflow`.
-    pub kind: String,
-    /// `scheduled`, `waiting`, `ready`, `running`, `paused`, or `dead`.
-    pub state: String,
+    /// An activity or a workflow task.
+    pub kind: TaskKind,
+    /// Where it stands, dead-lettered included.
+    pub state: TaskStatus,
     /// Its priority (higher first).
     pub priority: i32,
     /// Attempts spent.
@@ -95,8 +115,8 @@ pub struct ListedTask {
     pub shard: ShardId,
     /// Its queue.
     pub queue: String,
-    /// `activity` or `workflow`.
-    pub kind: String,
+    /// An activity or a workflow task.
+    pub kind: TaskKind,
     /// Its state.
     pub state: TaskState,
     /// Its priority (higher first).
@@ -132,8 +152,8 @@ pub struct ListedDeadLetter {
     pub shard: ShardId,
     /// Its queue.
     pub queue: String,
-    /// `activity` or `workflow`.
-    pub kind: String,
+    /// An activity or a workflow task.
+    pub kind: TaskKind,
     /// Its priority (higher first).
     pub priority: i32,
     /// Attempts spent.
@@ -296,8 +316,8 @@ impl Client {
                 task_id,
                 shard: call.shard,
                 queue: row.try_get("queue")?,
-                kind: row.try_get("kind")?,
-                state: row.try_get("state")?,
+                kind: word(row, "kind")?,
+                state: word(row, "state")?,
                 priority: row.try_get("priority")?,
                 attempts: row.try_get("attempts")?,
                 max_attempts: row.try_get("max_attempts")?,
@@ -512,7 +532,7 @@ fn listed_task(call: &Call, queue: &str, row: &tokio_postgres::Row) -> Result<Li
                 task_id: TaskId::from_uuid(row.try_get("task_id")?),
                 shard: call.shard,
                 queue: queue.to_owned(),
-                kind: row.try_get("kind")?,
+                kind: word(row, "kind")?,
                 state: TaskState::Ready,
                 priority: row.try_get("priority")?,
                 attempts: row.try_get("attempts")?,
@@ -546,7 +566,7 @@ fn listed_dead(call: &Call, row: &tokio_postgres::Row) -> Result<ListedDeadLette
             task_id: TaskId::from_uuid(row.try_get("task_id")?),
             shard: call.shard,
             queue: row.try_get("queue_name")?,
-            kind: row.try_get("kind")?,
+            kind: word(row, "kind")?,
             priority: row.try_get("priority")?,
             attempts: row.try_get("attempts")?,
             max_attempts: row.try_get("max_attempts")?,

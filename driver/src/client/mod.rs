@@ -58,25 +58,26 @@ pub use children::{
 };
 pub use config::{FleetConfig, config_drift};
 pub use debounce::PendingStart;
-pub use external::{ByKey, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow};
+pub use external::{ByKey, ExternalAction, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow, OutboxState};
 pub use fleet::{
     ConcurrencyStat, FleetError, FleetReport, QueueStats, QuotaUsage, RegisteredWorker, StrandedWork,
 };
-pub use history::{Event, HistoryPage, MAX_HISTORY_PAGE};
+pub use history::{Event, EventType, HistoryPage, MAX_HISTORY_PAGE};
 pub use listing::{
     ListPage, ListedDeadLetter, ListedTask, MAX_TASK_PAGE, QueueCounts, QueueListing, QueueSummary, TaskInfo,
+    TaskStatus,
 };
 pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
 pub use protocol::{Protocol, Steps};
 pub use rate_limits::{OverrideReport, RateLimitInfo};
 pub use rebalance::{
-    Candidate, Drain, Erasure, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport, Phase, PhaseHook,
-    Progress, RebalanceOptions, STALL_AFTER, StalledMove, Unsettled,
+    Blocker, Candidate, Drain, Erasure, MIN_STALL_AFTER, Migration, MoveOutcome, MovePhase, MoveReport,
+    Phase, PhaseHook, Progress, RebalanceOptions, STALL_AFTER, StalledMove, Unsettled,
 };
 pub use relay::{ChildStart, CloseKind, RelayBacklog, RelayOutcome, RelayRow, ReportStatus};
 pub use reports::{GroupBy, KeyConcurrency, Report, Usage};
-pub use schedules::{Fire, MAX_FIRES_PAGE, Schedule};
+pub use schedules::{Fire, FireOutcome, MAX_FIRES_PAGE, Schedule};
 pub use search::{
     AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution,
     SortOrder, attr_equality,

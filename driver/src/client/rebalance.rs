@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::Steps;
-use super::{Admin, Client, ClientError, Owned, Protocol, first_column};
+use super::{Admin, Client, ClientError, Owned, Protocol, Steps, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
+use crate::words::{word, word_list, words};
 use sheaf_core::state::ExecutionState;
 
 const CANDIDATES: &str = "SELECT execution_id, workflow_name, workflow_id, state, history_bytes, blockers \
@@ -67,7 +67,7 @@ pub struct Candidate {
     /// Its workflow id.
     pub workflow_id: String,
     /// Its state.
-    pub state: String,
+    pub state: ExecutionState,
     /// The bytes of its history.
     pub history_bytes: i64,
     /// Why it cannot move (empty: it can): `not_running`,
@@ -75,7 +75,7 @@ pub struct Candidate {
     /// `children_unsettled`, `parent_here`, `outbox_unsettled`,
     /// `dead_letters`, `rate_limited`; and, from the driver,
     /// `target_config_differs`.
-    pub blockers: Vec<String>,
+    pub blockers: Vec<Blocker>,
 }
 
 /// One record of a shard's moves (`sheaf.migrations`).
@@ -90,8 +90,8 @@ pub struct Migration {
     pub execution_id: ExecutionId,
     /// Where it goes.
     pub target: ShardId,
-    /// `STARTED`, `VERIFIED`, `COMMITTED`, `DONE` or `ABORTED`.
-    pub phase: String,
+    /// Where its record stands.
+    pub phase: MovePhase,
     /// Failed steps so far.
     pub attempts: i32,
     /// The last failure or refusal.
@@ -140,7 +140,7 @@ pub enum MoveOutcome {
         unavailable: Duration,
     },
     /// It did not move: it was not quiescent (the blockers), nothing changed.
-    Blocked(Vec<String>),
+    Blocked(Vec<Blocker>),
     /// It did not move: the staged copy did not match, or the run changed
     /// after verification (it woke). Nothing moved; a later rebalance moves
     /// its current history.
@@ -158,6 +158,55 @@ pub struct MoveReport {
     /// What happened (a dry run reports `Moved` with zero window for what
     /// would move).
     pub outcome: Result<MoveOutcome, String>,
+}
+
+words! {
+    /// Where a move's record stands (`sheaf.migrations`' phase).
+    pub enum MovePhase {
+        /// Begun: the export was read; nothing is sealed.
+        Started = "STARTED",
+        /// The staged copy on the target matched the source.
+        Verified = "VERIFIED",
+        /// The cutover committed: the source is sealed, the copy not yet live.
+        Committed = "COMMITTED",
+        /// The copy is live on the target.
+        Done = "DONE",
+        /// Given up; the source kept the run.
+        Aborted = "ABORTED",
+    }
+}
+
+words! {
+    /// Why an execution may not move now (`sheaf.rebalance_candidates`):
+    /// a move needs it quiescent.
+    pub enum Blocker {
+        /// It has ended, or is paused.
+        NotRunning = "not_running",
+        /// Another move of it is under way.
+        MigrationInProgress = "migration_in_progress",
+        /// A task of it is claimed.
+        TaskClaimed = "task_claimed",
+        /// It holds or waits for a durable mutex.
+        Mutex = "mutex",
+        /// A child of it is still running, or its relay rows are unsettled.
+        ChildrenUnsettled = "children_unsettled",
+        /// Its parent runs on this shard.
+        ParentHere = "parent_here",
+        /// Its outbox still has rows to deliver.
+        OutboxUnsettled = "outbox_unsettled",
+        /// It has dead letters.
+        DeadLetters = "dead_letters",
+        /// A task of it waits on a rate limit.
+        RateLimited = "rate_limited",
+        /// A debounce window of it is open.
+        DebounceOpen = "debounce_open",
+        /// The target shard's fleet config differs from the source's.
+        TargetConfigDiffers = "target_config_differs",
+    }
+    other
+    /// A refusal in its own words: the shard's message when a step was
+    /// refused, or why the driver left the move (held by another mover).
+    Other
 }
 
 /// A step of one move, committed: what [`RebalanceOptions::after_phase`]
@@ -280,7 +329,9 @@ impl Client {
         let lease = options.lease.unwrap_or(MOVE_LEASE);
         let export = match self.protocol().migration_begin(from, id, to, lease).await {
             Ok(export) => export,
-            Err(ClientError::WrongState { message, .. }) => return Ok(MoveOutcome::Blocked(vec![message])),
+            Err(ClientError::WrongState { message, .. }) => {
+                return Ok(MoveOutcome::Blocked(vec![Blocker::Other(message)]));
+            }
             Err(e) => return Err(e),
         };
         let value = export.to_value().map_err(|e| read_err(from, "an export", e))?;
@@ -427,7 +478,7 @@ impl Client {
                     .get(&to)
                     .is_some_and(|t| !source.workflow_differences(t, &c.workflow_name).is_empty())
                 {
-                    blockers.push("target_config_differs".to_owned());
+                    blockers.push(Blocker::TargetConfigDiffers);
                 }
                 let outcome = if !blockers.is_empty() {
                     Ok(MoveOutcome::Blocked(blockers))
@@ -484,9 +535,9 @@ impl Admin<'_> {
                         id: ExecutionId::from_uuid(row.try_get("execution_id")?),
                         workflow_name: row.try_get("workflow_name")?,
                         workflow_id: row.try_get("workflow_id")?,
-                        state: row.try_get("state")?,
+                        state: word(row, "state")?,
                         history_bytes: row.try_get("history_bytes")?,
-                        blockers: row.try_get("blockers")?,
+                        blockers: word_list(row, "blockers")?,
                     })
                 };
                 read().map_err(|e| call.error(e, 1))
@@ -517,7 +568,7 @@ impl Admin<'_> {
                         id: row.try_get("migration_id")?,
                         execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
                         target,
-                        phase: row.try_get("phase")?,
+                        phase: word(row, "phase")?,
                         attempts: row.try_get("attempts")?,
                         last_error: row.try_get("last_error")?,
                         verified_event_seq: row.try_get("verified_event_seq")?,
@@ -575,10 +626,10 @@ impl Admin<'_> {
                 reports.push(MoveReport {
                     id: m.execution_id,
                     workflow_name: String::new(),
-                    outcome: Ok(MoveOutcome::Blocked(vec![format!(
+                    outcome: Ok(MoveOutcome::Blocked(vec![Blocker::Other(format!(
                         "move {} ({}) is held by a mover whose lease has not lapsed",
                         m.id, m.phase
-                    )])),
+                    ))])),
                 });
                 continue;
             };
@@ -589,15 +640,16 @@ impl Admin<'_> {
                 migration: m.id,
                 token,
             };
-            let outcome = match m.phase.as_str() {
-                "COMMITTED" => self
-                    .client
-                    .settle(&mv, "done", None)
-                    .await
-                    .map(|_| MoveOutcome::Moved {
-                        bytes: m.bytes,
-                        unavailable: Duration::ZERO,
-                    }),
+            let outcome = match m.phase {
+                MovePhase::Committed => {
+                    self.client
+                        .settle(&mv, "done", None)
+                        .await
+                        .map(|_| MoveOutcome::Moved {
+                            bytes: m.bytes,
+                            unavailable: Duration::ZERO,
+                        })
+                }
                 _ => {
                     let why = format!("interrupted at {}; resumed", m.phase);
                     match self.client.abort(&mv, &why).await {

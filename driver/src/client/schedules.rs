@@ -10,6 +10,7 @@ use super::{Admin, Call, Client, ClientError, Owned, first_column, single};
 use crate::id::{ExecutionId, TaskId};
 use crate::json::Json;
 use crate::topology::ShardId;
+use crate::words::{word, word_opt, words};
 
 const CREATE: &str = "SELECT sheaf.create_schedule($1, $2)";
 const UPDATE: &str = "SELECT sheaf.update_schedule($1, $2)";
@@ -39,7 +40,7 @@ pub struct Schedule {
     /// Its last fire's time, outcome and error.
     pub last_fire_at: Option<SystemTime>,
     /// `started`, `skipped_overlap` or `failed`.
-    pub last_outcome: Option<String>,
+    pub last_outcome: Option<FireOutcome>,
     /// Why the last fire failed.
     pub last_error: Option<String>,
     /// Fire records written.
@@ -52,6 +53,18 @@ pub struct Schedule {
     pub updated_at: SystemTime,
 }
 
+words! {
+    /// What a schedule's fire did.
+    pub enum FireOutcome {
+        /// It started its workflow run, or enqueued its task.
+        Started = "started",
+        /// Skipped: the previous run was unfinished.
+        SkippedOverlap = "skipped_overlap",
+        /// The shard refused the start (the fire's `error` says why).
+        Failed = "failed",
+    }
+}
+
 /// One fire of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -60,9 +73,8 @@ pub struct Fire {
     pub fire_at: SystemTime,
     /// When it was handled (`None` from a trigger: now).
     pub fired_at: Option<SystemTime>,
-    /// `started`, `skipped_overlap` (the previous run was unfinished) or
-    /// `failed` (the shard refused the start: `error` says why).
-    pub outcome: String,
+    /// What it did.
+    pub outcome: FireOutcome,
     /// The workflow run it started.
     pub execution_id: Option<ExecutionId>,
     /// The task it enqueued.
@@ -184,7 +196,7 @@ impl Admin<'_> {
                                 paused: row.try_get("paused")?,
                                 next_fire_at: row.try_get("next_fire_at")?,
                                 last_fire_at: row.try_get("last_fire_at")?,
-                                last_outcome: row.try_get("last_outcome")?,
+                                last_outcome: word_opt(row, "last_outcome")?,
                                 last_error: row.try_get("last_error")?,
                                 fires: row.try_get("fires")?,
                                 skipped: row.try_get("skipped")?,
@@ -206,7 +218,7 @@ fn fire_from_row(row: &tokio_postgres::Row, triggered: bool) -> Result<Fire, tok
     Ok(Fire {
         fire_at: row.try_get("fire_at")?,
         fired_at: if triggered { None } else { row.try_get("fired_at")? },
-        outcome: row.try_get("outcome")?,
+        outcome: word(row, "outcome")?,
         execution_id: row
             .try_get::<_, Option<uuid::Uuid>>("execution_id")?
             .map(ExecutionId::from_uuid),

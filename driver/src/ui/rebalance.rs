@@ -39,7 +39,7 @@ impl MoveRow {
             id: m.id,
             execution: m.execution_id.to_string(),
             target: m.target.to_string(),
-            phase: m.phase.clone(),
+            phase: m.phase.to_string(),
             attempts: m.attempts,
             error: m.last_error.as_deref().map(|e| cut(e, 300)).unwrap_or_default(),
             actor: cut(&m.actor, 64),

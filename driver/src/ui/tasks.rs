@@ -8,7 +8,7 @@ use askama::Template;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use sheaf_core::state::TaskState;
+use sheaf_core::state::{TaskKind, TaskState};
 
 use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
 
@@ -106,8 +106,8 @@ pub(super) async fn page(
                 .map(|t| TaskRow {
                     id: t.task_id.to_string(),
                     shard: t.shard.to_string(),
-                    cancellable: t.kind == "activity",
-                    kind: t.kind.clone(),
+                    cancellable: t.kind == TaskKind::Activity,
+                    kind: t.kind.to_string(),
                     state: t.state.as_str(),
                     priority: t.priority,
                     attempts: format!("{}/{}", t.attempts, t.max_attempts),
