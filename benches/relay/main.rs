@@ -136,8 +136,7 @@ async fn round(
     tag: &str,
 ) -> Result<(Vec<f64>, Vec<f64>), Error> {
     let shards: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
-    let mut options = RelayOptions::default();
-    options.listen = listen;
+    let options = RelayOptions::new().listen(listen);
     let relay = Relay::start(c.clone(), shards.clone(), options);
     let parent = c
         .start_workflow(

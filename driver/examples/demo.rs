@@ -45,10 +45,7 @@ async fn main() -> Result<(), Error> {
     let topology = Topology::parse(&spec)?;
     let client = Arc::new(Client::new(
         topology.clone(),
-        PoolOptions {
-            max_size: 48,
-            ..PoolOptions::default()
-        },
+        PoolOptions::default().max_size(48),
     )?);
     println!(
         "demo: {} shards, {TASKS} tasks placed by the driver, {WORKERS} workers covering every shard",

@@ -18,29 +18,77 @@ use crate::listen::{self, Heard};
 use crate::metrics::RelayEdge;
 use crate::topology::ShardId;
 
-/// How a relay runs. [`RelayOptions::default`] gives the defaults.
+/// How a relay runs. `RelayOptions::new()` takes the defaults; each setter
+/// says what it sets.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RelayOptions {
+    pub(crate) batch: i32,
+    pub(crate) lease: Duration,
+    pub(crate) recheck: Duration,
+    pub(crate) sweep_every: Duration,
+    pub(crate) concurrency: usize,
+    pub(crate) listen: bool,
+    pub(crate) gauges_every: Duration,
+    pub(crate) seals_every: Duration,
+}
+
+impl RelayOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> RelayOptions {
+        RelayOptions::default()
+    }
+
     /// Rows one take leases (1..1000).
-    pub batch: i32,
+    pub fn batch(mut self, batch: i32) -> Self {
+        self.batch = batch;
+        self
+    }
+
     /// How long a taken row is this relay's.
-    pub lease: Duration,
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
     /// How long a running child waits for its next look when no
     /// notification comes (a child's end notifies at once).
-    pub recheck: Duration,
+    pub fn recheck(mut self, recheck: Duration) -> Self {
+        self.recheck = recheck;
+        self
+    }
+
     /// The longest sleep between sweeps of a shard.
-    pub sweep_every: Duration,
+    pub fn sweep_every(mut self, sweep_every: Duration) -> Self {
+        self.sweep_every = sweep_every;
+        self
+    }
+
     /// Rows driven at once per shard.
-    pub concurrency: usize,
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
     /// Wake on `LISTEN sheaf_relay`.
-    pub listen: bool,
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
     /// How often the backlog gauges (`sheaf_relay_in_flight` and the
     /// others in [`Metrics`](crate::Metrics)) are read from the shard.
-    pub gauges_every: Duration,
+    pub fn gauges_every(mut self, gauges_every: Duration) -> Self {
+        self.gauges_every = gauges_every;
+        self
+    }
+
     /// How often the shard's seals past their retention window are
     /// checked against where their runs live (`confirm_seals`).
-    pub seals_every: Duration,
+    pub fn seals_every(mut self, seals_every: Duration) -> Self {
+        self.seals_every = seals_every;
+        self
+    }
 }
 
 impl Default for RelayOptions {

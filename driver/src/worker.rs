@@ -36,46 +36,30 @@ pub enum Coverage {
     Shards(Vec<ShardId>),
 }
 
-/// How a worker runs. [`WorkerOptions::new`] gives the defaults.
+/// How a worker runs. [`WorkerOptions::new`] gives the defaults; each
+/// setter says what it sets.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WorkerOptions {
     /// Its name in the live-worker registry and in each claim.
-    pub name: String,
+    pub(crate) name: String,
     /// The queues it claims from, on every shard it covers.
-    pub queues: Vec<String>,
-    /// The shards it claims from.
-    pub coverage: Coverage,
-    /// Tasks in hand at once.
-    pub concurrency: usize,
-    /// The most tasks one claim asks for (fewer when slots are short).
-    pub batch: i32,
-    /// Each claim's lease (1 s..1 day); heartbeated every third of it.
-    pub lease: Duration,
-    /// The longest sleep while idle; a notification wakes it sooner.
-    pub idle_poll: Duration,
-    /// How often it renews its live-worker registration (live for 60 s).
-    pub register_every: Duration,
-    /// How often it runs `sheaf.maintain()` on each of its shards.
-    pub maintain_every: Duration,
-    /// How long a shutdown waits for the tasks in hand before releasing them.
-    pub drain_timeout: Duration,
-    /// Sleep on `LISTEN sheaf_ready` between polls.
-    pub listen: bool,
-    /// Run a relay for the lifecycle rows of its shards (`None`: not). On
-    /// a shard where its login lacks `sheaf_relay`, it does not run (warned
-    /// once at start; [`Worker::protocol_role`]).
-    pub relay: Option<RelayOptions>,
-    /// Auto-resume of rebalancing: with each maintenance pass, activate the
-    /// moves off its shards whose cutover committed and then stalled this
-    /// long (at least 5 s; default 30 s), each recorded with an audit entry
-    /// (`Protocol::settle_stalled`). `None`: only `sheaf rebalance-resume`
-    /// settles them. Like the relay, only on shards where its login holds
-    /// `sheaf_relay`.
-    pub rebalance_resume: Option<Duration>,
+    pub(crate) queues: Vec<String>,
+    pub(crate) coverage: Coverage,
+    pub(crate) concurrency: usize,
+    pub(crate) batch: i32,
+    pub(crate) lease: Duration,
+    pub(crate) idle_poll: Duration,
+    pub(crate) register_every: Duration,
+    pub(crate) maintain_every: Duration,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) listen: bool,
+    pub(crate) relay: Option<RelayOptions>,
+    pub(crate) rebalance_resume: Option<Duration>,
     /// Serve `/metrics` here (feature `http`): the client's series and the
     /// queues of every readable shard, sampled at most every 15 s.
     #[cfg(feature = "http")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl WorkerOptions {
@@ -104,56 +88,81 @@ impl WorkerOptions {
         }
     }
 
-    /// Sets [`WorkerOptions::coverage`].
+    /// How often it renews its live-worker registration (live for 60 s).
+    pub fn register_every(mut self, register_every: Duration) -> Self {
+        self.register_every = register_every;
+        self
+    }
+
+    /// Sleep on `LISTEN sheaf_ready` between polls.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// Run a relay for the lifecycle rows of its shards (`None`: not). On
+    /// a shard where its login lacks `sheaf_relay`, it does not run (warned
+    /// once at start; [`Worker::protocol_role`]).
+    pub fn relay(mut self, relay: Option<RelayOptions>) -> Self {
+        self.relay = relay;
+        self
+    }
+
+    /// The shards it claims from.
     pub fn coverage(mut self, coverage: Coverage) -> Self {
         self.coverage = coverage;
         self
     }
 
-    /// Sets [`WorkerOptions::metrics_listen`].
+    /// Serve `/metrics` here (feature `http`): the client's series and the
+    /// queues of every readable shard, sampled at most every 15 s.
     #[cfg(feature = "http")]
     pub fn metrics_listen(mut self, addr: std::net::SocketAddr) -> Self {
         self.metrics_listen = Some(addr);
         self
     }
 
-    /// Sets [`WorkerOptions::concurrency`].
+    /// Tasks in hand at once.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
         self
     }
 
-    /// Sets [`WorkerOptions::batch`].
+    /// The most tasks one claim asks for (fewer when slots are short).
     pub fn batch(mut self, n: i32) -> Self {
         self.batch = n;
         self
     }
 
-    /// Sets [`WorkerOptions::lease`].
+    /// Each claim's lease (1 s..1 day); heartbeated every third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// Sets [`WorkerOptions::idle_poll`].
+    /// The longest sleep while idle; a notification wakes it sooner.
     pub fn idle_poll(mut self, every: Duration) -> Self {
         self.idle_poll = every;
         self
     }
 
-    /// Sets [`WorkerOptions::maintain_every`].
+    /// How often it runs `sheaf.maintain()` on each of its shards.
     pub fn maintain_every(mut self, every: Duration) -> Self {
         self.maintain_every = every;
         self
     }
 
-    /// Sets [`WorkerOptions::rebalance_resume`].
+    /// Auto-resume of rebalancing: with each maintenance pass, activate the
+    /// moves off its shards whose cutover committed and then stalled this
+    /// long (at least 5 s; default 30 s), each recorded with an audit entry.
+    /// `None`: only `sheaf rebalance-resume` settles them. Like the relay, only on shards where its login holds
+    /// `sheaf_relay`.
     pub fn rebalance_resume(mut self, grace: Option<Duration>) -> Self {
         self.rebalance_resume = grace;
         self
     }
 
-    /// Sets [`WorkerOptions::drain_timeout`].
+    /// How long a shutdown waits for the tasks in hand before releasing them.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self

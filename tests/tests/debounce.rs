@@ -12,10 +12,7 @@ use sheaf_driver::{Client, ClientError, DebounceMode, Placement, PoolOptions, St
 use sheaf_tests::{connect, fleet, unique};
 
 fn client() -> Arc<Client> {
-    let options = PoolOptions {
-        max_size: 50,
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().max_size(50);
     Arc::new(Client::new(fleet().clone(), options).expect("a client"))
 }
 

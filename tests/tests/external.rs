@@ -201,13 +201,11 @@ fn own(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreadable_shard_delays_a_delivery_and_a_crashed_relay_repeats_nothing() {
     let topology = Topology::parse(&own(&["up", "--count", "3", "--no-install"])).expect("own shards");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        breaker_threshold: 2,
-        breaker_cooldown: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2))
+        .breaker_threshold(2)
+        .breaker_cooldown(Duration::from_secs(1));
     let c = client(&topology, options);
     let (s0, s1) = (nth(&topology, 0), nth(&topology, 1));
     let name = unique("away");

@@ -425,10 +425,7 @@ async fn one_database_alone_is_a_fleet_of_one_shard() {
     ));
     let bad = "postgres://nobody:secret@127.0.0.1:1/none".to_owned();
     let unreachable = move |name: &str| (name == "SHEAF_DATABASE_URL").then(|| bad.clone());
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().connect_timeout(Duration::from_secs(1));
     match Client::from_vars(unreachable, options).await {
         Err(e @ sheaf_driver::EnvError::Database(_)) => {
             assert!(
@@ -720,10 +717,7 @@ async fn metrics_are_served_over_http_with_each_queues_counts() {
     c.enqueue(&queue, json!({}), on(shard).run_at(later))
         .await
         .expect("scheduled");
-    let options = sheaf_driver::MetricsServerOptions {
-        sample_every: Duration::from_secs(1),
-        ..Default::default()
-    };
+    let options = sheaf_driver::MetricsServerOptions::new().sample_every(Duration::from_secs(1));
     let server = sheaf_driver::MetricsServer::start(c.clone(), "127.0.0.1:0".parse().unwrap(), options)
         .await
         .expect("a metrics server");

@@ -17,10 +17,7 @@ use sheaf_driver::{
 use sheaf_tests::{connect, fleet, unique};
 
 fn client(topology: &Topology) -> Arc<Client> {
-    let pools = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let pools = PoolOptions::default().connect_timeout(Duration::from_secs(1));
     Arc::new(Client::new(topology.clone(), pools).expect("a client"))
 }
 

@@ -79,10 +79,7 @@ fn spec_as(login: &str) -> String {
 /// A client of the test fleet connecting as `login`.
 fn client_as(login: &str, actor: Option<&str>) -> Arc<sheaf_driver::Client> {
     let topology = Topology::parse(&spec_as(login)).expect("the fleet as another login");
-    let options = PoolOptions {
-        actor: actor.map(str::to_owned),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().actor(actor.map(str::to_owned));
     Arc::new(sheaf_driver::Client::new(topology, options).expect("a client"))
 }
 

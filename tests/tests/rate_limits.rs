@@ -224,11 +224,9 @@ fn own(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_override_with_a_shard_down_reports_it_and_reverts_at_its_end() {
     let topology = Topology::parse(&own(&["up", "--count", "3", "--no-install"])).expect("shards");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2));
     let c = Client::new(topology.clone(), options).expect("a client");
     let admin = c.admin();
     let (limit, keyed) = (unique("ovr"), unique("keyed"));

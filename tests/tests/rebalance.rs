@@ -36,10 +36,7 @@ fn spec() -> &'static str {
 
 fn client(actor: &str) -> Arc<Client> {
     let topology = Topology::parse(spec()).expect("a topology");
-    let options = PoolOptions {
-        actor: Some(actor.to_owned()),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().actor(Some(actor.to_owned()));
     Arc::new(Client::new(topology, options).expect("a client"))
 }
 
@@ -756,10 +753,7 @@ async fn a_drained_shard_can_be_retired_behind_a_forwards_entry() {
         .writable([0, 1])
         .build()
         .expect("a topology");
-    let options = PoolOptions {
-        actor: Some("rb-drain".into()),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().actor(Some("rb-drain".into()));
     let d = Client::new(topology.clone(), options.clone()).expect("a client");
     let dry = d
         .admin()

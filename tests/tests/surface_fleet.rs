@@ -25,11 +25,9 @@ fn client_with_a_dead_shard() -> (Client, ShardId) {
         .shard(9, "postgres://postgres@127.0.0.1:1/sheaf")
         .build()
         .expect("a topology");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(1));
     let dead = ShardId::new(9).expect("an id");
     (Client::new(t, options).expect("a client"), dead)
 }

@@ -119,11 +119,9 @@ async fn an_untrusted_server_is_refused(url: &str, shard: sheaf_driver::ShardId,
         "sslrootcert=/etc/ssl/certs/ca-certificates.crt",
     );
     let other = Topology::parse(&format!("{shard}={untrusted}")).expect("a topology");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(2),
-        acquire_timeout: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(2))
+        .acquire_timeout(Duration::from_secs(2));
     let refused = Client::new(other, options)
         .expect("a client")
         .enqueue(queue, json!({}), EnqueueOptions::new())

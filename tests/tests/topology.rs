@@ -23,10 +23,7 @@ fn own(args: &[&str]) -> String {
 }
 
 fn client(builder: TopologyBuilder, declare: bool) -> Arc<Client> {
-    let options = PoolOptions {
-        declare_topology: declare,
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().declare_topology(declare);
     Arc::new(Client::new(builder.build().expect("a topology"), options).expect("a client"))
 }
 
@@ -206,10 +203,7 @@ async fn one_configuration_and_its_drift(c: &Arc<Client>, topology: &Topology) {
     .expect("a configuration");
     let ops = Client::new(
         c.topology().clone(),
-        PoolOptions {
-            actor: Some("ops bot".into()),
-            ..PoolOptions::default()
-        },
+        PoolOptions::default().actor(Some("ops bot".into())),
     )
     .expect("a client");
     let report = ops.admin().apply_config(&config).await;

@@ -146,11 +146,9 @@ impl Dash {
         let server = UiServer::start(
             client,
             "127.0.0.1:0".parse().expect("an address"),
-            UiOptions {
-                admin_token: token.map(str::to_owned),
-                sample_every: Duration::from_secs(1),
-                ..UiOptions::default()
-            },
+            UiOptions::default()
+                .admin_token(token.map(str::to_owned))
+                .sample_every(Duration::from_secs(1)),
         )
         .await
         .expect("the dashboard starts");
@@ -879,11 +877,9 @@ async fn raw(host: &str, request: &str) -> String {
 async fn a_stopped_shard_is_named_in_the_partial_banner() {
     let own = |args: &[&str]| sheaf_tests::own_shards("ui", 24700, args);
     let topology = Topology::parse(&own(&["up", "--count", "2", "--no-install"])).expect("shards");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2));
     let c = Arc::new(Client::new(topology.clone(), options).expect("a client"));
     let wf = unique("ui-down");
     for n in 0..10 {

@@ -380,10 +380,7 @@ async fn live_workers_and_stranded_work_show_in_topology_status_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undersized_pool_and_uncovered_shards_are_reported_at_start() {
-    let client = client(PoolOptions {
-        max_size: 1,
-        ..PoolOptions::default()
-    });
+    let client = client(PoolOptions::default().max_size(1));
     let worker = Worker::start(
         client.clone(),
         WorkerOptions::new(unique("w"), [unique("q")]).coverage(Coverage::Shards(vec![shard(1)])),

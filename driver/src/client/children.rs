@@ -73,13 +73,12 @@ impl ParentClose {
 }
 
 /// How [`Client::start_child`] starts a child: a [`ChildPlacement`] converts
-/// into it.
+/// into it. `ChildOptions::new()` takes the defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ChildOptions {
-    /// Where it runs.
-    pub placement: ChildPlacement,
-    /// What its parent's end does to it.
-    pub parent_close: ParentClose,
+    pub(crate) placement: ChildPlacement,
+    pub(crate) parent_close: ParentClose,
 }
 
 impl From<ChildPlacement> for ChildOptions {
@@ -92,8 +91,19 @@ impl From<ChildPlacement> for ChildOptions {
 }
 
 impl ChildOptions {
-    /// `parent_close`, on these options.
-    pub fn parent_close(mut self, parent_close: ParentClose) -> ChildOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> ChildOptions {
+        ChildOptions::default()
+    }
+
+    /// Where it runs.
+    pub fn placement(mut self, placement: ChildPlacement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// What its parent's end does to it.
+    pub fn parent_close(mut self, parent_close: ParentClose) -> Self {
         self.parent_close = parent_close;
         self
     }

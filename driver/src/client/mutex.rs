@@ -319,8 +319,10 @@ impl Admin<'_> {
     }
 }
 
-/// How [`Client::lock`] holds a lock.
+/// How [`Client::lock`] holds a lock. `LockOptions::new()` takes the
+/// defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockOptions {
     lease: Duration,
     poll: Duration,

@@ -13,6 +13,7 @@ use crate::router::Placement;
 
 /// How to enqueue a task. `EnqueueOptions::new()` takes the defaults.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct EnqueueOptions {
     pub(crate) priority: Option<i32>,
     pub(crate) run_at: Option<SystemTime>,
@@ -143,6 +144,7 @@ impl EnqueueOptions {
 
 /// How to start a workflow. `StartOptions::new()` takes the defaults.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct StartOptions {
     pub(crate) placement: Option<Placement>,
     pub(crate) tenant: Option<String>,

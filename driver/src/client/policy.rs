@@ -26,6 +26,7 @@ const REDRIVE: &str = "SELECT sheaf.redrive($1)";
 /// A change to a queue's configuration (`sheaf.configure_queue`): only the
 /// settings given change. `QueueOptions::new()` changes nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueOptions {
     aging_secs: Option<Option<i32>>,
     fairness: Option<bool>,

@@ -242,20 +242,15 @@ impl Phase {
 /// Called after each committed step of each move.
 pub type PhaseHook = Arc<dyn Fn(ExecutionId, Phase) + Send + Sync>;
 
-/// What a rebalance is asked to do.
+/// What a rebalance is asked to do. `RebalanceOptions::new()` moves every
+/// movable execution.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub struct RebalanceOptions {
-    /// Move at most this many executions (`None`: every movable one).
-    pub limit: Option<usize>,
-    /// Report what would move and why the rest would not; change nothing.
-    pub dry_run: bool,
-    /// How long each move is this mover's without a step (`None`: 60 s;
-    /// 5 s to 1 h): a resume takes a move over only after it lapsed.
-    pub lease: Option<Duration>,
-    /// Called after each step of each move commits (logging, or a crash
-    /// test's hook that kills the process right there).
-    pub after_phase: Option<PhaseHook>,
+    pub(crate) limit: Option<usize>,
+    pub(crate) dry_run: bool,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) after_phase: Option<PhaseHook>,
 }
 
 impl std::fmt::Debug for RebalanceOptions {
@@ -270,19 +265,32 @@ impl std::fmt::Debug for RebalanceOptions {
 }
 
 impl RebalanceOptions {
-    /// Moves at most `n`.
+    /// Every movable execution, 60 s move leases, no hook.
+    pub fn new() -> RebalanceOptions {
+        RebalanceOptions::default()
+    }
+
+    /// Called after each step of each move commits (logging, or a crash
+    /// test's hook that kills the process right there).
+    pub fn after_phase(mut self, after_phase: PhaseHook) -> Self {
+        self.after_phase = Some(after_phase);
+        self
+    }
+
+    /// Moves at most `n` executions (default: every movable one).
     pub fn limit(mut self, n: usize) -> Self {
         self.limit = Some(n);
         self
     }
 
-    /// Changes nothing.
+    /// Reports what would move and why the rest would not; changes nothing.
     pub fn dry_run(mut self, yes: bool) -> Self {
         self.dry_run = yes;
         self
     }
 
-    /// Holds each move for `lease` without a step.
+    /// How long each move is this mover's without a step (default 60 s;
+    /// 5 s to 1 h): a resume takes a move over only after it lapsed.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
