@@ -73,7 +73,7 @@ pub struct Readiness {
 
 /// The verdict of one probed shard, against the fleet's schema, this
 /// client's topology digest and what drifts in its configuration.
-pub fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<&Vec<String>>) -> Readiness {
+pub(crate) fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<&Vec<String>>) -> Readiness {
     let p = &shard.probe;
     let mut reasons = Vec::new();
     let mut details = Vec::new();
@@ -150,7 +150,7 @@ pub fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<&Vec<St
 
 /// Every shard's verdict (or only `candidate`'s); `drift` as
 /// [`crate::config_drift`] gives it.
-pub fn fleet_readiness(
+pub(crate) fn fleet_readiness(
     status: &TopologyStatus,
     client_digest: &str,
     drift: &BTreeMap<ShardId, Vec<String>>,

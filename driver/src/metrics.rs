@@ -237,10 +237,10 @@ pub struct Metrics {
 
 /// The most queues of one shard a sample exports (by name): the series a
 /// scrape carries stay bounded however many queues a shard has.
-pub const MAX_SAMPLED_QUEUES: usize = 1_000;
+pub(crate) const MAX_SAMPLED_QUEUES: usize = 1_000;
 
 /// The states `sheaf_queue_tasks` counts.
-pub const QUEUE_STATES: [&str; 6] = ["ready", "scheduled", "waiting", "running", "paused", "dead"];
+pub(crate) const QUEUE_STATES: [&str; 6] = ["ready", "scheduled", "waiting", "running", "paused", "dead"];
 
 /// One queue of one shard as a sample sees it: its count per
 /// [`QUEUE_STATES`] state, and its oldest ready task's age in seconds.

@@ -378,7 +378,7 @@ fn log_sweep(shard: ShardId, result: Result<Sweep, ClientError>) {
 /// One sweep of `shard`'s lifecycle rows: the due ones, or those `named`.
 /// Every row taken is driven through its edges, at most
 /// [`RelayOptions::concurrency`] at once.
-pub async fn sweep(
+pub(crate) async fn sweep(
     client: &Client,
     shard: ShardId,
     options: &RelayOptions,
@@ -529,7 +529,7 @@ async fn refresh_gauges(client: &Client, shard: ShardId) -> Result<(), ClientErr
 
 /// One sweep of `shard`'s due outbox rows, at most
 /// [`RelayOptions::concurrency`] delivered at once.
-pub async fn sweep_outbox(
+pub(crate) async fn sweep_outbox(
     client: &Client,
     shard: ShardId,
     options: &RelayOptions,

@@ -112,7 +112,7 @@ fn hashed_key(
 }
 
 /// The routing key an ambient tenant implies (the second seed's convention).
-pub fn tenant_routing_key(tenant: &str, workflow_name: &str) -> String {
+pub(crate) fn tenant_routing_key(tenant: &str, workflow_name: &str) -> String {
     format!("tenant__{tenant}__{workflow_name}")
 }
 

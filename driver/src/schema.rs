@@ -13,12 +13,12 @@
 pub const COMPATIBLE_SCHEMAS: &[&str] = &["0.1.0", "0.2.0"];
 
 /// Whether the driver works with a shard whose schema is `version`.
-pub fn is_compatible(version: &str) -> bool {
+pub(crate) fn is_compatible(version: &str) -> bool {
     COMPATIBLE_SCHEMAS.contains(&version)
 }
 
 /// The refusal for a shard on `version` (`None`: no extension installed).
-pub fn incompatibility(version: Option<&str>) -> String {
+pub(crate) fn incompatibility(version: Option<&str>) -> String {
     match version {
         None => "the sheaf extension is not installed".to_owned(),
         Some(v) => format!(
