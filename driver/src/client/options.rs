@@ -168,11 +168,20 @@ pub enum DebounceMode {
 }
 
 impl DebounceMode {
-    fn as_str(self) -> &'static str {
+    /// Its word: `trailing` or `leading`.
+    pub fn as_str(self) -> &'static str {
         match self {
             DebounceMode::Trailing => "trailing",
             DebounceMode::Leading => "leading",
         }
+    }
+}
+
+impl crate::words::Words for DebounceMode {
+    fn from_word(word: &str) -> Option<Self> {
+        [DebounceMode::Trailing, DebounceMode::Leading]
+            .into_iter()
+            .find(|mode| mode.as_str() == word)
     }
 }
 
