@@ -205,11 +205,11 @@ async fn main() -> Result<(), Error> {
     let (d1, d30) = side_by_side(
         cli.reps.min(40),
         || async {
-            c.usage_report(now - day * 2, now - day, &by).await?;
+            c.admin().usage_report(now - day * 2, now - day, &by).await?;
             Ok(())
         },
         || async {
-            c.usage_report(now - day * 31, now - day, &by).await?;
+            c.admin().usage_report(now - day * 31, now - day, &by).await?;
             Ok(())
         },
     )

@@ -327,10 +327,7 @@ async fn sql_loop(url: String, system: System, batch: usize, tally: Arc<Tally>) 
 /// sheaf's `Worker` over the one shard, `width` tasks in flight.
 fn start_worker(url: &str, width: usize, tally: Arc<Tally>) -> Result<Worker, Error> {
     let topology = Topology::parse(&format!("0={url}"))?;
-    let pool = PoolOptions {
-        max_size: 16,
-        ..PoolOptions::default()
-    };
+    let pool = PoolOptions::default().max_size(16);
     let client = Arc::new(Client::new(topology, pool)?);
     // One claim loop per shard: its claims take up to every free slot.
     let options = WorkerOptions::new("harness", [QUEUE.to_owned()])

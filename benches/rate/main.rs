@@ -203,7 +203,7 @@ async fn pace(
         let (client, stop) = (client.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let _ = client.maintain(shard).await;
+                let _ = client.admin().maintain(shard).await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         })

@@ -105,6 +105,7 @@ struct Round {
 async fn round(c: &Client, from: ShardId, to: ShardId, limit: usize) -> Result<Round, Error> {
     let t = Instant::now();
     let reports = c
+        .admin()
         .rebalance(from, to, &RebalanceOptions::default().limit(limit), |_, _| {})
         .await?;
     let secs = t.elapsed().as_secs_f64();
@@ -147,7 +148,8 @@ async fn main() -> Result<(), Error> {
         ("async", Arc::new(Client::new(fast, PoolOptions::default())?)),
     ];
     let name = format!("rebalance-bench-{}", std::process::id());
-    let report = clients[0].1.declare_workflow(&name, json!({"queue": name})).await;
+    let admin = clients[0].1.admin();
+    let report = admin.declare_workflow(&name, json!({"queue": name})).await;
     if !report.is_complete() {
         return Err(format!("declaring the workflow failed: {:?}", report.failed).into());
     }
@@ -188,8 +190,7 @@ async fn main() -> Result<(), Error> {
         let mut seen = 0;
         for _ in 0..3 {
             let t = Instant::now();
-            let reports = clients[0]
-                .1
+            let reports = admin
                 .rebalance(a, b, &RebalanceOptions::default().dry_run(true), |_, _| {})
                 .await?;
             secs.push(t.elapsed().as_secs_f64());

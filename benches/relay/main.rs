@@ -136,8 +136,7 @@ async fn round(
     tag: &str,
 ) -> Result<(Vec<f64>, Vec<f64>), Error> {
     let shards: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
-    let mut options = RelayOptions::default();
-    options.listen = listen;
+    let options = RelayOptions::new().listen(listen);
     let relay = Relay::start(c.clone(), shards.clone(), options);
     let parent = c
         .start_workflow(
@@ -209,6 +208,7 @@ async fn round(
 async fn fanout(c: &Arc<Client>, topology: &Topology, n: usize, tag: &str) -> Result<(), Error> {
     let queue = format!("bench-fanout-{}", std::process::id());
     let report = c
+        .admin()
         .declare_workflow("bench-fanout-child", json!({"queue": queue}))
         .await;
     if !report.is_complete() {

@@ -47,17 +47,10 @@ async fn main() -> Result<(), Error> {
     };
     let topology = Topology::parse(spec.lines().next().unwrap_or(&spec))?;
     let make = |declare| {
-        Client::new(
-            topology.clone(),
-            PoolOptions {
-                declare_topology: declare,
-                ..PoolOptions::default()
-            },
-        )
-        .map(Arc::new)
+        Client::new(topology.clone(), PoolOptions::default().declare_topology(declare)).map(Arc::new)
     };
     let (checked, unchecked) = (make(true)?, make(false)?);
-    let report = checked.publish_topology(false).await;
+    let report = checked.admin().publish_topology(false).await;
     if !report.is_complete() {
         return Err(format!("publishing the digest failed: {:?}", report.failed).into());
     }

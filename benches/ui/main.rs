@@ -207,7 +207,7 @@ async fn fill_tasks(c: &Client, topology: &Topology, ready: u32, dead: u32) -> R
         return Ok(());
     }
     for queue in QUEUES {
-        c.drop_queue(queue, true).await.into_result()?;
+        c.admin().drop_queue(queue, true).await.into_result()?;
     }
     let fills = topology.shards().map(|s| fill_shard_tasks(c, s.id, ready, dead));
     for r in futures::future::join_all(fills).await {

@@ -218,8 +218,7 @@ async fn worker(cli: &Cli, fleet: &Fleet, width: usize, relay: bool) -> Result<H
     let queues: Vec<String> = (0..cli.queues.max(1)).map(|q| format!("width-{q}")).collect();
     let mut options = WorkerOptions::new(role, queues.clone()).concurrency(cli.concurrency);
     if !relay {
-        options.relay = None;
-        options = options.rebalance_resume(None);
+        options = options.relay(None).rebalance_resume(None);
     }
     let done = Arc::new(AtomicU64::new(0));
     let counted = done.clone();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
-use sheaf_driver::{Client, MoveOutcome, MoveReport, Progress, ShardId};
+use sheaf_driver::{Blocker, Client, MoveOutcome, MoveReport, Progress, ShardId};
 
 use crate::exit::{self, Exit};
 
@@ -79,7 +79,7 @@ pub fn print_table(reports: &[(MoveReport, ShardId)], dry_run: bool) {
         match &r.outcome {
             Ok(MoveOutcome::Blocked(b)) => {
                 for code in b {
-                    *why.entry(code.clone()).or_default() += 1;
+                    *why.entry(code.to_string()).or_default() += 1;
                 }
             }
             Ok(MoveOutcome::Aborted(_)) => *why.entry("aborted".into()).or_default() += 1,
@@ -112,7 +112,10 @@ pub fn print_table(reports: &[(MoveReport, ShardId)], dry_run: bool) {
                     unavailable.as_secs_f64() * 1000.0
                 ),
             ),
-            Ok(MoveOutcome::Blocked(b)) => ("blocked", b.join(", ")),
+            Ok(MoveOutcome::Blocked(b)) => (
+                "blocked",
+                b.iter().map(Blocker::as_str).collect::<Vec<_>>().join(", "),
+            ),
             Ok(MoveOutcome::Aborted(why)) => ("aborted", why.clone()),
             Ok(_) => ("other", String::new()),
             Err(e) => ("FAILED", e.clone()),

@@ -86,7 +86,10 @@ async fn main() -> Result<(), Error> {
     let client = Arc::new(Client::new(Topology::parse(&spec)?, PoolOptions::default())?);
     let queue = format!("demo-flow-{}", std::process::id());
     for name in ["demo-parent", "demo-child"] {
-        let report = client.declare_workflow(name, json!({"queue": queue})).await;
+        let report = client
+            .admin()
+            .declare_workflow(name, json!({"queue": queue}))
+            .await;
         if !report.is_complete() {
             return Err(format!("declaring {name} failed on some shard: {:?}", report.failed).into());
         }

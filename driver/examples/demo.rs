@@ -45,10 +45,7 @@ async fn main() -> Result<(), Error> {
     let topology = Topology::parse(&spec)?;
     let client = Arc::new(Client::new(
         topology.clone(),
-        PoolOptions {
-            max_size: 48,
-            ..PoolOptions::default()
-        },
+        PoolOptions::default().max_size(48),
     )?);
     println!(
         "demo: {} shards, {TASKS} tasks placed by the driver, {WORKERS} workers covering every shard",
@@ -136,7 +133,7 @@ async fn main() -> Result<(), Error> {
         }
     }
 
-    let status = client.topology_status(Duration::from_secs(5)).await;
+    let status = client.admin().topology_status(Duration::from_secs(5)).await;
     println!("topology_status() while the workers are live:");
     println!(
         "  {:<6} {:<10} {:<8} {:<9} {:<8} {:<13} {:<7} stranded",

@@ -45,7 +45,10 @@ fn client() -> Result<Arc<Client>, Error> {
 
 async fn serve() -> Result<(), Error> {
     let c = client()?;
-    let report = c.declare_workflow(NAME, json!({"queue": "demo-sub"})).await;
+    let report = c
+        .admin()
+        .declare_workflow(NAME, json!({"queue": "demo-sub"}))
+        .await;
     if !report.is_complete() {
         return Err(format!("declaring {NAME}: {:?}", report.failed).into());
     }

@@ -12,12 +12,13 @@ use std::time::{Duration, SystemTime};
 
 use futures::TryStreamExt;
 use serde_json::json;
+use sheaf_driver::protocol::{ChildStart, CloseKind, OutboxOutcome, RelayOutcome, ReportStatus, Steps};
 use sheaf_driver::{
     Acquired, Client, ClientError, EnqueueOptions, ExecutionState, Json, LockOptions, MutexKey, OnShard,
     Placement, PoolOptions, QueueOptions, Resolution, ShardId, StartOptions, TaskKind, Topology,
 };
 use sheaf_driver::{AttrOp, ExecutionFilter, GroupBy, PageStatus, SortOrder};
-use sheaf_driver::{ByKey, ChildPlacement, ChildStart, CloseKind, OutboxOutcome, RelayOutcome, ReportStatus};
+use sheaf_driver::{ByKey, ChildPlacement};
 use sheaf_driver::{FleetConfig, config_drift};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -87,18 +88,18 @@ async fn run() -> Result<(), Error> {
 
 async fn shard_housekeeping(t: &Tour) -> Result<(), Error> {
     let c = &t.client;
-    let status = c.topology_status(Duration::from_secs(5)).await;
+    let status = c.admin().topology_status(Duration::from_secs(5)).await;
     ensure!(
         status.shards.iter().all(|s| s.probe.reachable),
         "a shard is unreachable: {status:?}"
     );
     for &shard in &t.shards {
-        let info = c.shard_info(shard).await?;
+        let info = c.admin().shard_info(shard).await?;
         ensure!(info.matches(), "shard {shard} reports id {}", info.reported_id);
-        c.init_shard(shard).await?; // idempotent for its own id
-        let reaped = c.reap_expired(shard, 100).await?;
-        let reclaimed = c.mutex_reclaim(shard, 100).await?;
-        let report = c.maintain(shard).await?;
+        c.admin().init_shard(shard).await?; // idempotent for its own id
+        let reaped = c.admin().reap_expired(shard, 100).await?;
+        let reclaimed = c.admin().mutex_reclaim(shard, 100).await?;
+        let report = c.admin().maintain(shard).await?;
         ensure!(report.is_object(), "maintain returned {report}");
         println!(
             "  shard {shard}: sheaf {}, reaped {reaped}, reclaimed {reclaimed}",
@@ -107,14 +108,16 @@ async fn shard_housekeeping(t: &Tour) -> Result<(), Error> {
     }
     let worker = t.name("worker");
     let queues = [t.name("q")];
-    c.worker_heartbeat(t.shards[0], &worker, &queues).await?;
-    let live = c.live_workers().await.into_result()?;
+    c.protocol()
+        .worker_heartbeat(t.shards[0], &worker, &queues)
+        .await?;
+    let live = c.admin().live_workers().await.into_result()?;
     ensure!(
         live[&t.shards[0]].iter().any(|w| w.worker == worker),
         "the heartbeat is not live"
     );
     ensure!(
-        c.worker_deregister(t.shards[0], &worker).await?,
+        c.protocol().worker_deregister(t.shards[0], &worker).await?,
         "deregister found no worker"
     );
     ensure!(
@@ -175,7 +178,7 @@ async fn tasks(t: &Tour) -> Result<(), Error> {
         Err(ClientError::UnknownTask { .. }) => {}
         other => return Err(format!("completing a finished task: {other:?}").into()),
     }
-    let stats = c.queue_stats(&queue).await.into_result()?;
+    let stats = c.admin().queue_stats(&queue).await.into_result()?;
     let s = stats[&shard];
     ensure!(
         (s.ready, s.scheduled, s.running) == (1, 1, 0),
@@ -218,10 +221,10 @@ async fn batches_and_dead_letters(t: &Tour) -> Result<(), Error> {
         );
         dead.push(last.task_id);
     }
-    let report = c.redrive(&dead).await;
+    let report = c.admin().redrive(&dead).await;
     ensure!(report.is_complete() && report.total() == 2, "redrive {report:?}");
     ensure!(
-        c.queue_stats(&queue).await.total().ready == 2,
+        c.admin().queue_stats(&queue).await.total().ready == 2,
         "the redriven tasks are ready"
     );
     println!("  enqueue_batch, complete_batch, redrive (per shard): ok");
@@ -245,7 +248,7 @@ async fn operator_surface(t: &Tour) -> Result<(), Error> {
         info.state == "running" && info.progress == Some(json!({"done": 1})),
         "get_task {info:?}"
     );
-    let page = c.list_tasks(&queue, None, None, 10).await?;
+    let page = c.admin().list_tasks(&queue, None, None, 10).await?;
     ensure!(
         page.items.len() == 2 && page.next_cursor.is_none(),
         "list_tasks {page:?}"
@@ -264,16 +267,16 @@ async fn operator_surface(t: &Tour) -> Result<(), Error> {
     ensure!(again[0].task_id == waiting.task_id, "the other task");
     c.dead_letter(waiting.task_id, again[0].token, "tour: hopeless")
         .await?;
-    let dead = c.list_dead_letters(Some(&queue), None, 10).await?;
+    let dead = c.admin().list_dead_letters(Some(&queue), None, 10).await?;
     ensure!(dead.items.len() == 1, "list_dead_letters {dead:?}");
-    let moved = c.redrive_queue(&queue, Duration::ZERO, 10).await?;
+    let moved = c.admin().redrive_queue(&queue, Duration::ZERO, 10).await?;
     ensure!(moved.total() == 1, "redrive_queue {moved:?}");
     let back = c.claim(shard, &queue, "tour", 1, Duration::from_secs(30)).await?;
     c.dead_letter(back[0].task_id, back[0].token, "tour: hopeless")
         .await?;
-    let purged = c.purge_dead_letters(&queue, Duration::ZERO).await?;
+    let purged = c.admin().purge_dead_letters(&queue, Duration::ZERO).await?;
     ensure!(purged.total() == 1, "purge_dead_letters {purged:?}");
-    let queues = c.list_queues().await;
+    let queues = c.admin().list_queues().await;
     ensure!(
         queues
             .queues
@@ -281,14 +284,14 @@ async fn operator_surface(t: &Tour) -> Result<(), Error> {
             .any(|q| q.queue == queue && q.total.dead == 0),
         "list_queues"
     );
-    let dropped = c.drop_queue(&queue, false).await;
+    let dropped = c.admin().drop_queue(&queue, false).await;
     ensure!(
         dropped.is_complete() && dropped.total() == 0,
         "drop_queue {dropped:?}"
     );
-    ensure!(c.sample_queues().await.is_empty(), "sample_queues");
+    ensure!(c.admin().sample_queues().await.is_empty(), "sample_queues");
     // Retention read, and written back unchanged.
-    let policies = c.retention().await;
+    let policies = c.admin().retention().await;
     ensure!(policies.is_complete(), "retention {policies:?}");
     for (shard, policy) in policies.ok {
         let on_one = Client::new(
@@ -298,7 +301,7 @@ async fn operator_surface(t: &Tour) -> Result<(), Error> {
             ))?,
             PoolOptions::default(),
         )?;
-        let set = on_one.set_retention(policy.clone()).await;
+        let set = on_one.admin().set_retention(policy.clone()).await;
         ensure!(set.ok.get(&shard) == Some(&policy), "set_retention {set:?}");
     }
     println!(
@@ -325,7 +328,7 @@ async fn task_outcomes(t: &Tour) -> Result<(), Error> {
     ensure!(at > SystemTime::now(), "snoozed into the past");
     c.dead_letter(b.task_id, claimed[1].token, "no retry can fix this")
         .await?;
-    let s = c.queue_stats(&queue).await.into_result()?[&shard];
+    let s = c.admin().queue_stats(&queue).await.into_result()?[&shard];
     ensure!(
         (s.scheduled, s.dead, s.running) == (1, 1, 0),
         "after snooze and dead_letter: {s:?}"
@@ -422,11 +425,11 @@ async fn lifecycle_and_history(t: &Tour) -> Result<(), Error> {
         .await?;
     let id = s.execution_id;
     ensure!(
-        c.pause_execution(id).await? && !c.pause_execution(id).await?,
+        c.admin().pause_execution(id).await? && !c.admin().pause_execution(id).await?,
         "pause once"
     );
     ensure!(
-        c.resume_execution(id).await? && !c.resume_execution(id).await?,
+        c.admin().resume_execution(id).await? && !c.admin().resume_execution(id).await?,
         "resume once"
     );
     let later = SystemTime::now() + Duration::from_secs(3600);
@@ -454,7 +457,10 @@ async fn lifecycle_and_history(t: &Tour) -> Result<(), Error> {
         all.iter().filter(|e| e.event_type == "TourStep").count() == 12,
         "12 steps in the history"
     );
-    ensure!(c.terminate_execution(id, Some("tour")).await?, "terminate");
+    ensure!(
+        c.admin().terminate_execution(id, Some("tour")).await?,
+        "terminate"
+    );
     match c.append_event(id, "Late", json!({})).await {
         Err(ClientError::WrongState { .. }) => {}
         other => return Err(format!("an append to an ended execution: {other:?}").into()),
@@ -497,7 +503,8 @@ async fn children_and_relay(t: &Tour) -> Result<(), Error> {
         .await?;
     ensure!(local.shard == home, "a child at home");
     ensure!(
-        c.relay_backlog(home)
+        c.admin()
+            .relay_backlog(home)
             .await?
             .iter()
             .any(|b| !b.started && b.target_shard == away),
@@ -515,7 +522,7 @@ async fn children_and_relay(t: &Tour) -> Result<(), Error> {
         c.cancel_child(parent, local.child_id, Some("tour")).await?,
         "a local cancel"
     );
-    let orphans = c.orphan_children().await?;
+    let orphans = c.admin().orphan_children().await?;
     ensure!(
         orphans.items.iter().all(|o| o.parent_id != parent),
         "no orphan of the tour's parent"
@@ -534,24 +541,28 @@ async fn relay_by_hand(
     child: sheaf_driver::ExecutionId,
 ) -> Result<(), Error> {
     let rows = c
+        .protocol()
         .relay_take(home, 10, Duration::from_secs(30), Some(&[child]))
         .await?;
     let row = rows.first().ok_or("the named row taken")?;
     let input = row.input.clone().unwrap_or_else(Json::null);
     ensure!(
-        c.relay_start_child(child, parent, &row.workflow_name, &row.workflow_id, &input)
+        c.protocol()
+            .relay_start_child(child, parent, &row.workflow_name, &row.workflow_id, &input)
             .await?
             == ChildStart::Started,
         "started by its id"
     );
     ensure!(
-        c.relay_report(home, child, row.lease_token, &RelayOutcome::Started)
+        c.protocol()
+            .relay_report(home, child, row.lease_token, &RelayOutcome::Started)
             .await?
             == ReportStatus::Held,
         "the start recorded"
     );
     ensure!(
-        c.relay_close_child(child, parent, CloseKind::Cancel, Some("tour"))
+        c.protocol()
+            .relay_close_child(child, parent, CloseKind::Cancel, Some("tour"))
             .await?,
         "closed on its shard"
     );
@@ -601,28 +612,7 @@ async fn by_key(t: &Tour) -> Result<(), Error> {
     );
     c.cancel_external(sender, &t.name("nobody"), "k", Some("tour"), None)
         .await?;
-    ensure!(
-        c.outbox_backlog(t.shards[0])
-            .await?
-            .iter()
-            .map(|b| b.rows)
-            .sum::<i64>()
-            >= 2,
-        "two rows to deliver"
-    );
-    for row in c.outbox_take(t.shards[0], 1000, Duration::from_secs(30)).await? {
-        if row.sender == sender {
-            let status = c
-                .outbox_report(
-                    t.shards[0],
-                    row.outbox_id,
-                    row.lease_token,
-                    &OutboxOutcome::Unknown,
-                )
-                .await?;
-            ensure!(status == ReportStatus::Settled, "reported: {status:?}");
-        }
-    }
+    deliver_outbox(c, t.shards[0], sender).await?;
     match c.cancel_by_key(&t.name("keyed"), "k", Some("tour")).await? {
         ByKey::Delivered { execution_id, .. } if execution_id == target => {}
         other => return Err(format!("cancel_by_key: {other:?}").into()),
@@ -640,21 +630,45 @@ async fn by_key(t: &Tour) -> Result<(), Error> {
     Ok(())
 }
 
+/// Delivers `sender`'s outbox rows on `shard` by hand, as a relay does.
+async fn deliver_outbox(c: &Client, shard: ShardId, sender: sheaf_driver::ExecutionId) -> Result<(), Error> {
+    ensure!(
+        c.admin()
+            .outbox_backlog(shard)
+            .await?
+            .iter()
+            .map(|b| b.rows)
+            .sum::<i64>()
+            >= 2,
+        "two rows to deliver"
+    );
+    let steps = c.protocol();
+    for row in steps.outbox_take(shard, 1000, Duration::from_secs(30)).await? {
+        if row.sender == sender {
+            let status = steps
+                .outbox_report(shard, row.outbox_id, row.lease_token, &OutboxOutcome::Unknown)
+                .await?;
+            ensure!(status == ReportStatus::Settled, "reported: {status:?}");
+        }
+    }
+    Ok(())
+}
+
 /// One configuration for the fleet, the audit log, readiness and the
 /// published topology (read only: publishing would bind the shared shards).
 async fn fleet_admin(t: &Tour) -> Result<(), Error> {
     let c = &t.client;
     let key = t.name("admin-cap");
     let config = FleetConfig::parse(&json!({"caps": {key.clone(): 2}}).to_string())?;
-    let applied = c.apply_config(&config).await;
+    let applied = c.admin().apply_config(&config).await;
     ensure!(applied.is_complete(), "apply_config: {:?}", applied.failed);
-    let held = c.fleet_config().await;
+    let held = c.admin().fleet_config().await;
     ensure!(
         held.ok.values().all(|cfg| cfg.caps.get(&key) == Some(&Some(2))),
         "the cap on every shard"
     );
     let _ = config_drift(&held);
-    let audit = c.fleet_audit_log(50).await;
+    let audit = c.admin().fleet_audit_log(50).await;
     ensure!(
         audit
             .ok
@@ -662,17 +676,18 @@ async fn fleet_admin(t: &Tour) -> Result<(), Error> {
             .all(|entries| entries.iter().any(|e| e.target.as_deref() == Some(key.as_str()))),
         "the cap in every audit log"
     );
-    let one = c.audit_log(t.shards[0], None, 1).await?;
+    let one = c.admin().audit_log(t.shards[0], None, 1).await?;
     ensure!(one.len() == 1, "one entry");
-    let verdicts = c.shard_health(None, Duration::from_secs(5)).await;
+    let verdicts = c.admin().shard_health(None, Duration::from_secs(5)).await;
     ensure!(verdicts.len() == t.shards.len(), "a verdict per shard");
-    let published = c.published_topology().await;
+    let published = c.admin().published_topology().await;
     ensure!(
         published.is_complete(),
         "published_topology: {:?}",
         published.failed
     );
     let removed = c
+        .admin()
         .apply_config(&FleetConfig::parse(&json!({"caps": {key: null}}).to_string())?)
         .await;
     ensure!(removed.is_complete(), "a cap removed");
@@ -687,7 +702,7 @@ async fn fleet_policies(t: &Tour) -> Result<(), Error> {
     let name = t.name("gated");
     let policy = json!({"concurrency": {"key": "input.tenant", "limit": 1, "on_conflict": "reject"},
                         "quota": {"key": "input.tenant", "max_active_executions": 5}});
-    let report = c.declare_workflow(&name, policy).await;
+    let report = c.admin().declare_workflow(&name, policy).await;
     ensure!(
         report.is_complete() && report.ok.len() == t.shards.len(),
         "declare_workflow {report:?}"
@@ -702,20 +717,21 @@ async fn fleet_policies(t: &Tour) -> Result<(), Error> {
         Err(ClientError::GateRejected { .. }) => {}
         other => return Err(format!("the gate let a second start in: {other:?}").into()),
     }
-    let usage = c.quota_usage("acme").await.into_result()?;
+    let usage = c.admin().quota_usage("acme").await.into_result()?;
     ensure!(
         usage[&t.shards[1]].active_executions >= 1,
         "quota_usage {usage:?}"
     );
-    let recount = c.quota_recompute("acme").await.into_result()?;
+    let recount = c.admin().quota_recompute("acme").await.into_result()?;
     ensure!(recount == usage, "the counters drifted: {usage:?} vs {recount:?}");
     let key = t.name("cap");
     ensure!(
-        c.set_concurrency_limit(&key, Some(2)).await.is_complete(),
+        c.admin().set_concurrency_limit(&key, Some(2)).await.is_complete(),
         "set_concurrency_limit"
     );
     let queue = t.name("configured");
     let configs = c
+        .admin()
         .configure_queue(&queue, &QueueOptions::new().aging_secs(Some(10)))
         .await
         .into_result()?;
@@ -724,7 +740,8 @@ async fn fleet_policies(t: &Tour) -> Result<(), Error> {
         "configure_queue {configs:?}"
     );
     ensure!(
-        c.configure_queue(&queue, &QueueOptions::new().aging_secs(None))
+        c.admin()
+            .configure_queue(&queue, &QueueOptions::new().aging_secs(None))
             .await
             .is_complete(),
         "aging off"
@@ -764,6 +781,7 @@ async fn attrs_and_usage(t: &Tour, id: sheaf_driver::ExecutionId) -> Result<(), 
     let day = Duration::from_secs(86_400);
     let now = SystemTime::now();
     let usage = c
+        .admin()
         .usage_report(now - day, now + day, &GroupBy::SearchAttr("tour".into()))
         .await?;
     let mine = usage
@@ -780,7 +798,7 @@ async fn attrs_and_usage(t: &Tour, id: sheaf_driver::ExecutionId) -> Result<(), 
 async fn fleet_reads(t: &Tour) -> Result<(), Error> {
     let c = &t.client;
     let key = t.name("cap");
-    let stats = c.concurrency_stats().await.into_result()?;
+    let stats = c.admin().concurrency_stats().await.into_result()?;
     for (shard, keys) in &stats {
         let mine = keys
             .iter()
@@ -792,13 +810,13 @@ async fn fleet_reads(t: &Tour) -> Result<(), Error> {
             mine.max_running
         );
     }
-    let merged = c.concurrency_report().await?;
+    let merged = c.admin().concurrency_report().await?;
     let caps = merged.groups.get(&key).map(|k| k.caps.len());
     ensure!(
         caps == Some(t.shards.len()),
         "concurrency_report: the cap on {caps:?} shards"
     );
-    let stranded = c.stranded_work().await.into_result()?;
+    let stranded = c.admin().stranded_work().await.into_result()?;
     let queue = t.name("batch");
     let waiting: i64 = stranded
         .values()
@@ -811,7 +829,7 @@ async fn fleet_reads(t: &Tour) -> Result<(), Error> {
         "stranded_work sees {waiting} of the 2 redriven tasks"
     );
     ensure!(
-        c.set_concurrency_limit(&key, None).await.is_complete(),
+        c.admin().set_concurrency_limit(&key, None).await.is_complete(),
         "cap removed"
     );
     println!("  concurrency_stats, concurrency_report, stranded_work, live_workers (fan-out): ok");
@@ -886,7 +904,7 @@ async fn in_transaction(t: &Tour) -> Result<(), Error> {
     on.enqueue(&queue, json!({}), EnqueueOptions::new()).await?;
     tx.commit().await?;
     ensure!(
-        c.queue_stats(&queue).await.total().ready == 1,
+        c.admin().queue_stats(&queue).await.total().ready == 1,
         "one committed task"
     );
     let tx = conn.transaction().await?;

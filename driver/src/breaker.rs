@@ -1,11 +1,4 @@
-//! A per-shard circuit breaker: after `threshold` consecutive connection
-//! failures the shard is short-circuited for `cooldown`, then one probe is let
-//! through (half-open); its success closes the breaker, its failure re-opens it.
-//! A probe whose outcome never comes (its caller gave up on it, or it found
-//! the pool exhausted) is given up on after another cooldown, and the next
-//! call is the probe: the breaker never waits on a lost probe forever.
-//!
-//! Time is passed in, so the state machine is tested without sleeping.
+//! The per-shard circuit breaker, [`Breaker`].
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +27,15 @@ impl BreakerState {
 }
 
 /// One shard's breaker state machine.
+///
+/// A per-shard circuit breaker: after `threshold` consecutive connection
+/// failures the shard is short-circuited for `cooldown`, then one probe is let
+/// through (half-open); its success closes the breaker, its failure re-opens it.
+/// A probe whose outcome never comes (its caller gave up on it, or it found
+/// the pool exhausted) is given up on after another cooldown, and the next
+/// call is the probe: the breaker never waits on a lost probe forever.
+///
+/// Time is passed in, so the state machine is tested without sleeping.
 #[derive(Debug, Clone)]
 pub struct Breaker {
     threshold: u32,

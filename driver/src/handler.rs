@@ -1,27 +1,4 @@
-//! What a worker's handler gets and returns: a [`TaskContext`] for one
-//! claimed task, and its outcome, `Result<TaskDone, TaskFailure>`.
-//!
-//! ```no_run
-//! # use std::time::Duration;
-//! # use sheaf_driver::{TaskContext, TaskDone, TaskFailure};
-//! async fn handle(ctx: TaskContext) -> Result<TaskDone, TaskFailure> {
-//!     let payload: serde_json::Value = ctx.task().payload.to_value().unwrap_or_default();
-//!     let Some(n) = payload["n"].as_i64() else {
-//!         // No retry can fix a malformed payload: straight to the dead letters.
-//!         return Err(TaskFailure::permanent("the payload has no n"));
-//!     };
-//!     if n < 0 {
-//!         // Not now: again in a minute, the attempt not spent.
-//!         return Ok(TaskDone::Snooze(Duration::from_secs(60)));
-//!     }
-//!     tokio::select! {
-//!         _ = ctx.cancelled() => Err(TaskFailure::retryable("cancelled")),
-//!         _ = tokio::time::sleep(Duration::from_millis(10)) => {
-//!             Ok(TaskDone::Complete(Some(serde_json::json!({ "doubled": n * 2 }).into())))
-//!         }
-//!     }
-//! }
-//! ```
+//! A worker's handler's inputs and outcome; see [`TaskContext`].
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -146,6 +123,31 @@ pub enum CancelReason {
 /// its next `.await`, so the signal is for work the handler cannot
 /// `.await` (blocking sections, tasks it spawned) and for choosing what to
 /// do first.
+///
+/// What a worker's handler gets and returns: a [`TaskContext`] for one
+/// claimed task, and its outcome, `Result<TaskDone, TaskFailure>`.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use sheaf_driver::{TaskContext, TaskDone, TaskFailure};
+/// async fn handle(ctx: TaskContext) -> Result<TaskDone, TaskFailure> {
+///     let payload: serde_json::Value = ctx.task().payload.to_value().unwrap_or_default();
+///     let Some(n) = payload["n"].as_i64() else {
+///         // No retry can fix a malformed payload: straight to the dead letters.
+///         return Err(TaskFailure::permanent("the payload has no n"));
+///     };
+///     if n < 0 {
+///         // Not now: again in a minute, the attempt not spent.
+///         return Ok(TaskDone::Snooze(Duration::from_secs(60)));
+///     }
+///     tokio::select! {
+///         _ = ctx.cancelled() => Err(TaskFailure::retryable("cancelled")),
+///         _ = tokio::time::sleep(Duration::from_millis(10)) => {
+///             Ok(TaskDone::Complete(Some(serde_json::json!({ "doubled": n * 2 }).into())))
+///         }
+///     }
+/// }
+/// ```
 #[derive(Clone)]
 pub struct TaskContext {
     inner: Arc<Inner>,
@@ -241,7 +243,7 @@ impl TaskContext {
 
     /// Reports the task's progress (any JSON up to 64 KiB), replacing the
     /// last report; operators see it in [`Client::get_task`] and
-    /// [`Client::list_tasks`]. A cancellation or a lost lease fires the
+    /// [`Admin::list_tasks`](crate::Admin::list_tasks). A cancellation or a lost lease fires the
     /// signal, as for [`TaskContext::heartbeat`].
     pub async fn progress(&self, progress: impl Into<Json>) -> Result<(), ClientError> {
         let task = &self.inner.task;

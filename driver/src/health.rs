@@ -1,15 +1,10 @@
-//! Shard readiness: the guide's pre-flip checklist as one verdict per shard
-//! (`ready`, or `degraded` with machine-readable reason codes), read from a
-//! [`TopologyStatus`] probe. Before a new shard is made writable, it must
-//! read `ready`: reachable, the id it was given, on the fleet's schema, a
-//! live worker serving it, nothing stranded, and this client's topology
-//! digest accepted.
+//! Shard readiness; see [`Readiness`].
 
+use crate::client::Admin;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::client::Client;
 use crate::status::{ShardHealth, TopologyStatus};
 use crate::topology::ShardId;
 
@@ -56,6 +51,13 @@ impl HealthReason {
 }
 
 /// One shard's verdict.
+///
+/// Shard readiness: the guide's pre-flip checklist as one verdict per shard
+/// (`ready`, or `degraded` with machine-readable reason codes), read from a
+/// [`TopologyStatus`] probe. Before a new shard is made writable, it must
+/// read `ready`: reachable, the id it was given, on the fleet's schema, a
+/// live worker serving it, nothing stranded, and this client's topology
+/// digest accepted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Readiness {
@@ -71,7 +73,7 @@ pub struct Readiness {
 
 /// The verdict of one probed shard, against the fleet's schema, this
 /// client's topology digest and what drifts in its configuration.
-pub fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<&Vec<String>>) -> Readiness {
+pub(crate) fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<&Vec<String>>) -> Readiness {
     let p = &shard.probe;
     let mut reasons = Vec::new();
     let mut details = Vec::new();
@@ -148,7 +150,7 @@ pub fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<&Vec<St
 
 /// Every shard's verdict (or only `candidate`'s); `drift` as
 /// [`crate::config_drift`] gives it.
-pub fn fleet_readiness(
+pub(crate) fn fleet_readiness(
     status: &TopologyStatus,
     client_digest: &str,
     drift: &BTreeMap<ShardId, Vec<String>>,
@@ -162,17 +164,17 @@ pub fn fleet_readiness(
         .collect()
 }
 
-impl Client {
+impl Admin<'_> {
     /// Probes the fleet and gives each shard's readiness (only
     /// `candidate`'s when named), each probe bounded by `timeout`.
     pub async fn shard_health(
-        &self,
+        self,
         candidate: Option<ShardId>,
         timeout: std::time::Duration,
     ) -> Vec<Readiness> {
         let (status, configs) = tokio::join!(self.topology_status(timeout), self.fleet_config());
         let drift = crate::client::config_drift(&configs);
-        fleet_readiness(&status, &self.topology().digest(), &drift, candidate)
+        fleet_readiness(&status, &self.client.topology().digest(), &drift, candidate)
     }
 }
 

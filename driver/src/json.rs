@@ -1,12 +1,4 @@
-//! `Json`: a JSON value carried as its exact text.
-//!
-//! Payloads, inputs and results are the caller's data, so every digit and
-//! the scale of every number must survive the round trip (`1.50` stays
-//! `1.50`, a 30-digit amount stays 30 digits). A `serde_json::Value` keeps
-//! that only with serde_json's `arbitrary_precision` feature, which changes
-//! serde_json for the whole application (it breaks `#[serde(flatten)]` and
-//! untagged enums there). `Json` keeps the text instead: it goes to the
-//! shard as written and comes back as the shard printed it.
+//! [`Json`]: a JSON value carried as its exact text.
 
 use std::error::Error;
 use std::fmt;
@@ -27,6 +19,14 @@ const JSONB_VERSION: u8 = 1;
 /// `Serialize` type ([`Json::from_serialize`]), or from text ([`Json::parse`],
 /// exact to the digit). Read it back as text ([`Json::as_str`]), as a type
 /// ([`Json::deserialize`]) or as a `Value` ([`Json::to_value`]).
+///
+/// Payloads, inputs and results are the caller's data, so every digit and
+/// the scale of every number must survive the round trip (`1.50` stays
+/// `1.50`, a 30-digit amount stays 30 digits). A `serde_json::Value` keeps
+/// that only with serde_json's `arbitrary_precision` feature, which changes
+/// serde_json for the whole application (it breaks `#[serde(flatten)]` and
+/// untagged enums there). `Json` keeps the text instead: it goes to the
+/// shard as written and comes back as the shard printed it.
 #[derive(Clone)]
 pub struct Json(Box<RawValue>);
 

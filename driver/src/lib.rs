@@ -54,6 +54,14 @@
 //! }
 //! ```
 //!
+//! # Applications and operators
+//!
+//! [`Client`] has what an application calls: tasks, executions and the
+//! durable mutex. The fleet's and the operator's calls (policies, dead
+//! letters, retention, rebalancing and draining, topology and shard
+//! lifecycle, reports, the audit log) are on [`Client::admin`], an
+//! [`Admin`] borrowing the same client.
+//!
 //! # Logging
 //!
 //! The worker and the pools log through [`tracing`]: a failing shard, a lost
@@ -64,42 +72,55 @@
 //! walkthrough, a tour of every client method).
 #![warn(missing_docs)]
 
-pub mod breaker;
-pub mod client;
-pub mod handler;
-pub mod health;
-pub mod id;
-pub mod json;
+mod breaker;
+mod client;
+mod handler;
+mod health;
+mod id;
+mod json;
 mod listen;
-pub mod metrics;
+mod metrics;
 #[cfg(feature = "http")]
-pub mod metrics_http;
-pub mod pool;
-pub mod relay;
-pub mod router;
-pub mod schema;
-pub mod status;
+mod metrics_http;
+mod pool;
+mod relay;
+mod router;
+mod schema;
+mod status;
 mod tls;
-pub mod topology;
+mod topology;
 #[cfg(feature = "ui")]
-pub mod ui;
-pub mod worker;
+mod ui;
+mod words;
+mod worker;
+
+/// The relay's, the rebalancer's and the worker registry's steps one SQL
+/// call at a time, for the `sheaf` command line and the tests. Not part of
+/// the API: the driver runs these protocols itself ([`Relay`],
+/// [`Admin::rebalance`], [`Worker`]), and they may change in any release.
+#[doc(hidden)]
+pub mod protocol {
+    pub use crate::client::{
+        ChildStart, CloseKind, OutboxKind, OutboxOutcome, OutboxRow, Protocol, RelayOutcome, RelayRow,
+        ReportStatus, StalledMove, Steps,
+    };
+}
 
 pub use breaker::{Breaker, BreakerState};
 pub use client::{
-    Acquired, AttrOp, AuditEntry, ByKey, Candidate, Child, ChildOptions, ChildPlacement, ChildStart,
-    Children, ClaimedTask, Client, ClientError, CloseKind, ConcurrencyStat, DebounceMode, Drain,
-    EnqueueOptions, Enqueued, EnqueuedBatch, EnvError, Erasure, Event, Execution, ExecutionFilter,
-    ExecutionPage, FailOutcome, Fire, FleetConfig, FleetError, FleetReport, GroupBy, HistoryPage,
-    KeyConcurrency, ListPage, ListedDeadLetter, ListedExecution, ListedTask, LockOptions, MAX_FIRES_PAGE,
-    MAX_FORWARDS, MAX_LIST_PAGE, MAX_TASK_PAGE, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport,
-    MutexGuard, MutexKey, MutexStatus, OnShard, Orphan, Orphans, OutboxBacklog, OutboxKind, OutboxOutcome,
-    OutboxRow, OverrideReport, Owned, PageStatus, ParentClose, PendingStart, Phase, PhaseHook, Progress,
-    PublishedTopology, QueueConfig, QueueCounts, QueueListing, QueueOptions, QueueStats, QueueSummary,
-    QuotaDetail, QuotaUsage, RateLimitInfo, RebalanceOptions, RegisteredWorker, RelayBacklog, RelayOutcome,
-    RelayRow, Report, ReportStatus, Resolution, STALL_AFTER, Schedule, ShardConnection, ShardInfo, SortOrder,
-    StalledMove, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, Tree, TreeNode, Unsettled,
-    Usage, attr_equality, config_drift,
+    Acquired, Admin, AttrOp, AuditEntry, Blocker, ByKey, Candidate, Child, ChildOptions, ChildPlacement,
+    Children, ClaimedTask, Client, ClientError, ConcurrencyStat, DebounceMode, Drain, EnqueueOptions,
+    Enqueued, EnqueuedBatch, EnvError, Erasure, Event, EventType, Execution, ExecutionFilter, ExecutionPage,
+    ExternalAction, FailOutcome, Fire, FireOutcome, FleetConfig, FleetError, FleetReport, GroupBy,
+    HistoryPage, KeyConcurrency, ListPage, ListedDeadLetter, ListedExecution, ListedTask, LockOptions,
+    MAX_BATCH, MAX_CHILDREN, MAX_FIRES_PAGE, MAX_FORWARDS, MAX_HISTORY_PAGE, MAX_LIST_PAGE, MAX_TASK_PAGE,
+    MIN_STALL_AFTER, Migration, MoveOutcome, MovePhase, MoveReport, MutexGuard, MutexKey, MutexStatus,
+    OnShard, Orphan, Orphans, OutboxBacklog, OutboxState, OverrideReport, Owned, PageStatus, ParentClose,
+    PendingStart, Phase, PhaseHook, Progress, PublishedTopology, QueueConfig, QueueCounts, QueueListing,
+    QueueOptions, QueueStats, QueueSummary, QuotaDetail, QuotaUsage, RateLimitInfo, RebalanceOptions,
+    RegisteredWorker, RelayBacklog, Report, Resolution, STALL_AFTER, Schedule, ShardConnection, ShardInfo,
+    SortOrder, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, TaskStatus, Tree, TreeNode,
+    Unsettled, Usage, attr_equality, config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use health::{HealthReason, Readiness};

@@ -83,7 +83,7 @@ async fn listen_once(
     stop: &CancellationToken,
     on: &impl Fn(Heard<'_>),
 ) -> Result<(), (bool, String)> {
-    let options = client.pools().options();
+    let options = client.admin().pools().options();
     let (connect_timeout, query_timeout) = (options.connect_timeout, options.query_timeout);
     let (mut config, tls) = crate::tls::shard_config(url).map_err(|e| (false, e))?;
     config.connect_timeout(connect_timeout);

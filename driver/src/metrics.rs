@@ -1,42 +1,4 @@
-//! Prometheus metrics, per client (no global registry, so two clients in one
-//! process, or two tests, never share counters).
-//!
-//! - `sheaf_shard_up{shard}`: 1 if the last probe reached the shard, else 0.
-//! - `sheaf_shard_requests_total{shard,outcome}`: every call, by outcome
-//!   (`ok`, `connection_error`, `error`, `short_circuited`).
-//! - `sheaf_shard_breaker_state{shard}`: 0 closed, 1 half-open, 2 open.
-//! - `sheaf_shard_claimed_total{shard}`, `sheaf_shard_completed_total{shard}`:
-//!   tasks claimed and completed through this client.
-//! - `sheaf_shard_stranded_ready{shard}`: ready tasks on queues with no live
-//!   worker, as the last `topology_status()` or worker refresh found them.
-//! - `sheaf_tasks_total{shard,queue,outcome}`: what this process's workers
-//!   did with the tasks they claimed (`completed`, `failed`, `dead_lettered`,
-//!   `released`, `snoozed`, `lost`, `cancelled`).
-//! - `sheaf_claim_duration_seconds{shard,queue}`: how long one claim call took.
-//! - `sheaf_task_duration_seconds{shard,queue}`: from a worker's claim to the
-//!   task's outcome being recorded.
-//! - The relay's (`crate::relay`), `shard` being the shard whose rows it
-//!   drives: `sheaf_relay_taken_total{shard}`,
-//!   `sheaf_relay_attempts_total{target_shard,edge,outcome}`, and, refreshed
-//!   from `relay_backlog()`, `sheaf_relay_in_flight{shard,target_shard,state}`
-//!   (lifecycle rows: `STARTING`, `RUNNING`) and
-//!   `sheaf_relay_oldest_unsettled_seconds{shard,target_shard}`.
-//! - The outbox's: `sheaf_outbox_deliveries_total{shard,kind,outcome}`,
-//!   `sheaf_outbox_indeterminate_total{shard,kind}` (`shard`: the one that
-//!   could not be inspected), `sheaf_outbox_found_over_incomplete_fanout_total{kind}`,
-//!   and, from `outbox_backlog()`, `sheaf_outbox_pending{shard,kind}` and
-//!   `sheaf_outbox_oldest_indeterminate_seconds{shard,kind}` (how long a row
-//!   has waited on a shard that cannot be read: what to alert on).
-//! - `sheaf_protocol_role{shard}`: 1 when this client's login on the shard
-//!   holds `sheaf_relay`, so the relay and rebalance auto-resume run there;
-//!   0 when it does not and they are off (a `Worker` running either, or a
-//!   [`Relay`](crate::Relay), asks each shard once at start).
-//! - Sampled by [`Client::sample_queues`](crate::Client::sample_queues)
-//!   (the metrics server does it at most every 15 s per scrape):
-//!   `sheaf_queue_tasks{shard,queue,state}` (`ready`, `scheduled`,
-//!   `waiting`, `running`, `paused`, `dead`) and
-//!   `sheaf_queue_oldest_ready_seconds{shard,queue}`; a queue gone from a
-//!   shard is dropped at the next sample, at most 1,000 queues per shard.
+//! Prometheus metrics per client; the series are listed on [`Metrics`].
 
 use std::time::Duration;
 
@@ -216,7 +178,45 @@ impl RelayMetrics {
     }
 }
 
-/// One client's metrics.
+/// One client's Prometheus metrics (no global registry, so two clients in
+/// one process, or two tests, never share counters).
+///
+/// - `sheaf_shard_up{shard}`: 1 if the last probe reached the shard, else 0.
+/// - `sheaf_shard_requests_total{shard,outcome}`: every call, by outcome
+///   (`ok`, `connection_error`, `error`, `short_circuited`).
+/// - `sheaf_shard_breaker_state{shard}`: 0 closed, 1 half-open, 2 open.
+/// - `sheaf_shard_claimed_total{shard}`, `sheaf_shard_completed_total{shard}`:
+///   tasks claimed and completed through this client.
+/// - `sheaf_shard_stranded_ready{shard}`: ready tasks on queues with no live
+///   worker, as the last `topology_status()` or worker refresh found them.
+/// - `sheaf_tasks_total{shard,queue,outcome}`: what this process's workers
+///   did with the tasks they claimed (`completed`, `failed`, `dead_lettered`,
+///   `released`, `snoozed`, `lost`, `cancelled`).
+/// - `sheaf_claim_duration_seconds{shard,queue}`: how long one claim call took.
+/// - `sheaf_task_duration_seconds{shard,queue}`: from a worker's claim to the
+///   task's outcome being recorded.
+/// - The relay's ([`Relay`](crate::Relay)), `shard` being the shard whose rows it
+///   drives: `sheaf_relay_taken_total{shard}`,
+///   `sheaf_relay_attempts_total{target_shard,edge,outcome}`, and, refreshed
+///   from `relay_backlog()`, `sheaf_relay_in_flight{shard,target_shard,state}`
+///   (lifecycle rows: `STARTING`, `RUNNING`) and
+///   `sheaf_relay_oldest_unsettled_seconds{shard,target_shard}`.
+/// - The outbox's: `sheaf_outbox_deliveries_total{shard,kind,outcome}`,
+///   `sheaf_outbox_indeterminate_total{shard,kind}` (`shard`: the one that
+///   could not be inspected), `sheaf_outbox_found_over_incomplete_fanout_total{kind}`,
+///   and, from `outbox_backlog()`, `sheaf_outbox_pending{shard,kind}` and
+///   `sheaf_outbox_oldest_indeterminate_seconds{shard,kind}` (how long a row
+///   has waited on a shard that cannot be read: what to alert on).
+/// - `sheaf_protocol_role{shard}`: 1 when this client's login on the shard
+///   holds `sheaf_relay`, so the relay and rebalance auto-resume run there;
+///   0 when it does not and they are off (a `Worker` running either, or a
+///   [`Relay`](crate::Relay), asks each shard once at start).
+/// - Sampled by [`Admin::sample_queues`](crate::Admin::sample_queues)
+///   (the metrics server does it at most every 15 s per scrape):
+///   `sheaf_queue_tasks{shard,queue,state}` (`ready`, `scheduled`,
+///   `waiting`, `running`, `paused`, `dead`) and
+///   `sheaf_queue_oldest_ready_seconds{shard,queue}`; a queue gone from a
+///   shard is dropped at the next sample, at most 1,000 queues per shard.
 pub struct Metrics {
     registry: Registry,
     up: IntGaugeVec,
@@ -237,10 +237,10 @@ pub struct Metrics {
 
 /// The most queues of one shard a sample exports (by name): the series a
 /// scrape carries stay bounded however many queues a shard has.
-pub const MAX_SAMPLED_QUEUES: usize = 1_000;
+pub(crate) const MAX_SAMPLED_QUEUES: usize = 1_000;
 
 /// The states `sheaf_queue_tasks` counts.
-pub const QUEUE_STATES: [&str; 6] = ["ready", "scheduled", "waiting", "running", "paused", "dead"];
+pub(crate) const QUEUE_STATES: [&str; 6] = ["ready", "scheduled", "waiting", "running", "paused", "dead"];
 
 /// One queue of one shard as a sample sees it: its count per
 /// [`QUEUE_STATES`] state, and its oldest ready task's age in seconds.

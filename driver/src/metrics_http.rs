@@ -22,15 +22,34 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 
-/// How the metrics server samples.
+/// How the metrics server samples. `MetricsServerOptions::new()` takes
+/// the defaults; each setter says what it sets.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct MetricsServerOptions {
+    pub(crate) sample_every: Duration,
+    pub(crate) sample_timeout: Duration,
+}
+
+impl MetricsServerOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> MetricsServerOptions {
+        MetricsServerOptions::default()
+    }
+
     /// The shortest time between two samples of the shards' queues
     /// (default 15 s; at least 1 s).
-    pub sample_every: Duration,
+    pub fn sample_every(mut self, sample_every: Duration) -> Self {
+        self.sample_every = sample_every;
+        self
+    }
+
     /// The longest a sample may take before the scrape is answered with
     /// the last one (default 5 s).
-    pub sample_timeout: Duration,
+    pub fn sample_timeout(mut self, sample_timeout: Duration) -> Self {
+        self.sample_timeout = sample_timeout;
+        self
+    }
 }
 
 impl Default for MetricsServerOptions {
@@ -162,7 +181,12 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     {
         let mut last = shared.last.lock().await;
         if last.is_none_or(|at| at.elapsed() >= shared.options.sample_every) {
-            match tokio::time::timeout(shared.options.sample_timeout, shared.client.sample_queues()).await {
+            match tokio::time::timeout(
+                shared.options.sample_timeout,
+                shared.client.admin().sample_queues(),
+            )
+            .await
+            {
                 Ok(failed) => {
                     for (shard, e) in failed {
                         tracing::debug!(%shard, error = %e, "queue sample: shard did not answer");

@@ -1,7 +1,4 @@
-//! One connection pool per shard, each with bounded acquire and connect
-//! timeouts and its own circuit breaker. A caller never parks forever on a
-//! pool, and an unreachable shard fails loudly, by name, without slowing the
-//! others down.
+//! One connection pool per shard, [`ShardPools`].
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -13,24 +10,67 @@ use crate::breaker::{Breaker, BreakerState};
 use crate::topology::{ShardId, Topology};
 
 /// Pool sizing and the timeouts that keep every call bounded.
+/// `PoolOptions::new()` takes the defaults; each setter says what it sets.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PoolOptions {
+    pub(crate) max_size: usize,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) query_timeout: Duration,
+    pub(crate) breaker_threshold: u32,
+    pub(crate) breaker_cooldown: Duration,
+    pub(crate) keepalive_idle: Option<Duration>,
+    pub(crate) declare_topology: bool,
+    pub(crate) actor: Option<String>,
+}
+
+impl PoolOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> PoolOptions {
+        PoolOptions::default()
+    }
+
     /// Connections per shard (a worker's claim loop holds one per shard).
-    pub max_size: usize,
+    pub fn max_size(mut self, max_size: usize) -> Self {
+        self.max_size = max_size;
+        self
+    }
+
     /// How long a caller waits for a free connection.
-    pub acquire_timeout: Duration,
+    pub fn acquire_timeout(mut self, acquire_timeout: Duration) -> Self {
+        self.acquire_timeout = acquire_timeout;
+        self
+    }
+
     /// How long opening a new connection may take.
-    pub connect_timeout: Duration,
+    pub fn connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
     /// How long a call's statement may take, its retries after transient
     /// conflicts (deadlock, serialization failure) and the pauses between
     /// them included, before the call gives up, cancels it on the server
     /// and discards the connection. Getting a connection is bounded apart
     /// (`acquire_timeout`, and `connect_timeout` for a new one).
-    pub query_timeout: Duration,
+    pub fn query_timeout(mut self, query_timeout: Duration) -> Self {
+        self.query_timeout = query_timeout;
+        self
+    }
+
     /// Consecutive connection failures that open a shard's breaker.
-    pub breaker_threshold: u32,
+    pub fn breaker_threshold(mut self, breaker_threshold: u32) -> Self {
+        self.breaker_threshold = breaker_threshold;
+        self
+    }
+
     /// How long an open breaker short-circuits before one probe.
-    pub breaker_cooldown: Duration,
+    pub fn breaker_cooldown(mut self, breaker_cooldown: Duration) -> Self {
+        self.breaker_cooldown = breaker_cooldown;
+        self
+    }
+
     /// TCP keepalives on every shard connection: the first probe after the
     /// connection has been this long idle, then one every third of it, and
     /// the kernel closes it after three unanswered. A pooled connection whose
@@ -40,16 +80,27 @@ pub struct PoolOptions {
     /// operating system's default is two hours. At least 3 s (the kernel
     /// counts whole seconds); `None` leaves the connections as the system
     /// makes them.
-    pub keepalive_idle: Option<Duration>,
+    pub fn keepalive_idle(mut self, keepalive_idle: Option<Duration>) -> Self {
+        self.keepalive_idle = keepalive_idle;
+        self
+    }
+
     /// Declare the topology's digest ([`crate::Topology::digest`]) on every
     /// connection (the startup option `-c sheaf.topology_digest=…`), so a
     /// shard that published the fleet's digest refuses placed work from a
     /// client configured otherwise. Off for a proxy that refuses startup
     /// options (the shard then checks nothing for this client).
-    pub declare_topology: bool,
+    pub fn declare_topology(mut self, declare_topology: bool) -> Self {
+        self.declare_topology = declare_topology;
+        self
+    }
+
     /// Who this client acts for, recorded as `actor` in each shard's audit
     /// log (the session setting `sheaf.actor`); `None`: the login role.
-    pub actor: Option<String>,
+    pub fn actor(mut self, actor: Option<String>) -> Self {
+        self.actor = actor;
+        self
+    }
 }
 
 impl Default for PoolOptions {
@@ -173,6 +224,11 @@ fn escape_option(value: &str) -> String {
 }
 
 /// The pools of every shard in a topology.
+///
+/// One connection pool per shard, each with bounded acquire and connect
+/// timeouts and its own circuit breaker. A caller never parks forever on a
+/// pool, and an unreachable shard fails loudly, by name, without slowing the
+/// others down.
 pub struct ShardPools {
     pools: BTreeMap<ShardId, ShardPool>,
     options: PoolOptions,

@@ -1,33 +1,4 @@
-//! The relay: carries the effects of child workflows across shards, without
-//! a two-database transaction. Each lifecycle row (`cross_shard_children`,
-//! on the parent's shard) goes through its edges (sql/schema.sql): start
-//! the child on its shard, deliver a close, and pull the child's end back
-//! into the parent's history. Each edge is one call to one shard, committed
-//! before the next shard is called; a row is held by a short lease, so
-//! several relays may run at once, and one that dies leaves its rows due
-//! again when the lease runs out. Every edge is idempotent and its report is
-//! fenced by the lease, so at-least-once delivery ends in exactly-once
-//! effects.
-//!
-//! The same loops deliver the shard's outbox (`sheaf.signal_external`,
-//! `sheaf.cancel_external`): each row's (name, workflow id) is resolved over
-//! every readable shard ([`Client::find_execution`]'s rules), delivered to
-//! the live run it names, and reported; a resolution a shard could not
-//! answer is reported indeterminate and retried, and only a complete
-//! fan-out that found nothing reports the target unknown.
-//!
-//! [`Relay::start`] runs a sweep loop per shard. It wakes on `LISTEN
-//! sheaf_relay` (a `start_child` or a close on the parent's shard sends
-//! `due`; a child's end on its own shard sends `ended <parent> <child>`,
-//! and the row is taken at once by name) and sweeps every
-//! [`RelayOptions::sweep_every`] anyway: a lost notification costs one sweep
-//! interval, never a child.
-//!
-//! The relay's steps are granted to `sheaf_relay`, not to `sheaf_worker`
-//! (docs/reference/roles.md): before it sweeps a shard, a relay asks whether its
-//! login there holds that role, and on a shard where it does not it says so
-//! once (a warning, and `sheaf_protocol_role{shard}` 0) and leaves the
-//! shard alone, rather than failing every sweep.
+//! The relay; what it does is on [`Relay`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -37,6 +8,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::Steps;
 use crate::client::{
     ChildStart, Client, ClientError, OutboxKind, OutboxOutcome, OutboxRow, RelayOutcome, RelayRow,
     ReportStatus,
@@ -46,29 +18,77 @@ use crate::listen::{self, Heard};
 use crate::metrics::RelayEdge;
 use crate::topology::ShardId;
 
-/// How a relay runs. [`RelayOptions::default`] gives the defaults.
+/// How a relay runs. `RelayOptions::new()` takes the defaults; each setter
+/// says what it sets.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RelayOptions {
+    pub(crate) batch: i32,
+    pub(crate) lease: Duration,
+    pub(crate) recheck: Duration,
+    pub(crate) sweep_every: Duration,
+    pub(crate) concurrency: usize,
+    pub(crate) listen: bool,
+    pub(crate) gauges_every: Duration,
+    pub(crate) seals_every: Duration,
+}
+
+impl RelayOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> RelayOptions {
+        RelayOptions::default()
+    }
+
     /// Rows one take leases (1..1000).
-    pub batch: i32,
+    pub fn batch(mut self, batch: i32) -> Self {
+        self.batch = batch;
+        self
+    }
+
     /// How long a taken row is this relay's.
-    pub lease: Duration,
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
     /// How long a running child waits for its next look when no
     /// notification comes (a child's end notifies at once).
-    pub recheck: Duration,
+    pub fn recheck(mut self, recheck: Duration) -> Self {
+        self.recheck = recheck;
+        self
+    }
+
     /// The longest sleep between sweeps of a shard.
-    pub sweep_every: Duration,
+    pub fn sweep_every(mut self, sweep_every: Duration) -> Self {
+        self.sweep_every = sweep_every;
+        self
+    }
+
     /// Rows driven at once per shard.
-    pub concurrency: usize,
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
     /// Wake on `LISTEN sheaf_relay`.
-    pub listen: bool,
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
     /// How often the backlog gauges (`sheaf_relay_in_flight` and the
-    /// others in [`crate::metrics`]) are read from the shard.
-    pub gauges_every: Duration,
+    /// others in [`Metrics`](crate::Metrics)) are read from the shard.
+    pub fn gauges_every(mut self, gauges_every: Duration) -> Self {
+        self.gauges_every = gauges_every;
+        self
+    }
+
     /// How often the shard's seals past their retention window are
-    /// checked against where their runs live ([`Client::confirm_seals`]).
-    pub seals_every: Duration,
+    /// checked against where their runs live (`confirm_seals`).
+    pub fn seals_every(mut self, seals_every: Duration) -> Self {
+        self.seals_every = seals_every;
+        self
+    }
 }
 
 impl Default for RelayOptions {
@@ -99,6 +119,37 @@ pub struct Sweep {
 }
 
 /// A running relay. [`Relay::shutdown`] stops it.
+///
+/// The relay: carries the effects of child workflows across shards, without
+/// a two-database transaction. Each lifecycle row (`cross_shard_children`,
+/// on the parent's shard) goes through its edges (sql/schema.sql): start
+/// the child on its shard, deliver a close, and pull the child's end back
+/// into the parent's history. Each edge is one call to one shard, committed
+/// before the next shard is called; a row is held by a short lease, so
+/// several relays may run at once, and one that dies leaves its rows due
+/// again when the lease runs out. Every edge is idempotent and its report is
+/// fenced by the lease, so at-least-once delivery ends in exactly-once
+/// effects.
+///
+/// The same loops deliver the shard's outbox (`sheaf.signal_external`,
+/// `sheaf.cancel_external`): each row's (name, workflow id) is resolved over
+/// every readable shard ([`Client::find_execution`]'s rules), delivered to
+/// the live run it names, and reported; a resolution a shard could not
+/// answer is reported indeterminate and retried, and only a complete
+/// fan-out that found nothing reports the target unknown.
+///
+/// [`Relay::start`] runs a sweep loop per shard. It wakes on `LISTEN
+/// sheaf_relay` (a `start_child` or a close on the parent's shard sends
+/// `due`; a child's end on its own shard sends `ended <parent> <child>`,
+/// and the row is taken at once by name) and sweeps every
+/// [`RelayOptions::sweep_every`] anyway: a lost notification costs one sweep
+/// interval, never a child.
+///
+/// The relay's steps are granted to `sheaf_relay`, not to `sheaf_worker`
+/// (docs/reference/roles.md): before it sweeps a shard, a relay asks whether its
+/// login there holds that role, and on a shard where it does not it says so
+/// once (a warning, and `sheaf_protocol_role{shard}` 0) and leaves the
+/// shard alone, rather than failing every sweep.
 pub struct Relay {
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -159,7 +210,7 @@ impl Relay {
     /// Starts a relay for the lifecycle rows of `shards` (each of them must
     /// be in the client's topology). It calls any shard a child is on. A
     /// shard where the client's login lacks `sheaf_relay` is left alone
-    /// (logged once; [`Client::check_protocol_role`] asks beforehand).
+    /// (logged once; `check_protocol_role` asks beforehand).
     pub fn start(client: Arc<Client>, shards: Vec<ShardId>, options: RelayOptions) -> Relay {
         let stop = CancellationToken::new();
         let shared = Shared::new(&shards);
@@ -228,7 +279,7 @@ pub(crate) async fn protocol_role(
     const MAX_WAIT: Duration = Duration::from_secs(30);
     let mut wait = FIRST_WAIT;
     loop {
-        match client.check_protocol_role(shard).await {
+        match client.protocol().check_protocol_role(shard).await {
             Ok(()) => {
                 client.metrics().protocol_role(shard, true);
                 return Some(true);
@@ -306,7 +357,7 @@ pub(crate) async fn run_shard(
         }
         if seals_at.elapsed() >= options.seals_every {
             seals_at = tokio::time::Instant::now();
-            if let Err(e) = client.confirm_seals(shard, 100).await {
+            if let Err(e) = client.protocol().confirm_seals(shard, 100).await {
                 tracing::debug!(%shard, error = %e, "checking seals failed; retried later");
             }
         }
@@ -327,7 +378,7 @@ fn log_sweep(shard: ShardId, result: Result<Sweep, ClientError>) {
 /// One sweep of `shard`'s lifecycle rows: the due ones, or those `named`.
 /// Every row taken is driven through its edges, at most
 /// [`RelayOptions::concurrency`] at once.
-pub async fn sweep(
+pub(crate) async fn sweep(
     client: &Client,
     shard: ShardId,
     options: &RelayOptions,
@@ -335,6 +386,7 @@ pub async fn sweep(
 ) -> Result<Sweep, ClientError> {
     use futures::StreamExt;
     let rows = client
+        .protocol()
         .relay_take(shard, options.batch, options.lease, named)
         .await?;
     let taken = rows.len();
@@ -384,6 +436,7 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
     let report = |outcome: RelayOutcome, edge: RelayEdge| async move {
         let failed = matches!(outcome, RelayOutcome::Failed(_));
         let status = client
+            .protocol()
             .relay_report(shard, row.child_id, row.lease_token, &outcome)
             .await;
         client.metrics().relay_attempt(row.target_shard, edge, failed);
@@ -402,6 +455,7 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
     if !row.started {
         let input = row.input.clone().unwrap_or_else(crate::json::Json::null);
         let started = client
+            .protocol()
             .relay_start_child(
                 row.child_id,
                 row.parent_id,
@@ -422,6 +476,7 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
     }
     if let (Some(how), false) = (row.close_requested, row.close_delivered) {
         let closed = client
+            .protocol()
             .relay_close_child(row.child_id, row.parent_id, how, row.close_reason.as_deref())
             .await;
         let outcome = match closed {
@@ -454,7 +509,7 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
     // one too early); docs/operating/retention.md.
     if ended
         && drove == Drove::Settled
-        && let Err(e) = client.relay_pulled(row.child_id).await
+        && let Err(e) = client.protocol().relay_pulled(row.child_id).await
     {
         tracing::warn!(%shard, child = %row.child_id, error = %e, "could not mark a pulled child for retention");
     }
@@ -463,8 +518,8 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
 
 /// Sets `shard`'s backlog gauges from `relay_backlog()` and `outbox_backlog()`.
 async fn refresh_gauges(client: &Client, shard: ShardId) -> Result<(), ClientError> {
-    let children = client.relay_backlog(shard).await?;
-    let outbox = client.outbox_backlog(shard).await?;
+    let children = client.admin().relay_backlog(shard).await?;
+    let outbox = client.admin().outbox_backlog(shard).await?;
     let targets: Vec<ShardId> = client.topology().shards().map(|s| s.id).collect();
     client
         .metrics()
@@ -474,13 +529,16 @@ async fn refresh_gauges(client: &Client, shard: ShardId) -> Result<(), ClientErr
 
 /// One sweep of `shard`'s due outbox rows, at most
 /// [`RelayOptions::concurrency`] delivered at once.
-pub async fn sweep_outbox(
+pub(crate) async fn sweep_outbox(
     client: &Client,
     shard: ShardId,
     options: &RelayOptions,
 ) -> Result<Sweep, ClientError> {
     use futures::StreamExt;
-    let rows = client.outbox_take(shard, options.batch, options.lease).await?;
+    let rows = client
+        .protocol()
+        .outbox_take(shard, options.batch, options.lease)
+        .await?;
     let taken = rows.len();
     let outcomes: Vec<Drove> = futures::stream::iter(rows)
         .map(|row| deliver(client, shard, row))
@@ -500,6 +558,7 @@ async fn deliver(client: &Client, shard: ShardId, row: OutboxRow) -> Drove {
         OutboxOutcome::Failed(_) | OutboxOutcome::Indeterminate(_)
     );
     match client
+        .protocol()
         .outbox_report(shard, row.outbox_id, row.lease_token, &outcome)
         .await
     {

@@ -1,18 +1,20 @@
-//! Placement: which shard a new execution starts on. Pure, no I/O.
-//!
-//! Resolution, strongest first: an explicit shard pin or residency key; else
-//! an explicit routing key, used verbatim; else the ambient tenant, as the
-//! routing key `tenant__<tenant>__<workflow name>`; else the default key
-//! (workflow name, workflow id). Keys are placed by rendezvous hashing over
-//! shard ids (`sheaf_core::hrw`); a winner that is not writable, or is
-//! reserved, re-hashes among the writable unreserved shards, so unpinned work
-//! never lands on a reserved shard.
+//! Placement; the rules are on [`Placement`].
 
 use sheaf_core::hrw;
 
 use crate::topology::{ShardId, Topology};
 
 /// How a start (or a task with no execution) asks to be placed.
+///
+/// Placement: which shard a new execution starts on. Pure, no I/O.
+///
+/// Resolution, strongest first: an explicit shard pin or residency key; else
+/// an explicit routing key, used verbatim; else the ambient tenant, as the
+/// routing key `tenant__<tenant>__<workflow name>`; else the default key
+/// (workflow name, workflow id). Keys are placed by rendezvous hashing over
+/// shard ids (`sheaf_core::hrw`); a winner that is not writable, or is
+/// reserved, re-hashes among the writable unreserved shards, so unpinned work
+/// never lands on a reserved shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Placement {
@@ -110,7 +112,7 @@ fn hashed_key(
 }
 
 /// The routing key an ambient tenant implies (the second seed's convention).
-pub fn tenant_routing_key(tenant: &str, workflow_name: &str) -> String {
+pub(crate) fn tenant_routing_key(tenant: &str, workflow_name: &str) -> String {
     format!("tenant__{tenant}__{workflow_name}")
 }
 

@@ -1,24 +1,24 @@
-//! The shard schema versions this driver works with.
-//!
-//! Between a package upgrade and `ALTER EXTENSION sheaf UPDATE`, and while
-//! an upgrade rolls across a fleet, shards run different schema versions. The
-//! driver calls only functions that every version listed here has, so it
-//! works with each of them; a shard on any other version (or without the
-//! extension) is refused by name before a call is sent, never answered with
-//! a 42883 (undefined function) halfway through.
+//! The shard schema versions this driver works with, [`COMPATIBLE_SCHEMAS`].
 
 /// Every `sheaf` schema version (`pg_extension.extversion`) this driver
 /// works with, oldest first. A release that adds a version appends it; one
 /// that stops calling what an old version lacks drops that version.
+///
+/// Between a package upgrade and `ALTER EXTENSION sheaf UPDATE`, and while
+/// an upgrade rolls across a fleet, shards run different schema versions. The
+/// driver calls only functions that every version listed here has, so it
+/// works with each of them; a shard on any other version (or without the
+/// extension) is refused by name before a call is sent, never answered with
+/// a 42883 (undefined function) halfway through.
 pub const COMPATIBLE_SCHEMAS: &[&str] = &["0.1.0", "0.2.0"];
 
 /// Whether the driver works with a shard whose schema is `version`.
-pub fn is_compatible(version: &str) -> bool {
+pub(crate) fn is_compatible(version: &str) -> bool {
     COMPATIBLE_SCHEMAS.contains(&version)
 }
 
 /// The refusal for a shard on `version` (`None`: no extension installed).
-pub fn incompatibility(version: Option<&str>) -> String {
+pub(crate) fn incompatibility(version: Option<&str>) -> String {
     match version {
         None => "the sheaf extension is not installed".to_owned(),
         Some(v) => format!(

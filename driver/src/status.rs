@@ -71,7 +71,11 @@ impl ShardHealth {
 }
 
 /// Probes every shard at once, each bounded by `timeout`.
-pub async fn topology_status(topology: &Topology, pools: &ShardPools, timeout: Duration) -> TopologyStatus {
+pub(crate) async fn topology_status(
+    topology: &Topology,
+    pools: &ShardPools,
+    timeout: Duration,
+) -> TopologyStatus {
     let probes = topology.shards().map(|s| probe_shard(s, timeout));
     let probes = futures::future::join_all(probes).await;
     let schema_version = majority(probes.iter().filter_map(|p| p.schema_version.clone()));

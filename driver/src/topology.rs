@@ -1,8 +1,4 @@
-//! The set of shards a client routes across, validated when it is built.
-//!
-//! A misconfiguration is an error at boot, never at the first request.
-//! Errors name the entry (by position or shard id), never its connection
-//! string: connection strings carry credentials.
+//! The set of shards a client routes across, [`Topology`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -158,7 +154,35 @@ pub enum TopologyError {
     },
 }
 
-/// The shards and their roles, keyed by id. Order of configuration never matters.
+/// The set of shards a client routes across and their roles, keyed by id;
+/// the order of configuration never matters. Validated when it is built:
+/// a misconfiguration is an error at boot, never at the first request.
+/// Errors name the entry (by position or shard id), never its connection
+/// string: connection strings carry credentials.
+///
+/// From the environment (`SHEAF_SHARDS`, one `id=url` per shard), from a
+/// spec, or built:
+///
+/// ```
+/// use sheaf_driver::{ShardId, Topology};
+///
+/// # fn main() -> Result<(), sheaf_driver::TopologyError> {
+/// // In production: Topology::from_env()?, so no password is on a command line.
+/// let spec = Topology::parse("0=postgres://app@db0/sheaf,1=postgres://app@db1/sheaf")?;
+/// assert_eq!(spec.shards().count(), 2);
+///
+/// // A third shard joins read-only first: nothing is placed on it yet.
+/// let rollout = Topology::builder()
+///     .shard(0, "postgres://app@db0/sheaf")
+///     .shard(1, "postgres://app@db1/sheaf")
+///     .shard(2, "postgres://app@db2/sheaf")
+///     .writable([0, 1])
+///     .build()?;
+/// let new = ShardId::new(2)?;
+/// assert!(rollout.is_readable(new) && !rollout.is_writable(new));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
     shards: BTreeMap<ShardId, Shard>,

@@ -1,19 +1,4 @@
-//! The worker loop: claims from its shards round-robin (so a deep backlog on
-//! one shard cannot starve another), runs a handler per task with bounded
-//! concurrency, heartbeats each lease, registers itself in every shard's
-//! live-worker registry, runs `sheaf.maintain()` periodically, and drains
-//! gracefully: on shutdown it stops claiming, waits a bounded time for the
-//! tasks in hand, and releases the rest without spending their attempts.
-//!
-//! It sleeps on `LISTEN sheaf_ready` (one dedicated connection per shard,
-//! outside the pools) when idle, and polls anyway, so a lost notification
-//! costs at most one poll interval.
-//!
-//! Its relay and rebalance auto-resume run the protocol's steps, granted to
-//! `sheaf_relay` only: on each shard it asks once whether its login holds
-//! that role, and where it does not, it warns once and runs neither there
-//! ([`Worker::protocol_role`], `sheaf_protocol_role{shard}`); claiming is
-//! unaffected.
+//! The worker loop; what it does is on [`Worker`].
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
@@ -27,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::client::Steps;
 use crate::client::{ClaimedTask, Client, ClientError};
 use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure, lease_lost};
 use crate::id::TaskId;
@@ -50,46 +36,30 @@ pub enum Coverage {
     Shards(Vec<ShardId>),
 }
 
-/// How a worker runs. [`WorkerOptions::new`] gives the defaults.
+/// How a worker runs. [`WorkerOptions::new`] gives the defaults; each
+/// setter says what it sets.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WorkerOptions {
     /// Its name in the live-worker registry and in each claim.
-    pub name: String,
+    pub(crate) name: String,
     /// The queues it claims from, on every shard it covers.
-    pub queues: Vec<String>,
-    /// The shards it claims from.
-    pub coverage: Coverage,
-    /// Tasks in hand at once.
-    pub concurrency: usize,
-    /// The most tasks one claim asks for (fewer when slots are short).
-    pub batch: i32,
-    /// Each claim's lease (1 s..1 day); heartbeated every third of it.
-    pub lease: Duration,
-    /// The longest sleep while idle; a notification wakes it sooner.
-    pub idle_poll: Duration,
-    /// How often it renews its live-worker registration (live for 60 s).
-    pub register_every: Duration,
-    /// How often it runs `sheaf.maintain()` on each of its shards.
-    pub maintain_every: Duration,
-    /// How long a shutdown waits for the tasks in hand before releasing them.
-    pub drain_timeout: Duration,
-    /// Sleep on `LISTEN sheaf_ready` between polls.
-    pub listen: bool,
-    /// Run a relay for the lifecycle rows of its shards (`None`: not). On
-    /// a shard where its login lacks `sheaf_relay`, it does not run (warned
-    /// once at start; [`Worker::protocol_role`]).
-    pub relay: Option<RelayOptions>,
-    /// Auto-resume of rebalancing: with each maintenance pass, activate the
-    /// moves off its shards whose cutover committed and then stalled this
-    /// long (at least 5 s; default 30 s), each recorded with an audit entry
-    /// (`Client::settle_stalled`). `None`: only `sheaf rebalance-resume`
-    /// settles them. Like the relay, only on shards where its login holds
-    /// `sheaf_relay`.
-    pub rebalance_resume: Option<Duration>,
+    pub(crate) queues: Vec<String>,
+    pub(crate) coverage: Coverage,
+    pub(crate) concurrency: usize,
+    pub(crate) batch: i32,
+    pub(crate) lease: Duration,
+    pub(crate) idle_poll: Duration,
+    pub(crate) register_every: Duration,
+    pub(crate) maintain_every: Duration,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) listen: bool,
+    pub(crate) relay: Option<RelayOptions>,
+    pub(crate) rebalance_resume: Option<Duration>,
     /// Serve `/metrics` here (feature `http`): the client's series and the
     /// queues of every readable shard, sampled at most every 15 s.
     #[cfg(feature = "http")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl WorkerOptions {
@@ -118,56 +88,81 @@ impl WorkerOptions {
         }
     }
 
-    /// Sets [`WorkerOptions::coverage`].
+    /// How often it renews its live-worker registration (live for 60 s).
+    pub fn register_every(mut self, register_every: Duration) -> Self {
+        self.register_every = register_every;
+        self
+    }
+
+    /// Sleep on `LISTEN sheaf_ready` between polls.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// Run a relay for the lifecycle rows of its shards (`None`: not). On
+    /// a shard where its login lacks `sheaf_relay`, it does not run (warned
+    /// once at start; [`Worker::protocol_role`]).
+    pub fn relay(mut self, relay: Option<RelayOptions>) -> Self {
+        self.relay = relay;
+        self
+    }
+
+    /// The shards it claims from.
     pub fn coverage(mut self, coverage: Coverage) -> Self {
         self.coverage = coverage;
         self
     }
 
-    /// Sets [`WorkerOptions::metrics_listen`].
+    /// Serve `/metrics` here (feature `http`): the client's series and the
+    /// queues of every readable shard, sampled at most every 15 s.
     #[cfg(feature = "http")]
     pub fn metrics_listen(mut self, addr: std::net::SocketAddr) -> Self {
         self.metrics_listen = Some(addr);
         self
     }
 
-    /// Sets [`WorkerOptions::concurrency`].
+    /// Tasks in hand at once.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
         self
     }
 
-    /// Sets [`WorkerOptions::batch`].
+    /// The most tasks one claim asks for (fewer when slots are short).
     pub fn batch(mut self, n: i32) -> Self {
         self.batch = n;
         self
     }
 
-    /// Sets [`WorkerOptions::lease`].
+    /// Each claim's lease (1 s..1 day); heartbeated every third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// Sets [`WorkerOptions::idle_poll`].
+    /// The longest sleep while idle; a notification wakes it sooner.
     pub fn idle_poll(mut self, every: Duration) -> Self {
         self.idle_poll = every;
         self
     }
 
-    /// Sets [`WorkerOptions::maintain_every`].
+    /// How often it runs `sheaf.maintain()` on each of its shards.
     pub fn maintain_every(mut self, every: Duration) -> Self {
         self.maintain_every = every;
         self
     }
 
-    /// Sets [`WorkerOptions::rebalance_resume`].
+    /// Auto-resume of rebalancing: with each maintenance pass, activate the
+    /// moves off its shards whose cutover committed and then stalled this
+    /// long (at least 5 s; default 30 s), each recorded with an audit entry.
+    /// `None`: only `sheaf rebalance-resume` settles them. Like the relay, only on shards where its login holds
+    /// `sheaf_relay`.
     pub fn rebalance_resume(mut self, grace: Option<Duration>) -> Self {
         self.rebalance_resume = grace;
         self
     }
 
-    /// Sets [`WorkerOptions::drain_timeout`].
+    /// How long a shutdown waits for the tasks in hand before releasing them.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
@@ -325,6 +320,53 @@ struct Ctx {
 /// runtime it was started on (`Drop` cannot wait for that). If that runtime
 /// has shut down, nothing more can be sent: the tasks stay running until
 /// their leases expire, and are then claimed again (the attempt spent).
+///
+/// The worker loop: claims from its shards round-robin (so a deep backlog on
+/// one shard cannot starve another), runs a handler per task with bounded
+/// concurrency, heartbeats each lease, registers itself in every shard's
+/// live-worker registry, runs `sheaf.maintain()` periodically, and drains
+/// gracefully: on shutdown it stops claiming, waits a bounded time for the
+/// tasks in hand, and releases the rest without spending their attempts.
+///
+/// It sleeps on `LISTEN sheaf_ready` (one dedicated connection per shard,
+/// outside the pools) when idle, and polls anyway, so a lost notification
+/// costs at most one poll interval.
+///
+/// Its relay and rebalance auto-resume run the protocol's steps, granted to
+/// `sheaf_relay` only: on each shard it asks once whether its login holds
+/// that role, and where it does not, it warns once and runs neither there
+/// ([`Worker::protocol_role`], `sheaf_protocol_role{shard}`); claiming is
+/// unaffected.
+///
+/// ```no_run
+/// use std::sync::Arc;
+///
+/// use sheaf_driver::{Client, PoolOptions, TaskContext, TaskDone, TaskFailure, Topology, Worker, WorkerOptions};
+///
+/// async fn send_email(ctx: TaskContext) -> Result<TaskDone, TaskFailure> {
+///     let to: String = ctx
+///         .task()
+///         .payload
+///         .deserialize()
+///         .map_err(|e| TaskFailure::permanent(format!("bad payload: {e}")))?;
+///     println!("mailing {to}");
+///     Ok(TaskDone::Complete(None))
+/// }
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Arc::new(Client::new(Topology::from_env()?, PoolOptions::default())?);
+/// let options = WorkerOptions::new("mailer-1", ["emails"]);
+/// let worker = Worker::start(client, options, send_email)?;
+///
+/// // ... until the process is told to stop; then:
+/// tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+/// // Stops claiming, lets the tasks in hand finish (or releases them),
+/// // and leaves every shard's live-worker registry.
+/// let report = worker.shutdown().await;
+/// println!("{report:?}");
+/// # Ok(())
+/// # }
+/// ```
 pub struct Worker {
     ctx: Arc<Ctx>,
     /// Where `Drop` sends the releases and the deregistration.
@@ -619,7 +661,7 @@ fn check(client: &Client, options: &WorkerOptions) -> Result<Vec<ShardId>, Worke
 /// Counts this worker's claim loops against each shard's pool; the pools
 /// too small for every claim loop of the process, as warnings (also logged).
 fn count_scanners(client: &Client, shards: &[ShardId], name: &str) -> Vec<String> {
-    let max_size = client.pools().options().max_size;
+    let max_size = client.admin().pools().options().max_size;
     let mut warnings = Vec::new();
     for &shard in shards {
         let scanners = client.add_scanner(shard);
@@ -935,7 +977,12 @@ async fn housekeep(ctx: Arc<Ctx>) {
 /// Takes this worker out of the registry of every shard it covers.
 async fn deregister(ctx: &Ctx) {
     let calls = ctx.shards.iter().map(|&shard| async move {
-        if let Err(e) = ctx.client.worker_deregister(shard, &ctx.options.name).await {
+        if let Err(e) = ctx
+            .client
+            .protocol()
+            .worker_deregister(shard, &ctx.options.name)
+            .await
+        {
             log_failure(ctx, shard, "worker deregistration", &e);
         }
     });
@@ -950,6 +997,7 @@ async fn register(ctx: &Ctx) {
         let metrics = ctx.client.metrics();
         match ctx
             .client
+            .protocol()
             .worker_heartbeat(shard, &ctx.options.name, &ctx.options.queues)
             .await
         {
@@ -976,7 +1024,7 @@ async fn register(ctx: &Ctx) {
 
 async fn maintain(ctx: &Ctx) {
     let calls = ctx.shards.iter().map(|&shard| async move {
-        if let Err(e) = ctx.client.maintain(shard).await {
+        if let Err(e) = ctx.client.admin().maintain(shard).await {
             // A shard that cannot be maintained now is not asked for more:
             // every call to it would hold a connection until its timeout.
             log_failure(ctx, shard, "maintenance", &e);
@@ -986,7 +1034,7 @@ async fn maintain(ctx: &Ctx) {
         if let Some(grace) = ctx.options.rebalance_resume
             && ctx.protocol_role(shard) == Some(ProtocolRole::Held)
         {
-            match ctx.client.settle_stalled(shard, grace).await {
+            match ctx.client.protocol().settle_stalled(shard, grace).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(%shard, settled = n, "auto-resume activated stalled moves"),
                 Err(e) => log_failure(ctx, shard, "rebalance auto-resume", &e),

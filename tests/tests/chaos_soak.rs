@@ -240,6 +240,7 @@ async fn prepare(fleet: &Fleet, client: &Client) {
     }
     for key in 0..feed::CAP_KEYS {
         let report = client
+            .admin()
             .set_concurrency_limit(&format!("soak-cap-{key}"), Some(feed::CAP as i32))
             .await;
         assert!(
@@ -272,14 +273,12 @@ async fn chaos_soak() {
 }
 
 fn client_for(fleet: &Fleet) -> Arc<Client> {
-    let pools = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        query_timeout: Duration::from_secs(5),
-        breaker_threshold: 3,
-        breaker_cooldown: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let pools = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2))
+        .query_timeout(Duration::from_secs(5))
+        .breaker_threshold(3)
+        .breaker_cooldown(Duration::from_secs(1));
     Arc::new(Client::new(fleet.topology.clone(), pools).expect("a client"))
 }
 

@@ -138,6 +138,7 @@ async fn a_child_on_another_shard_starts_and_its_end_returns_once() {
         .get(0);
     assert_eq!(left, 0);
     let backlog = c
+        .admin()
         .relay_backlog(p.shard().expect("a shard"))
         .await
         .expect("backlog");
@@ -311,7 +312,10 @@ async fn distributed_children_spread_and_a_tree_reads_every_shard() {
         .await
         .expect("spawn");
     assert_eq!(Some(home.shard), p.shard());
-    c.terminate_execution(p, None).await.expect("end the parent");
+    c.admin()
+        .terminate_execution(p, None)
+        .await
+        .expect("end the parent");
     r.shutdown().await;
 }
 
@@ -338,7 +342,7 @@ async fn a_child_whose_parent_lost_its_record_is_an_orphan() {
             .child_id,
         );
     }
-    let orphans = c.orphan_children().await.expect("orphan_children");
+    let orphans = c.admin().orphan_children().await.expect("orphan_children");
     assert!(
         orphans.items.iter().all(|o| !kids.contains(&o.execution_id)),
         "{:?}",
@@ -352,7 +356,7 @@ async fn a_child_whose_parent_lost_its_record_is_an_orphan() {
     )
     .await
     .expect("forget the child");
-    let orphans = c.orphan_children().await.expect("orphan_children");
+    let orphans = c.admin().orphan_children().await.expect("orphan_children");
     let mine: Vec<_> = orphans.items.iter().filter(|o| o.parent_id == p).collect();
     assert_eq!(mine.len(), 1, "{mine:?}");
     assert_eq!(

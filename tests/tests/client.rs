@@ -582,11 +582,9 @@ async fn an_unreachable_shard_names_itself_and_the_work_it_owns() {
         .shard(5, "postgres://postgres@127.0.0.1:1/sheaf")
         .build()
         .unwrap();
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(1));
     let client = Client::new(t, options).unwrap();
     let name = unique("unreachable");
     declare(&databases().await, &name).await;
@@ -759,11 +757,9 @@ async fn tasks_with_no_affinity_pass_over_a_dead_shard() {
         .shard(9, "postgres://postgres@127.0.0.1:1/sheaf")
         .build()
         .unwrap();
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(1));
     let client = Client::new(t, options.clone()).unwrap();
     let queue = unique("anywhere");
     let mut per_shard: BTreeMap<u16, usize> = BTreeMap::new();

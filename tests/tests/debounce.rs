@@ -12,10 +12,7 @@ use sheaf_driver::{Client, ClientError, DebounceMode, Placement, PoolOptions, St
 use sheaf_tests::{connect, fleet, unique};
 
 fn client() -> Arc<Client> {
-    let options = PoolOptions {
-        max_size: 50,
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().max_size(50);
     Arc::new(Client::new(fleet().clone(), options).expect("a client"))
 }
 
@@ -23,7 +20,8 @@ fn client() -> Arc<Client> {
 async fn a_thousand_concurrent_starts_on_one_key_make_one_run() {
     let c = client();
     let (name, key, queue) = (unique("debounced"), unique("doc"), unique("debq"));
-    c.declare_workflow(&name, json!({ "queue": queue }))
+    c.admin()
+        .declare_workflow(&name, json!({ "queue": queue }))
         .await
         .into_result()
         .expect("declared");

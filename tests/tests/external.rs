@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     ByKey, Client, ExecutionId, ExecutionState, Placement, PoolOptions, Relay, RelayOptions, ShardId,
     StartOptions, Topology,
@@ -200,13 +201,11 @@ fn own(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreadable_shard_delays_a_delivery_and_a_crashed_relay_repeats_nothing() {
     let topology = Topology::parse(&own(&["up", "--count", "3", "--no-install"])).expect("own shards");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        breaker_threshold: 2,
-        breaker_cooldown: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2))
+        .breaker_threshold(2)
+        .breaker_cooldown(Duration::from_secs(1));
     let c = client(&topology, options);
     let (s0, s1) = (nth(&topology, 0), nth(&topology, 1));
     let name = unique("away");
@@ -219,7 +218,7 @@ async fn an_unreadable_shard_delays_a_delivery_and_a_crashed_relay_repeats_nothi
         .await
         .expect("signal_external");
     eventually("the resolution is indeterminate", 20, || async {
-        c.outbox_backlog(s0).await.is_ok_and(|b| {
+        c.admin().outbox_backlog(s0).await.is_ok_and(|b| {
             b.iter()
                 .any(|g| g.indeterminate > 0 && g.indeterminate_since.is_some())
         })
@@ -254,6 +253,7 @@ async fn an_unreadable_shard_delays_a_delivery_and_a_crashed_relay_repeats_nothi
         .await
         .expect("signal_external");
     let taken = c
+        .protocol()
         .outbox_take(s0, 10, Duration::from_secs(1))
         .await
         .expect("outbox_take");

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     ByKey, ChildPlacement, ClaimedTask, Client, ClientError, EnqueueOptions, ExecutionId, MoveOutcome,
     Placement, PoolOptions, RebalanceOptions, ShardId, StartOptions, TaskId, Topology, TopologyBuilder,
@@ -272,6 +273,7 @@ impl Model {
 async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) {
     let mut c = Arc::new(Client::new(fleet.topology(), PoolOptions::default()).expect("a client"));
     let declared = c
+        .admin()
         .declare_workflow(
             WORKFLOW,
             json!({"quota": {"key": "input.tenant", "max_active_executions": 1_000_000}}),
@@ -280,7 +282,7 @@ async fn run_model(fleet: Fleet, seed: u64, ops: usize) -> (Arc<Client>, Model) 
     assert!(declared.is_complete(), "{:?}", declared.failed);
     // Ended runs are kept a minute: the sweeps (op_sweep) delete those of
     // earlier seeds and, in the long form, of this one.
-    let retention = c.set_retention(json!({"executions": "1m"})).await;
+    let retention = c.admin().set_retention(json!({"executions": "1m"})).await;
     assert!(retention.is_complete(), "{:?}", retention.failed);
     let mut relay = RelayProcess::spawn(fleet);
     let mut rng = Rng::new(seed);
@@ -604,7 +606,7 @@ async fn op_move(c: &Client, rng: &mut Rng, m: &mut Model, live: &[ExecutionId])
     let to = sid(rng.below(u64::from(SHARDS)) as u16);
     Some(match c.get_execution(id).await {
         Ok(Some(e)) if e.shard != to => {
-            let outcome = c.move_execution(e.shard, id, to).await;
+            let outcome = c.protocol().move_execution(e.shard, id, to).await;
             let brief = match &outcome {
                 Ok(MoveOutcome::Moved { .. }) => {
                     *m.stats.entry("moves").or_default() += 1;
@@ -678,11 +680,11 @@ async fn resume(c: &Client, from: u16) -> usize {
     until(
         "the killed move to be resumed",
         Duration::from_secs(60),
-        async || match c.migrations(sid(from), true, 100).await {
+        async || match c.admin().migrations(sid(from), true, 100).await {
             Ok(open) if open.is_empty() => true,
             _ => {
                 resumed += 1;
-                let _ = c.rebalance_resume(sid(from)).await;
+                let _ = c.admin().rebalance_resume(sid(from)).await;
                 false
             }
         },
@@ -825,7 +827,7 @@ async fn op_sweep(c: &Client, m: &mut Model, op: usize) -> String {
     m.last_sweep = Some(op);
     let mut line = "sweep:".to_owned();
     for shard in 0..SHARDS {
-        let swept = c.maintain(sid(shard)).await;
+        let swept = c.admin().maintain(sid(shard)).await;
         let n = swept.map(|v| v.get("executions_deleted").cloned().unwrap_or_default());
         line.push_str(&format!(" {shard} {n:?};"));
     }
@@ -879,6 +881,7 @@ async fn op_drain(
     }
     Some(
         match c
+            .admin()
             .drain(sid(leaving), &RebalanceOptions::default(), |_, _| {})
             .await
         {
@@ -901,7 +904,7 @@ async fn op_erase(c: &Client, rng: &mut Rng, m: &mut Model) -> Option<String> {
         .collect();
     let id = m.pick(rng, &ended)?;
     m.erasing.insert(id);
-    let result = c.erase_payloads(id).await;
+    let result = c.admin().erase_payloads(id).await;
     if result.is_ok() {
         m.erased.insert(id);
     }
@@ -939,11 +942,15 @@ async fn finish_tasks(c: &Client, m: &mut Model) {
                 m.log.push(format!("final: {marker} {line}"));
             }
         }
-        c.queue_stats(TASKS).await.into_result().is_ok_and(|stats| {
-            stats
-                .values()
-                .all(|s| s.ready + s.scheduled + s.running + s.waiting == 0)
-        })
+        c.admin()
+            .queue_stats(TASKS)
+            .await
+            .into_result()
+            .is_ok_and(|stats| {
+                stats
+                    .values()
+                    .all(|s| s.ready + s.scheduled + s.running + s.waiting == 0)
+            })
     })
     .await;
 }

@@ -283,11 +283,9 @@ fn filters() -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn listing_and_finding_across_four_shards() {
     let topology = Topology::parse(&shards(&["up", "--count", &SHARDS.to_string(), "--no-install"])).unwrap();
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2));
     let client = Arc::new(Client::new(topology.clone(), options).unwrap());
     let (mut rng, seed) = Rng::from_time();
     eprintln!("seed {seed}");

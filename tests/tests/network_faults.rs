@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     BreakerState, Client, ClientError, Coverage, EnqueueOptions, ExecutionId, Placement, PoolOptions,
     ShardError, ShardId, TaskContext, TaskDone, TaskFailure, TaskId, Topology, Worker, WorkerOptions,
@@ -44,19 +45,17 @@ const WATCHDOG: Duration = Duration::from_secs(10);
 /// watchdog) when the invariant it checks is broken.
 fn options() -> PoolOptions {
     let sabotage = std::env::var("SHEAF_NETFAULT_SABOTAGE").ok();
-    PoolOptions {
-        max_size: 4,
-        acquire_timeout: ACQUIRE,
-        connect_timeout: CONNECT,
-        query_timeout: match sabotage.as_deref() {
+    PoolOptions::default()
+        .max_size(4)
+        .acquire_timeout(ACQUIRE)
+        .connect_timeout(CONNECT)
+        .query_timeout(match sabotage.as_deref() {
             Some("query-timeout") => Duration::from_secs(86_400),
             _ => QUERY,
-        },
-        breaker_threshold: 3,
-        breaker_cooldown: COOLDOWN,
-        keepalive_idle: Some(KEEPALIVE),
-        ..PoolOptions::default()
-    }
+        })
+        .breaker_threshold(3)
+        .breaker_cooldown(COOLDOWN)
+        .keepalive_idle(Some(KEEPALIVE))
 }
 
 /// The fleet, its last shard reached through a proxy.
@@ -182,11 +181,13 @@ async fn calls_on(
     out.push(("complete", r.map(drop), t));
     let (r, t) = timed(
         "heartbeat",
-        client.worker_heartbeat(shard, "nf", &[queue.to_owned()]),
+        client
+            .protocol()
+            .worker_heartbeat(shard, "nf", &[queue.to_owned()]),
     )
     .await;
     out.push(("worker_heartbeat", r.map(drop), t));
-    let (r, t) = timed("maintain", client.maintain(shard)).await;
+    let (r, t) = timed("maintain", client.admin().maintain(shard)).await;
     out.push(("maintain", r.map(drop), t));
     out
 }
@@ -257,7 +258,10 @@ async fn fault_scenario(fault: Fault, stale_schema: bool) {
         }
         healthy_serve(&r.client, &r.healthy, &queue).await;
     }
-    assert_eq!(r.client.pools().breaker_state(r.faulty), Some(BreakerState::Open));
+    assert_eq!(
+        r.client.admin().pools().breaker_state(r.faulty),
+        Some(BreakerState::Open)
+    );
     // Past the cooldown the breaker lets one probe through: on a pooled
     // connection (a round trip decides) and then on a new one (the TCP
     // connect succeeds, the startup packet goes unanswered): bounded too.
@@ -271,11 +275,17 @@ async fn fault_scenario(fault: Fault, stale_schema: bool) {
             worst = worst.max(took);
             assert_shard_failure(what, result, took, r.faulty, bound);
         }
-        assert_eq!(r.client.pools().breaker_state(r.faulty), Some(BreakerState::Open));
+        assert_eq!(
+            r.client.admin().pools().breaker_state(r.faulty),
+            Some(BreakerState::Open)
+        );
     }
     eprintln!("{fault:?}: worst call on the faulty shard {worst:?}");
     for &shard in &r.healthy {
-        assert_eq!(r.client.pools().breaker_state(shard), Some(BreakerState::Closed));
+        assert_eq!(
+            r.client.admin().pools().breaker_state(shard),
+            Some(BreakerState::Closed)
+        );
     }
     r.proxy.heal();
     let back = until(
@@ -293,7 +303,7 @@ async fn fault_scenario(fault: Fault, stale_schema: bool) {
     .await;
     eprintln!("{fault:?}: back {back:?} after the heal");
     assert_eq!(
-        r.client.pools().breaker_state(r.faulty),
+        r.client.admin().pools().breaker_state(r.faulty),
         Some(BreakerState::Closed)
     );
 }
@@ -337,7 +347,7 @@ async fn an_abandoned_probe_does_not_wedge_the_breaker() {
     r.proxy.set(Fault::HalfOpen);
     until("the breaker opens", Duration::from_secs(20), async || {
         let _ = timed("claim", r.client.claim(r.faulty, &queue, "nf", 1, QUERY)).await;
-        r.client.pools().breaker_state(r.faulty) == Some(BreakerState::Open)
+        r.client.admin().pools().breaker_state(r.faulty) == Some(BreakerState::Open)
     })
     .await;
     tokio::time::sleep(COOLDOWN + Duration::from_millis(100)).await;
@@ -367,11 +377,7 @@ async fn an_abandoned_probe_does_not_wedge_the_breaker() {
 /// call answers `Exhausted` within the acquire timeout, never hangs.
 #[tokio::test]
 async fn an_exhausted_pool_answers_within_its_acquire_timeout() {
-    let r = rig(PoolOptions {
-        max_size: 2,
-        ..options()
-    })
-    .await;
+    let r = rig(options().max_size(2)).await;
     let queue = unique("netfault-exhausted");
     // Held by the caller.
     let held = futures::future::join_all((0..2).map(|_| r.client.shard_connection(r.faulty))).await;
@@ -517,13 +523,11 @@ async fn a_worker_rides_out_a_reset_shard() {
 /// 2.5 s.
 #[tokio::test]
 async fn a_half_open_shard_does_not_slow_the_worker_on_the_others() {
-    let r = rig(PoolOptions {
-        query_timeout: Duration::from_secs(6),
-        connect_timeout: Duration::from_secs(6),
-        acquire_timeout: Duration::from_secs(6),
-        breaker_cooldown: Duration::from_millis(500),
-        ..options()
-    })
+    let r = rig(options()
+        .query_timeout(Duration::from_secs(6))
+        .connect_timeout(Duration::from_secs(6))
+        .acquire_timeout(Duration::from_secs(6))
+        .breaker_cooldown(Duration::from_millis(500)))
     .await;
     let queue = unique("netfault-pace");
     let done: Arc<std::sync::Mutex<Vec<(u128, Instant)>>> = Arc::default();
@@ -620,11 +624,7 @@ async fn the_listener_recovers_from_a_dead_connection() {
 /// the failure count).
 #[tokio::test]
 async fn idle_connections_gone_half_open_do_not_hold_the_breaker_closed() {
-    let r = rig(PoolOptions {
-        max_size: 12,
-        ..options()
-    })
-    .await;
+    let r = rig(options().max_size(12)).await;
     let queue = unique("netfault-idle");
     let calls = (0..12).map(|_| r.client.enqueue(&queue, json!({}), on(r.faulty)));
     for res in futures::future::join_all(calls).await {
@@ -633,7 +633,7 @@ async fn idle_connections_gone_half_open_do_not_hold_the_breaker_closed() {
     r.proxy.set(Fault::HalfOpen);
     let started = Instant::now();
     let mut calls = 0;
-    while r.client.pools().breaker_state(r.faulty) != Some(BreakerState::Open) {
+    while r.client.admin().pools().breaker_state(r.faulty) != Some(BreakerState::Open) {
         calls += 1;
         assert!(
             calls <= 4,
@@ -694,11 +694,7 @@ fn keepalive_timers(port: u16) -> Vec<Option<f64>> {
 async fn shard_connections_carry_tcp_keepalives() {
     let queue = unique("netfault-keepalive");
     for (idle, within) in [(Some(KEEPALIVE), KEEPALIVE), (None, Duration::from_secs(7200))] {
-        let r = rig(PoolOptions {
-            keepalive_idle: idle,
-            ..options()
-        })
-        .await;
+        let r = rig(options().keepalive_idle(idle)).await;
         let (res, _) = timed("enqueue", r.client.enqueue(&queue, json!({}), on(r.faulty))).await;
         res.expect("the shard serves through the proxy");
         // The proxy's own connections to the shard are not the client's:
@@ -716,10 +712,7 @@ async fn shard_connections_carry_tcp_keepalives() {
     }
     let refused = Client::new(
         fleet().clone(),
-        PoolOptions {
-            keepalive_idle: Some(Duration::from_secs(2)),
-            ..options()
-        },
+        options().keepalive_idle(Some(Duration::from_secs(2))),
     )
     .expect_err("a 2 s keepalive");
     assert!(
@@ -753,14 +746,7 @@ async fn retries_after_conflicts_share_one_query_timeout() {
         .shard(u32::from(shard.id.get()), shard.url.clone())
         .build()
         .expect("topology");
-    let client = Client::new(
-        topology,
-        PoolOptions {
-            query_timeout: budget,
-            ..options()
-        },
-    )
-    .expect("client");
+    let client = Client::new(topology, options().query_timeout(budget)).expect("client");
     let (res, took) = timed(
         "an enqueue that keeps conflicting",
         client.enqueue(&queue, json!({}), on(shard.id)),
@@ -902,7 +888,7 @@ async fn enqueue_steadily(r: Arc<Rig>, queue: String, stop: Arc<AtomicBool>, enq
 /// straight from the shards).
 async fn queue_is_empty(queue: &str) -> bool {
     let direct = Client::new(fleet().clone(), options()).expect("client");
-    let stats = direct.queue_stats(queue).await;
+    let stats = direct.admin().queue_stats(queue).await;
     stats.is_complete()
         && stats
             .ok

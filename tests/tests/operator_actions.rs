@@ -65,7 +65,7 @@ async fn a_running_task_cancelled_stops_its_handler_and_frees_its_slot() {
         let shard = shards()[0];
         let queue = unique("ops-cancel");
         let key = unique("ops-cancel-key");
-        assert!(c.set_concurrency_limit(&key, Some(1)).await.is_complete());
+        assert!(c.admin().set_concurrency_limit(&key, Some(1)).await.is_complete());
         let finished = Arc::new(AtomicBool::new(false));
         let worker = Worker::start(
             c.clone(),
@@ -91,6 +91,7 @@ async fn a_running_task_cancelled_stops_its_handler_and_frees_its_slot() {
         .await;
         if !quiet {
             let listed = c
+                .admin()
                 .list_tasks(&queue, Some(TaskState::Running), None, 10)
                 .await
                 .expect("a page");
@@ -188,34 +189,45 @@ async fn dead_letters_purge_and_redrive_by_queue_on_every_shard() {
     let queue = unique("ops-redrive");
     dead_letters(&c, &queue, 3, EnqueueOptions::new).await;
     let young = c
+        .admin()
         .purge_dead_letters(&queue, Duration::from_secs(3600))
         .await
         .expect("purge");
     assert!(young.is_complete());
     assert_eq!(young.total(), 0, "none is an hour old");
-    let first = c.redrive_queue(&queue, Duration::ZERO, 2).await.expect("redrive");
+    let first = c
+        .admin()
+        .redrive_queue(&queue, Duration::ZERO, 2)
+        .await
+        .expect("redrive");
     assert_eq!(first.ok.len(), n);
     assert!(first.ok.values().all(|&m| m == 2), "{:?}", first.ok);
     let rest = c
+        .admin()
         .redrive_queue(&queue, Duration::ZERO, 1000)
         .await
         .expect("redrive");
     assert_eq!(rest.total(), n as i64);
     assert_eq!(
-        c.redrive_queue(&queue, Duration::ZERO, 1000)
+        c.admin()
+            .redrive_queue(&queue, Duration::ZERO, 1000)
             .await
             .expect("again")
             .total(),
         0
     );
-    let queues = c.list_queues().await;
+    let queues = c.admin().list_queues().await;
     let mine = queues.queues.iter().find(|q| q.queue == queue).expect("listed");
     assert_eq!(mine.total.dead, 0);
     assert_eq!(mine.total.ready as usize, 3 * n, "every one back in line");
 
     let purge = unique("ops-purge");
     dead_letters(&c, &purge, 2, EnqueueOptions::new).await;
-    let purged = c.purge_dead_letters(&purge, Duration::ZERO).await.expect("purge");
+    let purged = c
+        .admin()
+        .purge_dead_letters(&purge, Duration::ZERO)
+        .await
+        .expect("purge");
     assert_eq!(purged.total(), 2 * n as i64);
     for shard in fleet().shards() {
         let db = connect(shard).await;
@@ -230,7 +242,8 @@ async fn dead_letters_purge_and_redrive_by_queue_on_every_shard() {
         assert_eq!(left, 0);
     }
     assert!(matches!(
-        c.purge_dead_letters(&purge, Duration::from_secs(200 * 365 * 86_400))
+        c.admin()
+            .purge_dead_letters(&purge, Duration::from_secs(200 * 365 * 86_400))
             .await,
         Err(ClientError::BadRequest(_))
     ));
@@ -243,7 +256,12 @@ async fn purged_dead_letters_of_executions_give_the_tenant_its_quota_back() {
     let tenant = unique("tenant");
     let policy =
         json!({"queue": unique("ops-quota-q"), "quota": {"key": "input.tenant", "max_dead_letters": 2}});
-    assert!(c.declare_workflow(&workflow, policy.clone()).await.is_complete());
+    assert!(
+        c.admin()
+            .declare_workflow(&workflow, policy.clone())
+            .await
+            .is_complete()
+    );
     let queue = unique("ops-quota-acts");
     let shard = shards()[0];
     let pinned = || StartOptions::new().placement(Placement::Shard(shard));
@@ -277,14 +295,15 @@ async fn purged_dead_letters_of_executions_give_the_tenant_its_quota_back() {
         "{refused:?}"
     );
     assert_eq!(
-        c.purge_dead_letters(&queue, Duration::ZERO)
+        c.admin()
+            .purge_dead_letters(&queue, Duration::ZERO)
             .await
             .expect("purge")
             .total(),
         2
     );
-    let usage = c.quota_usage(&tenant).await;
-    let recount = c.quota_recompute(&tenant).await;
+    let usage = c.admin().quota_usage(&tenant).await;
+    let recount = c.admin().quota_recompute(&tenant).await;
     assert_eq!(usage.total().dead_letters, 0);
     assert_eq!(recount.total(), usage.total(), "the counters equal a recount");
     c.start_workflow(&workflow, &unique("run"), json!({"tenant": tenant}), pinned())
@@ -299,7 +318,7 @@ async fn a_queue_drops_only_with_force() {
     for shard in shards() {
         c.enqueue(&queue, json!({}), on(shard)).await.expect("enqueue");
     }
-    let refused = c.drop_queue(&queue, false).await;
+    let refused = c.admin().drop_queue(&queue, false).await;
     assert_eq!(refused.failed.len(), shards().len());
     assert!(
         refused
@@ -307,11 +326,18 @@ async fn a_queue_drops_only_with_force() {
             .values()
             .all(|e| matches!(e, ClientError::WrongState { .. }))
     );
-    let dropped = c.drop_queue(&queue, true).await;
+    let dropped = c.admin().drop_queue(&queue, true).await;
     assert!(dropped.is_complete());
     assert_eq!(dropped.total(), shards().len() as i64);
-    assert!(c.list_queues().await.queues.iter().all(|q| q.queue != queue));
-    let again = c.drop_queue(&queue, true).await;
+    assert!(
+        c.admin()
+            .list_queues()
+            .await
+            .queues
+            .iter()
+            .all(|q| q.queue != queue)
+    );
+    let again = c.admin().drop_queue(&queue, true).await;
     assert!(
         again.ok.is_empty() && again.failed.is_empty(),
         "no shard has it now"
@@ -399,10 +425,7 @@ async fn one_database_alone_is_a_fleet_of_one_shard() {
     ));
     let bad = "postgres://nobody:secret@127.0.0.1:1/none".to_owned();
     let unreachable = move |name: &str| (name == "SHEAF_DATABASE_URL").then(|| bad.clone());
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().connect_timeout(Duration::from_secs(1));
     match Client::from_vars(unreachable, options).await {
         Err(e @ sheaf_driver::EnvError::Database(_)) => {
             assert!(
@@ -617,7 +640,7 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
     let tenant = unique("ret-tenant");
     let policy =
         json!({"queue": unique("ops-ret-q"), "quota": {"key": "input.tenant", "max_dead_letters": 100}});
-    assert!(c.declare_workflow(&workflow, policy).await.is_complete());
+    assert!(c.admin().declare_workflow(&workflow, policy).await.is_complete());
     let (past, inside, active) = runs_of_every_age(&c, &workflow, &tenant).await;
     set_retention_cli(&["--workflow", &format!("{workflow}=30days")]).await;
     let (code, shown) = cli_json(&["retention", "get"]);
@@ -629,7 +652,7 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
     );
     for shard in shards() {
         loop {
-            let report = c.maintain(shard).await.expect("maintain");
+            let report = c.admin().maintain(shard).await.expect("maintain");
             if report["retention"]["executions"] == json!(0) {
                 break;
             }
@@ -648,8 +671,8 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
             "{id} is past its window"
         );
     }
-    let usage = c.quota_usage(&tenant).await;
-    let recount = c.quota_recompute(&tenant).await;
+    let usage = c.admin().quota_usage(&tenant).await;
+    let recount = c.admin().quota_recompute(&tenant).await;
     assert_eq!(usage.total(), recount.total(), "the counters equal a recount");
     assert_eq!(recount.total().dead_letters, 0);
     assert_eq!(recount.total().active_executions, shards().len() as i64);
@@ -694,10 +717,7 @@ async fn metrics_are_served_over_http_with_each_queues_counts() {
     c.enqueue(&queue, json!({}), on(shard).run_at(later))
         .await
         .expect("scheduled");
-    let options = sheaf_driver::MetricsServerOptions {
-        sample_every: Duration::from_secs(1),
-        ..Default::default()
-    };
+    let options = sheaf_driver::MetricsServerOptions::new().sample_every(Duration::from_secs(1));
     let server = sheaf_driver::MetricsServer::start(c.clone(), "127.0.0.1:0".parse().unwrap(), options)
         .await
         .expect("a metrics server");

@@ -17,10 +17,7 @@ use sheaf_driver::{
 use sheaf_tests::{connect, fleet, unique};
 
 fn client(topology: &Topology) -> Arc<Client> {
-    let pools = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let pools = PoolOptions::default().connect_timeout(Duration::from_secs(1));
     Arc::new(Client::new(topology.clone(), pools).expect("a client"))
 }
 
@@ -35,6 +32,7 @@ async fn walk(c: &Client, queue: &str, state: Option<TaskState>, size: usize) ->
     let mut cursor: Option<String> = None;
     loop {
         let page = c
+            .admin()
             .list_tasks(queue, state, cursor.as_deref(), size)
             .await
             .expect("a page");
@@ -66,7 +64,7 @@ async fn ground_truth(topology: &Topology, queue: &str) -> BTreeSet<(uuid::Uuid,
 
 /// A cursor of another listing, or one tampered with, is refused.
 async fn refuses_foreign_cursors(c: &Client, queue: &str) {
-    let page = c.list_tasks(queue, None, None, 1).await.expect("a page");
+    let page = c.admin().list_tasks(queue, None, None, 1).await.expect("a page");
     let cursor = page.next_cursor.expect("more pages");
     for (q, state, text) in [
         (queue, Some(TaskState::Ready), cursor.as_str()),
@@ -75,14 +73,14 @@ async fn refuses_foreign_cursors(c: &Client, queue: &str) {
     ] {
         assert!(
             matches!(
-                c.list_tasks(q, state, Some(text), 10).await,
+                c.admin().list_tasks(q, state, Some(text), 10).await,
                 Err(ClientError::BadRequest(_))
             ),
             "{q} {state:?} {text}"
         );
     }
     assert!(matches!(
-        c.list_tasks(queue, None, None, 0).await,
+        c.admin().list_tasks(queue, None, None, 0).await,
         Err(ClientError::BadRequest(_))
     ));
 }
@@ -94,7 +92,7 @@ async fn tasks_page_across_shards_state_by_state_every_task_once() {
     let queue = unique("ops");
     let key = unique("ops-key");
     let shards: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
-    assert!(c.set_concurrency_limit(&key, Some(1)).await.is_complete());
+    assert!(c.admin().set_concurrency_limit(&key, Some(1)).await.is_complete());
     let later = SystemTime::now() + Duration::from_secs(3600);
     for (i, &shard) in shards.iter().enumerate() {
         for p in 0..4 {
@@ -152,7 +150,7 @@ async fn tasks_page_across_shards_state_by_state_every_task_once() {
     assert_eq!(task.lease_owner.as_deref(), Some("ops-worker"));
 
     // Counts per queue, per shard and in total.
-    let queues = c.list_queues().await;
+    let queues = c.admin().list_queues().await;
     assert_eq!(queues.status, PageStatus::Complete);
     let mine = queues
         .queues
@@ -197,6 +195,7 @@ async fn dead_letters_list_newest_first_across_shards_and_a_missing_shard_is_nam
     let mut cursor: Option<String> = None;
     loop {
         let page = c
+            .admin()
             .list_dead_letters(Some(&queue), cursor.as_deref(), 2)
             .await
             .expect("a page");
@@ -226,6 +225,7 @@ async fn dead_letters_list_newest_first_across_shards_and_a_missing_shard_is_nam
         .expect("a topology with a shard that is not there");
     let partial = client(&with_dead);
     let page = partial
+        .admin()
         .list_dead_letters(Some(&queue), None, 100)
         .await
         .expect("a partial page");
@@ -241,6 +241,6 @@ async fn dead_letters_list_newest_first_across_shards_and_a_missing_shard_is_nam
         page.items.iter().map(|d| d.task_id).collect::<Vec<_>>(),
         newest_first
     );
-    let queues = partial.list_queues().await;
+    let queues = partial.admin().list_queues().await;
     assert_eq!(queues.status, PageStatus::Partial);
 }

@@ -50,13 +50,11 @@ async fn pool_refusal(pools: &ShardPools, shard: ShardId) -> ShardError {
 #[tokio::test]
 async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() {
     let topology = Topology::parse(&shards(&["up", "--count", "3", "--no-install"])).unwrap();
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        breaker_threshold: 2,
-        breaker_cooldown: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2))
+        .breaker_threshold(2)
+        .breaker_cooldown(Duration::from_secs(2));
     let pools = ShardPools::new(&topology, options.clone()).unwrap();
     let id = |n: u32| ShardId::new(n).unwrap();
     for n in 0..3 {
@@ -130,7 +128,7 @@ async fn a_stopped_shard_fails_loudly_opens_its_breaker_and_spares_the_others() 
         assert!(tokio::time::Instant::now() < deadline, "{:?}", worker.stats());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let status = client.topology_status(Duration::from_secs(2)).await;
+    let status = client.admin().topology_status(Duration::from_secs(2)).await;
     let down = &status.shards[1];
     assert!(!down.probe.reachable && down.probe.problem.is_some(), "{down:?}");
     assert!(status.shards[0].probe.reachable && status.shards[2].probe.reachable);

@@ -79,10 +79,7 @@ fn spec_as(login: &str) -> String {
 /// A client of the test fleet connecting as `login`.
 fn client_as(login: &str, actor: Option<&str>) -> Arc<sheaf_driver::Client> {
     let topology = Topology::parse(&spec_as(login)).expect("the fleet as another login");
-    let options = PoolOptions {
-        actor: actor.map(str::to_owned),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().actor(actor.map(str::to_owned));
     Arc::new(sheaf_driver::Client::new(topology, options).expect("a client"))
 }
 
@@ -685,9 +682,9 @@ async fn audit_rows_carry_the_login_beside_the_declared_actor() {
     make_login(ADMIN, "sheaf_admin").await;
     let c = client_as(ADMIN, Some("ann"));
     let key = unique("audit-login");
-    let set = c.set_concurrency_limit(&key, Some(3)).await;
+    let set = c.admin().set_concurrency_limit(&key, Some(3)).await;
     assert!(set.failed.is_empty(), "{:?}", set.failed);
-    let audit = c.fleet_audit_log(50).await;
+    let audit = c.admin().fleet_audit_log(50).await;
     assert!(audit.failed.is_empty(), "{:?}", audit.failed);
     for shard in fleet().shards() {
         let entry = audit.ok[&shard.id]

@@ -43,6 +43,7 @@ async fn eight_claimers_never_get_more_than_the_bucket_grants() {
     let (limit, queue) = (unique("rl"), unique("rlq"));
     let (rate, burst, tasks) = (50.0, 5.0, 400);
     let declared = c
+        .admin()
         .declare_rate_limit(&limit, json!({"rate": rate, "period": "1s", "burst": burst}))
         .await;
     assert!(declared.is_complete());
@@ -110,7 +111,8 @@ async fn admission_times_never_exceed_the_bucket_under_concurrent_enqueues() {
     let c = client();
     let shard = fleet().shards().nth(2).expect("three shards");
     let (limit, queue) = (unique("rlc"), unique("rlcq"));
-    c.declare_rate_limit(&limit, json!({"rate": 40, "period": "1s", "burst": 8}))
+    c.admin()
+        .declare_rate_limit(&limit, json!({"rate": 40, "period": "1s", "burst": 8}))
         .await
         .into_result()
         .expect("declared everywhere");
@@ -167,13 +169,14 @@ async fn throttled_starts_are_created_at_once_and_paced() {
     let c = client();
     let shard = fleet().shards().next().expect("a shard");
     let name = unique("throttled");
-    c.declare_workflow(
-        &name,
-        json!({"queue": name, "throttle": {"rate": 20, "period": "1s", "burst": 4}}),
-    )
-    .await
-    .into_result()
-    .expect("declared");
+    c.admin()
+        .declare_workflow(
+            &name,
+            json!({"queue": name, "throttle": {"rate": 20, "period": "1s", "burst": 4}}),
+        )
+        .await
+        .into_result()
+        .expect("declared");
     let starters = (0..8).map(|w| {
         let (c, name) = (c.clone(), name.clone());
         tokio::spawn(async move {
@@ -221,23 +224,23 @@ fn own(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_override_with_a_shard_down_reports_it_and_reverts_at_its_end() {
     let topology = Topology::parse(&own(&["up", "--count", "3", "--no-install"])).expect("shards");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2));
     let c = Client::new(topology.clone(), options).expect("a client");
-    let limit = unique("ovr");
-    c.declare_rate_limit(&limit, json!({"rate": 1, "period": "1s"}))
-        .await
-        .into_result()
-        .expect("declared everywhere");
-    let keyed = unique("keyed");
-    c.declare_rate_limit(&keyed, json!({"rate": 1, "key": "payload.t"}))
-        .await
-        .into_result()
-        .expect("declared everywhere");
-    let refused = c
+    let admin = c.admin();
+    let (limit, keyed) = (unique("ovr"), unique("keyed"));
+    for (name, spec) in [
+        (&limit, json!({"rate": 1, "period": "1s"})),
+        (&keyed, json!({"rate": 1, "key": "payload.t"})),
+    ] {
+        admin
+            .declare_rate_limit(name, spec)
+            .await
+            .into_result()
+            .expect("declared everywhere");
+    }
+    let refused = admin
         .set_rate_override(
             &keyed,
             5.0,
@@ -249,10 +252,8 @@ async fn an_override_with_a_shard_down_reports_it_and_reverts_at_its_end() {
     assert!(matches!(refused, ClientError::WrongState { .. }), "{refused}");
     own(&["stop-one", "1"]);
     let ends = SystemTime::now() + Duration::from_secs(4);
-    let report = c
-        .set_rate_override(&limit, 100.0, Duration::from_secs(1), ends)
-        .await
-        .expect("two shards took it");
+    let override_until = |ends| admin.set_rate_override(&limit, 100.0, Duration::from_secs(1), ends);
+    let report = override_until(ends).await.expect("two shards took it");
     let id = |n: u32| ShardId::new(n).expect("an id");
     assert_eq!(report.applied, [id(0), id(2)]);
     assert_eq!(report.shard_errors.keys().copied().collect::<Vec<_>>(), [id(1)]);
@@ -270,7 +271,8 @@ async fn an_override_with_a_shard_down_reports_it_and_reverts_at_its_end() {
         assert_eq!(failed, 1, "shard {n} records the partial fan-out");
     }
     let live = async || {
-        c.rate_limits()
+        admin
+            .rate_limits()
             .await
             .ok
             .into_iter()
@@ -289,13 +291,7 @@ async fn an_override_with_a_shard_down_reports_it_and_reverts_at_its_end() {
         own(&["stop-one", "0"]);
         own(&["stop-one", "1"]);
         own(&["stop-one", "2"]);
-        c.set_rate_override(
-            &limit,
-            100.0,
-            Duration::from_secs(1),
-            SystemTime::now() + Duration::from_secs(60),
-        )
-        .await
+        override_until(SystemTime::now() + Duration::from_secs(60)).await
     };
     assert!(all_failed.is_err(), "no shard took it: an error, not a report");
     own(&["down"]);

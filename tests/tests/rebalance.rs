@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     Client, ExecutionFilter, ExecutionId, ExecutionState, GroupBy, MoveOutcome, MutexKey, Placement,
     PoolOptions, RebalanceOptions, Resolution, ShardId, SortOrder, StartOptions, TaskContext, TaskDone,
@@ -35,10 +36,7 @@ fn spec() -> &'static str {
 
 fn client(actor: &str) -> Arc<Client> {
     let topology = Topology::parse(spec()).expect("a topology");
-    let options = PoolOptions {
-        actor: Some(actor.to_owned()),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().actor(Some(actor.to_owned()));
     Arc::new(Client::new(topology, options).expect("a client"))
 }
 
@@ -52,7 +50,7 @@ async fn sql(shard: ShardId) -> tokio_postgres::Client {
 }
 
 async fn declare(c: &Client, name: &str, queue: &str) {
-    let r = c.declare_workflow(name, json!({ "queue": queue })).await;
+    let r = c.admin().declare_workflow(name, json!({ "queue": queue })).await;
     assert!(r.failed.is_empty(), "{:?}", r.failed);
 }
 
@@ -77,7 +75,7 @@ async fn history(c: &Client, id: ExecutionId) -> Vec<(i64, String, String)> {
         out.extend(
             page.events
                 .iter()
-                .map(|e| (e.seq, e.event_type.clone(), e.payload.as_str().to_owned())),
+                .map(|e| (e.seq, e.event_type.to_string(), e.payload.as_str().to_owned())),
         );
         match page.next_after {
             Some(n) => after = n,
@@ -126,7 +124,7 @@ async fn live_on(id: ExecutionId) -> Vec<ShardId> {
 }
 
 async fn moved(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) {
-    match c.move_execution(from, id, to).await {
+    match c.protocol().move_execution(from, id, to).await {
         Ok(MoveOutcome::Moved { .. }) => {}
         other => panic!("moving {id} {from} -> {to}: {other:?}"),
     }
@@ -187,7 +185,7 @@ async fn fleet_on_a(c: &Client, a: ShardId) -> Fleet {
     let parked = suspended_on(c, a, &name, 3600).await;
     let timer = suspended_on(c, a, &name, 3).await;
     let paused = start_on(c, a, &name).await;
-    c.pause_execution(paused).await.expect("paused");
+    c.admin().pause_execution(paused).await.expect("paused");
     let claimed = start_on(c, a, &busy).await;
     let mut held_task = c
         .claim(a, &busy_q, "rb", 1, Duration::from_secs(60))
@@ -219,6 +217,7 @@ async fn fleet_on_a(c: &Client, a: ShardId) -> Fleet {
 /// The dry run names every blocker and records nothing.
 async fn dry_run_explains_everything(c: &Client, f: &Fleet, a: ShardId, b: ShardId) {
     let dry = c
+        .admin()
         .rebalance(a, b, &RebalanceOptions::default().dry_run(true), |_, _| {})
         .await
         .expect("a dry run");
@@ -250,7 +249,8 @@ async fn dry_run_explains_everything(c: &Client, f: &Fleet, a: ShardId, b: Shard
         f.plain, f.parked, f.timer, f.paused, f.claimed, f.locking, f.drifted,
     ];
     assert!(
-        !c.migrations(a, false, 1000)
+        !c.admin()
+            .migrations(a, false, 1000)
             .await
             .expect("moves")
             .iter()
@@ -303,12 +303,12 @@ async fn timer_fires_once_on(c: &Client, id: ExecutionId, a: ShardId, b: ShardId
     let deadline = Instant::now() + Duration::from_secs(20);
     while events_on(b, id, "WorkflowWoken").await == 0 {
         assert!(Instant::now() < deadline, "the moved timer never fired");
-        c.maintain(b).await.expect("maintenance");
-        c.maintain(a).await.expect("maintenance");
+        c.admin().maintain(b).await.expect("maintenance");
+        c.admin().maintain(a).await.expect("maintenance");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    c.maintain(a).await.expect("maintenance");
+    c.admin().maintain(a).await.expect("maintenance");
     assert_eq!(events_on(b, id, "WorkflowWoken").await, 1);
     assert_eq!(events_on(a, id, "WorkflowWoken").await, 0, "the seal never wakes");
 }
@@ -316,6 +316,7 @@ async fn timer_fires_once_on(c: &Client, id: ExecutionId, a: ShardId, b: ShardId
 /// Each run counted and listed once; the key finds the live copy.
 async fn counted_once(c: &Client, f: &Fleet, b: ShardId) {
     let usage = c
+        .admin()
         .usage_report(
             SystemTime::now() - Duration::from_secs(3600),
             SystemTime::now() + Duration::from_secs(60),
@@ -376,6 +377,7 @@ async fn a_rebalance_moves_quiescent_runs_and_names_every_blocker() {
     dry_run_explains_everything(&c, &f, a, b).await;
     let mut last = None;
     let reports = c
+        .admin()
         .rebalance(a, b, &RebalanceOptions::default(), |p, _| last = Some(p))
         .await
         .expect("a rebalance");
@@ -404,7 +406,7 @@ async fn a_rebalance_moves_quiescent_runs_and_names_every_blocker() {
     counted_once(&c, &f, b).await;
     // One audit entry per move, naming the actor and the login beside it
     // (as does the move's record).
-    let audit = c.audit_log(a, None, 100).await.expect("the audit log");
+    let audit = c.admin().audit_log(a, None, 100).await.expect("the audit log");
     let login: String = sql(a)
         .await
         .query_one("SELECT session_user::text", &[])
@@ -412,7 +414,7 @@ async fn a_rebalance_moves_quiescent_runs_and_names_every_blocker() {
         .expect("the login")
         .get(0);
     assert_ne!(login, "rb-test");
-    let moves = c.migrations(a, false, 1000).await.expect("the moves");
+    let moves = c.admin().migrations(a, false, 1000).await.expect("the moves");
     for id in f.movable() {
         assert!(
             audit.iter().any(|e| e.action == "rebalance.migrate"
@@ -474,24 +476,37 @@ async fn a_run_that_changes_after_verification_is_not_cut_over() {
     declare(&c, &name, &unique("rb-late-q")).await;
     let id = start_on(&c, a, &name).await;
     let export = c
+        .protocol()
         .migration_begin(a, id, b, Duration::from_secs(60))
         .await
         .expect("begun");
     let value = export.to_value().expect("json");
     let migration = value["migration_id"].as_i64().expect("an id");
     let token = value["lease_token"].as_i64().expect("a lease token");
-    let digest = c.migration_stage(b, &export).await.expect("staged");
+    let digest = c.protocol().migration_stage(b, &export).await.expect("staged");
     assert!(
-        c.migration_verify(a, migration, token, &digest)
+        c.protocol()
+            .migration_verify(a, migration, token, &digest)
             .await
             .expect("verified")
     );
     // It wakes and appends between verify and a late cutover.
     c.append_event(id, "Late", json!({})).await.expect("an event");
-    assert!(!c.migration_cutover(a, migration, token).await.expect("a cutover"));
-    assert!(c.migration_discard(b, id, a, migration).await.expect("discarded"));
+    assert!(
+        !c.protocol()
+            .migration_cutover(a, migration, token)
+            .await
+            .expect("a cutover")
+    );
+    assert!(
+        c.protocol()
+            .migration_discard(b, id, a, migration)
+            .await
+            .expect("discarded")
+    );
     assert_eq!(
-        c.migration_report(a, migration, token, "aborted", Some("test"))
+        c.protocol()
+            .migration_report(a, migration, token, "aborted", Some("test"))
             .await
             .expect("aborted"),
         "ABORTED"
@@ -530,7 +545,7 @@ async fn auto_resumed(c: &Arc<Client>, from: ShardId, to: ShardId, id: Execution
     )
     .expect("a worker");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !c.migrations(from, true, 10).await.expect("moves").is_empty() {
+    while !open_moves(c, from).await.is_empty() {
         assert!(Instant::now() < deadline, "auto-resume never settled the move");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -540,7 +555,7 @@ async fn auto_resumed(c: &Arc<Client>, from: ShardId, to: ShardId, id: Execution
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     worker.shutdown().await;
-    let audit = c.audit_log(from, None, 20).await.expect("the audit log");
+    let audit = c.admin().audit_log(from, None, 20).await.expect("the audit log");
     assert!(
         audit
             .iter()
@@ -585,7 +600,7 @@ async fn the_cli_killed_after_any_phase_leaves_one_authoritative_copy() {
             Some(9),
             "{phase}: the CLI was killed ({status:?})"
         );
-        let open = c.migrations(from, true, 10).await.expect("moves");
+        let open = open_moves(&c, from).await;
         assert_eq!(open.len(), 1, "{phase}: {open:?}");
         let expect = match phase {
             "begun" | "staged" => "STARTED",
@@ -625,10 +640,7 @@ async fn the_cli_killed_after_any_phase_leaves_one_authoritative_copy() {
             b.retain(|e| e.1 != "WorkflowWoken");
             assert_eq!(h, b, "{phase}: the history moved byte for byte");
         }
-        assert!(
-            c.migrations(from, true, 10).await.expect("moves").is_empty(),
-            "{phase}"
-        );
+        assert!(open_moves(&c, from).await.is_empty(), "{phase}");
         assert_eq!(live_on(id).await, vec![to], "{phase}: one authoritative copy");
         let e = c.get_execution(id).await.expect("a read").expect("found");
         assert_eq!(e.shard, to, "{phase}");
@@ -637,6 +649,11 @@ async fn the_cli_killed_after_any_phase_leaves_one_authoritative_copy() {
             "{phase}: {e:?}"
         );
     }
+}
+
+/// The moves off `from` not settled yet.
+async fn open_moves(c: &Client, from: ShardId) -> Vec<sheaf_driver::Migration> {
+    c.admin().migrations(from, true, 10).await.expect("moves")
 }
 
 /// Whether any payload of `id` is left on `shard` (its input or an event's).
@@ -669,12 +686,12 @@ async fn an_erasure_reaches_every_residence_or_reports_incomplete() {
     moved(&c, a, id, b).await;
     moved(&c, b, id, z).await;
     assert!(
-        c.erase_payloads(id).await.is_err(),
+        c.admin().erase_payloads(id).await.is_err(),
         "a running run is not erased, anywhere"
     );
     assert!(payload_left(a, id, "secret").await && payload_left(z, id, "secret").await);
     assert!(c.cancel_execution(id, None).await.expect("a cancel"));
-    let erased = c.erase_payloads(id).await.expect("an erasure");
+    let erased = c.admin().erase_payloads(id).await.expect("an erasure");
     assert_eq!((erased.live, erased.prior_residences.clone()), (z, vec![a, b]));
     for shard in [a, b, z] {
         assert!(
@@ -693,7 +710,7 @@ async fn an_erasure_reaches_every_residence_or_reports_incomplete() {
     moved(&c, a, other, b).await;
     assert!(c.cancel_execution(other, None).await.expect("a cancel"));
     sheaf_tests::own_shards("rebalance", 24600, &["stop-one", "0"]);
-    let down = c.erase_payloads(other).await;
+    let down = c.admin().erase_payloads(other).await;
     sheaf_tests::own_shards("rebalance", 24600, &["start-one", "0"]);
     assert!(
         down.is_err(),
@@ -709,7 +726,11 @@ async fn an_erasure_reaches_every_residence_or_reports_incomplete() {
         "the residence that was down still holds it"
     );
     let again = client("rb-erase");
-    again.erase_payloads(other).await.expect("the erasure, again");
+    again
+        .admin()
+        .erase_payloads(other)
+        .await
+        .expect("the erasure, again");
     assert!(!payload_left(a, other, "xxxx").await);
 }
 
@@ -725,24 +746,23 @@ async fn a_drained_shard_can_be_retired_behind_a_forwards_entry() {
         movable.push(start_on(&c, leaving, &name).await);
     }
     let paused = start_on(&c, leaving, &name).await;
-    c.pause_execution(paused).await.expect("paused");
+    c.admin().pause_execution(paused).await.expect("paused");
     // Taken out of the writable set first, as the runbook says.
     let topology = sheaf_driver::TopologyBuilder::from_spec(spec())
         .expect("a spec")
         .writable([0, 1])
         .build()
         .expect("a topology");
-    let options = PoolOptions {
-        actor: Some("rb-drain".into()),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().actor(Some("rb-drain".into()));
     let d = Client::new(topology.clone(), options.clone()).expect("a client");
     let dry = d
+        .admin()
         .drain(leaving, &RebalanceOptions::default().dry_run(true), |_, _| {})
         .await
         .expect("a dry run");
     assert_eq!(dry.seals_adopted, 0);
     let drained = d
+        .admin()
         .drain(leaving, &RebalanceOptions::default(), |_, _| {})
         .await
         .expect("a drain");

@@ -254,12 +254,10 @@ async fn killed_relays_and_a_stopped_shard_lose_and_repeat_nothing() {
         .collect::<Vec<_>>()
         .join(",");
     let topology = Topology::parse(&spec).expect("own shards");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        breaker_cooldown: Duration::from_millis(500),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2))
+        .breaker_cooldown(Duration::from_millis(500));
     let c = Arc::new(Client::new(topology.clone(), options).expect("a client"));
     let shard = |n: usize| topology.shards().nth(n).expect("three shards").id;
     let mut relays = Relays {

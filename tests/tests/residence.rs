@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     ByKey, ChildPlacement, Client, ClientError, DebounceMode, EnqueueOptions, ExecutionId, MoveOutcome,
     OnShard, Placement, PoolOptions, RebalanceOptions, Relay, RelayOptions, ShardId, StartOptions,
@@ -38,7 +39,7 @@ async fn start_on(c: &Client, shard: ShardId, name: &str, workflow_id: &str) -> 
 }
 
 async fn moved(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) {
-    match c.move_execution(from, id, to).await {
+    match c.protocol().move_execution(from, id, to).await {
         Ok(MoveOutcome::Moved { .. }) => {}
         other => panic!("moving {id} {from} -> {to}: {other:?}"),
     }
@@ -46,7 +47,7 @@ async fn moved(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) {
 
 async fn event_types(c: &Client, id: ExecutionId) -> Vec<String> {
     let page = c.history(id, 0, 1000).await.expect("a history page");
-    page.events.iter().map(|e| e.event_type.clone()).collect()
+    page.events.iter().map(|e| e.event_type.to_string()).collect()
 }
 
 fn count(events: &[String], kind: &str) -> usize {
@@ -195,13 +196,14 @@ async fn an_attach_to_a_seal_reports_where_the_run_lives() {
 /// Begins moving `id` and stages it: the move's id and its lease token.
 async fn begun(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) -> (i64, i64, String) {
     let export = c
+        .protocol()
         .migration_begin(from, id, to, Duration::from_secs(60))
         .await
         .expect("begun");
     let value = export.to_value().expect("an export");
     let migration = value["migration_id"].as_i64().expect("a move id");
     let token = value["lease_token"].as_i64().expect("a lease token");
-    let digest = c.migration_stage(to, &export).await.expect("staged");
+    let digest = c.protocol().migration_stage(to, &export).await.expect("staged");
     (migration, token, digest)
 }
 
@@ -210,12 +212,14 @@ async fn begun(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) -> (i64,
 async fn cut_over(c: &Client, from: ShardId, id: ExecutionId, to: ShardId) -> (i64, i64) {
     let (migration, token, digest) = begun(c, from, id, to).await;
     assert!(
-        c.migration_verify(from, migration, token, &digest)
+        c.protocol()
+            .migration_verify(from, migration, token, &digest)
             .await
             .expect("verified")
     );
     assert!(
-        c.migration_cutover(from, migration, token)
+        c.protocol()
+            .migration_cutover(from, migration, token)
             .await
             .expect("cut over")
     );
@@ -235,7 +239,7 @@ async fn a_key_lookup_mid_move_waits_for_the_live_copy() {
         let c = c.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            c.migration_activate(to, id).await.expect("activated")
+            c.protocol().migration_activate(to, id).await.expect("activated")
         })
     };
     let by_key = c
@@ -243,7 +247,8 @@ async fn a_key_lookup_mid_move_waits_for_the_live_copy() {
         .await
         .expect("a signal by key");
     assert!(activate.await.expect("the activation task"));
-    c.migration_report(from, migration, token, "done", None)
+    c.protocol()
+        .migration_report(from, migration, token, "done", None)
         .await
         .expect("done");
     match by_key {
@@ -264,7 +269,8 @@ async fn usage_recorded_during_a_move_is_kept() {
     let id = start_on(&c, from, &name, "u-1").await;
     let (migration, token, digest) = begun(&c, from, id, to).await;
     assert!(
-        c.migration_verify(from, migration, token, &digest)
+        c.protocol()
+            .migration_verify(from, migration, token, &digest)
             .await
             .expect("verified")
     );
@@ -272,16 +278,19 @@ async fn usage_recorded_during_a_move_is_kept() {
         .await
         .expect("usage recorded mid-move");
     assert!(
-        !c.migration_cutover(from, migration, token)
+        !c.protocol()
+            .migration_cutover(from, migration, token)
             .await
             .expect("a cutover"),
         "the cutover declines a run whose usage changed after its verify"
     );
-    c.migration_report(from, migration, token, "aborted", Some("usage changed"))
+    c.protocol()
+        .migration_report(from, migration, token, "aborted", Some("usage changed"))
         .await
         .expect("aborted");
     assert!(
-        c.migration_discard(to, id, from, migration)
+        c.protocol()
+            .migration_discard(to, id, from, migration)
             .await
             .expect("discarded")
     );
@@ -340,13 +349,18 @@ async fn an_erasure_reaches_a_seal_a_drain_handed_over() {
         .expect("its seal")
         .get(0);
     let seal = sheaf_driver::Json::from_serialize(&seal).expect("a seal document");
-    assert!(c.migration_adopt_seal(adopter, &seal).await.expect("adopted"));
+    assert!(
+        c.protocol()
+            .migration_adopt_seal(adopter, &seal)
+            .await
+            .expect("adopted")
+    );
     assert!(
         payload_left(adopter, id).await,
         "the handed-over seal holds the input"
     );
     assert!(c.cancel_execution(id, None).await.expect("a cancel"));
-    let erased = c.erase_payloads(id).await.expect("an erasure");
+    let erased = c.admin().erase_payloads(id).await.expect("an erasure");
     assert_eq!(erased.live, home);
     assert_eq!(erased.prior_residences, vec![born, adopter]);
     for shard in [born, home, adopter] {
@@ -422,13 +436,14 @@ async fn a_child_start_and_a_superseding_start_do_not_deadlock() {
     let c = client();
     let shard = sid(0);
     let name = unique("res-latest");
-    c.declare_workflow(
-        &name,
-        json!({"concurrency": {"key": "input.k", "limit": 1, "on_conflict": "cancel_running"}}),
-    )
-    .await
-    .into_result()
-    .expect("declared");
+    c.admin()
+        .declare_workflow(
+            &name,
+            json!({"concurrency": {"key": "input.k", "limit": 1, "on_conflict": "cancel_running"}}),
+        )
+        .await
+        .into_result()
+        .expect("declared");
     let parent = c
         .start_workflow(
             &name,
@@ -555,31 +570,35 @@ async fn a_move_has_one_mover_at_a_time() {
     let name = unique("res-lease");
     let id = start_on(&c, from, &name, "l-1").await;
     let (migration, token, digest) = begun(&c, from, id, to).await;
-    let resumed = c.rebalance_resume(from).await.expect("a resume");
+    let resumed = c.admin().rebalance_resume(from).await.expect("a resume");
     let mine = resumed.iter().find(|r| r.id == id).expect("the move is listed");
     assert!(
-        matches!(&mine.outcome, Ok(MoveOutcome::Blocked(why)) if why[0].contains("lease")),
+        matches!(&mine.outcome, Ok(MoveOutcome::Blocked(why)) if why[0].as_str().contains("lease")),
         "a move in progress is not taken over: {mine:?}"
     );
     assert!(
-        c.migration_verify(from, migration, token + 1_000_000, &digest)
+        c.protocol()
+            .migration_verify(from, migration, token + 1_000_000, &digest)
             .await
             .is_err(),
         "a step under another token is refused"
     );
     assert!(
-        c.migration_verify(from, migration, token, &digest)
+        c.protocol()
+            .migration_verify(from, migration, token, &digest)
             .await
             .expect("its mover verifies")
     );
     assert!(
-        c.migration_cutover(from, migration, token)
+        c.protocol()
+            .migration_cutover(from, migration, token)
             .await
             .expect("its mover cuts over")
     );
-    assert!(c.migration_activate(to, id).await.expect("activated"));
+    assert!(c.protocol().migration_activate(to, id).await.expect("activated"));
     assert_eq!(
-        c.migration_report(from, migration, token, "done", None)
+        c.protocol()
+            .migration_report(from, migration, token, "done", None)
             .await
             .expect("done"),
         "DONE"
@@ -598,7 +617,7 @@ async fn a_move_has_one_mover_at_a_time() {
     )
     .await
     .expect("the lease expired from outside");
-    let resumed = c.rebalance_resume(from).await.expect("a resume");
+    let resumed = c.admin().rebalance_resume(from).await.expect("a resume");
     let mine = resumed
         .iter()
         .find(|r| r.id == other)
@@ -608,7 +627,10 @@ async fn a_move_has_one_mover_at_a_time() {
         "a lapsed move is taken over and moved again: {mine:?}"
     );
     assert!(
-        c.migration_verify(from, migration, token, &digest).await.is_err(),
+        c.protocol()
+            .migration_verify(from, migration, token, &digest)
+            .await
+            .is_err(),
         "the old mover is fenced out"
     );
     let mut held = copies(other).await;
@@ -628,30 +650,39 @@ async fn a_late_discard_never_removes_a_newer_moves_copy() {
     let id = start_on(&c, from, &name, "d-1").await;
     let (first, token, _) = begun(&c, from, id, to).await;
     assert_eq!(
-        c.migration_report(from, first, token, "aborted", Some("test"))
+        c.protocol()
+            .migration_report(from, first, token, "aborted", Some("test"))
             .await
             .expect("aborted"),
         "ABORTED"
     );
     assert!(
-        c.migration_cutover(from, first, token).await.is_err(),
+        c.protocol().migration_cutover(from, first, token).await.is_err(),
         "no cutover after an abort"
     );
     let (second, token, digest) = begun(&c, from, id, to).await;
     assert!(
-        !c.migration_discard(to, id, from, first)
+        !c.protocol()
+            .migration_discard(to, id, from, first)
             .await
             .expect("a late discard"),
         "the newer move's copy is not the late discard's"
     );
     assert!(
-        c.migration_verify(from, second, token, &digest)
+        c.protocol()
+            .migration_verify(from, second, token, &digest)
             .await
             .expect("verified")
     );
-    assert!(c.migration_cutover(from, second, token).await.expect("cut over"));
-    assert!(c.migration_activate(to, id).await.expect("activated"));
-    c.migration_report(from, second, token, "done", None)
+    assert!(
+        c.protocol()
+            .migration_cutover(from, second, token)
+            .await
+            .expect("cut over")
+    );
+    assert!(c.protocol().migration_activate(to, id).await.expect("activated"));
+    c.protocol()
+        .migration_report(from, second, token, "done", None)
         .await
         .expect("done");
     let mut held = copies(id).await;
@@ -848,7 +879,7 @@ async fn a_moved_parents_children_are_all_listed() {
 async fn a_moved_parents_children_are_not_orphans() {
     let c = client();
     let (parent, before, after) = moved_parent_with_children(&c).await;
-    let orphans = c.orphan_children().await.expect("an orphan check");
+    let orphans = c.admin().orphan_children().await.expect("an orphan check");
     let ours: Vec<_> = orphans.items.iter().filter(|o| o.parent_id == parent).collect();
     assert!(ours.is_empty(), "{before} and {after} have a parent: {ours:?}");
     c.cancel_execution(after, None).await.expect("cancelled");
@@ -1039,7 +1070,8 @@ async fn held_children(
     tx.commit().await.expect("commit");
     let (to_start, ended) = (children[0], children[1]);
     let input = sheaf_driver::Json::from_serialize(&json!({})).expect("an input");
-    c.relay_start_child(ended, parent, "res-drain-child", &keys[1], &input)
+    c.protocol()
+        .relay_start_child(ended, parent, "res-drain-child", &keys[1], &input)
         .await
         .expect("started on the leaving shard");
     db.execute(
@@ -1063,6 +1095,7 @@ async fn unsettled(
     children: &[ExecutionId],
 ) -> Vec<(ExecutionId, ShardId, String)> {
     let drain = c
+        .admin()
         .drain(leaving, &RebalanceOptions::default().dry_run(true), |_, _| {})
         .await
         .expect("a dry-run drain");
@@ -1151,7 +1184,7 @@ async fn a_seal_is_kept_while_its_run_lives() {
     )
     .await
     .expect("an old seal");
-    c.confirm_seals(born, 1000).await.expect("a check");
+    c.protocol().confirm_seals(born, 1000).await.expect("a check");
     db.execute("SELECT sheaf.maintain()", &[])
         .await
         .expect("maintain");
@@ -1161,7 +1194,7 @@ async fn a_seal_is_kept_while_its_run_lives() {
         "its id resolves"
     );
     assert!(c.cancel_execution(id, None).await.expect("a cancel"));
-    c.confirm_seals(born, 1000).await.expect("a check");
+    c.protocol().confirm_seals(born, 1000).await.expect("a check");
     assert_eq!(seal_state(&db, id).await, Some(true), "its run ended");
     db.execute("SELECT sheaf.maintain()", &[])
         .await

@@ -245,7 +245,7 @@ async fn maintain_ends_a_run_past_its_deadline() {
         .await
         .expect("start");
     until("the run times out", Duration::from_secs(20), async || {
-        c.maintain(shard.id).await.expect("maintain");
+        c.admin().maintain(shard.id).await.expect("maintain");
         c.get_execution(s.execution_id)
             .await
             .expect("read")

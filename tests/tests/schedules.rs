@@ -18,7 +18,7 @@ fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
 }
 
-fn home() -> &'static sheaf_driver::topology::Shard {
+fn home() -> &'static sheaf_driver::Shard {
     let t = fleet();
     t.get(t.default_shard()).expect("the default shard")
 }
@@ -114,12 +114,13 @@ async fn four_sweepers_fire_each_time_once() {
     let c = client();
     let db = connect(home()).await;
     let (name, queue) = (unique("every-second"), unique("ticks"));
-    c.create_schedule(
-        &name,
-        json!({"cron": "@every 1s", "task": {"queue": queue, "payload": {}}, "overlap": "allow"}),
-    )
-    .await
-    .expect("create");
+    c.admin()
+        .create_schedule(
+            &name,
+            json!({"cron": "@every 1s", "task": {"queue": queue, "payload": {}}, "overlap": "allow"}),
+        )
+        .await
+        .expect("create");
     let stop = Arc::new(AtomicBool::new(false));
     let sweeping = {
         let stop = stop.clone();
@@ -139,7 +140,7 @@ async fn four_sweepers_fire_each_time_once() {
     let mut distinct = times.clone();
     distinct.dedup();
     assert_eq!(distinct.len(), times.len());
-    assert!(c.delete_schedule(&name).await.expect("delete"));
+    assert!(c.admin().delete_schedule(&name).await.expect("delete"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -150,13 +151,14 @@ async fn a_new_york_schedule_swept_across_fall_back() {
     let (qf, qh) = (unique("nyf"), unique("nyh"));
     // 01:30 every day, and every hour at :30 on November 1st only.
     for (name, cron, queue) in [(&fixed, "30 1 * * *", &qf), (&hourly, "30 * 1 11 *", &qh)] {
-        c.create_schedule(
-            name,
-            json!({"cron": cron, "time_zone": "America/New_York", "task": {"queue": queue},
+        c.admin()
+            .create_schedule(
+                name,
+                json!({"cron": cron, "time_zone": "America/New_York", "task": {"queue": queue},
                    "catch_up": "all", "catch_up_max": 1000, "overlap": "allow"}),
-        )
-        .await
-        .expect("create");
+            )
+            .await
+            .expect("create");
         due_at(&db, name, "'2026-10-31T23:00:00Z'").await;
     }
     sweep_until_caught_up(&db, &[&fixed, &hourly]).await;
@@ -177,7 +179,7 @@ async fn a_new_york_schedule_swept_across_fall_back() {
     for (name, queue) in [(&fixed, &qf), (&hourly, &qh)] {
         let (tasks, fires) = started(&db, name, queue).await;
         assert_eq!(tasks, fires);
-        c.delete_schedule(name).await.expect("delete");
+        c.admin().delete_schedule(name).await.expect("delete");
     }
 }
 
@@ -219,7 +221,7 @@ async fn after_downtime_each_catch_up_policy_fires_what_it_says() {
         for (k, v) in policy.as_object().expect("an object") {
             spec[k] = v.clone();
         }
-        c.create_schedule(&name, spec).await.expect("create");
+        c.admin().create_schedule(&name, spec).await.expect("create");
         due_at(&db, &name, at).await;
         made.push((name, queue, expected, policy));
     }
@@ -237,7 +239,7 @@ async fn after_downtime_each_catch_up_policy_fires_what_it_says() {
             .expect("next")
             .get(0);
         assert!(next, "{policy}: caught up");
-        c.delete_schedule(name).await.expect("delete");
+        c.admin().delete_schedule(name).await.expect("delete");
     }
 }
 
@@ -245,18 +247,21 @@ async fn after_downtime_each_catch_up_policy_fires_what_it_says() {
 async fn the_driver_manages_a_schedule_end_to_end() {
     let c = client();
     let (name, queue) = (unique("managed"), unique("mq"));
-    c.create_schedule(
-        &name,
-        json!({"cron": "@daily", "task": {"queue": queue, "payload": {"n": 1}}}),
-    )
-    .await
-    .expect("create");
+    c.admin()
+        .create_schedule(
+            &name,
+            json!({"cron": "@daily", "task": {"queue": queue, "payload": {"n": 1}}}),
+        )
+        .await
+        .expect("create");
     let taken = c
+        .admin()
         .create_schedule(&name, json!({"cron": "@daily", "task": {"queue": queue}}))
         .await
         .expect_err("a taken name");
     assert!(matches!(taken, ClientError::WrongState { .. }), "{taken}");
     let bad = c
+        .admin()
         .create_schedule(
             &unique("bad"),
             json!({"cron": "0 0 30 2 *", "task": {"queue": queue}}),
@@ -264,14 +269,15 @@ async fn the_driver_manages_a_schedule_end_to_end() {
         .await
         .expect_err("never fires");
     assert!(matches!(bad, ClientError::InvalidArgument { .. }), "{bad}");
-    let fire = c.trigger_schedule(&name).await.expect("trigger");
+    let fire = c.admin().trigger_schedule(&name).await.expect("trigger");
     assert_eq!(fire.outcome, "started");
     assert!(fire.task_id.is_some());
-    assert!(c.pause_schedule(&name).await.expect("pause"));
-    c.update_schedule(&name, json!({"jitter": "5s"}))
+    assert!(c.admin().pause_schedule(&name).await.expect("pause"));
+    c.admin()
+        .update_schedule(&name, json!({"jitter": "5s"}))
         .await
         .expect("update");
-    let listed = c.list_schedules().await;
+    let listed = c.admin().list_schedules().await;
     assert!(listed.failed.is_empty());
     let s = listed
         .ok
@@ -281,10 +287,17 @@ async fn the_driver_manages_a_schedule_end_to_end() {
         .expect("listed");
     assert!(s.paused);
     assert_eq!(s.spec.to_value().expect("json")["jitter"], "5s");
-    assert_eq!(c.schedule_fires(&name, None, 10).await.expect("fires").len(), 1);
-    assert!(c.resume_schedule(&name).await.expect("resume"));
-    assert!(c.delete_schedule(&name).await.expect("delete"));
-    let gone = c.pause_schedule(&name).await.expect_err("deleted");
+    assert_eq!(
+        c.admin()
+            .schedule_fires(&name, None, 10)
+            .await
+            .expect("fires")
+            .len(),
+        1
+    );
+    assert!(c.admin().resume_schedule(&name).await.expect("resume"));
+    assert!(c.admin().delete_schedule(&name).await.expect("delete"));
+    let gone = c.admin().pause_schedule(&name).await.expect_err("deleted");
     assert!(matches!(gone, ClientError::UnknownSchedule { .. }), "{gone}");
 }
 

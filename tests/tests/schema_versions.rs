@@ -77,7 +77,7 @@ async fn a_shard_on_an_unknown_schema_is_refused_by_name() {
             assert!(text.contains("not installed"), "{text}");
         }
 
-        let status = client.topology_status(Duration::from_secs(5)).await;
+        let status = client.admin().topology_status(Duration::from_secs(5)).await;
         let probe = &status.shards[0].probe;
         assert!(probe.reachable);
         assert!(!probe.schema_compatible);
@@ -95,7 +95,7 @@ async fn a_shard_on_an_unknown_schema_is_refused_by_name() {
 #[tokio::test]
 async fn the_fleet_runs_a_schema_this_driver_works_with() {
     let client = Client::new(fleet().clone(), PoolOptions::default()).expect("client");
-    let status = client.topology_status(Duration::from_secs(5)).await;
+    let status = client.admin().topology_status(Duration::from_secs(5)).await;
     for s in &status.shards {
         assert!(s.probe.schema_compatible, "{:?}", s.probe);
     }

@@ -33,14 +33,17 @@ async fn lifecycle_calls_say_whether_they_changed_anything() {
         .await
         .expect("start");
     let id = s.execution_id;
-    assert!(c.pause_execution(id).await.expect("pause"));
+    assert!(c.admin().pause_execution(id).await.expect("pause"));
     assert_eq!(state(&c, id).await, ExecutionState::Paused);
     assert!(
-        !c.pause_execution(id).await.expect("pause again"),
+        !c.admin().pause_execution(id).await.expect("pause again"),
         "already paused"
     );
-    assert!(c.resume_execution(id).await.expect("resume"));
-    assert!(!c.resume_execution(id).await.expect("resume again"), "not paused");
+    assert!(c.admin().resume_execution(id).await.expect("resume"));
+    assert!(
+        !c.admin().resume_execution(id).await.expect("resume again"),
+        "not paused"
+    );
     assert_eq!(state(&c, id).await, ExecutionState::Running);
 
     let wake_at = SystemTime::now() + Duration::from_secs(3600);
@@ -66,13 +69,19 @@ async fn lifecycle_calls_say_whether_they_changed_anything() {
     assert_eq!(page.events[0].payload.as_str(), r#"{"price": 1.50}"#);
 
     assert!(
-        c.terminate_execution(id, Some("operator"))
+        c.admin()
+            .terminate_execution(id, Some("operator"))
             .await
             .expect("terminate")
     );
-    assert!(!c.terminate_execution(id, None).await.expect("terminate again"));
+    assert!(
+        !c.admin()
+            .terminate_execution(id, None)
+            .await
+            .expect("terminate again")
+    );
     assert_eq!(state(&c, id).await, ExecutionState::Terminated);
-    match c.pause_execution(id).await {
+    match c.admin().pause_execution(id).await {
         Err(ClientError::WrongState { .. }) => {}
         other => panic!("a pause of an ended execution: {other:?}"),
     }
@@ -185,7 +194,7 @@ async fn batches_enqueue_in_order_on_one_shard_and_complete_per_task() {
     assert_eq!(done.len(), 5);
     assert!(!done[&entries[0].0]);
     assert_eq!(done.values().filter(|&&ok| ok).count(), 4);
-    let stats = c.queue_stats(&queue).await;
+    let stats = c.admin().queue_stats(&queue).await;
     assert!(stats.is_complete(), "{:?}", stats.failed);
     assert_eq!(stats.ok[&shard].running, 1);
     assert_eq!(stats.total().running, 1);

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     Client, ClientError, EnqueueOptions, Placement, PoolOptions, QueueOptions, ShardId, StartOptions,
     Topology,
@@ -24,11 +25,9 @@ fn client_with_a_dead_shard() -> (Client, ShardId) {
         .shard(9, "postgres://postgres@127.0.0.1:1/sheaf")
         .build()
         .expect("a topology");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(1));
     let dead = ShardId::new(9).expect("an id");
     (Client::new(t, options).expect("a client"), dead)
 }
@@ -42,7 +41,7 @@ async fn a_half_applied_policy_says_which_shards_did_not_take_it() {
     let (c, dead) = client_with_a_dead_shard();
     let name = unique("policy");
     let policy = json!({"concurrency": {"key": "input.tenant", "limit": 1, "on_conflict": "reject"}});
-    let report = c.declare_workflow(&name, policy.clone()).await;
+    let report = c.admin().declare_workflow(&name, policy.clone()).await;
     assert!(!report.is_complete());
     assert_eq!(report.ok.keys().copied().collect::<Vec<_>>(), live_ids());
     assert_eq!(report.failed.keys().copied().collect::<Vec<_>>(), [dead]);
@@ -69,8 +68,9 @@ async fn a_half_applied_policy_says_which_shards_did_not_take_it() {
         }
     }
     // The whole fleet: complete. A bad policy: refused by every shard, each reported.
-    assert!(live.declare_workflow(&name, policy).await.is_complete());
+    assert!(live.admin().declare_workflow(&name, policy).await.is_complete());
     let bad = live
+        .admin()
         .declare_workflow(&name, json!({"concurrency": {"limit": -1}}))
         .await;
     assert!(bad.ok.is_empty());
@@ -86,9 +86,9 @@ async fn a_half_applied_policy_says_which_shards_did_not_take_it() {
 async fn caps_and_queue_configuration_report_per_shard() {
     let (c, dead) = client_with_a_dead_shard();
     let key = unique("cap");
-    let report = c.set_concurrency_limit(&key, Some(3)).await;
+    let report = c.admin().set_concurrency_limit(&key, Some(3)).await;
     assert_eq!((report.ok.len(), report.failed.len()), (3, 1));
-    let stats = c.concurrency_stats().await;
+    let stats = c.admin().concurrency_stats().await;
     assert!(
         stats.failed.contains_key(&dead),
         "a fan-out read reports the dead shard"
@@ -103,6 +103,7 @@ async fn caps_and_queue_configuration_report_per_shard() {
     }
     let queue = unique("cfg");
     let configs = client()
+        .admin()
         .configure_queue(&queue, &QueueOptions::new().aging_secs(Some(30)).notify(false))
         .await
         .into_result()
@@ -115,7 +116,13 @@ async fn caps_and_queue_configuration_report_per_shard() {
         );
         assert_eq!(config.queue, queue);
     }
-    assert!(client().set_concurrency_limit(&key, None).await.is_complete());
+    assert!(
+        client()
+            .admin()
+            .set_concurrency_limit(&key, None)
+            .await
+            .is_complete()
+    );
 }
 
 #[tokio::test]
@@ -140,16 +147,16 @@ async fn redrive_goes_to_each_ids_shard_and_reports_per_shard() {
         assert!(outcome.dead_lettered);
         dead_letters.push(task.task_id);
     }
-    let stats = c.queue_stats(&queue).await;
+    let stats = c.admin().queue_stats(&queue).await;
     assert_eq!(stats.total().dead, 2);
-    let report = c.redrive(&dead_letters).await;
+    let report = c.admin().redrive(&dead_letters).await;
     assert!(report.is_complete(), "{:?}", report.failed);
     assert_eq!(report.ok.keys().copied().collect::<Vec<_>>(), shards[..2]);
     assert!(report.ok.values().all(|&n| n == 1));
     assert_eq!(report.total(), 2);
     // Again: nothing is a dead letter any more; each shard skips its id.
-    assert_eq!(c.redrive(&dead_letters).await.total(), 0);
-    assert_eq!(c.queue_stats(&queue).await.total().ready, 2);
+    assert_eq!(c.admin().redrive(&dead_letters).await.total(), 0);
+    assert_eq!(c.admin().queue_stats(&queue).await.total().ready, 2);
 }
 
 #[tokio::test]
@@ -164,7 +171,7 @@ async fn fleet_reads_answer_per_shard() {
     )
     .await
     .expect("enqueue");
-    let stranded = c.stranded_work().await;
+    let stranded = c.admin().stranded_work().await;
     assert!(stranded.is_complete());
     assert!(
         stranded.ok[&shard]
@@ -172,32 +179,39 @@ async fn fleet_reads_answer_per_shard() {
             .any(|s| s.queue == queue && s.ready == 1)
     );
     let worker = unique("worker");
-    c.worker_heartbeat(shard, &worker, std::slice::from_ref(&queue))
+    c.protocol()
+        .worker_heartbeat(shard, &worker, std::slice::from_ref(&queue))
         .await
         .expect("heartbeat");
-    let live = c.live_workers().await;
+    let live = c.admin().live_workers().await;
     let seen: Vec<_> = live.ok[&shard].iter().filter(|w| w.worker == worker).collect();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].queues, std::slice::from_ref(&queue));
     assert!(
-        !c.stranded_work().await.ok[&shard]
+        !c.admin().stranded_work().await.ok[&shard]
             .iter()
             .any(|s| s.queue == queue)
     );
-    assert!(c.worker_deregister(shard, &worker).await.expect("deregister"));
+    assert!(
+        c.protocol()
+            .worker_deregister(shard, &worker)
+            .await
+            .expect("deregister")
+    );
 
-    let usage = c.quota_usage(&unique("nokey")).await;
+    let usage = c.admin().quota_usage(&unique("nokey")).await;
     assert_eq!((usage.ok.len(), usage.total().active_executions), (3, 0));
-    let recount = c.quota_recompute(&unique("nokey")).await;
+    let recount = c.admin().quota_recompute(&unique("nokey")).await;
     assert!(recount.is_complete());
     for shard in live_ids() {
-        let info = c.shard_info(shard).await.expect("shard_info");
+        let info = c.admin().shard_info(shard).await.expect("shard_info");
         assert!(info.matches(), "{info:?}");
         assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
-        c.init_shard(shard)
+        c.admin()
+            .init_shard(shard)
             .await
             .expect("init_shard is idempotent for the same id");
-        assert!(c.reap_expired(shard, 100).await.expect("reap") >= 0);
-        assert!(c.mutex_reclaim(shard, 100).await.expect("reclaim") >= 0);
+        assert!(c.admin().reap_expired(shard, 100).await.expect("reap") >= 0);
+        assert!(c.admin().mutex_reclaim(shard, 100).await.expect("reclaim") >= 0);
     }
 }

@@ -151,7 +151,7 @@ async fn work_in_the_callers_transaction_commits_or_rolls_back_with_it() {
         .expect("start");
     tx.rollback().await.expect("rollback");
     assert_eq!(
-        c.queue_stats(&queue).await.total().ready,
+        c.admin().queue_stats(&queue).await.total().ready,
         0,
         "rolled back: no task"
     );
@@ -172,12 +172,12 @@ async fn work_in_the_callers_transaction_commits_or_rolls_back_with_it() {
         .await
         .expect("start");
     assert_eq!(
-        c.queue_stats(&queue).await.total().ready,
+        c.admin().queue_stats(&queue).await.total().ready,
         0,
         "not visible before the commit"
     );
     tx.commit().await.expect("commit");
-    assert_eq!(c.queue_stats(&queue).await.ok[&shard].ready, 2);
+    assert_eq!(c.admin().queue_stats(&queue).await.ok[&shard].ready, 2);
     assert!(
         c.get_execution(started.execution_id)
             .await

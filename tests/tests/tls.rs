@@ -92,7 +92,7 @@ async fn a_shard_that_requires_tls_is_reached_over_tls_and_verified() {
     assert!(tls_backends(&db).await >= 2, "the listener's connection is TLS");
     worker.shutdown().await;
 
-    let status = c.topology_status(Duration::from_secs(5)).await;
+    let status = c.admin().topology_status(Duration::from_secs(5)).await;
     assert!(
         status.shards.iter().all(|s| s.probe.reachable),
         "the status probe connects over TLS"
@@ -119,11 +119,9 @@ async fn an_untrusted_server_is_refused(url: &str, shard: sheaf_driver::ShardId,
         "sslrootcert=/etc/ssl/certs/ca-certificates.crt",
     );
     let other = Topology::parse(&format!("{shard}={untrusted}")).expect("a topology");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(2),
-        acquire_timeout: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(2))
+        .acquire_timeout(Duration::from_secs(2));
     let refused = Client::new(other, options)
         .expect("a client")
         .enqueue(queue, json!({}), EnqueueOptions::new())

@@ -23,10 +23,7 @@ fn own(args: &[&str]) -> String {
 }
 
 fn client(builder: TopologyBuilder, declare: bool) -> Arc<Client> {
-    let options = PoolOptions {
-        declare_topology: declare,
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default().declare_topology(declare);
     Arc::new(Client::new(builder.build().expect("a topology"), options).expect("a client"))
 }
 
@@ -86,7 +83,7 @@ async fn accepted_everywhere(c: &Client, topology: &Topology, tag: &str) -> bool
 /// Fresh shards read `no_live_worker`, and ready once a worker serves them.
 async fn fresh_shards_become_ready(a: &Arc<Client>, topology: &Topology) {
     // Fresh shards: nothing serves them yet.
-    let verdicts = a.shard_health(None, Duration::from_secs(5)).await;
+    let verdicts = a.admin().shard_health(None, Duration::from_secs(5)).await;
     assert_eq!(verdicts.len(), 3);
     assert!(
         verdicts
@@ -103,7 +100,7 @@ async fn fresh_shards_become_ready(a: &Arc<Client>, topology: &Topology) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let candidate = topology.shards().nth(2).map(|s| s.id);
-        let v = a.shard_health(candidate, Duration::from_secs(5)).await;
+        let v = a.admin().shard_health(candidate, Duration::from_secs(5)).await;
         if v.len() == 1 && v[0].ready {
             break;
         }
@@ -130,7 +127,7 @@ async fn a_client_configured_unlike_the_fleet_is_refused_on_placed_work() {
 
     // Nothing published: nothing checked.
     assert!(accepted_everywhere(&b, &topology, "before").await);
-    let report = a.publish_topology(false).await;
+    let report = a.admin().publish_topology(false).await;
     assert!(report.is_complete(), "{:?}", report.failed);
     assert!(
         refused_everywhere(&b, &topology, "b").await,
@@ -159,9 +156,9 @@ async fn a_client_configured_unlike_the_fleet_is_refused_on_placed_work() {
     );
 
     // A rolling change to b's map: both accepted, then only b's.
-    let report = b.publish_topology(true).await;
+    let report = b.admin().publish_topology(true).await;
     assert!(report.is_complete(), "{:?}", report.failed);
-    let published = a.published_topology().await;
+    let published = a.admin().published_topology().await;
     for p in published.ok.values() {
         let p = p.as_ref().expect("published");
         assert_eq!(
@@ -174,17 +171,17 @@ async fn a_client_configured_unlike_the_fleet_is_refused_on_placed_work() {
     }
     assert!(accepted_everywhere(&a, &topology, "a-rollout").await);
     assert!(accepted_everywhere(&b, &topology, "b-rollout").await);
-    assert!(b.publish_topology(false).await.is_complete());
+    assert!(b.admin().publish_topology(false).await.is_complete());
     assert!(
         refused_everywhere(&a, &topology, "a-after").await,
         "the old map, once replaced"
     );
-    let status = b.topology_status(std::time::Duration::from_secs(5)).await;
+    let status = b.admin().topology_status(std::time::Duration::from_secs(5)).await;
     for s in &status.shards {
         assert_eq!(s.probe.accepted_digests, vec![b.topology().digest()]);
     }
     // a's view now: every shard refuses its digest.
-    let verdicts = a.shard_health(None, Duration::from_secs(5)).await;
+    let verdicts = a.admin().shard_health(None, Duration::from_secs(5)).await;
     assert!(
         verdicts
             .iter()
@@ -206,16 +203,13 @@ async fn one_configuration_and_its_drift(c: &Arc<Client>, topology: &Topology) {
     .expect("a configuration");
     let ops = Client::new(
         c.topology().clone(),
-        PoolOptions {
-            actor: Some("ops bot".into()),
-            ..PoolOptions::default()
-        },
+        PoolOptions::default().actor(Some("ops bot".into())),
     )
     .expect("a client");
-    let report = ops.apply_config(&config).await;
+    let report = ops.admin().apply_config(&config).await;
     assert!(report.is_complete(), "{:?}", report.failed);
     // Each shard's audit log names the action and who did it.
-    let audit = c.fleet_audit_log(20).await;
+    let audit = c.admin().fleet_audit_log(20).await;
     assert_eq!(audit.ok.len(), 3);
     for entries in audit.ok.values() {
         let cap = entries
@@ -228,7 +222,7 @@ async fn one_configuration_and_its_drift(c: &Arc<Client>, topology: &Topology) {
             "{entries:?}"
         );
     }
-    let held = c.fleet_config().await;
+    let held = c.admin().fleet_config().await;
     assert_eq!(held.ok.len(), 3);
     for cfg in held.ok.values() {
         assert_eq!(cfg.caps.get("topo-key"), Some(&Some(3)));
@@ -241,15 +235,15 @@ async fn one_configuration_and_its_drift(c: &Arc<Client>, topology: &Topology) {
     db.execute("SELECT sheaf.set_concurrency_limit('topo-key', 9)", &[])
         .await
         .expect("a change behind the fleet's back");
-    let drift = config_drift(&c.fleet_config().await);
+    let drift = config_drift(&c.admin().fleet_config().await);
     assert_eq!(drift.keys().copied().collect::<Vec<_>>(), [odd.id]);
     assert_eq!(drift[&odd.id], ["cap \"topo-key\" differs"]);
-    let verdict = c.shard_health(Some(odd.id), Duration::from_secs(5)).await;
+    let verdict = c.admin().shard_health(Some(odd.id), Duration::from_secs(5)).await;
     assert!(
         verdict[0].reason_codes.contains(&HealthReason::ConfigDrift),
         "{verdict:?}"
     );
     // Applying the file again is the remedy.
-    assert!(c.apply_config(&config).await.is_complete());
-    assert!(config_drift(&c.fleet_config().await).is_empty());
+    assert!(c.admin().apply_config(&config).await.is_complete());
+    assert!(config_drift(&c.admin().fleet_config().await).is_empty());
 }

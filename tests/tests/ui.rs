@@ -146,11 +146,9 @@ impl Dash {
         let server = UiServer::start(
             client,
             "127.0.0.1:0".parse().expect("an address"),
-            UiOptions {
-                admin_token: token.map(str::to_owned),
-                sample_every: Duration::from_secs(1),
-                ..UiOptions::default()
-            },
+            UiOptions::default()
+                .admin_token(token.map(str::to_owned))
+                .sample_every(Duration::from_secs(1)),
         )
         .await
         .expect("the dashboard starts");
@@ -316,7 +314,8 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
         .expect("a child");
     // A key at its cap of 1 with two tasks waiting for the slot.
     let key = unique("ui-key");
-    c.set_concurrency_limit(&key, Some(1))
+    c.admin()
+        .set_concurrency_limit(&key, Some(1))
         .await
         .into_result()
         .expect("a cap on every shard");
@@ -687,7 +686,8 @@ async fn ask_redrive(d: &Dash, queue: &str, ids: &[TaskId]) {
 }
 
 async fn dead_now(c: &Client, queue: &str) -> Vec<TaskId> {
-    c.list_dead_letters(Some(queue), None, 100)
+    c.admin()
+        .list_dead_letters(Some(queue), None, 100)
         .await
         .expect("dead letters")
         .items
@@ -764,7 +764,7 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
     let left = dead_now(&c, &queue).await;
     assert_eq!(left.len(), 2);
     assert!(!left.contains(&ids[0]) && !left.contains(&ids[1]));
-    let audit = c.audit_log(shard, None, 50).await.expect("the audit log");
+    let audit = c.admin().audit_log(shard, None, 50).await.expect("the audit log");
     assert!(
         audit
             .iter()
@@ -829,7 +829,8 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
     d.click("#do-it").await;
     assert_eq!(d.text(".result").await, format!("Task {task} cancelled."));
     assert!(
-        c.audit_log(shard, None, 50)
+        c.admin()
+            .audit_log(shard, None, 50)
             .await
             .expect("the audit log")
             .iter()
@@ -876,11 +877,9 @@ async fn raw(host: &str, request: &str) -> String {
 async fn a_stopped_shard_is_named_in_the_partial_banner() {
     let own = |args: &[&str]| sheaf_tests::own_shards("ui", 24700, args);
     let topology = Topology::parse(&own(&["up", "--count", "2", "--no-install"])).expect("shards");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2));
     let c = Arc::new(Client::new(topology.clone(), options).expect("a client"));
     let wf = unique("ui-down");
     for n in 0..10 {

@@ -179,7 +179,8 @@ async fn the_report_counts_each_unit_once_in_its_window() {
     let out = c.fail(t.task_id, t.token, "second", None).await.expect("fail");
     assert!(out.dead_lettered, "two attempts spent");
     assert_eq!(
-        c.redrive(&[t.task_id])
+        c.admin()
+            .redrive(&[t.task_id])
             .await
             .into_result()
             .expect("redrive")
@@ -204,12 +205,13 @@ async fn the_report_counts_each_unit_once_in_its_window() {
     let t = claimed(&c, b, &format!("{queue}-3"), Duration::from_secs(1), 3).await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
     // Other suites' expired leases on the shard may be reaped with it.
-    assert!(c.reap_expired(t.shard, 100).await.expect("reap") >= 1);
+    assert!(c.admin().reap_expired(t.shard, 100).await.expect("reap") >= 1);
     let t = claim_one(&c, t.shard, &format!("{queue}-3"), Duration::from_secs(60)).await;
     c.complete(t.task_id, t.token, None)
         .await
         .expect("complete after the reap");
-    c.terminate_execution(b, Some("operator"))
+    c.admin()
+        .terminate_execution(b, Some("operator"))
         .await
         .expect("terminate b");
 
@@ -225,6 +227,7 @@ async fn the_report_counts_each_unit_once_in_its_window() {
     assert!(to > from);
 
     let report = c
+        .admin()
         .usage_report(from, to, &GroupBy::SearchAttr(key.clone()))
         .await
         .expect("a report");
@@ -299,6 +302,7 @@ async fn the_report_counts_each_unit_once_in_its_window() {
 
     // Grouped by workflow name, the test's workflow is one group.
     let by_name = c
+        .admin()
         .usage_report(from, to, &GroupBy::WorkflowName)
         .await
         .expect("a report");
@@ -321,6 +325,7 @@ async fn the_report_counts_each_unit_once_in_its_window() {
         .get(0);
     let completed = async |f: SystemTime, t: SystemTime| {
         let r = c
+            .admin()
             .usage_report(f, t, &GroupBy::SearchAttr(key.clone()))
             .await
             .expect("a report");
@@ -333,6 +338,7 @@ async fn the_report_counts_each_unit_once_in_its_window() {
     let day = Duration::from_secs(86_400);
     for (f, t) in [(to - day * 91, to), (to, from)] {
         let e = c
+            .admin()
             .usage_report(f, t, &GroupBy::WorkflowName)
             .await
             .expect_err("refused");

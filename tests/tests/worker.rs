@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{
     CancelReason, Client, Coverage, EnqueueOptions, ExecutionId, ExecutionState, Placement, PoolOptions,
     ShardId, StartOptions, TaskContext, TaskDone, TaskFailure, Worker, WorkerOptions,
@@ -312,7 +313,7 @@ async fn live_workers_and_stranded_work_show_in_topology_status_and_metrics() {
     )
     .unwrap();
     until("the worker to register", Duration::from_secs(10), async || {
-        let status = client.topology_status(Duration::from_secs(5)).await;
+        let status = client.admin().topology_status(Duration::from_secs(5)).await;
         status.shards.iter().all(|s| {
             s.probe
                 .live_workers
@@ -321,7 +322,7 @@ async fn live_workers_and_stranded_work_show_in_topology_status_and_metrics() {
         })
     })
     .await;
-    let status = client.topology_status(Duration::from_secs(5)).await;
+    let status = client.admin().topology_status(Duration::from_secs(5)).await;
     assert_eq!(status.shards.len(), ids.len());
     for s in &status.shards {
         assert!(
@@ -379,10 +380,7 @@ async fn live_workers_and_stranded_work_show_in_topology_status_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undersized_pool_and_uncovered_shards_are_reported_at_start() {
-    let client = client(PoolOptions {
-        max_size: 1,
-        ..PoolOptions::default()
-    });
+    let client = client(PoolOptions::default().max_size(1));
     let worker = Worker::start(
         client.clone(),
         WorkerOptions::new(unique("w"), [unique("q")]).coverage(Coverage::Shards(vec![shard(1)])),
@@ -422,14 +420,18 @@ fn a_worker_needs_a_runtime() {
 /// A graceful shutdown deregisters at once (it used to stay "live" for the
 /// 60 s after its last heartbeat, hiding stranded work meanwhile).
 async fn assert_deregistered(client: &Client, name: &str) {
-    let status = client.topology_status(Duration::from_secs(5)).await;
+    let status = client.admin().topology_status(Duration::from_secs(5)).await;
     for s in &status.shards {
         assert!(
             s.probe.live_workers.iter().all(|w| w.name != name),
             "still registered after shutdown: {s:?}"
         );
         assert!(
-            !client.worker_deregister(s.probe.shard, name).await.unwrap(),
+            !client
+                .protocol()
+                .worker_deregister(s.probe.shard, name)
+                .await
+                .unwrap(),
             "already gone from shard {}",
             s.probe.shard
         );

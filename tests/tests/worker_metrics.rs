@@ -48,10 +48,10 @@ async fn a_worker_counts_outcomes_by_shard_and_queue_and_refreshes_its_gauges() 
     for _ in 0..3 {
         enqueue(&client, &nobody, on, json!("waiting")).await;
     }
-    let mut options = WorkerOptions::new(unique("w"), [queue.clone()])
+    let options = WorkerOptions::new(unique("w"), [queue.clone()])
         .coverage(Coverage::Shards(vec![on]))
-        .idle_poll(Duration::from_millis(50));
-    options.register_every = Duration::from_millis(200);
+        .idle_poll(Duration::from_millis(50))
+        .register_every(Duration::from_millis(200));
     // A snooze spends no attempt, so the handler remembers it snoozed.
     let snoozed = Arc::new(AtomicBool::new(false));
     let worker = Worker::start(client.clone(), options, move |ctx: TaskContext| {

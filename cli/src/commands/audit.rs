@@ -26,7 +26,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     if !(1..=1000).contains(&limit) {
         return exit::bad_input(format!("--limit must be from 1 to 1000, got {limit}"));
     }
-    let report = client.fleet_audit_log(limit).await;
+    let report = client.admin().fleet_audit_log(limit).await;
     let mut entries: Vec<&sheaf_driver::AuditEntry> = report.ok.values().flatten().collect();
     entries.sort_by(|a, b| b.at.cmp(&a.at).then(b.id.cmp(&a.id)));
     if as_json {

@@ -17,7 +17,7 @@ pub async fn run(_args: Args, ctx: &Context) -> Exit {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let report = match client.concurrency_report().await {
+    let report = match client.admin().concurrency_report().await {
         Ok(r) => r,
         Err(e) => return exit::failed(&e),
     };

@@ -58,7 +58,7 @@ async fn apply(client: &Client, path: &str, as_json: bool) -> Exit {
         Ok(c) => c,
         Err(e) => return exit::bad_input(format!("{path}: {e}")),
     };
-    let report = client.apply_config(&config).await;
+    let report = client.admin().apply_config(&config).await;
     let applied: Vec<String> = report.ok.keys().map(ToString::to_string).collect();
     if as_json {
         print_json(&json!({"applied": applied, "failed": failures_json(&report.failed)}));
@@ -87,7 +87,7 @@ async fn show(client: &Client, shard: u32) -> Exit {
         Ok(id) => return exit::bad_input(format!("--shard {id} is not in the topology (SHEAF_SHARDS)")),
         Err(e) => return exit::bad_input(format!("--shard: {e}")),
     };
-    match client.shard_config(shard).await {
+    match client.admin().shard_config(shard).await {
         Ok(config) => match serde_json::to_value(&config) {
             Ok(v) => {
                 print_json(&v);
@@ -105,7 +105,7 @@ async fn show(client: &Client, shard: u32) -> Exit {
 /// Shows each shard that differs from most of them; exits 5 when one does,
 /// 3 when a shard did not answer.
 async fn diff(client: &Client, as_json: bool) -> Exit {
-    let report = client.fleet_config().await;
+    let report = client.admin().fleet_config().await;
     let drift = config_drift(&report);
     if as_json {
         let d: serde_json::Map<String, serde_json::Value> = drift

@@ -83,10 +83,12 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             ..
         } => redrive_queue(&client, &queue, older_than.unwrap_or_default(), as_json).await,
         Action::Redrive { task_ids, .. } => redrive_ids(&client, &task_ids, as_json).await,
-        Action::Purge { queue, older_than } => match client.purge_dead_letters(&queue, older_than).await {
-            Ok(report) => per_shard(&report.ok, &report.failed, "purged", as_json),
-            Err(e) => exit::failed(&e),
-        },
+        Action::Purge { queue, older_than } => {
+            match client.admin().purge_dead_letters(&queue, older_than).await {
+                Ok(report) => per_shard(&report.ok, &report.failed, "purged", as_json),
+                Err(e) => exit::failed(&e),
+            }
+        }
     }
 }
 
@@ -98,7 +100,7 @@ async fn list(
     page_size: usize,
     as_json: bool,
 ) -> Exit {
-    let page = match client.list_dead_letters(queue, cursor, page_size).await {
+    let page = match client.admin().list_dead_letters(queue, cursor, page_size).await {
         Ok(p) => p,
         Err(e) => return exit::failed(&e),
     };
@@ -129,7 +131,7 @@ fn dead_json(d: &ListedDeadLetter) -> Value {
         "task_id": d.task_id.to_string(),
         "shard": d.shard.get(),
         "queue": d.queue,
-        "kind": d.kind,
+        "kind": d.kind.as_str(),
         "priority": d.priority,
         "attempts": d.attempts,
         "max_attempts": d.max_attempts,
@@ -187,7 +189,11 @@ async fn redrive_queue(client: &Client, queue: &str, older_than: Duration, as_js
     let mut counts: BTreeMap<ShardId, i64> = BTreeMap::new();
     let mut failed = BTreeMap::new();
     loop {
-        let report = match client.redrive_queue(queue, older_than, REDRIVE_BATCH).await {
+        let report = match client
+            .admin()
+            .redrive_queue(queue, older_than, REDRIVE_BATCH)
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 bar.finish_and_clear();
@@ -221,7 +227,7 @@ async fn redrive_ids(client: &Client, ids: &[String], as_json: bool) -> Exit {
             Err(_) => return exit::bad_input(format!("{:?} is not a task id", cut(id, 40))),
         }
     }
-    let report = client.redrive(&task_ids).await;
+    let report = client.admin().redrive(&task_ids).await;
     let counts = report.ok.iter().map(|(s, n)| (*s, i64::from(*n))).collect();
     per_shard(&counts, &report.failed, "redriven", as_json)
 }

@@ -110,13 +110,13 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             as_json,
         ),
         Action::Terminate { reason, .. } => changed(
-            client.terminate_execution(id, reason.as_deref()).await,
+            client.admin().terminate_execution(id, reason.as_deref()).await,
             id,
             "terminated",
             as_json,
         ),
-        Action::Pause { .. } => changed(client.pause_execution(id).await, id, "paused", as_json),
-        Action::Resume { .. } => changed(client.resume_execution(id).await, id, "resumed", as_json),
+        Action::Pause { .. } => changed(client.admin().pause_execution(id).await, id, "paused", as_json),
+        Action::Resume { .. } => changed(client.admin().resume_execution(id).await, id, "resumed", as_json),
         Action::Signal {
             name,
             payload,
@@ -215,7 +215,7 @@ async fn history(client: &Client, id: ExecutionId, after: i64, page_size: usize,
         println!(
             "{:>6} {:<28} {:<28} {}",
             e.seq,
-            cut(&e.event_type, 28),
+            cut(e.event_type.as_str(), 28),
             time(e.created_at),
             cut(&payload, 80)
         );

@@ -39,10 +39,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let options = MetricsServerOptions {
-        sample_every,
-        ..MetricsServerOptions::default()
-    };
+    let options = MetricsServerOptions::default().sample_every(sample_every);
     let server = match MetricsServer::start(Arc::new(client), listen, options).await {
         Ok(s) => s,
         Err(e) => {

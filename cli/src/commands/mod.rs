@@ -47,10 +47,7 @@ impl Context {
     /// an argument every process on the host can read. A topology that
     /// cannot be read exits 2.
     pub async fn client(&self) -> Result<Client, Exit> {
-        let options = PoolOptions {
-            actor: self.actor.clone(),
-            ..PoolOptions::default()
-        };
+        let options = PoolOptions::default().actor(self.actor.clone());
         Client::from_env(options).await.map_err(crate::exit::bad_input)
     }
 }

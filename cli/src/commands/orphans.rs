@@ -19,7 +19,7 @@ pub async fn run(_args: Args, ctx: &Context) -> Exit {
         Err(code) => return code,
     };
     let as_json = ctx.json;
-    let found = match client.orphan_children().await {
+    let found = match client.admin().orphan_children().await {
         Ok(o) => o,
         Err(e) => return exit::failed(&e),
     };

@@ -18,7 +18,7 @@ pub async fn run(_args: Args, ctx: &Context) -> Exit {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let listing: QueueListing = client.list_queues().await;
+    let listing: QueueListing = client.admin().list_queues().await;
     if ctx.json {
         print_json(&listing_json(&listing));
     } else {

@@ -90,7 +90,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
 
 /// Every shard's limits; exit 3 when a shard failed.
 async fn list(client: &Client, as_json: bool) -> Exit {
-    let report = client.rate_limits().await;
+    let report = client.admin().rate_limits().await;
     let rows: Vec<(String, &RateLimitInfo)> = report
         .ok
         .iter()
@@ -162,7 +162,7 @@ async fn declare(
     if let Some(k) = key {
         spec["key"] = json!(k);
     }
-    let report = client.declare_rate_limit(name, spec).await;
+    let report = client.admin().declare_rate_limit(name, spec).await;
     if let Some(e) = report
         .failed
         .values()
@@ -210,12 +210,12 @@ async fn override_pace(
     as_json: bool,
 ) -> Exit {
     let until = SystemTime::now() + ttl;
-    let report = client.set_rate_override(name, rate, period, until).await;
+    let report = client.admin().set_rate_override(name, rate, period, until).await;
     settled("overrode", name, report, as_json)
 }
 
 /// `sheaf rate-limits clear NAME`.
 async fn clear(client: &Client, name: &str, as_json: bool) -> Exit {
-    let report = client.clear_rate_override(name).await;
+    let report = client.admin().clear_rate_override(name).await;
     settled("cleared the override of", name, report, as_json)
 }

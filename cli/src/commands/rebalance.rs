@@ -58,10 +58,15 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     let mut options = RebalanceOptions::default()
         .dry_run(dry_run)
         .lease(std::time::Duration::from_secs(lease_secs));
-    options.limit = limit;
-    options.after_phase = kill_hook();
+    if let Some(n) = limit {
+        options = options.limit(n);
+    }
+    if let Some(hook) = kill_hook() {
+        options = options.after_phase(hook);
+    }
     let bar = bar(as_json);
     let result = client
+        .admin()
         .rebalance(from, to, &options, |p, _| show(&bar, p, limit))
         .await;
     bar.finish_and_clear();

@@ -34,12 +34,12 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Ok(f) => f,
         Err(e) => return e,
     };
-    let open = match client.migrations(from, true, 10_000).await {
+    let open = match client.admin().migrations(from, true, 10_000).await {
         Ok(m) => m,
         Err(e) => return exit::failed(&e),
     };
     let targets: BTreeMap<_, _> = open.iter().map(|m| (m.execution_id, m.target)).collect();
-    let reports = match client.rebalance_resume(from).await {
+    let reports = match client.admin().rebalance_resume(from).await {
         Ok(r) => r,
         Err(e) => return exit::failed(&e),
     };

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use sheaf_driver::protocol::Steps;
 use sheaf_driver::{Client, ClientError, Relay, RelayOptions, ShardId};
 
 use super::Context;
@@ -46,7 +47,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         chosen = all;
     }
     for &shard in &chosen {
-        match client.check_protocol_role(shard).await {
+        match client.protocol().check_protocol_role(shard).await {
             Ok(()) => {}
             Err(e @ ClientError::MissingRole { .. }) => {
                 eprintln!("sheaf: the relay needs role sheaf_relay: {e}");
@@ -80,8 +81,8 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
 
 async fn report(client: &Client, shards: &[ShardId], as_json: bool) {
     for &shard in shards {
-        let children = client.relay_backlog(shard).await;
-        let outbox = client.outbox_backlog(shard).await;
+        let children = client.admin().relay_backlog(shard).await;
+        let outbox = client.admin().outbox_backlog(shard).await;
         match (children, outbox) {
             (Ok(c), Ok(o)) => {
                 let (rows, failing): (i64, i64) =

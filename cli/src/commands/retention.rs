@@ -143,7 +143,7 @@ fn show(report: &FleetReport<Value>, as_json: bool) -> Exit {
 
 /// `sheaf retention get`.
 async fn get(client: &Client, as_json: bool) -> Exit {
-    show(&client.retention().await, as_json)
+    show(&client.admin().retention().await, as_json)
 }
 
 /// `sheaf retention set ...`: on every shard; a value a shard refuses exits 2.
@@ -152,7 +152,7 @@ async fn set(client: &Client, args: &Set, as_json: bool) -> Exit {
         Ok(p) => p,
         Err(e) => return exit::bad_input(e),
     };
-    let report = client.set_retention(policy).await;
+    let report = client.admin().set_retention(policy).await;
     if let Some(e) = report
         .failed
         .values()

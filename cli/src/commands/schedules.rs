@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use serde_json::{Map, Value, json};
-use sheaf_driver::{Client, Fire, Schedule};
+use sheaf_driver::{Client, Fire, FireOutcome, Schedule};
 
 use super::Context;
 use crate::exit::{self, Exit};
@@ -229,7 +229,7 @@ fn action(spec: &Value) -> String {
 
 /// `sheaf schedules list`: every shard's; exit 3 when a shard failed.
 async fn list(client: &Client, as_json: bool) -> Exit {
-    let report = client.list_schedules().await;
+    let report = client.admin().list_schedules().await;
     let all: Vec<&Schedule> = report.ok.values().flatten().collect();
     if as_json {
         print_json(&json!({
@@ -251,7 +251,7 @@ async fn list(client: &Client, as_json: bool) -> Exit {
                 action(&spec),
                 if s.paused { "paused" } else { "active" },
                 maybe_time(s.next_fire_at),
-                s.last_outcome.as_deref().unwrap_or("-"),
+                s.last_outcome.as_ref().map_or("-", FireOutcome::as_str),
                 s.fires
             );
         }
@@ -266,7 +266,7 @@ async fn create(client: &Client, args: &CreateArgs, as_json: bool) -> Exit {
         Ok(s) => s,
         Err(e) => return exit::bad_input(e),
     };
-    match client.create_schedule(name, spec).await {
+    match client.admin().create_schedule(name, spec).await {
         Ok(next) => {
             if as_json {
                 print_json(&json!({"name": name, "next_fire_at": time(next)}));
@@ -285,7 +285,7 @@ async fn update(client: &Client, name: &str, patch: &str, as_json: bool) -> Exit
         Ok(p) => p,
         Err(e) => return exit::bad_input(e),
     };
-    match client.update_schedule(name, patch).await {
+    match client.admin().update_schedule(name, patch).await {
         Ok(next) => {
             if as_json {
                 print_json(&json!({"name": name, "next_fire_at": time(next)}));
@@ -308,9 +308,9 @@ enum Change {
 /// `sheaf schedules pause|resume|delete NAME`.
 async fn change(client: &Client, name: &str, what: Change, as_json: bool) -> Exit {
     let (done, verb) = match what {
-        Change::Pause => (client.pause_schedule(name).await, "paused"),
-        Change::Resume => (client.resume_schedule(name).await, "resumed"),
-        Change::Delete => (client.delete_schedule(name).await, "deleted"),
+        Change::Pause => (client.admin().pause_schedule(name).await, "paused"),
+        Change::Resume => (client.admin().resume_schedule(name).await, "resumed"),
+        Change::Delete => (client.admin().delete_schedule(name).await, "deleted"),
     };
     match done {
         Ok(changed) => {
@@ -329,7 +329,7 @@ async fn change(client: &Client, name: &str, what: Change, as_json: bool) -> Exi
 
 /// `sheaf schedules trigger NAME`: fires it now; exit 1 if its start failed.
 async fn trigger(client: &Client, name: &str, as_json: bool) -> Exit {
-    match client.trigger_schedule(name).await {
+    match client.admin().trigger_schedule(name).await {
         Ok(f) => {
             if as_json {
                 print_json(&fire_json(&f));
@@ -360,7 +360,7 @@ async fn trigger(client: &Client, name: &str, as_json: bool) -> Exit {
 
 /// `sheaf schedules fires NAME`: its latest fire records.
 async fn fires(client: &Client, name: &str, limit: i32, as_json: bool) -> Exit {
-    match client.schedule_fires(name, None, limit).await {
+    match client.admin().schedule_fires(name, None, limit).await {
         Ok(fires) => {
             if as_json {
                 print_json(&json!({"fires": fires.iter().map(fire_json).collect::<Vec<_>>()}));

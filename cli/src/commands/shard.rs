@@ -91,10 +91,17 @@ async fn drain(
     let mut options = RebalanceOptions::default()
         .dry_run(dry_run)
         .lease(std::time::Duration::from_secs(lease_secs));
-    options.limit = limit;
-    options.after_phase = kill_hook();
+    if let Some(n) = limit {
+        options = options.limit(n);
+    }
+    if let Some(hook) = kill_hook() {
+        options = options.after_phase(hook);
+    }
     let bar = bar(as_json);
-    let result = client.drain(leaving, &options, |p, _| show(&bar, p, limit)).await;
+    let result = client
+        .admin()
+        .drain(leaving, &options, |p, _| show(&bar, p, limit))
+        .await;
     bar.finish_and_clear();
     let drain = match result {
         Ok(d) => d,
@@ -164,7 +171,7 @@ async fn health(
         Ok(c) => c,
         Err(e) => return exit::bad_input(format!("--candidate: {e}")),
     };
-    let verdicts = client.shard_health(candidate, timeout).await;
+    let verdicts = client.admin().shard_health(candidate, timeout).await;
     if as_json {
         let shards: Vec<Value> = verdicts
             .iter()

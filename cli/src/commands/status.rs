@@ -23,7 +23,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let status = client.topology_status(args.timeout).await;
+    let status = client.admin().topology_status(args.timeout).await;
     if ctx.json {
         match serde_json::to_string_pretty(&status) {
             Ok(s) => println!("{s}"),

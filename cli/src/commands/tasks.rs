@@ -115,7 +115,7 @@ async fn list(
         Ok(s) => s,
         Err(_) => return exit::bad_input("--state takes scheduled, waiting, ready, running or paused"),
     };
-    let page = match client.list_tasks(queue, state, cursor, page_size).await {
+    let page = match client.admin().list_tasks(queue, state, cursor, page_size).await {
         Ok(p) => p,
         Err(e) => return exit::failed(&e),
     };
@@ -147,7 +147,7 @@ fn task_json(t: &ListedTask) -> Value {
         "task_id": t.task_id.to_string(),
         "shard": t.shard.get(),
         "queue": t.queue,
-        "kind": t.kind,
+        "kind": t.kind.as_str(),
         "state": t.state.as_str(),
         "priority": t.priority,
         "attempts": t.attempts,
@@ -176,7 +176,7 @@ async fn get(client: &Client, id: &str, as_json: bool) -> Exit {
         "task_id": task.task_id.to_string(),
         "shard": task.shard.get(),
         "queue": task.queue,
-        "kind": task.kind,
+        "kind": task.kind.as_str(),
         "state": task.state,
         "priority": task.priority,
         "attempts": task.attempts,

@@ -71,7 +71,7 @@ fn digest(topology: &Topology, as_json: bool) -> Exit {
 
 /// `sheaf topology publish`: this environment's digest on every shard.
 async fn publish(client: &sheaf_driver::Client, keep_previous: bool, as_json: bool) -> Exit {
-    let report = client.publish_topology(keep_previous).await;
+    let report = client.admin().publish_topology(keep_previous).await;
     if as_json {
         let ok: serde_json::Map<String, Value> = report
             .ok

@@ -42,12 +42,10 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             "SHEAF_UI_TOKEN must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 16`)"
         ));
     }
-    let options = UiOptions {
-        admin_token,
-        public_hosts: args.public_hosts,
-        ..UiOptions::default()
-    };
-    let acting = options.admin_token.is_some();
+    let acting = admin_token.is_some();
+    let options = UiOptions::default()
+        .admin_token(admin_token)
+        .public_hosts(args.public_hosts);
     let server = match UiServer::start(Arc::new(client), listen, options).await {
         Ok(s) => s,
         Err(e) => {

@@ -51,7 +51,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         (Ok(f), Ok(t), Ok(g)) => (f, t, g),
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return exit::bad_input(e),
     };
-    let report = match client.usage_report(from, to, &by).await {
+    let report = match client.admin().usage_report(from, to, &by).await {
         Ok(r) => r,
         Err(e) => return exit::failed(&e),
     };

@@ -3,7 +3,7 @@
 use std::time::SystemTime;
 
 use super::fleet::FleetReport;
-use super::{Client, ClientError, Owned};
+use super::{Admin, ClientError, Owned};
 use crate::json::Json;
 use crate::topology::ShardId;
 
@@ -36,16 +36,17 @@ pub struct AuditEntry {
     pub detail: Option<Json>,
 }
 
-impl Client {
+impl Admin<'_> {
     /// `shard`'s audit entries before `before_id` (`None`: the newest),
     /// newest first, at most `max_rows` (1..1000).
     pub async fn audit_log(
-        &self,
+        self,
         shard: ShardId,
         before_id: Option<i64>,
         max_rows: i32,
     ) -> Result<Vec<AuditEntry>, ClientError> {
         let (call, rows) = self
+            .client
             .on_shard(shard, Owned::Shard, PAGE, &[&before_id, &max_rows])
             .await?;
         rows.iter()
@@ -70,8 +71,11 @@ impl Client {
 
     /// The newest `max_rows` entries of every shard's audit log, each
     /// shard's newest first.
-    pub async fn fleet_audit_log(&self, max_rows: i32) -> FleetReport<Vec<AuditEntry>> {
-        self.fan_out(self.every_shard(), |shard| self.audit_log(shard, None, max_rows))
+    pub async fn fleet_audit_log(self, max_rows: i32) -> FleetReport<Vec<AuditEntry>> {
+        self.client
+            .fan_out(self.client.every_shard(), |shard| {
+                self.audit_log(shard, None, max_rows)
+            })
             .await
     }
 }

@@ -9,7 +9,7 @@ use sheaf_core::hrw;
 use sheaf_core::state::ExecutionState;
 
 use super::search::{PageStatus, refused_argument, status};
-use super::{Call, Client, ClientError, Owned, first_column, single};
+use super::{Admin, Call, Client, ClientError, Owned, first_column, single};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::pool::ShardError;
@@ -73,13 +73,12 @@ impl ParentClose {
 }
 
 /// How [`Client::start_child`] starts a child: a [`ChildPlacement`] converts
-/// into it.
+/// into it. `ChildOptions::new()` takes the defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ChildOptions {
-    /// Where it runs.
-    pub placement: ChildPlacement,
-    /// What its parent's end does to it.
-    pub parent_close: ParentClose,
+    pub(crate) placement: ChildPlacement,
+    pub(crate) parent_close: ParentClose,
 }
 
 impl From<ChildPlacement> for ChildOptions {
@@ -92,8 +91,19 @@ impl From<ChildPlacement> for ChildOptions {
 }
 
 impl ChildOptions {
-    /// `parent_close`, on these options.
-    pub fn parent_close(mut self, parent_close: ParentClose) -> ChildOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> ChildOptions {
+        ChildOptions::default()
+    }
+
+    /// Where it runs.
+    pub fn placement(mut self, placement: ChildPlacement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// What its parent's end does to it.
+    pub fn parent_close(mut self, parent_close: ParentClose) -> Self {
         self.parent_close = parent_close;
         self
     }
@@ -172,7 +182,7 @@ pub struct Tree {
     pub unavailable_shards: BTreeMap<ShardId, ClientError>,
 }
 
-/// A child whose parent-side record is gone ([`Client::orphan_children`]).
+/// A child whose parent-side record is gone ([`Admin::orphan_children`](crate::Admin::orphan_children)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Orphan {
@@ -192,7 +202,7 @@ pub struct Orphan {
     pub created_at: SystemTime,
 }
 
-/// What [`Client::orphan_children`] found.
+/// What [`Admin::orphan_children`](crate::Admin::orphan_children) found.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Orphans {
@@ -412,47 +422,6 @@ impl Client {
         })
     }
 
-    /// Children whose parent-side record (`children` where the parent
-    /// lives) is gone: the hazard of shards restored to different instants
-    /// (docs/concepts/across-shards.md, "Operating it"). Every readable shard's
-    /// children are listed and checked where their parents live: first
-    /// the shard a parent's id routes to, then, for a parent that moved
-    /// (its `children` rows moved with it), where its seal forwards. A
-    /// parent found nowhere, or whose shard is not in the topology, makes
-    /// its children orphans. For an operator: it reads every child of the
-    /// fleet.
-    pub async fn orphan_children(&self) -> Result<Orphans, ClientError> {
-        let report = self
-            .fan_out(self.readable_shards(), |shard| self.links_on(shard))
-            .await;
-        refused_argument(&report.failed)?;
-        let mut failed = report.failed;
-        let mut by_parent_shard: BTreeMap<Option<ShardId>, Vec<Orphan>> = BTreeMap::new();
-        for link in report.ok.into_values().flatten() {
-            // The lookup starts where the parent's id routes (its origin,
-            // or its forward); `unknown_on` follows it from there.
-            let home =
-                Some(link.parent_id.route(self.topology())).filter(|s| self.topology().get(*s).is_some());
-            by_parent_shard.entry(home).or_default().push(link);
-        }
-        let mut items = by_parent_shard.remove(&None).unwrap_or_default();
-        for (home, links) in by_parent_shard {
-            let Some(home) = home else { continue };
-            match self.unknown_where_parents_live(home, links).await {
-                Ok(orphans) => items.extend(orphans),
-                Err((shard, e)) => {
-                    failed.insert(shard, e);
-                }
-            }
-        }
-        items.sort_by_key(|o| (o.shard, o.execution_id));
-        Ok(Orphans {
-            items,
-            status: status(&failed),
-            unavailable_shards: failed,
-        })
-    }
-
     /// Those of `links` (children of parents whose ids route to `home`)
     /// that the shard where their parent lives does not know. Only a
     /// parent `home` does not know costs a lookup of its residence.
@@ -576,6 +545,50 @@ impl Client {
                 return Ok(all);
             }
         }
+    }
+}
+
+impl Admin<'_> {
+    /// Children whose parent-side record (`children` where the parent
+    /// lives) is gone: the hazard of shards restored to different instants
+    /// (docs/concepts/across-shards.md, "Operating it"). Every readable shard's
+    /// children are listed and checked where their parents live: first
+    /// the shard a parent's id routes to, then, for a parent that moved
+    /// (its `children` rows moved with it), where its seal forwards. A
+    /// parent found nowhere, or whose shard is not in the topology, makes
+    /// its children orphans. For an operator: it reads every child of the
+    /// fleet.
+    pub async fn orphan_children(self) -> Result<Orphans, ClientError> {
+        let report = self
+            .client
+            .fan_out(self.client.readable_shards(), |shard| self.client.links_on(shard))
+            .await;
+        refused_argument(&report.failed)?;
+        let mut failed = report.failed;
+        let mut by_parent_shard: BTreeMap<Option<ShardId>, Vec<Orphan>> = BTreeMap::new();
+        for link in report.ok.into_values().flatten() {
+            // The lookup starts where the parent's id routes (its origin,
+            // or its forward); `unknown_on` follows it from there.
+            let home = Some(link.parent_id.route(self.client.topology()))
+                .filter(|s| self.client.topology().get(*s).is_some());
+            by_parent_shard.entry(home).or_default().push(link);
+        }
+        let mut items = by_parent_shard.remove(&None).unwrap_or_default();
+        for (home, links) in by_parent_shard {
+            let Some(home) = home else { continue };
+            match self.client.unknown_where_parents_live(home, links).await {
+                Ok(orphans) => items.extend(orphans),
+                Err((shard, e)) => {
+                    failed.insert(shard, e);
+                }
+            }
+        }
+        items.sort_by_key(|o| (o.shard, o.execution_id));
+        Ok(Orphans {
+            items,
+            status: status(&failed),
+            unavailable_shards: failed,
+        })
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::fleet::FleetReport;
 use super::policy::{CONFIGURE_QUEUE, DECLARE_WORKFLOW, SET_CONCURRENCY_LIMIT};
-use super::{Client, ClientError, Owned, first_column};
+use super::{Admin, ClientError, Owned, first_column};
 use crate::json::Json;
 use crate::topology::ShardId;
 
@@ -103,48 +103,53 @@ pub fn config_drift(report: &FleetReport<FleetConfig>) -> BTreeMap<ShardId, Vec<
         .collect()
 }
 
-impl Client {
+impl Admin<'_> {
     /// Applies `config` to every shard: each workflow's policy, each
     /// queue's options, each cap (null removes it). Entries the file does
     /// not name are left as they are. Idempotent: after a partial report,
     /// apply again once the failed shards are back.
-    pub async fn apply_config(&self, config: &FleetConfig) -> FleetReport<()> {
-        self.fan_out(self.every_shard(), |shard| async move {
-            for (name, policy) in &config.workflows {
-                let policy =
-                    Json::from_serialize(policy).map_err(|e| ClientError::BadRequest(e.to_string()))?;
-                self.on_shard(shard, Owned::Shard, DECLARE_WORKFLOW, &[name, &policy])
-                    .await?;
-            }
-            for (queue, options) in &config.queues {
-                let options =
-                    Json::from_serialize(options).map_err(|e| ClientError::BadRequest(e.to_string()))?;
-                self.on_shard(
-                    shard,
-                    Owned::Queue(queue.clone()),
-                    CONFIGURE_QUEUE,
-                    &[queue, &options],
-                )
-                .await?;
-            }
-            for (key, cap) in &config.caps {
-                self.on_shard(shard, Owned::Shard, SET_CONCURRENCY_LIMIT, &[key, cap])
-                    .await?;
-            }
-            Ok(())
-        })
-        .await
+    pub async fn apply_config(self, config: &FleetConfig) -> FleetReport<()> {
+        self.client
+            .fan_out(self.client.every_shard(), |shard| async move {
+                for (name, policy) in &config.workflows {
+                    let policy =
+                        Json::from_serialize(policy).map_err(|e| ClientError::BadRequest(e.to_string()))?;
+                    self.client
+                        .on_shard(shard, Owned::Shard, DECLARE_WORKFLOW, &[name, &policy])
+                        .await?;
+                }
+                for (queue, options) in &config.queues {
+                    let options =
+                        Json::from_serialize(options).map_err(|e| ClientError::BadRequest(e.to_string()))?;
+                    self.client
+                        .on_shard(
+                            shard,
+                            Owned::Queue(queue.clone()),
+                            CONFIGURE_QUEUE,
+                            &[queue, &options],
+                        )
+                        .await?;
+                }
+                for (key, cap) in &config.caps {
+                    self.client
+                        .on_shard(shard, Owned::Shard, SET_CONCURRENCY_LIMIT, &[key, cap])
+                        .await?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// Every shard's configuration (`sheaf.fleet_config()`).
-    pub async fn fleet_config(&self) -> FleetReport<FleetConfig> {
-        self.fan_out(self.every_shard(), |shard| self.shard_config(shard))
+    pub async fn fleet_config(self) -> FleetReport<FleetConfig> {
+        self.client
+            .fan_out(self.client.every_shard(), |shard| self.shard_config(shard))
             .await
     }
 
     /// One shard's configuration (`sheaf.fleet_config()`).
-    pub async fn shard_config(&self, shard: ShardId) -> Result<FleetConfig, ClientError> {
-        let (call, rows) = self.on_shard(shard, Owned::Shard, SNAPSHOT, &[]).await?;
+    pub async fn shard_config(self, shard: ShardId) -> Result<FleetConfig, ClientError> {
+        let (call, rows) = self.client.on_shard(shard, Owned::Shard, SNAPSHOT, &[]).await?;
         let value: Value = first_column(&call, &rows)?;
         serde_json::from_value(value).map_err(|e| ClientError::Database {
             shard,

@@ -4,10 +4,11 @@
 use std::time::SystemTime;
 
 use super::fleet::FleetReport;
-use super::{Call, Client, ClientError, Owned, first_column};
+use super::{Call, Client, ClientError, DebounceMode, Owned, first_column};
 use crate::id::ExecutionId;
 use crate::router::Placement;
 use crate::topology::ShardId;
+use crate::words::word;
 
 const PENDING: &str = "SELECT workflow_name, debounce_key, execution_id, mode, window_ends_at, starts, created_at \
      FROM sheaf.pending_starts($1, $2)";
@@ -25,8 +26,8 @@ pub struct PendingStart {
     pub debounce_key: String,
     /// The run every start of the burst joins.
     pub execution_id: ExecutionId,
-    /// `trailing` or `leading`.
-    pub mode: String,
+    /// Which start of the burst it keeps.
+    pub mode: DebounceMode,
     /// When the window ends (a trailing run starts then).
     pub window_ends_at: SystemTime,
     /// Starts collapsed into it.
@@ -56,7 +57,7 @@ impl Client {
                             workflow_name: row.try_get("workflow_name")?,
                             debounce_key: row.try_get("debounce_key")?,
                             execution_id: ExecutionId::from_uuid(row.try_get("execution_id")?),
-                            mode: row.try_get("mode")?,
+                            mode: word(row, "mode")?,
                             window_ends_at: row.try_get("window_ends_at")?,
                             starts: row.try_get("starts")?,
                             created_at: row.try_get("created_at")?,

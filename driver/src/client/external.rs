@@ -14,10 +14,11 @@ use serde::Serialize;
 use sheaf_core::state::ExecutionState;
 
 use super::relay::ReportStatus;
-use super::{Client, ClientError, Owned, first_column};
+use super::{Admin, Client, ClientError, Owned, Protocol, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
+use crate::words::{word, words};
 
 const SIGNAL_EXTERNAL: &str = "SELECT sheaf.signal_external($1, $2, $3, $4, $5, \
      jsonb_strip_nulls(jsonb_build_object('signal_id', $6::text)))";
@@ -82,7 +83,7 @@ pub struct OutboxRow {
     pub lease_token: i64,
 }
 
-/// What a relay did with an outbox row, for [`Client::outbox_report`].
+/// What a relay did with an outbox row, for `outbox_report`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum OutboxOutcome {
@@ -161,14 +162,35 @@ impl OutboxOutcome {
     }
 }
 
+words! {
+    /// What an outbox row sends to another execution.
+    pub enum ExternalAction {
+        /// A signal (`sheaf.signal_external`).
+        Signal = "signal",
+        /// A cancel (`sheaf.cancel_external`).
+        Cancel = "cancel",
+    }
+}
+
+words! {
+    /// Where an undelivered outbox row stands.
+    pub enum OutboxState {
+        /// Not delivered yet.
+        Pending = "PENDING",
+        /// A cancel delivered, waiting for a later complete fan-out to
+        /// find no live run of the key before it is recorded.
+        Confirming = "CONFIRMING",
+    }
+}
+
 /// One group of a shard's undelivered outbox rows (`sheaf.outbox_backlog`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OutboxBacklog {
-    /// `signal` or `cancel`.
-    pub kind: String,
-    /// `PENDING` or `CONFIRMING`.
-    pub state: String,
+    /// What the rows send.
+    pub kind: ExternalAction,
+    /// Where they stand.
+    pub state: OutboxState,
     /// How many rows.
     pub rows: i64,
     /// How many failed their last delivery.
@@ -294,106 +316,6 @@ impl Client {
         first_column(&call, &rows)
     }
 
-    /// Leases up to `max_rows` due outbox rows of `shard` for `lease`.
-    pub async fn outbox_take(
-        &self,
-        shard: ShardId,
-        max_rows: i32,
-        lease: Duration,
-    ) -> Result<Vec<OutboxRow>, ClientError> {
-        let (call, rows) = self
-            .on_shard(shard, Owned::Shard, TAKE, &[&max_rows, &lease.as_secs_f64()])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let read = || -> Result<(Option<OutboxRow>, String), tokio_postgres::Error> {
-                    let kind: String = row.try_get("kind")?;
-                    let carried = read_kind(
-                        &kind,
-                        row.try_get("signal")?,
-                        row.try_get("payload")?,
-                        row.try_get("reason")?,
-                    );
-                    let state: String = row.try_get("state")?;
-                    let delivered: Option<uuid::Uuid> = row.try_get("delivered_to")?;
-                    let Some(carried) = carried else {
-                        return Ok((None, kind));
-                    };
-                    Ok((
-                        Some(OutboxRow {
-                            outbox_id: row.try_get("outbox_id")?,
-                            sender: ExecutionId::from_uuid(row.try_get("sender_id")?),
-                            kind: carried,
-                            workflow_name: row.try_get("workflow_name")?,
-                            workflow_id: row.try_get("workflow_id")?,
-                            confirming: delivered
-                                .filter(|_| state == "CONFIRMING")
-                                .map(ExecutionId::from_uuid),
-                            attempts: row.try_get("attempts")?,
-                            indeterminate: row.try_get("indeterminate")?,
-                            lease_token: row.try_get("lease_token")?,
-                        }),
-                        kind,
-                    ))
-                };
-                match read().map_err(|e| call.error(e, 1))? {
-                    (Some(r), _) => Ok(r),
-                    (None, kind) => Err(ClientError::Database {
-                        shard,
-                        code: None,
-                        message: format!(
-                            "the shard returned an outbox row of kind {kind:?} without its signal"
-                        ),
-                    }),
-                }
-            })
-            .collect()
-    }
-
-    /// Records what the relay did for outbox row `outbox_id` of `shard`,
-    /// held under `lease_token`.
-    pub async fn outbox_report(
-        &self,
-        shard: ShardId,
-        outbox_id: uuid::Uuid,
-        lease_token: i64,
-        outcome: &OutboxOutcome,
-    ) -> Result<ReportStatus, ClientError> {
-        let outcome = outcome.to_json()?;
-        let (call, rows) = self
-            .on_shard(shard, Owned::Shard, REPORT, &[&outbox_id, &lease_token, &outcome])
-            .await?;
-        let status: String = first_column(&call, &rows)?;
-        Ok(match status.as_str() {
-            "released" => ReportStatus::Released,
-            "settled" => ReportStatus::Settled,
-            _ => ReportStatus::Stale,
-        })
-    }
-
-    /// `shard`'s undelivered outbox rows, grouped by kind and state.
-    pub async fn outbox_backlog(&self, shard: ShardId) -> Result<Vec<OutboxBacklog>, ClientError> {
-        let (call, rows) = self.on_shard(shard, Owned::Shard, BACKLOG, &[]).await?;
-        rows.iter()
-            .map(|row| {
-                let read = || -> Result<OutboxBacklog, tokio_postgres::Error> {
-                    Ok(OutboxBacklog {
-                        kind: row.try_get("kind")?,
-                        state: row.try_get("state")?,
-                        rows: row.try_get("rows")?,
-                        failing: row.try_get("failing")?,
-                        indeterminate: row.try_get("indeterminate")?,
-                        oldest: row.try_get("oldest")?,
-                        indeterminate_since: row.try_get("indeterminate_since")?,
-                        max_attempts: row.try_get("max_attempts")?,
-                        last_error: row.try_get("last_error")?,
-                    })
-                };
-                read().map_err(|e| call.error(e, 1))
-            })
-            .collect()
-    }
-
     /// Delivers `signal` to the live run of (`name`, `workflow_id`),
     /// wherever it lives, resolving the key over every readable shard (no
     /// first hit wins). `signal_id` deduplicates a retry at the run.
@@ -503,5 +425,111 @@ impl Client {
                 None => return Ok(ByKey::Unknown),
             }
         }
+    }
+}
+
+impl Admin<'_> {
+    /// `shard`'s undelivered outbox rows, grouped by kind and state.
+    pub async fn outbox_backlog(self, shard: ShardId) -> Result<Vec<OutboxBacklog>, ClientError> {
+        let (call, rows) = self.client.on_shard(shard, Owned::Shard, BACKLOG, &[]).await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<OutboxBacklog, tokio_postgres::Error> {
+                    Ok(OutboxBacklog {
+                        kind: word(row, "kind")?,
+                        state: word(row, "state")?,
+                        rows: row.try_get("rows")?,
+                        failing: row.try_get("failing")?,
+                        indeterminate: row.try_get("indeterminate")?,
+                        oldest: row.try_get("oldest")?,
+                        indeterminate_since: row.try_get("indeterminate_since")?,
+                        max_attempts: row.try_get("max_attempts")?,
+                        last_error: row.try_get("last_error")?,
+                    })
+                };
+                read().map_err(|e| call.error(e, 1))
+            })
+            .collect()
+    }
+}
+
+impl Protocol<'_> {
+    /// Leases up to `max_rows` due outbox rows of `shard` for `lease`.
+    pub async fn outbox_take(
+        self,
+        shard: ShardId,
+        max_rows: i32,
+        lease: Duration,
+    ) -> Result<Vec<OutboxRow>, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, TAKE, &[&max_rows, &lease.as_secs_f64()])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<(Option<OutboxRow>, String), tokio_postgres::Error> {
+                    let kind: String = row.try_get("kind")?;
+                    let carried = read_kind(
+                        &kind,
+                        row.try_get("signal")?,
+                        row.try_get("payload")?,
+                        row.try_get("reason")?,
+                    );
+                    let state: String = row.try_get("state")?;
+                    let delivered: Option<uuid::Uuid> = row.try_get("delivered_to")?;
+                    let Some(carried) = carried else {
+                        return Ok((None, kind));
+                    };
+                    Ok((
+                        Some(OutboxRow {
+                            outbox_id: row.try_get("outbox_id")?,
+                            sender: ExecutionId::from_uuid(row.try_get("sender_id")?),
+                            kind: carried,
+                            workflow_name: row.try_get("workflow_name")?,
+                            workflow_id: row.try_get("workflow_id")?,
+                            confirming: delivered
+                                .filter(|_| state == "CONFIRMING")
+                                .map(ExecutionId::from_uuid),
+                            attempts: row.try_get("attempts")?,
+                            indeterminate: row.try_get("indeterminate")?,
+                            lease_token: row.try_get("lease_token")?,
+                        }),
+                        kind,
+                    ))
+                };
+                match read().map_err(|e| call.error(e, 1))? {
+                    (Some(r), _) => Ok(r),
+                    (None, kind) => Err(ClientError::Database {
+                        shard,
+                        code: None,
+                        message: format!(
+                            "the shard returned an outbox row of kind {kind:?} without its signal"
+                        ),
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// Records what the relay did for outbox row `outbox_id` of `shard`,
+    /// held under `lease_token`.
+    pub async fn outbox_report(
+        self,
+        shard: ShardId,
+        outbox_id: uuid::Uuid,
+        lease_token: i64,
+        outcome: &OutboxOutcome,
+    ) -> Result<ReportStatus, ClientError> {
+        let outcome = outcome.to_json()?;
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, REPORT, &[&outbox_id, &lease_token, &outcome])
+            .await?;
+        let status: String = first_column(&call, &rows)?;
+        Ok(match status.as_str() {
+            "released" => ReportStatus::Released,
+            "settled" => ReportStatus::Settled,
+            _ => ReportStatus::Stale,
+        })
     }
 }

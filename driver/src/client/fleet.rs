@@ -8,7 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use super::{Call, Client, ClientError, Owned, single};
+use super::{Admin, Call, Client, ClientError, Owned, single};
 use crate::topology::ShardId;
 
 const QUEUE_STATS: &str = "SELECT ready, scheduled, running, waiting, dead, live_workers, \
@@ -243,112 +243,6 @@ impl Client {
         Ok((call, rows))
     }
 
-    /// `queue`'s tasks by state on every readable shard (a shard that has
-    /// never seen the queue reports zeros); [`FleetReport::total`] sums them.
-    pub async fn queue_stats(&self, queue: &str) -> FleetReport<QueueStats> {
-        self.fan_out(self.readable_shards(), |shard| async move {
-            let (call, rows) = self
-                .on_shard(shard, Owned::Queue(queue.to_owned()), QUEUE_STATS, &[&queue])
-                .await?;
-            let row = single(&call, &rows)?;
-            let read = || -> Result<QueueStats, tokio_postgres::Error> {
-                Ok(QueueStats {
-                    ready: row.try_get("ready")?,
-                    scheduled: row.try_get("scheduled")?,
-                    running: row.try_get("running")?,
-                    waiting: row.try_get("waiting")?,
-                    dead: row.try_get("dead")?,
-                    live_workers: row.try_get("live_workers")?,
-                    oldest_ready_age: secs(row.try_get("oldest_ready_secs")?),
-                })
-            };
-            read().map_err(|e| call.error(e, 1))
-        })
-        .await
-    }
-
-    /// Every concurrency key of every readable shard: its cap and its tasks
-    /// by state, per shard.
-    pub async fn concurrency_stats(&self) -> FleetReport<Vec<ConcurrencyStat>> {
-        self.fan_out(self.readable_shards(), |shard| async move {
-            let (call, rows) = self.on_shard(shard, Owned::Shard, CONCURRENCY_STATS, &[]).await?;
-            rows.iter()
-                .map(|row| {
-                    let read = || -> Result<ConcurrencyStat, tokio_postgres::Error> {
-                        Ok(ConcurrencyStat {
-                            concurrency_key: row.try_get("concurrency_key")?,
-                            max_running: row.try_get("max_running")?,
-                            running: row.try_get("running")?,
-                            ready: row.try_get("ready")?,
-                            waiting: row.try_get("waiting")?,
-                        })
-                    };
-                    read().map_err(|e| call.error(e, 1))
-                })
-                .collect()
-        })
-        .await
-    }
-
-    /// The workers live on each readable shard (a heartbeat in the last 60 s).
-    pub async fn live_workers(&self) -> FleetReport<Vec<RegisteredWorker>> {
-        self.fan_out(self.readable_shards(), |shard| async move {
-            let (call, rows) = self.on_shard(shard, Owned::Shard, LIVE_WORKERS, &[]).await?;
-            rows.iter()
-                .map(|row| {
-                    let read = || -> Result<RegisteredWorker, tokio_postgres::Error> {
-                        Ok(RegisteredWorker {
-                            worker: row.try_get("worker")?,
-                            queues: row.try_get("queues")?,
-                            last_seen_at: row.try_get("last_seen_at")?,
-                        })
-                    };
-                    read().map_err(|e| call.error(e, 1))
-                })
-                .collect()
-        })
-        .await
-    }
-
-    /// The queues of each readable shard with claimable tasks and no live
-    /// worker serving them.
-    pub async fn stranded_work(&self) -> FleetReport<Vec<StrandedWork>> {
-        self.fan_out(self.readable_shards(), |shard| async move {
-            let (call, rows) = self.on_shard(shard, Owned::Shard, STRANDED_WORK, &[]).await?;
-            rows.iter()
-                .map(|row| {
-                    let read = || -> Result<StrandedWork, tokio_postgres::Error> {
-                        Ok(StrandedWork {
-                            queue: row.try_get("queue")?,
-                            ready: row.try_get("ready")?,
-                            oldest_ready_age: secs(row.try_get("oldest_ready_secs")?),
-                        })
-                    };
-                    read().map_err(|e| call.error(e, 1))
-                })
-                .collect()
-        })
-        .await
-    }
-
-    /// A quota key's counters on every readable shard (quotas count per
-    /// shard); [`FleetReport::total`] sums them.
-    pub async fn quota_usage(&self, key: &str) -> FleetReport<QuotaUsage> {
-        self.fan_out(self.readable_shards(), |shard| {
-            self.quota_on(shard, QUOTA_USAGE, key)
-        })
-        .await
-    }
-
-    /// Recounts a quota key from the raw rows on every readable shard,
-    /// stores and returns each recount.
-    pub async fn quota_recompute(&self, key: &str) -> FleetReport<QuotaUsage> {
-        self.fan_out(self.readable_shards(), |shard| {
-            self.quota_on(shard, QUOTA_RECOMPUTE, key)
-        })
-        .await
-    }
-
     async fn quota_on(&self, shard: ShardId, sql: &str, key: &str) -> Result<QuotaUsage, ClientError> {
         let (call, rows) = self.on_shard(shard, Owned::Shard, sql, &[&key]).await?;
         let row = single(&call, &rows)?;
@@ -360,6 +254,130 @@ impl Client {
             })
         };
         read().map_err(|e| call.error(e, 1))
+    }
+}
+
+impl Admin<'_> {
+    /// `queue`'s tasks by state on every readable shard (a shard that has
+    /// never seen the queue reports zeros); [`FleetReport::total`] sums them.
+    pub async fn queue_stats(self, queue: &str) -> FleetReport<QueueStats> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Queue(queue.to_owned()), QUEUE_STATS, &[&queue])
+                    .await?;
+                let row = single(&call, &rows)?;
+                let read = || -> Result<QueueStats, tokio_postgres::Error> {
+                    Ok(QueueStats {
+                        ready: row.try_get("ready")?,
+                        scheduled: row.try_get("scheduled")?,
+                        running: row.try_get("running")?,
+                        waiting: row.try_get("waiting")?,
+                        dead: row.try_get("dead")?,
+                        live_workers: row.try_get("live_workers")?,
+                        oldest_ready_age: secs(row.try_get("oldest_ready_secs")?),
+                    })
+                };
+                read().map_err(|e| call.error(e, 1))
+            })
+            .await
+    }
+
+    /// Every concurrency key of every readable shard: its cap and its tasks
+    /// by state, per shard.
+    pub async fn concurrency_stats(self) -> FleetReport<Vec<ConcurrencyStat>> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, CONCURRENCY_STATS, &[])
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        let read = || -> Result<ConcurrencyStat, tokio_postgres::Error> {
+                            Ok(ConcurrencyStat {
+                                concurrency_key: row.try_get("concurrency_key")?,
+                                max_running: row.try_get("max_running")?,
+                                running: row.try_get("running")?,
+                                ready: row.try_get("ready")?,
+                                waiting: row.try_get("waiting")?,
+                            })
+                        };
+                        read().map_err(|e| call.error(e, 1))
+                    })
+                    .collect()
+            })
+            .await
+    }
+
+    /// The workers live on each readable shard (a heartbeat in the last 60 s).
+    pub async fn live_workers(self) -> FleetReport<Vec<RegisteredWorker>> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, LIVE_WORKERS, &[])
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        let read = || -> Result<RegisteredWorker, tokio_postgres::Error> {
+                            Ok(RegisteredWorker {
+                                worker: row.try_get("worker")?,
+                                queues: row.try_get("queues")?,
+                                last_seen_at: row.try_get("last_seen_at")?,
+                            })
+                        };
+                        read().map_err(|e| call.error(e, 1))
+                    })
+                    .collect()
+            })
+            .await
+    }
+
+    /// The queues of each readable shard with claimable tasks and no live
+    /// worker serving them.
+    pub async fn stranded_work(self) -> FleetReport<Vec<StrandedWork>> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, STRANDED_WORK, &[])
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        let read = || -> Result<StrandedWork, tokio_postgres::Error> {
+                            Ok(StrandedWork {
+                                queue: row.try_get("queue")?,
+                                ready: row.try_get("ready")?,
+                                oldest_ready_age: secs(row.try_get("oldest_ready_secs")?),
+                            })
+                        };
+                        read().map_err(|e| call.error(e, 1))
+                    })
+                    .collect()
+            })
+            .await
+    }
+
+    /// A quota key's counters on every readable shard (quotas count per
+    /// shard); [`FleetReport::total`] sums them.
+    pub async fn quota_usage(self, key: &str) -> FleetReport<QuotaUsage> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| {
+                self.client.quota_on(shard, QUOTA_USAGE, key)
+            })
+            .await
+    }
+
+    /// Recounts a quota key from the raw rows on every readable shard,
+    /// stores and returns each recount.
+    pub async fn quota_recompute(self, key: &str) -> FleetReport<QuotaUsage> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| {
+                self.client.quota_on(shard, QUOTA_RECOMPUTE, key)
+            })
+            .await
     }
 }
 

@@ -9,6 +9,7 @@ use super::{Call, Client, ClientError, Owned, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
+use crate::words::{word, words};
 
 const HISTORY: &str = "SELECT seq, event_type, payload, created_at FROM sheaf.history($1, $2, $3)";
 const APPEND_EVENT: &str = "SELECT sheaf.append_event($1, $2, $3)";
@@ -18,6 +19,78 @@ const SIGNAL: &str =
 /// The most events one page may hold (the shard's `max_rows` bound).
 pub const MAX_HISTORY_PAGE: usize = 10_000;
 
+words! {
+    /// An event's type: the ones the shards write, or an application's own
+    /// (appended with [`Client::append_event`]).
+    pub enum EventType {
+        /// The run was started.
+        WorkflowStarted = "WorkflowStarted",
+        /// The run completed.
+        WorkflowCompleted = "WorkflowCompleted",
+        /// The run failed.
+        WorkflowFailed = "WorkflowFailed",
+        /// The run was cancelled.
+        WorkflowCancelled = "WorkflowCancelled",
+        /// The run timed out.
+        WorkflowTimedOut = "WorkflowTimedOut",
+        /// An operator terminated the run.
+        WorkflowTerminated = "WorkflowTerminated",
+        /// The run continued as a new run.
+        WorkflowContinuedAsNew = "WorkflowContinuedAsNew",
+        /// The run was paused.
+        WorkflowPaused = "WorkflowPaused",
+        /// The run was resumed from a pause.
+        WorkflowResumed = "WorkflowResumed",
+        /// The run suspended itself.
+        WorkflowSuspended = "WorkflowSuspended",
+        /// The run was woken from a suspension.
+        WorkflowWoken = "WorkflowWoken",
+        /// A task of the run completed.
+        TaskCompleted = "TaskCompleted",
+        /// A task of the run failed an attempt.
+        TaskFailed = "TaskFailed",
+        /// A task of the run was dead-lettered.
+        TaskDeadLettered = "TaskDeadLettered",
+        /// A task's lease expired and it was put back.
+        TaskReaped = "TaskReaped",
+        /// A task of the run was cancelled.
+        TaskCancelled = "TaskCancelled",
+        /// A signal arrived.
+        SignalReceived = "SignalReceived",
+        /// A start was debounced into the run.
+        StartDebounced = "StartDebounced",
+        /// Search attributes were set.
+        SearchAttrsUpserted = "SearchAttrsUpserted",
+        /// A child was started.
+        ChildStarted = "ChildStarted",
+        /// A child completed.
+        ChildCompleted = "ChildCompleted",
+        /// A child failed.
+        ChildFailed = "ChildFailed",
+        /// A child was cancelled.
+        ChildCancelled = "ChildCancelled",
+        /// A child was terminated.
+        ChildTerminated = "ChildTerminated",
+        /// A child timed out.
+        ChildTimedOut = "ChildTimedOut",
+        /// A signal to another execution was requested.
+        ExternalSignalRequested = "ExternalSignalRequested",
+        /// That signal was delivered.
+        ExternalSignalDelivered = "ExternalSignalDelivered",
+        /// That signal could not be delivered.
+        ExternalSignalFailed = "ExternalSignalFailed",
+        /// A cancel of another execution was requested.
+        ExternalCancelRequested = "ExternalCancelRequested",
+        /// That cancel was delivered.
+        ExternalCancelDelivered = "ExternalCancelDelivered",
+        /// The other execution was not found.
+        ExternalTargetUnknown = "ExternalTargetUnknown",
+    }
+    other
+    /// An application's own type, or one this driver does not know.
+    Custom
+}
+
 /// One event of an execution's history.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -25,7 +98,7 @@ pub struct Event {
     /// Its place in the history: 1, 2, 3, … with no gaps.
     pub seq: i64,
     /// `WorkflowStarted`, `TaskCompleted`, or an application's own type.
-    pub event_type: String,
+    pub event_type: EventType,
     /// Its payload, exactly as appended.
     pub payload: Json,
     /// When it was appended.
@@ -157,7 +230,7 @@ fn event_from_row(call: &Call, row: &tokio_postgres::Row) -> Result<Event, Clien
     let read = || -> Result<Event, tokio_postgres::Error> {
         Ok(Event {
             seq: row.try_get("seq")?,
-            event_type: row.try_get("event_type")?,
+            event_type: word(row, "event_type")?,
             payload: row.try_get("payload")?,
             created_at: row.try_get("created_at")?,
         })

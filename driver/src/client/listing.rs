@@ -15,13 +15,14 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use sheaf_core::listing::{STATE_ORDER, ShardCursor, listing_hash};
 use sheaf_core::page::{SortOrder, merge_sorted};
-use sheaf_core::state::TaskState;
+use sheaf_core::state::{TaskKind, TaskState};
 
 use super::search::{refused_argument, status};
-use super::{Call, Client, ClientError, Owned, PageStatus, single};
+use super::{Admin, Call, Client, ClientError, Owned, PageStatus, single};
 use crate::id::{ExecutionId, TaskId};
 use crate::metrics::QueueSample;
 use crate::topology::ShardId;
+use crate::words::{word, words};
 
 /// The most rows a listing page may ask for (each shard is asked for one
 /// more, and a shard returns at most 1000).
@@ -39,6 +40,25 @@ const LIST_QUEUES: &str = "SELECT queue, aging_secs, fairness, notify, created_a
      waiting, paused, dead, extract(epoch FROM oldest_ready_age)::float8 AS oldest_ready_secs \
      FROM sheaf.list_queues()";
 
+words! {
+    /// Where a task stands as [`Client::get_task`] reports it: a queued
+    /// task's [`TaskState`], or dead-lettered.
+    pub enum TaskStatus {
+        /// Due later (a `run_at`, a retry's backoff).
+        Scheduled = "scheduled",
+        /// Held back by its concurrency key's cap, or a rate limit.
+        Waiting = "waiting",
+        /// Claimable now.
+        Ready = "ready",
+        /// Claimed, under a lease.
+        Running = "running",
+        /// Parked with its paused execution.
+        Paused = "paused",
+        /// In the dead letters.
+        Dead = "dead",
+    }
+}
+
 /// A task as `get_task` reads it: unfinished, or dead-lettered (`dead_at`).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -49,10 +69,10 @@ pub struct TaskInfo {
     pub shard: ShardId,
     /// Its queue.
     pub queue: String,
-    /// `activity` or `workflow`.
-    pub kind: String,
-    /// `scheduled`, `waiting`, `ready`, `running`, `paused`, or `dead`.
-    pub state: String,
+    /// An activity or a workflow task.
+    pub kind: TaskKind,
+    /// Where it stands, dead-lettered included.
+    pub state: TaskStatus,
     /// Its priority (higher first).
     pub priority: i32,
     /// Attempts spent.
@@ -95,8 +115,8 @@ pub struct ListedTask {
     pub shard: ShardId,
     /// Its queue.
     pub queue: String,
-    /// `activity` or `workflow`.
-    pub kind: String,
+    /// An activity or a workflow task.
+    pub kind: TaskKind,
     /// Its state.
     pub state: TaskState,
     /// Its priority (higher first).
@@ -132,8 +152,8 @@ pub struct ListedDeadLetter {
     pub shard: ShardId,
     /// Its queue.
     pub queue: String,
-    /// `activity` or `workflow`.
-    pub kind: String,
+    /// An activity or a workflow task.
+    pub kind: TaskKind,
     /// Its priority (higher first).
     pub priority: i32,
     /// Attempts spent.
@@ -296,8 +316,8 @@ impl Client {
                 task_id,
                 shard: call.shard,
                 queue: row.try_get("queue")?,
-                kind: row.try_get("kind")?,
-                state: row.try_get("state")?,
+                kind: word(row, "kind")?,
+                state: word(row, "state")?,
                 priority: row.try_get("priority")?,
                 attempts: row.try_get("attempts")?,
                 max_attempts: row.try_get("max_attempts")?,
@@ -319,14 +339,16 @@ impl Client {
         };
         read().map_err(|e| call.error(e, 1))
     }
+}
 
+impl Admin<'_> {
     /// One page of `queue`'s tasks across every readable shard: in `state`,
     /// or every state (running, ready, scheduled, waiting, paused, in that
     /// order); within a state by priority (highest first) then enqueue time,
     /// scheduled ones by `run_at`, running ones by lease end. `cursor` is a
     /// page's `next_cursor` for the same queue and state.
     pub async fn list_tasks(
-        &self,
+        self,
         queue: &str,
         state: Option<TaskState>,
         cursor: Option<&str>,
@@ -337,7 +359,8 @@ impl Client {
         let cursor = shard_cursor(cursor, listing_hash(&["tasks", queue, state_name.unwrap_or("")]))?;
         let ask = (page_size + 1) as i32;
         let report = self
-            .fan_out(self.readable_shards(), |shard| {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| {
                 let after = cursor.anchors.get(&shard.get()).cloned();
                 async move {
                     let call = Call {
@@ -345,6 +368,7 @@ impl Client {
                         owned: Owned::Queue(queue.to_owned()),
                     };
                     let rows = self
+                        .client
                         .query(&call, LIST_TASKS, &[&queue, &state_name, &after, &ask])
                         .await?;
                     rows.iter().map(|row| listed_task(&call, queue, row)).collect()
@@ -372,7 +396,7 @@ impl Client {
     /// every readable shard, newest first. `cursor` is a page's
     /// `next_cursor` for the same queue.
     pub async fn list_dead_letters(
-        &self,
+        self,
         queue: Option<&str>,
         cursor: Option<&str>,
         page_size: usize,
@@ -381,14 +405,18 @@ impl Client {
         let cursor = shard_cursor(cursor, listing_hash(&["dead", queue.unwrap_or("")]))?;
         let ask = (page_size + 1) as i32;
         let report = self
-            .fan_out(self.readable_shards(), |shard| {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| {
                 let after = cursor.anchors.get(&shard.get()).cloned();
                 async move {
                     let call = Call {
                         shard,
                         owned: Owned::Listing("listing dead letters"),
                     };
-                    let rows = self.query(&call, LIST_DEAD, &[&queue, &after, &ask]).await?;
+                    let rows = self
+                        .client
+                        .query(&call, LIST_DEAD, &[&queue, &after, &ask])
+                        .await?;
                     rows.iter().map(|row| listed_dead(&call, row)).collect()
                 }
             })
@@ -412,10 +440,14 @@ impl Client {
 
     /// Every queue of every readable shard, by name, with its counts per
     /// shard and in total.
-    pub async fn list_queues(&self) -> QueueListing {
+    pub async fn list_queues(self) -> QueueListing {
         let report = self
-            .fan_out(self.readable_shards(), |shard| async move {
-                let (call, rows) = self.on_shard(shard, Owned::Shard, LIST_QUEUES, &[]).await?;
+            .client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, LIST_QUEUES, &[])
+                    .await?;
                 rows.iter()
                     .map(|row| queue_row(&call, row))
                     .collect::<Result<Vec<_>, _>>()
@@ -443,17 +475,17 @@ impl Client {
     }
 }
 
-impl Client {
+impl Admin<'_> {
     /// Samples every readable shard's queues into this client's metrics
     /// (`sheaf_queue_tasks{shard,queue,state}`,
     /// `sheaf_queue_oldest_ready_seconds{shard,queue}`): one `list_queues`
     /// per shard, whose counts walk each queue's indexes. Returns the
     /// shards that could not answer (their last sample stays, and
     /// `sheaf_shard_up` says they are down).
-    pub async fn sample_queues(&self) -> BTreeMap<ShardId, ClientError> {
+    pub async fn sample_queues(self) -> BTreeMap<ShardId, ClientError> {
         let listing = self.list_queues().await;
         let mut per_shard: BTreeMap<ShardId, Vec<QueueSample>> = BTreeMap::new();
-        for shard in self.readable_shards() {
+        for shard in self.client.readable_shards() {
             if !listing.unavailable_shards.contains_key(&shard) {
                 per_shard.insert(shard, Vec::new());
             }
@@ -468,7 +500,7 @@ impl Client {
             }
         }
         for (shard, sample) in per_shard {
-            self.metrics().queues(shard, &sample);
+            self.client.metrics().queues(shard, &sample);
         }
         listing.unavailable_shards
     }
@@ -500,7 +532,7 @@ fn listed_task(call: &Call, queue: &str, row: &tokio_postgres::Row) -> Result<Li
                 task_id: TaskId::from_uuid(row.try_get("task_id")?),
                 shard: call.shard,
                 queue: queue.to_owned(),
-                kind: row.try_get("kind")?,
+                kind: word(row, "kind")?,
                 state: TaskState::Ready,
                 priority: row.try_get("priority")?,
                 attempts: row.try_get("attempts")?,
@@ -534,7 +566,7 @@ fn listed_dead(call: &Call, row: &tokio_postgres::Row) -> Result<ListedDeadLette
             task_id: TaskId::from_uuid(row.try_get("task_id")?),
             shard: call.shard,
             queue: row.try_get("queue_name")?,
-            kind: row.try_get("kind")?,
+            kind: word(row, "kind")?,
             priority: row.try_get("priority")?,
             attempts: row.try_get("attempts")?,
             max_attempts: row.try_get("max_attempts")?,

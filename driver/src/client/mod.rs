@@ -24,6 +24,7 @@ mod mutex;
 mod operations;
 mod options;
 mod policy;
+mod protocol;
 mod rate_limits;
 mod rebalance;
 mod relay;
@@ -48,7 +49,7 @@ pub use executions::{Execution, Started};
 pub use options::{DebounceMode, EnqueueOptions, StartOptions};
 pub use tasks::{ClaimedTask, Enqueued, FailOutcome};
 
-pub use admin::ShardInfo;
+pub use admin::{Admin, ShardInfo};
 pub use audit::AuditEntry;
 pub use batch::{EnqueuedBatch, MAX_BATCH};
 pub use children::{
@@ -57,24 +58,26 @@ pub use children::{
 };
 pub use config::{FleetConfig, config_drift};
 pub use debounce::PendingStart;
-pub use external::{ByKey, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow};
+pub use external::{ByKey, ExternalAction, OutboxBacklog, OutboxKind, OutboxOutcome, OutboxRow, OutboxState};
 pub use fleet::{
     ConcurrencyStat, FleetError, FleetReport, QueueStats, QuotaUsage, RegisteredWorker, StrandedWork,
 };
-pub use history::{Event, HistoryPage, MAX_HISTORY_PAGE};
+pub use history::{Event, EventType, HistoryPage, MAX_HISTORY_PAGE};
 pub use listing::{
     ListPage, ListedDeadLetter, ListedTask, MAX_TASK_PAGE, QueueCounts, QueueListing, QueueSummary, TaskInfo,
+    TaskStatus,
 };
 pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
+pub use protocol::{Protocol, Steps};
 pub use rate_limits::{OverrideReport, RateLimitInfo};
 pub use rebalance::{
-    Candidate, Drain, Erasure, MIN_STALL_AFTER, Migration, MoveOutcome, MoveReport, Phase, PhaseHook,
-    Progress, RebalanceOptions, STALL_AFTER, StalledMove, Unsettled,
+    Blocker, Candidate, Drain, Erasure, MIN_STALL_AFTER, Migration, MoveOutcome, MovePhase, MoveReport,
+    Phase, PhaseHook, Progress, RebalanceOptions, STALL_AFTER, StalledMove, Unsettled,
 };
 pub use relay::{ChildStart, CloseKind, RelayBacklog, RelayOutcome, RelayRow, ReportStatus};
 pub use reports::{GroupBy, KeyConcurrency, Report, Usage};
-pub use schedules::{Fire, MAX_FIRES_PAGE, Schedule};
+pub use schedules::{Fire, FireOutcome, MAX_FIRES_PAGE, Schedule};
 pub use search::{
     AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution,
     SortOrder, attr_equality,
@@ -165,9 +168,51 @@ pub(crate) fn lost_connection(e: &tokio_postgres::Error) -> bool {
 /// N shard databases as one queue: routes, mints ids, and maps refusals to
 /// [`ClientError`]. Share it (it is `Send + Sync`) behind an `Arc`.
 ///
-/// Its methods are grouped by what they act on: tasks (`enqueue`, `claim`,
-/// `complete`, …), executions (`start_workflow`, `get_execution`, …) and
-/// shard housekeeping (`worker_heartbeat`, `maintain`).
+/// Its methods are what an application calls, by family:
+///
+/// - tasks: [`enqueue`](Client::enqueue) (and `enqueue_batch`, or in your
+///   own transaction through [`shard_connection`](Client::shard_connection)),
+///   [`claim`](Client::claim), [`complete`](Client::complete),
+///   [`fail`](Client::fail), [`heartbeat`](Client::heartbeat),
+///   [`snooze`](Client::snooze), `release`, `dead_letter`,
+///   [`set_progress`](Client::set_progress), `cancel_task`, `get_task`
+///   (a [`Worker`](crate::Worker) makes these calls for you);
+/// - executions: [`start_workflow`](Client::start_workflow),
+///   [`signal`](Client::signal), [`cancel_execution`](Client::cancel_execution),
+///   [`get_execution`](Client::get_execution), [`history`](Client::history),
+///   [`list_executions`](Client::list_executions),
+///   [`find_execution`](Client::find_execution),
+///   [`children`](Client::children) and [`start_child`](Client::start_child),
+///   signals and cancels by key or from another execution, debounced starts,
+///   suspend and wake, usage records;
+/// - the durable mutex: [`lock`](Client::lock), `try_lock` and its steps.
+///
+/// The fleet's and the operator's calls (policies, dead letters,
+/// retention, rebalancing and draining, topology and shard lifecycle,
+/// reports, the audit log) are on [`Client::admin`].
+///
+/// ```no_run
+/// use serde_json::json;
+/// use sheaf_driver::{Client, EnqueueOptions, PoolOptions, StartOptions, Topology};
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Client::new(Topology::from_env()?, PoolOptions::default())?;
+///
+/// // A workflow run, placed on one shard; its id names that shard.
+/// let started = client
+///     .start_workflow("invoice", "inv-42", json!({ "amount": "12.50" }), StartOptions::new())
+///     .await?;
+/// let run = client.get_execution(started.execution_id).await?;
+/// println!("{:?}", run.map(|e| e.state));
+///
+/// // A plain task, at most once per key while unfinished.
+/// let task = client
+///     .enqueue("emails", json!({ "to": "a@example.com" }), EnqueueOptions::new().idempotency_key("welcome-a"))
+///     .await?;
+/// println!("task {} on shard {}", task.task_id, task.shard);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Client {
     topology: Topology,
     pools: ShardPools,
@@ -205,22 +250,6 @@ impl Client {
         self.metrics.render()
     }
 
-    /// Probes every shard at once (a fresh connection each, bounded by
-    /// `timeout`): reachability, identity, versions, roles, breaker, live
-    /// workers and stranded work. Also refreshes `sheaf_shard_up`.
-    pub async fn topology_status(&self, timeout: Duration) -> TopologyStatus {
-        let status = topology_status(&self.topology, &self.pools, timeout).await;
-        for shard in &status.shards {
-            self.metrics.probed(
-                shard.probe.shard,
-                shard.probe.reachable,
-                shard.probe.reachable.then(|| shard.stranded_ready()),
-            );
-            self.metrics.breaker(shard.probe.shard, shard.breaker);
-        }
-        status
-    }
-
     /// Counts one more claim loop on `shard`; returns how many there are now.
     pub(crate) fn add_scanner(&self, shard: ShardId) -> usize {
         let mut scanners = self.scanners.lock().unwrap_or_else(|p| p.into_inner());
@@ -239,11 +268,6 @@ impl Client {
     /// The topology this client routes by.
     pub fn topology(&self) -> &Topology {
         &self.topology
-    }
-
-    /// The pools, for breaker states and status probes.
-    pub fn pools(&self) -> &ShardPools {
-        &self.pools
     }
 
     /// The shard that serves `id`: its prefix (unencoded: the default
@@ -404,6 +428,29 @@ impl Client {
                 }
             }
         }
+    }
+}
+
+impl<'c> Admin<'c> {
+    /// Probes every shard at once (a fresh connection each, bounded by
+    /// `timeout`): reachability, identity, versions, roles, breaker, live
+    /// workers and stranded work. Also refreshes `sheaf_shard_up`.
+    pub async fn topology_status(self, timeout: Duration) -> TopologyStatus {
+        let status = topology_status(&self.client.topology, &self.client.pools, timeout).await;
+        for shard in &status.shards {
+            self.client.metrics.probed(
+                shard.probe.shard,
+                shard.probe.reachable,
+                shard.probe.reachable.then(|| shard.stranded_ready()),
+            );
+            self.client.metrics.breaker(shard.probe.shard, shard.breaker);
+        }
+        status
+    }
+
+    /// The pools, for breaker states and status probes.
+    pub fn pools(self) -> &'c ShardPools {
+        &self.client.pools
     }
 }
 

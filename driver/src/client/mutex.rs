@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use sheaf_core::hrw;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use super::{Call, Client, ClientError, Owned, first_column, single};
+use super::{Admin, Call, Client, ClientError, Owned, first_column, single};
 use crate::id::ExecutionId;
 use crate::topology::ShardId;
 
@@ -254,13 +254,6 @@ impl Client {
         read().map_err(|e| call.error(e, 1))
     }
 
-    /// Passes up to `max_rows` expired locks on `shard` to their next
-    /// waiters (also done by `maintain` and by any acquire of the key); how many.
-    pub async fn mutex_reclaim(&self, shard: ShardId, max_rows: i32) -> Result<i32, ClientError> {
-        let (call, rows) = self.on_shard(shard, Owned::Shard, RECLAIM, &[&max_rows]).await?;
-        first_column(&call, &rows)
-    }
-
     /// Waits for `key` (FIFO, polling every `options.poll` times its place in
     /// line, and at least three times per place lease: a ninth of the lease)
     /// and returns the
@@ -314,8 +307,22 @@ impl Client {
     }
 }
 
-/// How [`Client::lock`] holds a lock.
+impl Admin<'_> {
+    /// Passes up to `max_rows` expired locks on `shard` to their next
+    /// waiters (also done by `maintain` and by any acquire of the key); how many.
+    pub async fn mutex_reclaim(self, shard: ShardId, max_rows: i32) -> Result<i32, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, RECLAIM, &[&max_rows])
+            .await?;
+        first_column(&call, &rows)
+    }
+}
+
+/// How [`Client::lock`] holds a lock. `LockOptions::new()` takes the
+/// defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockOptions {
     lease: Duration,
     poll: Duration,

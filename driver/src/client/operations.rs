@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::fleet::FleetReport;
-use super::{Client, ClientError, Owned, first_column};
+use super::{Admin, Client, ClientError, Owned, first_column};
 use crate::id::TaskId;
 use crate::json::Json;
 
@@ -49,7 +49,7 @@ impl Client {
 
     /// Records the progress of a task claimed under `token` (any JSON up to
     /// 64 KiB), replacing its last report; [`Client::get_task`] and
-    /// [`Client::list_tasks`] show it.
+    /// [`Admin::list_tasks`](crate::Admin::list_tasks) show it.
     pub async fn set_progress(
         &self,
         task_id: TaskId,
@@ -62,19 +62,23 @@ impl Client {
             .await?;
         Ok(())
     }
+}
 
+impl Admin<'_> {
     /// Deletes `queue`'s dead letters older than `older_than`
     /// (`Duration::ZERO`: all of them) on every readable shard; per shard,
     /// how many went. Their executions' quota counters follow.
     pub async fn purge_dead_letters(
-        &self,
+        self,
         queue: &str,
         older_than: Duration,
     ) -> Result<FleetReport<i64>, ClientError> {
         let secs = check_age(older_than)?;
         Ok(self
-            .fan_out(self.readable_shards(), |shard| async move {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| async move {
                 let (call, rows) = self
+                    .client
                     .on_shard(
                         shard,
                         Owned::Queue(queue.to_owned()),
@@ -92,15 +96,17 @@ impl Client {
     /// shard, how many moved. Those that cannot go back now are left, so
     /// calling it until every shard says 0 ends.
     pub async fn redrive_queue(
-        &self,
+        self,
         queue: &str,
         older_than: Duration,
         max_rows: i32,
     ) -> Result<FleetReport<i32>, ClientError> {
         let secs = check_age(older_than)?;
         Ok(self
-            .fan_out(self.readable_shards(), |shard| async move {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| async move {
                 let (call, rows) = self
+                    .client
                     .on_shard(
                         shard,
                         Owned::Queue(queue.to_owned()),
@@ -119,10 +125,12 @@ impl Client {
     /// and `failed`). Without `force` a shard where it holds any refuses
     /// ([`ClientError::WrongState`]), and a shard where it holds tasks of
     /// executions refuses either way.
-    pub async fn drop_queue(&self, queue: &str, force: bool) -> FleetReport<i64> {
+    pub async fn drop_queue(self, queue: &str, force: bool) -> FleetReport<i64> {
         let mut report = self
-            .fan_out(self.every_shard(), |shard| async move {
+            .client
+            .fan_out(self.client.every_shard(), |shard| async move {
                 match self
+                    .client
                     .on_shard(
                         shard,
                         Owned::Queue(queue.to_owned()),

@@ -13,6 +13,7 @@ use crate::router::Placement;
 
 /// How to enqueue a task. `EnqueueOptions::new()` takes the defaults.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct EnqueueOptions {
     pub(crate) priority: Option<i32>,
     pub(crate) run_at: Option<SystemTime>,
@@ -143,6 +144,7 @@ impl EnqueueOptions {
 
 /// How to start a workflow. `StartOptions::new()` takes the defaults.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct StartOptions {
     pub(crate) placement: Option<Placement>,
     pub(crate) tenant: Option<String>,
@@ -166,11 +168,20 @@ pub enum DebounceMode {
 }
 
 impl DebounceMode {
-    fn as_str(self) -> &'static str {
+    /// Its word: `trailing` or `leading`.
+    pub fn as_str(self) -> &'static str {
         match self {
             DebounceMode::Trailing => "trailing",
             DebounceMode::Leading => "leading",
         }
+    }
+}
+
+impl crate::words::Words for DebounceMode {
+    fn from_word(word: &str) -> Option<Self> {
+        [DebounceMode::Trailing, DebounceMode::Leading]
+            .into_iter()
+            .find(|mode| mode.as_str() == word)
     }
 }
 

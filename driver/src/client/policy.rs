@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::fleet::FleetReport;
-use super::{Client, ClientError, Owned, first_column};
+use super::{Admin, Client, ClientError, Owned, first_column};
 use crate::id::TaskId;
 use crate::json::Json;
 use crate::topology::ShardId;
@@ -26,6 +26,7 @@ const REDRIVE: &str = "SELECT sheaf.redrive($1)";
 /// A change to a queue's configuration (`sheaf.configure_queue`): only the
 /// settings given change. `QueueOptions::new()` changes nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueOptions {
     aging_secs: Option<Option<i32>>,
     fairness: Option<bool>,
@@ -92,56 +93,64 @@ impl Client {
     pub(crate) fn every_shard(&self) -> Vec<ShardId> {
         self.topology.shards().map(|s| s.id).collect()
     }
+}
 
+impl Admin<'_> {
     /// Declares (or replaces) workflow `name`'s policy (the JSON form of
     /// docs/reference/sql/executions.md: queue, concurrency, quota) on every
     /// shard. Later starts on a shard use that shard's policy, so check
     /// [`FleetReport::is_complete`]: a shard in `failed` keeps its old one.
-    pub async fn declare_workflow(&self, name: &str, policy: impl Into<Json>) -> FleetReport<()> {
+    pub async fn declare_workflow(self, name: &str, policy: impl Into<Json>) -> FleetReport<()> {
         let policy = policy.into();
         let policy = &policy;
-        self.fan_out(self.every_shard(), |shard| async move {
-            self.on_shard(shard, Owned::Shard, DECLARE_WORKFLOW, &[&name, policy])
-                .await
-                .map(drop)
-        })
-        .await
+        self.client
+            .fan_out(self.client.every_shard(), |shard| async move {
+                self.client
+                    .on_shard(shard, Owned::Shard, DECLARE_WORKFLOW, &[&name, policy])
+                    .await
+                    .map(drop)
+            })
+            .await
     }
 
     /// Caps concurrency key `key` at `max_running` on every shard (`None`
     /// removes the cap). Keys are one namespace per shard, so this is a cap
     /// of `max_running` per shard, not for the fleet.
-    pub async fn set_concurrency_limit(&self, key: &str, max_running: Option<i32>) -> FleetReport<()> {
-        self.fan_out(self.every_shard(), |shard| async move {
-            self.on_shard(shard, Owned::Shard, SET_CONCURRENCY_LIMIT, &[&key, &max_running])
-                .await
-                .map(drop)
-        })
-        .await
+    pub async fn set_concurrency_limit(self, key: &str, max_running: Option<i32>) -> FleetReport<()> {
+        self.client
+            .fan_out(self.client.every_shard(), |shard| async move {
+                self.client
+                    .on_shard(shard, Owned::Shard, SET_CONCURRENCY_LIMIT, &[&key, &max_running])
+                    .await
+                    .map(drop)
+            })
+            .await
     }
 
     /// Changes `queue`'s configuration on every shard; each shard's
     /// resulting configuration.
-    pub async fn configure_queue(&self, queue: &str, options: &QueueOptions) -> FleetReport<QueueConfig> {
+    pub async fn configure_queue(self, queue: &str, options: &QueueOptions) -> FleetReport<QueueConfig> {
         let opts = options.to_sql_opts();
         let opts = &opts;
-        self.fan_out(self.every_shard(), |shard| async move {
-            let (call, rows) = self
-                .on_shard(
+        self.client
+            .fan_out(self.client.every_shard(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(
+                        shard,
+                        Owned::Queue(queue.to_owned()),
+                        CONFIGURE_QUEUE,
+                        &[&queue, opts],
+                    )
+                    .await?;
+                let value: Value = first_column(&call, &rows)?;
+                serde_json::from_value(value).map_err(|e| ClientError::Database {
                     shard,
-                    Owned::Queue(queue.to_owned()),
-                    CONFIGURE_QUEUE,
-                    &[&queue, opts],
-                )
-                .await?;
-            let value: Value = first_column(&call, &rows)?;
-            serde_json::from_value(value).map_err(|e| ClientError::Database {
-                shard,
-                code: None,
-                message: format!("configure_queue returned a configuration this driver cannot read: {e}"),
+                    code: None,
+                    message: format!("configure_queue returned a configuration this driver cannot read: {e}"),
+                })
             })
-        })
-        .await
+            .await
     }
 
     /// Puts dead letters back in line with fresh attempts. The ids are
@@ -149,21 +158,25 @@ impl Client {
     /// moves all of its ids or none (55000 names the one that cannot go
     /// back) and reports how many moved (ids that are not dead letters are
     /// skipped). At most 10,000 ids per shard.
-    pub async fn redrive(&self, task_ids: &[TaskId]) -> FleetReport<i32> {
+    pub async fn redrive(self, task_ids: &[TaskId]) -> FleetReport<i32> {
         let mut by_shard: BTreeMap<ShardId, Vec<uuid::Uuid>> = BTreeMap::new();
         for id in task_ids {
             by_shard
-                .entry(id.route(&self.topology))
+                .entry(id.route(&self.client.topology))
                 .or_default()
                 .push(id.as_uuid());
         }
         let by_shard = &by_shard;
-        self.fan_out(by_shard.keys().copied().collect(), |shard| async move {
-            let ids = by_shard.get(&shard).map(Vec::as_slice).unwrap_or_default();
-            let (call, rows) = self.on_shard(shard, Owned::Shard, REDRIVE, &[&ids]).await?;
-            first_column(&call, &rows)
-        })
-        .await
+        self.client
+            .fan_out(by_shard.keys().copied().collect(), |shard| async move {
+                let ids = by_shard.get(&shard).map(Vec::as_slice).unwrap_or_default();
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, REDRIVE, &[&ids])
+                    .await?;
+                first_column(&call, &rows)
+            })
+            .await
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use super::fleet::FleetReport;
-use super::{Client, ClientError, Owned, first_column};
+use super::{Admin, Client, ClientError, Owned, first_column};
 use crate::json::Json;
 use crate::topology::ShardId;
 
@@ -55,66 +55,6 @@ impl OverrideReport {
 }
 
 impl Client {
-    /// Declares (or redeclares) rate limit `name` on every shard:
-    /// `{"rate": 10, "period": "1s", "burst": 10, "key": "payload.tenant"}`.
-    /// Each shard's answer is its stored spec; check
-    /// [`FleetReport::is_complete`].
-    pub async fn declare_rate_limit(&self, name: &str, spec: impl Into<Json>) -> FleetReport<Json> {
-        let spec = spec.into();
-        let spec = &spec;
-        self.fan_out(self.every_shard(), |shard| async move {
-            let (call, rows) = self
-                .on_shard(shard, Owned::Shard, DECLARE, &[&name, spec])
-                .await?;
-            first_column(&call, &rows)
-        })
-        .await
-    }
-
-    /// Paces `name` (a rate limit, or `workflow:<name>` for a start
-    /// throttle) at `rate` per `period` until `expires_at` (each shard reads
-    /// it on its own clock), on every readable shard. A keyed limit is
-    /// refused ([`ClientError::WrongState`]); so is a fan-out that reached
-    /// no shard (the first shard's error). A partial one is reported in
-    /// `shard_errors` and recorded `failed` in the audit log of the shards
-    /// it reached.
-    pub async fn set_rate_override(
-        &self,
-        name: &str,
-        rate: f64,
-        period: Duration,
-        expires_at: SystemTime,
-    ) -> Result<OverrideReport, ClientError> {
-        let secs = period.as_secs_f64();
-        let report = self
-            .fan_out(self.readable_shards(), |shard| async move {
-                self.on_shard(
-                    shard,
-                    Owned::Shard,
-                    SET_OVERRIDE,
-                    &[&name, &rate, &secs, &expires_at],
-                )
-                .await
-                .map(drop)
-            })
-            .await;
-        self.settle_fan_out("set_rate_override", name, report).await
-    }
-
-    /// Removes `name`'s pacing override on every readable shard (those
-    /// without one answer as well); reported as
-    /// [`set_rate_override`](Self::set_rate_override) is.
-    pub async fn clear_rate_override(&self, name: &str) -> Result<OverrideReport, ClientError> {
-        let report = self
-            .fan_out(self.readable_shards(), |shard| async move {
-                self.on_shard(shard, Owned::Shard, CLEAR_OVERRIDE, &[&name])
-                    .await
-                    .map(drop)
-            })
-            .await;
-        self.settle_fan_out("clear_rate_override", name, report).await
-    }
-
     /// A fan-out's report: an error if no shard took it, else every shard's
     /// outcome, with a `failed` audit entry on the shards that took a
     /// partial one.
@@ -154,36 +94,110 @@ impl Client {
             shard_errors: failed,
         })
     }
+}
+
+impl Admin<'_> {
+    /// Declares (or redeclares) rate limit `name` on every shard:
+    /// `{"rate": 10, "period": "1s", "burst": 10, "key": "payload.tenant"}`.
+    /// Each shard's answer is its stored spec; check
+    /// [`FleetReport::is_complete`].
+    pub async fn declare_rate_limit(self, name: &str, spec: impl Into<Json>) -> FleetReport<Json> {
+        let spec = spec.into();
+        let spec = &spec;
+        self.client
+            .fan_out(self.client.every_shard(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, DECLARE, &[&name, spec])
+                    .await?;
+                first_column(&call, &rows)
+            })
+            .await
+    }
+
+    /// Paces `name` (a rate limit, or `workflow:<name>` for a start
+    /// throttle) at `rate` per `period` until `expires_at` (each shard reads
+    /// it on its own clock), on every readable shard. A keyed limit is
+    /// refused ([`ClientError::WrongState`]); so is a fan-out that reached
+    /// no shard (the first shard's error). A partial one is reported in
+    /// `shard_errors` and recorded `failed` in the audit log of the shards
+    /// it reached.
+    pub async fn set_rate_override(
+        self,
+        name: &str,
+        rate: f64,
+        period: Duration,
+        expires_at: SystemTime,
+    ) -> Result<OverrideReport, ClientError> {
+        let secs = period.as_secs_f64();
+        let report = self
+            .client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                self.client
+                    .on_shard(
+                        shard,
+                        Owned::Shard,
+                        SET_OVERRIDE,
+                        &[&name, &rate, &secs, &expires_at],
+                    )
+                    .await
+                    .map(drop)
+            })
+            .await;
+        self.client
+            .settle_fan_out("set_rate_override", name, report)
+            .await
+    }
+
+    /// Removes `name`'s pacing override on every readable shard (those
+    /// without one answer as well); reported as
+    /// [`set_rate_override`](Self::set_rate_override) is.
+    pub async fn clear_rate_override(self, name: &str) -> Result<OverrideReport, ClientError> {
+        let report = self
+            .client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                self.client
+                    .on_shard(shard, Owned::Shard, CLEAR_OVERRIDE, &[&name])
+                    .await
+                    .map(drop)
+            })
+            .await;
+        self.client
+            .settle_fan_out("clear_rate_override", name, report)
+            .await
+    }
 
     /// Every readable shard's rate limits.
-    pub async fn rate_limits(&self) -> FleetReport<Vec<RateLimitInfo>> {
-        self.fan_out(self.readable_shards(), |shard| async move {
-            let (call, rows) = self
-                .on_shard(shard, Owned::Listing("rate limits"), LIST, &[])
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let read = || -> Result<RateLimitInfo, tokio_postgres::Error> {
-                        let rate: Option<f64> = row.try_get("override_rate")?;
-                        let secs: Option<f64> = row.try_get("override_secs")?;
-                        let until: Option<SystemTime> = row.try_get("override_expires_at")?;
-                        Ok(RateLimitInfo {
-                            name: row.try_get("name")?,
-                            spec: row.try_get("spec")?,
-                            override_pace: match (rate, secs, until) {
-                                (Some(r), Some(s), Some(u)) => {
-                                    Some((r, Duration::from_secs_f64(s.max(0.0)), u))
-                                }
-                                _ => None,
-                            },
-                            buckets: row.try_get("buckets")?,
-                            waiting: row.try_get("waiting")?,
-                        })
-                    };
-                    read().map_err(|e| call.error(e, 1))
-                })
-                .collect()
-        })
-        .await
+    pub async fn rate_limits(self) -> FleetReport<Vec<RateLimitInfo>> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Listing("rate limits"), LIST, &[])
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        let read = || -> Result<RateLimitInfo, tokio_postgres::Error> {
+                            let rate: Option<f64> = row.try_get("override_rate")?;
+                            let secs: Option<f64> = row.try_get("override_secs")?;
+                            let until: Option<SystemTime> = row.try_get("override_expires_at")?;
+                            Ok(RateLimitInfo {
+                                name: row.try_get("name")?,
+                                spec: row.try_get("spec")?,
+                                override_pace: match (rate, secs, until) {
+                                    (Some(r), Some(s), Some(u)) => {
+                                        Some((r, Duration::from_secs_f64(s.max(0.0)), u))
+                                    }
+                                    _ => None,
+                                },
+                                buckets: row.try_get("buckets")?,
+                                waiting: row.try_get("waiting")?,
+                            })
+                        };
+                        read().map_err(|e| call.error(e, 1))
+                    })
+                    .collect()
+            })
+            .await
     }
 }

@@ -1,13 +1,13 @@
 //! The relay's primitives, one typed method per SQL function. The relay
 //! ([`crate::relay`]) is built on them; an operator tool may read
-//! [`Client::relay_backlog`].
+//! [`Admin::relay_backlog`](crate::Admin::relay_backlog).
 
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use sheaf_core::state::ExecutionState;
 
-use super::{Call, Client, ClientError, Owned, first_column, single};
+use super::{Admin, Call, ClientError, Owned, Protocol, first_column, single};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
@@ -81,7 +81,7 @@ pub struct RelayRow {
     pub lease_token: i64,
 }
 
-/// What an edge did, for [`Client::relay_report`].
+/// What an edge did, for `relay_report`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum RelayOutcome {
@@ -157,7 +157,7 @@ pub enum ReportStatus {
     Stale,
 }
 
-/// What [`Client::relay_start_child`] found on the child's shard.
+/// What `relay_start_child` found on the child's shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ChildStart {
@@ -210,11 +210,41 @@ fn shard_of(call: &Call, n: i32) -> Result<ShardId, ClientError> {
         })
 }
 
-impl Client {
+impl Admin<'_> {
+    /// `shard`'s lifecycle rows, grouped by target, state and close.
+    pub async fn relay_backlog(self, shard: ShardId) -> Result<Vec<RelayBacklog>, ClientError> {
+        let (call, rows) = self.client.on_shard(shard, Owned::Shard, BACKLOG, &[]).await?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> Result<(RelayBacklog, i32), tokio_postgres::Error> {
+                    let state: String = row.try_get("state")?;
+                    Ok((
+                        RelayBacklog {
+                            target_shard: shard,
+                            started: state != "STARTING",
+                            close_requested: close_kind(row.try_get("close_requested")?),
+                            rows: row.try_get("rows")?,
+                            failing: row.try_get("failing")?,
+                            oldest: row.try_get("oldest")?,
+                            max_attempts: row.try_get("max_attempts")?,
+                            last_error: row.try_get("last_error")?,
+                        },
+                        row.try_get("target_shard")?,
+                    ))
+                };
+                let (mut b, target) = read().map_err(|e| call.error(e, 1))?;
+                b.target_shard = shard_of(&call, target)?;
+                Ok(b)
+            })
+            .collect()
+    }
+}
+
+impl Protocol<'_> {
     /// Leases up to `max_rows` lifecycle rows of `shard` for `lease`: the
     /// due ones, or those of `named` no other relay holds.
     pub async fn relay_take(
-        &self,
+        self,
         shard: ShardId,
         max_rows: i32,
         lease: Duration,
@@ -226,6 +256,7 @@ impl Client {
         };
         let named: Option<Vec<uuid::Uuid>> = named.map(|ids| ids.iter().map(ExecutionId::as_uuid).collect());
         let rows = self
+            .client
             .query(&call, TAKE, &[&max_rows, &lease.as_secs_f64(), &named])
             .await?;
         rows.iter()
@@ -260,7 +291,7 @@ impl Client {
 
     /// Records what an edge did for a row of `shard` held under `lease_token`.
     pub async fn relay_report(
-        &self,
+        self,
         shard: ShardId,
         child: ExecutionId,
         lease_token: i64,
@@ -272,6 +303,7 @@ impl Client {
         };
         let outcome = outcome.to_json()?;
         let rows = self
+            .client
             .query(&call, REPORT, &[&child.as_uuid(), &lease_token, &outcome])
             .await?;
         let status: String = first_column(&call, &rows)?;
@@ -286,15 +318,16 @@ impl Client {
     /// Starts `child` of `parent` on the child's shard (its id routes
     /// there), idempotent on the child's id.
     pub async fn relay_start_child(
-        &self,
+        self,
         child: ExecutionId,
         parent: ExecutionId,
         name: &str,
         workflow_id: &str,
         input: &Json,
     ) -> Result<ChildStart, ClientError> {
-        let call = self.by_execution(child);
+        let call = self.client.by_execution(child);
         let rows = self
+            .client
             .query(
                 &call,
                 START,
@@ -316,14 +349,15 @@ impl Client {
     /// Cancels or terminates `child` of `parent` on the child's shard;
     /// `false` if it had ended.
     pub async fn relay_close_child(
-        &self,
+        self,
         child: ExecutionId,
         parent: ExecutionId,
         how: CloseKind,
         reason: Option<&str>,
     ) -> Result<bool, ClientError> {
-        let call = self.by_execution(child);
+        let call = self.client.by_execution(child);
         let rows = self
+            .client
             .query(
                 &call,
                 CLOSE,
@@ -337,8 +371,11 @@ impl Client {
     /// relay and rebalance auto-resume need `sheaf_relay` (directly or
     /// through a role that has it, as `sheaf_admin` does; a superuser has
     /// every role). [`ClientError::MissingRole`] when it does not.
-    pub async fn check_protocol_role(&self, shard: ShardId) -> Result<(), ClientError> {
-        let (call, rows) = self.on_shard(shard, Owned::Shard, PROTOCOL_ROLE, &[]).await?;
+    pub async fn check_protocol_role(self, shard: ShardId) -> Result<(), ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, PROTOCOL_ROLE, &[])
+            .await?;
         let row = single(&call, &rows)?;
         let read = || -> Result<(String, bool, bool), tokio_postgres::Error> {
             Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
@@ -353,33 +390,5 @@ impl Client {
             login,
             defined,
         })
-    }
-
-    /// `shard`'s lifecycle rows, grouped by target, state and close.
-    pub async fn relay_backlog(&self, shard: ShardId) -> Result<Vec<RelayBacklog>, ClientError> {
-        let (call, rows) = self.on_shard(shard, Owned::Shard, BACKLOG, &[]).await?;
-        rows.iter()
-            .map(|row| {
-                let read = || -> Result<(RelayBacklog, i32), tokio_postgres::Error> {
-                    let state: String = row.try_get("state")?;
-                    Ok((
-                        RelayBacklog {
-                            target_shard: shard,
-                            started: state != "STARTING",
-                            close_requested: close_kind(row.try_get("close_requested")?),
-                            rows: row.try_get("rows")?,
-                            failing: row.try_get("failing")?,
-                            oldest: row.try_get("oldest")?,
-                            max_attempts: row.try_get("max_attempts")?,
-                            last_error: row.try_get("last_error")?,
-                        },
-                        row.try_get("target_shard")?,
-                    ))
-                };
-                let (mut b, target) = read().map_err(|e| call.error(e, 1))?;
-                b.target_shard = shard_of(&call, target)?;
-                Ok(b)
-            })
-            .collect()
     }
 }

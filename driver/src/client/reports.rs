@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use serde_json::{Number, Value};
 
 use super::search::{PageStatus, refused_argument};
-use super::{Call, Client, ClientError, Owned};
+use super::{Admin, Call, Client, ClientError, Owned};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
@@ -138,24 +138,41 @@ pub struct Report<T> {
 }
 
 impl Client {
+    /// Records metered units (up to 32 finite numbers, e.g.
+    /// `{"llm_calls": 1, "input_tokens": 812}`) against an execution, now;
+    /// [`Admin::usage_report`](crate::Admin::usage_report) sums them per group.
+    pub async fn record_usage(&self, id: ExecutionId, metrics: impl Into<Json>) -> Result<(), ClientError> {
+        let call = self.by_execution(id);
+        let metrics = metrics.into();
+        self.query(&call, RECORD_USAGE, &[&id.as_uuid(), &metrics])
+            .await
+            .map(drop)
+    }
+}
+
+impl Admin<'_> {
     /// What the executions of every readable shard used in `[from, to)`
     /// (at most 90 days), per `group_by`, merged per group.
     pub async fn usage_report(
-        &self,
+        self,
         from: SystemTime,
         to: SystemTime,
         group_by: &GroupBy,
     ) -> Result<Report<Usage>, ClientError> {
         let group = group_by.as_sql();
         let report = self
-            .fan_out(self.readable_shards(), |shard| {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| {
                 let group = &group;
                 async move {
                     let call = Call {
                         shard,
                         owned: Owned::Listing("the usage report"),
                     };
-                    let rows = self.query(&call, USAGE_REPORT, &[&from, &to, group]).await?;
+                    let rows = self
+                        .client
+                        .query(&call, USAGE_REPORT, &[&from, &to, group])
+                        .await?;
                     rows.iter()
                         .map(|row| usage_from_row(&call, row))
                         .collect::<Result<BTreeMap<_, _>, _>>()
@@ -165,27 +182,17 @@ impl Client {
         merged(report, |total: &mut Usage, _, u| total.add(u))
     }
 
-    /// Records metered units (up to 32 finite numbers, e.g.
-    /// `{"llm_calls": 1, "input_tokens": 812}`) against an execution, now;
-    /// [`Client::usage_report`] sums them per group.
-    pub async fn record_usage(&self, id: ExecutionId, metrics: impl Into<Json>) -> Result<(), ClientError> {
-        let call = self.by_execution(id);
-        let metrics = metrics.into();
-        self.query(&call, RECORD_USAGE, &[&id.as_uuid(), &metrics])
-            .await
-            .map(drop)
-    }
-
     /// Every concurrency key of every readable shard, merged per key
     /// (running, ready and waiting add up; caps stay per shard).
-    pub async fn concurrency_report(&self) -> Result<Report<KeyConcurrency>, ClientError> {
+    pub async fn concurrency_report(self) -> Result<Report<KeyConcurrency>, ClientError> {
         let report = self
-            .fan_out(self.readable_shards(), |shard| async move {
+            .client
+            .fan_out(self.client.readable_shards(), |shard| async move {
                 let call = Call {
                     shard,
                     owned: Owned::Listing("the concurrency report"),
                 };
-                let rows = self.query(&call, CONCURRENCY_STATS, &[]).await?;
+                let rows = self.client.query(&call, CONCURRENCY_STATS, &[]).await?;
                 rows.iter()
                     .map(|row| key_from_row(&call, row))
                     .collect::<Result<BTreeMap<_, _>, _>>()

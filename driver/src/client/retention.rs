@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::fleet::FleetReport;
-use super::{Call, Client, ClientError, Owned, first_column};
+use super::{Admin, Call, ClientError, Owned, Protocol, first_column};
 use crate::id::ExecutionId;
 use crate::json::Json;
 use crate::topology::ShardId;
@@ -18,38 +18,46 @@ const SEALS_DUE: &str = "SELECT execution_id FROM sheaf.seals_due($1)";
 const SEAL_RUN_ENDED: &str = "SELECT sheaf.seal_run_ended($1)";
 const STATE: &str = "SELECT state FROM sheaf.get_execution($1)";
 
-impl Client {
+impl Admin<'_> {
     /// Sets how long every shard keeps what has ended (the fields given;
     /// see docs/operating/retention.md), and returns each shard's whole policy. A
     /// shard in `failed` kept its old one: apply it again.
-    pub async fn set_retention(&self, policy: impl Into<Json>) -> FleetReport<Value> {
+    pub async fn set_retention(self, policy: impl Into<Json>) -> FleetReport<Value> {
         let policy = policy.into();
         let policy = &policy;
-        self.fan_out(self.every_shard(), |shard| async move {
-            let (call, rows) = self
-                .on_shard(shard, Owned::Shard, SET_RETENTION, &[policy])
-                .await?;
-            first_column(&call, &rows)
-        })
-        .await
+        self.client
+            .fan_out(self.client.every_shard(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, SET_RETENTION, &[policy])
+                    .await?;
+                first_column(&call, &rows)
+            })
+            .await
     }
 
     /// Each readable shard's retention policy.
-    pub async fn retention(&self) -> FleetReport<Value> {
-        self.fan_out(self.readable_shards(), |shard| async move {
-            let (call, rows) = self.on_shard(shard, Owned::Shard, RETENTION, &[]).await?;
-            first_column(&call, &rows)
-        })
-        .await
+    pub async fn retention(self) -> FleetReport<Value> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self.client.on_shard(shard, Owned::Shard, RETENTION, &[]).await?;
+                first_column(&call, &rows)
+            })
+            .await
     }
+}
 
+impl Protocol<'_> {
     /// Marks ended child `child` (routed by its id, forwards followed): its
     /// parent on another shard has its end, so retention may delete it.
     /// `false` if it had not ended or was marked already. The relay calls
     /// it after each pull.
-    pub async fn relay_pulled(&self, child: ExecutionId) -> Result<bool, ClientError> {
-        let call = self.by_execution(child);
-        let rows = self.query(&call, RELAY_PULLED, &[&child.as_uuid()]).await?;
+    pub async fn relay_pulled(self, child: ExecutionId) -> Result<bool, ClientError> {
+        let call = self.client.by_execution(child);
+        let rows = self
+            .client
+            .query(&call, RELAY_PULLED, &[&child.as_uuid()])
+            .await?;
         first_column(&call, &rows)
     }
 
@@ -60,8 +68,11 @@ impl Client {
     /// delete it (a seal is the only forward for ids of its shard). A seal
     /// whose run lives, is moving, or cannot be reached now stays unmarked,
     /// and is checked again later. How many it marked. The relay runs it.
-    pub async fn confirm_seals(&self, shard: ShardId, max: i32) -> Result<usize, ClientError> {
-        let (call, rows) = self.on_shard(shard, Owned::Shard, SEALS_DUE, &[&max]).await?;
+    pub async fn confirm_seals(self, shard: ShardId, max: i32) -> Result<usize, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, SEALS_DUE, &[&max])
+            .await?;
         let due = rows
             .iter()
             .map(|r| r.try_get::<_, uuid::Uuid>(0))
@@ -73,7 +84,7 @@ impl Client {
                 shard,
                 owned: Owned::Execution(ExecutionId::from_uuid(id)),
             };
-            let ended = match self.query_followed(&at, STATE, &[&id]).await {
+            let ended = match self.client.query_followed(&at, STATE, &[&id]).await {
                 Ok((answered, rows)) => match rows.first() {
                     None => true,
                     Some(row) => {
@@ -97,7 +108,10 @@ impl Client {
                 }
             };
             if ended {
-                let (call, rows) = self.on_shard(shard, Owned::Shard, SEAL_RUN_ENDED, &[&id]).await?;
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, SEAL_RUN_ENDED, &[&id])
+                    .await?;
                 if first_column::<bool>(&call, &rows)? {
                     marked += 1;
                 }

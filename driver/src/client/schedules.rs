@@ -6,10 +6,11 @@
 use std::time::SystemTime;
 
 use super::fleet::FleetReport;
-use super::{Call, Client, ClientError, Owned, first_column, single};
+use super::{Admin, Call, Client, ClientError, Owned, first_column, single};
 use crate::id::{ExecutionId, TaskId};
 use crate::json::Json;
 use crate::topology::ShardId;
+use crate::words::{word, word_opt, words};
 
 const CREATE: &str = "SELECT sheaf.create_schedule($1, $2)";
 const UPDATE: &str = "SELECT sheaf.update_schedule($1, $2)";
@@ -39,7 +40,7 @@ pub struct Schedule {
     /// Its last fire's time, outcome and error.
     pub last_fire_at: Option<SystemTime>,
     /// `started`, `skipped_overlap` or `failed`.
-    pub last_outcome: Option<String>,
+    pub last_outcome: Option<FireOutcome>,
     /// Why the last fire failed.
     pub last_error: Option<String>,
     /// Fire records written.
@@ -52,6 +53,18 @@ pub struct Schedule {
     pub updated_at: SystemTime,
 }
 
+words! {
+    /// What a schedule's fire did.
+    pub enum FireOutcome {
+        /// It started its workflow run, or enqueued its task.
+        Started = "started",
+        /// Skipped: the previous run was unfinished.
+        SkippedOverlap = "skipped_overlap",
+        /// The shard refused the start (the fire's `error` says why).
+        Failed = "failed",
+    }
+}
+
 /// One fire of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -60,9 +73,8 @@ pub struct Fire {
     pub fire_at: SystemTime,
     /// When it was handled (`None` from a trigger: now).
     pub fired_at: Option<SystemTime>,
-    /// `started`, `skipped_overlap` (the previous run was unfinished) or
-    /// `failed` (the shard refused the start: `error` says why).
-    pub outcome: String,
+    /// What it did.
+    pub outcome: FireOutcome,
     /// The workflow run it started.
     pub execution_id: Option<ExecutionId>,
     /// The task it enqueued.
@@ -83,19 +95,17 @@ impl Client {
             owned: Owned::Schedule(name.to_owned()),
         }
     }
+}
 
+impl Admin<'_> {
     /// Creates schedule `name` from `spec` (see docs/reference/sql/schedules.md)
     /// on the default shard; returns its first fire time.
     /// [`ClientError::WrongState`] if the name is taken,
     /// [`ClientError::InvalidArgument`] naming what is wrong in the spec.
-    pub async fn create_schedule(
-        &self,
-        name: &str,
-        spec: impl Into<Json>,
-    ) -> Result<SystemTime, ClientError> {
-        let call = self.schedule_call(name);
+    pub async fn create_schedule(self, name: &str, spec: impl Into<Json>) -> Result<SystemTime, ClientError> {
+        let call = self.client.schedule_call(name);
         let spec = spec.into();
-        let rows = self.query(&call, CREATE, &[&name, &spec]).await?;
+        let rows = self.client.query(&call, CREATE, &[&name, &spec]).await?;
         first_column(&call, &rows)
     }
 
@@ -104,43 +114,43 @@ impl Client {
     /// action); its timing starts again from now. Returns the next fire
     /// time; [`ClientError::UnknownSchedule`] if there is none.
     pub async fn update_schedule(
-        &self,
+        self,
         name: &str,
         patch: impl Into<Json>,
     ) -> Result<SystemTime, ClientError> {
-        let call = self.schedule_call(name);
+        let call = self.client.schedule_call(name);
         let patch = patch.into();
-        let rows = self.query(&call, UPDATE, &[&name, &patch]).await?;
+        let rows = self.client.query(&call, UPDATE, &[&name, &patch]).await?;
         first_column(&call, &rows)
     }
 
     /// Pauses schedule `name`; `false` if it was paused already.
-    pub async fn pause_schedule(&self, name: &str) -> Result<bool, ClientError> {
-        let call = self.schedule_call(name);
-        let rows = self.query(&call, PAUSE, &[&name]).await?;
+    pub async fn pause_schedule(self, name: &str) -> Result<bool, ClientError> {
+        let call = self.client.schedule_call(name);
+        let rows = self.client.query(&call, PAUSE, &[&name]).await?;
         first_column(&call, &rows)
     }
 
     /// Resumes schedule `name` from its next fire time after now; `false`
     /// if it was not paused.
-    pub async fn resume_schedule(&self, name: &str) -> Result<bool, ClientError> {
-        let call = self.schedule_call(name);
-        let rows = self.query(&call, RESUME, &[&name]).await?;
+    pub async fn resume_schedule(self, name: &str) -> Result<bool, ClientError> {
+        let call = self.client.schedule_call(name);
+        let rows = self.client.query(&call, RESUME, &[&name]).await?;
         first_column(&call, &rows)
     }
 
     /// Deletes schedule `name` and its fire records (what it started runs
     /// on); `false` if there was none.
-    pub async fn delete_schedule(&self, name: &str) -> Result<bool, ClientError> {
-        let call = self.schedule_call(name);
-        let rows = self.query(&call, DELETE, &[&name]).await?;
+    pub async fn delete_schedule(self, name: &str) -> Result<bool, ClientError> {
+        let call = self.client.schedule_call(name);
+        let rows = self.client.query(&call, DELETE, &[&name]).await?;
         first_column(&call, &rows)
     }
 
     /// Fires schedule `name` now (paused or not) under its overlap policy.
-    pub async fn trigger_schedule(&self, name: &str) -> Result<Fire, ClientError> {
-        let call = self.schedule_call(name);
-        let rows = self.query(&call, TRIGGER, &[&name]).await?;
+    pub async fn trigger_schedule(self, name: &str) -> Result<Fire, ClientError> {
+        let call = self.client.schedule_call(name);
+        let rows = self.client.query(&call, TRIGGER, &[&name]).await?;
         let row = single(&call, &rows)?;
         fire_from_row(row, true).map_err(|e| call.error(e, 1))
     }
@@ -148,7 +158,7 @@ impl Client {
     /// Schedule `name`'s fire records before `before` (`None`: the newest),
     /// newest first, 1 to [`MAX_FIRES_PAGE`] of them.
     pub async fn schedule_fires(
-        &self,
+        self,
         name: &str,
         before: Option<SystemTime>,
         max_rows: i32,
@@ -158,42 +168,47 @@ impl Client {
                 "max_rows must be from 1 to {MAX_FIRES_PAGE}, got {max_rows}"
             )));
         }
-        let call = self.schedule_call(name);
-        let rows = self.query(&call, FIRES, &[&name, &before, &max_rows]).await?;
+        let call = self.client.schedule_call(name);
+        let rows = self
+            .client
+            .query(&call, FIRES, &[&name, &before, &max_rows])
+            .await?;
         rows.iter()
             .map(|row| fire_from_row(row, false).map_err(|e| call.error(e, 1)))
             .collect()
     }
 
     /// Every schedule on every readable shard, by shard and name.
-    pub async fn list_schedules(&self) -> FleetReport<Vec<Schedule>> {
-        self.fan_out(self.readable_shards(), |shard| async move {
-            let (call, rows) = self
-                .on_shard(shard, Owned::Listing("schedules"), LIST, &[])
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let read = || -> Result<Schedule, tokio_postgres::Error> {
-                        Ok(Schedule {
-                            shard,
-                            name: row.try_get("name")?,
-                            spec: row.try_get("spec")?,
-                            paused: row.try_get("paused")?,
-                            next_fire_at: row.try_get("next_fire_at")?,
-                            last_fire_at: row.try_get("last_fire_at")?,
-                            last_outcome: row.try_get("last_outcome")?,
-                            last_error: row.try_get("last_error")?,
-                            fires: row.try_get("fires")?,
-                            skipped: row.try_get("skipped")?,
-                            created_at: row.try_get("created_at")?,
-                            updated_at: row.try_get("updated_at")?,
-                        })
-                    };
-                    read().map_err(|e| call.error(e, 1))
-                })
-                .collect()
-        })
-        .await
+    pub async fn list_schedules(self) -> FleetReport<Vec<Schedule>> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Listing("schedules"), LIST, &[])
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        let read = || -> Result<Schedule, tokio_postgres::Error> {
+                            Ok(Schedule {
+                                shard,
+                                name: row.try_get("name")?,
+                                spec: row.try_get("spec")?,
+                                paused: row.try_get("paused")?,
+                                next_fire_at: row.try_get("next_fire_at")?,
+                                last_fire_at: row.try_get("last_fire_at")?,
+                                last_outcome: word_opt(row, "last_outcome")?,
+                                last_error: row.try_get("last_error")?,
+                                fires: row.try_get("fires")?,
+                                skipped: row.try_get("skipped")?,
+                                created_at: row.try_get("created_at")?,
+                                updated_at: row.try_get("updated_at")?,
+                            })
+                        };
+                        read().map_err(|e| call.error(e, 1))
+                    })
+                    .collect()
+            })
+            .await
     }
 }
 
@@ -203,7 +218,7 @@ fn fire_from_row(row: &tokio_postgres::Row, triggered: bool) -> Result<Fire, tok
     Ok(Fire {
         fire_at: row.try_get("fire_at")?,
         fired_at: if triggered { None } else { row.try_get("fired_at")? },
-        outcome: row.try_get("outcome")?,
+        outcome: word(row, "outcome")?,
         execution_id: row
             .try_get::<_, Option<uuid::Uuid>>("execution_id")?
             .map(ExecutionId::from_uuid),

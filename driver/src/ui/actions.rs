@@ -238,7 +238,7 @@ pub(super) async fn act(
     let mut status = StatusCode::OK;
     match &action {
         Action::Redrive(ids) => {
-            let report = client.redrive(ids).await;
+            let report = client.admin().redrive(ids).await;
             let moved: i32 = report.ok.values().sum();
             page.lines.push(format!(
                 "{moved} of {} dead letter(s) redriven (an id that is no longer a dead letter is skipped).",
@@ -246,18 +246,20 @@ pub(super) async fn act(
             ));
             page.failures = failures(&report.failed);
         }
-        Action::Purge { queue, older_than } => match client.purge_dead_letters(queue, *older_than).await {
-            Ok(report) => {
-                let gone: i64 = report.ok.values().sum();
-                page.lines
-                    .push(format!("{gone} dead letter(s) of queue {queue} deleted."));
-                page.failures = failures(&report.failed);
+        Action::Purge { queue, older_than } => {
+            match client.admin().purge_dead_letters(queue, *older_than).await {
+                Ok(report) => {
+                    let gone: i64 = report.ok.values().sum();
+                    page.lines
+                        .push(format!("{gone} dead letter(s) of queue {queue} deleted."));
+                    page.failures = failures(&report.failed);
+                }
+                Err(e) => {
+                    status = status_of(&e);
+                    page.failures.push(("the purge".into(), read_error(&e)));
+                }
             }
-            Err(e) => {
-                status = status_of(&e);
-                page.failures.push(("the purge".into(), read_error(&e)));
-            }
-        },
+        }
         Action::Cancel { task, reason } => {
             let reason = Some(reason.as_str()).filter(|r| !r.is_empty());
             match client.cancel_task(*task, reason).await {

@@ -53,6 +53,7 @@ pub(super) async fn page(
     };
     let listed = shared
         .client
+        .admin()
         .list_dead_letters(Some(page.queue.as_str()).filter(|q| !q.is_empty()), cursor, PAGE)
         .await;
     match listed {
@@ -74,7 +75,7 @@ pub(super) async fn page(
                     id: d.task_id.to_string(),
                     shard: d.shard.to_string(),
                     queue: d.queue.clone(),
-                    kind: d.kind.clone(),
+                    kind: d.kind.to_string(),
                     attempts: format!("{}/{}", d.attempts, d.max_attempts),
                     execution: d.execution_id.map(|e| e.to_string()).unwrap_or_default(),
                     error: d.last_error.as_deref().map(|e| cut(e, 400)).unwrap_or_default(),

@@ -211,7 +211,7 @@ impl EventRow {
     fn of(e: &Event) -> EventRow {
         EventRow {
             seq: e.seq,
-            kind: e.event_type.clone(),
+            kind: e.event_type.to_string(),
             at: time(e.created_at),
             payload: cut(e.payload.as_str(), 500),
         }

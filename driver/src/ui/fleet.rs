@@ -50,8 +50,12 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
     let client = &shared.client;
     let digest = client.topology().digest();
     let (status, configs) = tokio::join!(
-        topology_status(client.topology(), client.pools(), shared.options.probe_timeout),
-        client.fleet_config()
+        topology_status(
+            client.topology(),
+            client.admin().pools(),
+            shared.options.probe_timeout
+        ),
+        client.admin().fleet_config()
     );
     let drift = crate::client::config_drift(&configs);
     let verdicts = fleet_readiness(&status, &digest, &drift, None);

@@ -52,22 +52,51 @@ use crate::metrics_http::Served;
 use crate::topology::ShardId;
 
 /// How the dashboard reads the fleet and who may act on it.
+/// `UiOptions::new()` takes the defaults; each setter says what it sets.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct UiOptions {
+    pub(crate) probe_timeout: Duration,
+    pub(crate) admin_token: Option<String>,
+    pub(crate) sample_every: Duration,
+    pub(crate) public_hosts: Vec<String>,
+}
+
+impl UiOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> UiOptions {
+        UiOptions::default()
+    }
+
     /// The longest a shard's probe may take on the fleet page (default 3 s).
-    pub probe_timeout: Duration,
+    pub fn probe_timeout(mut self, probe_timeout: Duration) -> Self {
+        self.probe_timeout = probe_timeout;
+        self
+    }
+
     /// The admin token that signs a session in (`SHEAF_UI_TOKEN` for
     /// `sheaf ui`); `None`: the dashboard is read-only.
-    pub admin_token: Option<String>,
+    pub fn admin_token(mut self, admin_token: Option<String>) -> Self {
+        self.admin_token = admin_token;
+        self
+    }
+
     /// How often the queues' depth is sampled for their charts (default
     /// 10 s; at least 1 s). The last 90 samples of each queue are kept.
-    pub sample_every: Duration,
+    pub fn sample_every(mut self, sample_every: Duration) -> Self {
+        self.sample_every = sample_every;
+        self
+    }
+
     /// The names (`host` or `host:port`) the dashboard answers to besides
     /// its listening address and, when it listens on loopback or every
     /// address, `localhost`, `127.0.0.1` and `[::1]` with its port. A
     /// request naming another host is refused (421), so a web page cannot
     /// read the dashboard through a name of its own that resolves here.
-    pub public_hosts: Vec<String>,
+    pub fn public_hosts(mut self, public_hosts: Vec<String>) -> Self {
+        self.public_hosts = public_hosts;
+        self
+    }
 }
 
 impl std::fmt::Debug for UiOptions {

@@ -135,7 +135,7 @@ impl Throughput {
 /// down) is not recorded: its queues would seem to drop to nothing.
 pub(super) async fn sample(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        let (listing, finished) = tokio::join!(shared.client.list_queues(), finished(&shared.client));
+        let (listing, finished) = tokio::join!(shared.client.admin().list_queues(), finished(&shared.client));
         shared.throughput.record(Instant::now(), finished.ok);
         shared.sessions.prune();
         if listing.status == PageStatus::Complete {
@@ -288,7 +288,10 @@ pages!(QueuesPage);
 
 pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let mut chrome = Chrome::new(&shared, &headers, "queues");
-    let (listing, keys) = tokio::join!(shared.client.list_queues(), shared.client.concurrency_stats());
+    let (listing, keys) = tokio::join!(
+        shared.client.admin().list_queues(),
+        shared.client.admin().concurrency_stats()
+    );
     chrome.missing(listing.unavailable_shards.keys());
     chrome.missing(keys.failed.keys());
     let queues = listing

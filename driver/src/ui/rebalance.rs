@@ -39,7 +39,7 @@ impl MoveRow {
             id: m.id,
             execution: m.execution_id.to_string(),
             target: m.target.to_string(),
-            phase: m.phase.clone(),
+            phase: m.phase.to_string(),
             attempts: m.attempts,
             error: m.last_error.as_deref().map(|e| cut(e, 300)).unwrap_or_default(),
             actor: cut(&m.actor, 64),
@@ -68,8 +68,10 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
     let client = &shared.client;
     let (open, recent) = tokio::join!(
         client.fan_out(client.readable_shards(), |shard| client
+            .admin()
             .migrations(shard, true, OPEN)),
         client.fan_out(client.readable_shards(), |shard| client
+            .admin()
             .migrations(shard, false, RECENT)),
     );
     chrome.missing(open.failed.keys());

@@ -167,7 +167,7 @@ impl Sessions {
         let actor = format!("ui:{name}");
         let options = crate::pool::PoolOptions {
             actor: Some(actor.clone()),
-            ..base.pools().options().clone()
+            ..base.admin().pools().options().clone()
         };
         let client = Client::new(base.topology().clone(), options)
             .map_err(|_| "a client for the session could not be made")?;

@@ -8,7 +8,7 @@ use askama::Template;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use sheaf_core::state::TaskState;
+use sheaf_core::state::{TaskKind, TaskState};
 
 use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
 
@@ -61,7 +61,7 @@ pub(super) async fn page(
         next: None,
     };
     if page.queue.is_empty() {
-        let listing = shared.client.list_queues().await;
+        let listing = shared.client.admin().list_queues().await;
         page.chrome.missing(listing.unavailable_shards.keys());
         page.queues = listing.queues.into_iter().map(|q| q.queue).collect();
         return render(StatusCode::OK, page);
@@ -81,7 +81,12 @@ pub(super) async fn page(
         }
     };
     let cursor = Some(first(&q, "cursor")).filter(|c| !c.is_empty());
-    match shared.client.list_tasks(&page.queue, state, cursor, PAGE).await {
+    match shared
+        .client
+        .admin()
+        .list_tasks(&page.queue, state, cursor, PAGE)
+        .await
+    {
         Err(e) => {
             page.error = Some(read_error(&e));
             page.chrome.failed(&e);
@@ -101,8 +106,8 @@ pub(super) async fn page(
                 .map(|t| TaskRow {
                     id: t.task_id.to_string(),
                     shard: t.shard.to_string(),
-                    cancellable: t.kind == "activity",
-                    kind: t.kind.clone(),
+                    cancellable: t.kind == TaskKind::Activity,
+                    kind: t.kind.to_string(),
                     state: t.state.as_str(),
                     priority: t.priority,
                     attempts: format!("{}/{}", t.attempts, t.max_attempts),

@@ -1,4 +1,4 @@
-//! `/usage`: the usage report (`Client::usage_report`) for a chosen window
+//! `/usage`: the usage report (`Admin::usage_report`) for a chosen window
 //! and grouping, merged across shards.
 //!
 //! A complete report is kept a while ([`Kept`]): over a long window it
@@ -155,7 +155,7 @@ pub(super) async fn page(
         GroupBy::SearchAttr(page.attr.clone())
     };
     let to = SystemTime::now();
-    match shared.client.usage_report(to - window, to, &group).await {
+    match shared.client.admin().usage_report(to - window, to, &group).await {
         Err(e) => {
             page.error = Some(read_error(&e));
             page.chrome.failed(&e);

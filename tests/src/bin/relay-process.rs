@@ -11,18 +11,16 @@ use sheaf_driver::{Client, PoolOptions, Relay, RelayOptions, Topology};
 async fn main() {
     let spec = std::env::var("SHEAF_SHARDS").expect("SHEAF_SHARDS");
     let topology = Topology::parse(&spec).expect("a topology");
-    let options = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(1),
-        breaker_cooldown: Duration::from_millis(500),
-        ..PoolOptions::default()
-    };
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(1))
+        .breaker_cooldown(Duration::from_millis(500));
     let client = Arc::new(Client::new(topology, options).expect("a client"));
     let shards = client.topology().shards().map(|s| s.id).collect();
-    let mut relay_options = RelayOptions::default();
-    relay_options.lease = Duration::from_secs(2);
-    relay_options.recheck = Duration::from_millis(500);
-    relay_options.sweep_every = Duration::from_millis(200);
+    let relay_options = RelayOptions::new()
+        .lease(Duration::from_secs(2))
+        .recheck(Duration::from_millis(500))
+        .sweep_every(Duration::from_millis(200));
     let _relay = Relay::start(client, shards, relay_options);
     std::future::pending::<()>().await;
 }

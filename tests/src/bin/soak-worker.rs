@@ -85,14 +85,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let log = Arc::new(Log(file));
     // Short timeouts everywhere: a shard that is down must cost a call
     // seconds, never the soak's whole budget.
-    let pools = PoolOptions {
-        connect_timeout: Duration::from_secs(1),
-        acquire_timeout: Duration::from_secs(2),
-        query_timeout: Duration::from_secs(5),
-        breaker_threshold: 3,
-        breaker_cooldown: Duration::from_secs(1),
-        ..PoolOptions::default()
-    };
+    let pools = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2))
+        .query_timeout(Duration::from_secs(5))
+        .breaker_threshold(3)
+        .breaker_cooldown(Duration::from_secs(1));
     let client = Arc::new(Client::new(Topology::from_env()?, pools)?);
     let options = WorkerOptions::new(name, [QUEUE])
         .lease(Duration::from_secs(3))
@@ -133,7 +131,7 @@ async fn handle(ctx: TaskContext, log: Arc<Log>, sabotage: Sabotage) -> Result<T
         "capped" => {
             if sabotage == Sabotage::Cap {
                 let key = task.concurrency_key.clone().unwrap_or_default();
-                let _ = ctx.client().set_concurrency_limit(&key, Some(8)).await;
+                let _ = ctx.client().admin().set_concurrency_limit(&key, Some(8)).await;
             }
             // Long enough that a key's line is saturated at the sampler's
             // instants: a cap that did not hold would show.
