@@ -53,6 +53,47 @@ pub trait FromRow: Sized {
     fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self;
 }
 
+/// A named row type and its [`FromRow`]: the statement's columns, in the
+/// order of the fields.
+///
+/// ```ignore
+/// row! {
+///     pub struct Claimed {
+///         pub id: pgrx::Uuid,
+///         pub token: i64,
+///         pub key: Option<String>,
+///     }
+/// }
+/// ```
+macro_rules! row {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$fmeta:meta])* $fvis:vis $field:ident: $ty:ty),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$fmeta])* $fvis $field: $ty),+
+        }
+
+        impl $crate::base::rows::FromRow for $name {
+            fn from_row(row: &::pgrx::spi::SpiHeapTupleData<'_>, doing: &str) -> Self {
+                // Struct fields are evaluated in the order written: column
+                // 1 is the first field.
+                let mut ordinal = 0;
+                $name {
+                    $($field: {
+                        ordinal += 1;
+                        <$ty as $crate::base::rows::Column>::read(row, ordinal, doing)
+                    }),+
+                }
+            }
+        }
+    };
+}
+pub(crate) use row;
+
 /// A run of consecutive columns, starting after `offset` others.
 pub trait FromColumns: Sized {
     /// How many columns it reads.

@@ -39,12 +39,7 @@ type Buried = (Option<String>, Option<pgrx::Uuid>, String, i32, Option<f64>);
 /// Moves a running task to the dead letters and frees its slot; its
 /// execution hears of it through `hooks` (a workflow task's execution fails).
 pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
-    let row: Option<Buried> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &BURY[claim_times()], &[task_id.into(), error.into()]),
-            "burying a task",
-        )
-    });
+    let row: Option<Buried> = BURY[claim_times()].first(&[task_id.into(), error.into()], "burying a task");
     let Some((key, execution_id, kind, attempts, secs)) = row else {
         return;
     };
@@ -144,12 +139,8 @@ pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
 /// 55000 naming the first of `ids` that cannot go back, and why.
 fn refuse_blocked(ids: &[pgrx::Uuid]) {
     type Blocker = (pgrx::Uuid, Option<pgrx::Uuid>, Option<pgrx::Uuid>, Option<String>);
-    let blocker: Option<Blocker> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &REDRIVE_BLOCKER, &[ids.to_vec().into()]),
-            "checking dead letters to redrive",
-        )
-    });
+    let blocker: Option<Blocker> =
+        REDRIVE_BLOCKER.first(&[ids.to_vec().into()], "checking dead letters to redrive");
     let Some((id, holder, twin, state)) = blocker else {
         return;
     };
@@ -196,22 +187,15 @@ const CUTOFF: Stmt = Stmt::read(
 /// `max_dead_letters` can start again.
 pub fn purge(queue: &str, older_secs: Option<f64>, hooks: &dyn ExecutionHooks) -> i64 {
     let cutoff = match older_secs {
-        Some(secs) => Spi::connect_mut(|client| {
-            rows::only_value::<TimestampWithTimeZone>(
-                run(client, &CUTOFF, &[secs.into()]),
-                "reading the clock",
-            )
-        }),
+        Some(secs) => CUTOFF.one_value::<TimestampWithTimeZone>(&[secs.into()], "reading the clock"),
         None => TimestampWithTimeZone::positive_infinity(),
     };
     let mut total = 0;
     loop {
-        let (n, executions): (i64, Vec<pgrx::Uuid>) = Spi::connect_mut(|client| {
-            rows::only(
-                run(client, &PURGE, &[queue.into(), cutoff.into(), PURGE_BATCH.into()]),
-                "purging dead letters",
-            )
-        });
+        let (n, executions): (i64, Vec<pgrx::Uuid>) = PURGE.one(
+            &[queue.into(), cutoff.into(), PURGE_BATCH.into()],
+            "purging dead letters",
+        );
         if !executions.is_empty() {
             hooks.dead_letters_gone(&executions);
         }
@@ -244,16 +228,10 @@ const REDRIVABLE: Stmt = Stmt::read(
 /// ended, or an older one of the same key goes first) are left, so calling
 /// it again until it returns 0 ends.
 pub fn redrive_queue(queue: &str, older_secs: f64, max: i64, hooks: &dyn ExecutionHooks) -> i32 {
-    let found: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &REDRIVABLE,
-                &[queue.into(), older_secs.into(), max.into()],
-            ),
-            "choosing dead letters to redrive",
-        )
-    });
+    let found: Vec<(pgrx::Uuid, Option<String>)> = REDRIVABLE.all(
+        &[queue.into(), older_secs.into(), max.into()],
+        "choosing dead letters to redrive",
+    );
     let mut keys = std::collections::HashSet::new();
     let ids: Vec<pgrx::Uuid> = found
         .into_iter()
@@ -281,12 +259,8 @@ const EXPIRED: Stmt = Stmt::write(
 /// Deletes up to `max` dead letters (of any queue) dead for longer than
 /// `older_secs`, oldest first (retention); how many. Quota counters follow.
 pub fn expire(older_secs: f64, max: i64, hooks: &dyn ExecutionHooks) -> i64 {
-    let (n, executions): (i64, Vec<pgrx::Uuid>) = Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &EXPIRED, &[older_secs.into(), max.into()]),
-            "deleting expired dead letters",
-        )
-    });
+    let (n, executions): (i64, Vec<pgrx::Uuid>) =
+        EXPIRED.one(&[older_secs.into(), max.into()], "deleting expired dead letters");
     if !executions.is_empty() {
         hooks.dead_letters_gone(&executions);
     }

@@ -605,5 +605,5 @@ const QUEUES: Stmt = Stmt::read(
 
 /// Every queue of this shard, by name.
 pub fn queues() -> Vec<QueueRow> {
-    Spi::connect_mut(|client| rows::all(run(client, &QUEUES, &[]), "listing queues"))
+    QUEUES.all(&[], "listing queues")
 }

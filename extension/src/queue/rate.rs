@@ -20,8 +20,7 @@ use crate::base::catalog::{self, Feature};
 use crate::base::clock::{self, from_us};
 use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 
 /// How far ahead a unit's admission is fixed. `maintain` must run more
 /// often than this for a bucket with a line to keep its pace (every worker
@@ -165,10 +164,7 @@ pub fn declare(name: &str, spec: &serde_json::Value) -> serde_json::Value {
         );
     }
     let limit = RateLimit::parse(spec).unwrap_or_else(|e| bad_argument(&e.option, e.why));
-    exec(
-        &DECLARE,
-        &[name.into(), Jsonb::from_value(limit.normalized.clone()).into()],
-    );
+    DECLARE.exec(&[name.into(), Jsonb::from_value(limit.normalized.clone()).into()]);
     limit.normalized
 }
 
@@ -177,16 +173,14 @@ pub fn declared(name: &str) -> Option<RateLimit> {
     if !enabled() {
         return None;
     }
-    let spec: Option<pgrx::JsonB> =
-        Spi::connect_mut(|client| rows::value(run(client, &SPEC, &[name.into()]), "reading a rate limit"));
+    let spec: Option<pgrx::JsonB> = SPEC.value(&[name.into()], "reading a rate limit");
     spec.and_then(|s| RateLimit::parse(&s.0).ok())
 }
 
 /// `pace` with `name`'s live override applied (its rate and period; the
 /// burst stays).
 pub fn effective(name: &str, pace: Pace) -> Pace {
-    let o: Option<(f64, f64)> =
-        Spi::connect_mut(|client| rows::first(run(client, &OVERRIDE, &[name.into()]), "reading an override"));
+    let o: Option<(f64, f64)> = OVERRIDE.first(&[name.into()], "reading an override");
     match o {
         Some((rate, secs)) => Pace::new(
             "override",
@@ -203,27 +197,20 @@ pub fn effective(name: &str, pace: Pace) -> Pace {
 /// `name` names one bucket (an unkeyed limit or throttle).
 pub fn set_override(name: &str, pace: Pace, expires_at: TimestampWithTimeZone) {
     require_enabled();
-    exec(
-        &SET_OVERRIDE,
-        &[
-            name.into(),
-            pace.rate.into(),
-            pace.period.as_secs_f64().into(),
-            expires_at.into(),
-        ],
-    );
+    SET_OVERRIDE.exec(&[
+        name.into(),
+        pace.rate.into(),
+        pace.period.as_secs_f64().into(),
+        expires_at.into(),
+    ]);
 }
 
 /// Removes `name`'s override; whether a live one was removed.
 pub fn clear_override(name: &str) -> bool {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::value::<bool>(
-            run(client, &CLEAR_OVERRIDE, &[name.into()]),
-            "clearing an override",
-        )
-    })
-    .unwrap_or(false)
+    CLEAR_OVERRIDE
+        .value::<bool>(&[name.into()], "clearing an override")
+        .unwrap_or(false)
 }
 
 /// When a unit is admitted: at this time (maybe now), or later, from the
@@ -238,13 +225,9 @@ fn lock_bucket(name: &str, key: &str) -> (i64, bool) {
     // A full bucket `prune` deletes between the insert and the lock is
     // inserted again (a full bucket and a fresh one are the same).
     for _ in 0..3 {
-        exec(&NEW_BUCKET, &[name.into(), key.into()]);
-        let row: Option<(TimestampWithTimeZone, bool)> = Spi::connect_mut(|client| {
-            rows::first(
-                run(client, &LOCK_BUCKET, &[name.into(), key.into()]),
-                "locking a bucket",
-            )
-        });
+        NEW_BUCKET.exec(&[name.into(), key.into()]);
+        let row: Option<(TimestampWithTimeZone, bool)> =
+            LOCK_BUCKET.first(&[name.into(), key.into()], "locking a bucket");
         if let Some((tat, lined)) = row {
             return (clock::to_us(tat), lined);
         }
@@ -277,10 +260,7 @@ pub fn reserve(name: &str, key: &str, pace: Pace, arrivals: &[i64]) -> Vec<Admis
         })
         .collect();
     let line_at = lined.then(|| from_us(pace.next_at(tat)));
-    exec(
-        &SET_BUCKET,
-        &[name.into(), key.into(), from_us(tat).into(), line_at.into()],
-    );
+    SET_BUCKET.exec(&[name.into(), key.into(), from_us(tat).into(), line_at.into()]);
     out
 }
 
@@ -288,7 +268,7 @@ pub fn reserve(name: &str, key: &str, pace: Pace, arrivals: &[i64]) -> Vec<Admis
 /// caller reserved them `Line`, so the bucket is locked and marked lined).
 pub fn line(name: &str, key: &str, task_ids: &[pgrx::Uuid]) {
     if !task_ids.is_empty() {
-        exec(&PUSH_LINE, &[name.into(), key.into(), task_ids.to_vec().into()]);
+        PUSH_LINE.exec(&[name.into(), key.into(), task_ids.to_vec().into()]);
     }
 }
 
@@ -300,16 +280,10 @@ pub fn sweep(max_buckets: i64, max_units: i64, pace_of: &dyn Fn(&str) -> Option<
     if !enabled() {
         return 0;
     }
-    let due: Vec<(String, String, TimestampWithTimeZone)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &DUE_BUCKETS,
-                &[(LOOKAHEAD_US as f64 / 1e6).into(), max_buckets.into()],
-            ),
-            "reading due lines",
-        )
-    });
+    let due: Vec<(String, String, TimestampWithTimeZone)> = DUE_BUCKETS.all(
+        &[(LOOKAHEAD_US as f64 / 1e6).into(), max_buckets.into()],
+        "reading due lines",
+    );
     let now = clock::now_us();
     let mut timed = 0;
     for (name, key, tat) in due {
@@ -339,18 +313,10 @@ fn drain(name: &str, key: &str, mut tat: i64, pace: Option<Pace>, now: i64, max:
             n
         }
     };
-    let head: Vec<(i64, pgrx::Uuid)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &HEAD, &[name.into(), key.into(), room.into()]),
-            "reading a line",
-        )
-    });
+    let head: Vec<(i64, pgrx::Uuid)> = HEAD.all(&[name.into(), key.into(), room.into()], "reading a line");
     let ids: Vec<pgrx::Uuid> = head.iter().map(|h| h.1).collect();
-    let take = |stmt: &Stmt| -> Vec<pgrx::Uuid> {
-        Spi::connect_mut(|client| {
-            rows::values(run(client, stmt, &[ids.clone().into()]), "reading a line's tasks")
-        })
-    };
+    let take =
+        |stmt: &Stmt| -> Vec<pgrx::Uuid> { stmt.values(&[ids.clone().into()], "reading a line's tasks") };
     let live = take(&TAKE_LIVE);
     let existing = take(&EXISTING);
     let (mut popped, mut timed_ids, mut times) = (Vec::new(), Vec::new(), Vec::new());
@@ -373,28 +339,21 @@ fn drain(name: &str, key: &str, mut tat: i64, pace: Option<Pace>, now: i64, max:
         // Gone (done, cancelled, its run ended) or timed: off the line.
         popped.push(*seq);
     }
-    exec(&POP, &[name.into(), key.into(), popped.into()]);
+    POP.exec(&[name.into(), key.into(), popped.into()]);
     let n = timed_ids.len() as i64;
     if n > 0 {
         // Rows in id order (`base::locks`): they are locked already.
         let mut pairs: Vec<(pgrx::Uuid, TimestampWithTimeZone)> = timed_ids.into_iter().zip(times).collect();
         pairs.sort_by_key(|p| *p.0.as_bytes());
         let (ids, ats): (Vec<pgrx::Uuid>, Vec<TimestampWithTimeZone>) = pairs.into_iter().unzip();
-        exec(&TIME, &[ids.into(), ats.into()]);
+        TIME.exec(&[ids.into(), ats.into()]);
     }
     // The bucket's `tat`, and when its line (if any is left) is next due.
-    let left = Spi::connect_mut(|client| {
-        rows::first::<(i64, pgrx::Uuid)>(
-            run(client, &HEAD, &[name.into(), key.into(), 1i64.into()]),
-            "reading a line",
-        )
-    })
-    .is_some();
+    let left = HEAD
+        .first::<(i64, pgrx::Uuid)>(&[name.into(), key.into(), 1i64.into()], "reading a line")
+        .is_some();
     let line_at = left.then(|| from_us(pace.map_or(now, |p| p.next_at(tat))));
-    exec(
-        &SET_BUCKET,
-        &[name.into(), key.into(), from_us(tat).into(), line_at.into()],
-    );
+    SET_BUCKET.exec(&[name.into(), key.into(), from_us(tat).into(), line_at.into()]);
     n
 }
 
@@ -404,8 +363,8 @@ pub fn prune(max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    exec(&PRUNE_OVERRIDES, &[]);
-    Spi::connect_mut(|client| rows::only_value(run(client, &PRUNE_BUCKETS, &[max.into()]), "pruning buckets"))
+    PRUNE_OVERRIDES.exec(&[]);
+    PRUNE_BUCKETS.one_value(&[max.into()], "pruning buckets")
 }
 
 /// A rate limit as `rate_limits()` lists it.
@@ -423,5 +382,5 @@ pub type Listed = (
 /// waiting units.
 pub fn list() -> Vec<Listed> {
     require_enabled();
-    Spi::connect_mut(|client| rows::all(run(client, &LIST, &[]), "listing rate limits"))
+    LIST.all(&[], "listing rate limits")
 }

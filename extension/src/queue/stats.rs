@@ -4,8 +4,7 @@
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::queue::workers::LIVE_SECS;
 
 /// One queue's counts: ready, scheduled, running, waiting, dead, live
@@ -54,12 +53,7 @@ const CONCURRENCY: Stmt = Stmt::read(
 /// One queue's tasks by state, its dead letters, its live workers, and the
 /// age of its oldest ready task.
 pub fn queue(name: &str) -> QueueCounts {
-    Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &QUEUE, &[name.into(), (LIVE_SECS as f64).into()]),
-            "reading queue stats",
-        )
-    })
+    QUEUE.one(&[name.into(), (LIVE_SECS as f64).into()], "reading queue stats")
 }
 
 /// Claimable work nobody is claiming: each queue with ready tasks and no
@@ -67,16 +61,11 @@ pub fn queue(name: &str) -> QueueCounts {
 /// ready task. Walks the queue list and seeks each queue's ready rows, so
 /// its cost follows the queues and the stranded rows only.
 pub fn stranded() -> Vec<(String, i64, Option<Interval>)> {
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &STRANDED, &[(LIVE_SECS as f64).into()]),
-            "reading stranded work",
-        )
-    })
+    STRANDED.all(&[(LIVE_SECS as f64).into()], "reading stranded work")
 }
 
 /// Per concurrency key: its cap (`None` if uncapped), and its running,
 /// ready and waiting tasks; capped keys and keys with unfinished tasks.
 pub fn concurrency() -> Vec<(String, Option<i32>, i64, i64, i64)> {
-    Spi::connect_mut(|client| rows::all(run(client, &CONCURRENCY, &[]), "reading concurrency stats"))
+    CONCURRENCY.all(&[], "reading concurrency stats")
 }

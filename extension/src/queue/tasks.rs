@@ -5,8 +5,7 @@
 use pgrx::prelude::*;
 use sheaf_core::state::TaskState;
 
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::queue::floor;
 use crate::queue::ready;
 /// `'running'`, for the statements that find a running task by id: they
@@ -85,12 +84,8 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
     }
-    let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &NEEDING_FAIR_START, &[ids.to_vec().into()]),
-            "reading fairness keys",
-        )
-    });
+    let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> =
+        NEEDING_FAIR_START.all(&[ids.to_vec().into()], "reading fairness keys");
     let mut starts: Vec<Option<f64>> = vec![None; ids.len()];
     let index: std::collections::HashMap<pgrx::Uuid, usize> =
         ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
@@ -109,7 +104,7 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
         }
         i += group.len();
     }
-    exec(&SET_READY, &[ids.to_vec().into(), starts.into()]);
+    SET_READY.exec(&[ids.to_vec().into(), starts.into()]);
 }
 
 // An execution's tasks, for its state changes (the workflow layer's close,
@@ -152,15 +147,6 @@ const PARKED: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
-fn state_and_key(
-    client: &mut pgrx::spi::SpiClient<'_>,
-    stmt: &Stmt,
-    execution_id: pgrx::Uuid,
-    doing: &str,
-) -> Vec<(TaskState, Option<String>)> {
-    rows::all(run(client, stmt, &[execution_id.into()]), doing)
-}
-
 const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::read(
     "SELECT EXISTS (SELECT 1 FROM tasks WHERE execution_id = $1 AND kind = $2 AND state <> $3)",
     &[
@@ -174,16 +160,10 @@ const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::read(
 /// (scheduled, waiting, ready or parked): it will run, and read what the
 /// execution's history has by then.
 pub fn has_unclaimed_of_execution(execution_id: pgrx::Uuid, kind: &str) -> bool {
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(
-                client,
-                &UNCLAIMED_OF_EXECUTION,
-                &[execution_id.into(), kind.into(), RUNNING.into()],
-            ),
-            "looking for an execution's unclaimed task",
-        )
-    })
+    UNCLAIMED_OF_EXECUTION.one_value(
+        &[execution_id.into(), kind.into(), RUNNING.into()],
+        "looking for an execution's unclaimed task",
+    )
 }
 
 const LOCK_READY_OF_EXECUTION: Stmt = Stmt::write(
@@ -200,31 +180,31 @@ const LOCK_OF_EXECUTION: Stmt = Stmt::write(
 /// changing nothing: for a caller that must read its row's state before
 /// deciding to change them.
 pub fn lock_of_execution(execution_id: pgrx::Uuid) {
-    exec(&LOCK_READY_OF_EXECUTION, &[execution_id.into()]);
-    exec(&LOCK_OF_EXECUTION, &[execution_id.into()]);
+    LOCK_READY_OF_EXECUTION.exec(&[execution_id.into()]);
+    LOCK_OF_EXECUTION.exec(&[execution_id.into()]);
 }
 
 /// Deletes an execution's unfinished tasks (locking them); returns
 /// `(state, key)` of each, for `caps::release_held`.
 pub fn delete_of_execution(execution_id: pgrx::Uuid) -> Vec<(TaskState, Option<String>)> {
-    exec(&UNREADY, &[execution_id.into()]);
-    Spi::connect_mut(|client| state_and_key(client, &DELETE_OF_EXECUTION, execution_id, "cancelling tasks"))
+    UNREADY.exec(&[execution_id.into()]);
+    DELETE_OF_EXECUTION.all(&[execution_id.into()], "cancelling tasks")
 }
 
 /// Parks an execution's ready, waiting and scheduled tasks (locking them);
 /// returns `(previous state, key)` of each, for `caps::release_held`.
 pub fn park_of_execution(execution_id: pgrx::Uuid) -> Vec<(TaskState, Option<String>)> {
-    exec(&UNREADY, &[execution_id.into()]);
-    Spi::connect_mut(|client| state_and_key(client, &PARK, execution_id, "parking tasks"))
+    UNREADY.exec(&[execution_id.into()]);
+    PARK.all(&[execution_id.into()], "parking tasks")
 }
 
 /// Locks an execution's parked tasks, and makes those not yet due
 /// scheduled again; returns the rest, `(id, key)` in the order they should
 /// be admitted (`promote::place`).
 pub fn unpark_of_execution(execution_id: pgrx::Uuid) -> Vec<(pgrx::Uuid, Option<String>)> {
-    exec(&UNPARK_FUTURE, &[execution_id.into()]);
+    UNPARK_FUTURE.exec(&[execution_id.into()]);
     let mut parked: Vec<(pgrx::Uuid, Option<String>, i32, i64)> =
-        Spi::connect_mut(|client| rows::all(run(client, &PARKED, &[execution_id.into()]), "unparking tasks"));
+        PARKED.all(&[execution_id.into()], "unparking tasks");
     // Priority first, then enqueue order: the line of a concurrency key.
     parked.sort_by(|a, b| b.2.cmp(&a.2).then(a.3.cmp(&b.3)));
     parked.into_iter().map(|(id, key, _, _)| (id, key)).collect()

@@ -12,8 +12,8 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::{ids, rows, shard};
+use crate::base::plans::Stmt;
+use crate::base::{ids, shard};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::{history, wake};
 
@@ -132,16 +132,10 @@ pub fn request(
     };
     executions::lock_active(sender, &format!("send an external {}", kind.as_str()));
     if let Some(signal_id) = &o.signal_id {
-        let seen: Option<pgrx::Uuid> = Spi::connect_mut(|client| {
-            rows::value(
-                run(
-                    client,
-                    &SEEN,
-                    &[sender.into(), kind.as_str().into(), signal_id.as_str().into()],
-                ),
-                "looking up an outbox row",
-            )
-        });
+        let seen: Option<pgrx::Uuid> = SEEN.value(
+            &[sender.into(), kind.as_str().into(), signal_id.as_str().into()],
+            "looking up an outbox row",
+        );
         if let Some(id) = seen {
             return id;
         }
@@ -151,20 +145,17 @@ pub fn request(
         Request::Signal { signal, payload } => (Some(signal), Some(payload), None),
         Request::Cancel { reason } => (None, None, reason),
     };
-    exec(
-        &INSERT,
-        &[
-            id.into(),
-            sender.into(),
-            kind.as_str().into(),
-            name.into(),
-            workflow_id.into(),
-            signal.into(),
-            payload.into(),
-            reason.into(),
-            o.signal_id.as_deref().into(),
-        ],
-    );
+    INSERT.exec(&[
+        id.into(),
+        sender.into(),
+        kind.as_str().into(),
+        name.into(),
+        workflow_id.into(),
+        signal.into(),
+        payload.into(),
+        reason.into(),
+        o.signal_id.as_deref().into(),
+    ]);
     let mut event = serde_json::json!({"outbox_id": id.to_string(), "workflow_name": name,
                                        "workflow_id": workflow_id, "signal_id": o.signal_id});
     let event_type = match (signal, reason) {
@@ -178,7 +169,7 @@ pub fn request(
         }
     };
     history::append(sender, event_type, event);
-    exec(&NOTIFY, &[]);
+    NOTIFY.exec(&[]);
     id
 }
 
@@ -201,12 +192,7 @@ pub type Taken = (
 
 /// Leases up to `max` due outbox rows for `lease_secs`.
 pub fn take(max: i64, lease_secs: f64) -> Vec<Taken> {
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &TAKE, &[max.into(), lease_secs.into()]),
-            "taking outbox rows",
-        )
-    })
+    TAKE.all(&[max.into(), lease_secs.into()], "taking outbox rows")
 }
 
 /// A group of outbox rows as `outbox_backlog` returns it.
@@ -224,13 +210,13 @@ pub type Backlog = (
 
 /// This shard's undelivered outbox rows, grouped.
 pub fn backlog() -> Vec<Backlog> {
-    Spi::connect_mut(|client| rows::all(run(client, &BACKLOG, &[]), "reading the outbox's backlog"))
+    BACKLOG.all(&[], "reading the outbox's backlog")
 }
 
 /// A sender's end (its row locked, in its terminal transaction): its
 /// delivered rows go; those still to deliver stay, and are delivered.
 pub fn sender_ended(sender: pgrx::Uuid) {
-    exec(&SENDER_ENDED, &[sender.into()]);
+    SENDER_ENDED.exec(&[sender.into()]);
 }
 
 /// Records what the relay did for outbox row `id`, held under `token`:
@@ -248,11 +234,11 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
         match s.as_ref().filter(|s| s.state.is_active()) {
             Some(s) => {
                 history::append(sender, event_type, event);
-                exec(&DONE, &[id.into()]);
+                DONE.exec(&[id.into()]);
                 wake::wake_for_event(s);
             }
             // Its end has passed: nothing keeps the row.
-            None => exec(&DELETE, &[id.into()]),
+            None => DELETE.exec(&[id.into()]),
         }
         "settled"
     };
@@ -267,14 +253,11 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
         }
         OutboxReport::Cancelled(t) => {
             only(kind == Kind::Cancel, "cancelled", "a cancel");
-            exec(
-                &CONFIRMING,
-                &[
-                    id.into(),
-                    pgrx::Uuid::from_bytes(t.execution_id).into(),
-                    i32::from(t.shard).into(),
-                ],
-            );
+            CONFIRMING.exec(&[
+                id.into(),
+                pgrx::Uuid::from_bytes(t.execution_id).into(),
+                i32::from(t.shard).into(),
+            ]);
             "released"
         }
         OutboxReport::Ended(t, ended) => {
@@ -303,11 +286,11 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
                                "workflow_name": name, "workflow_id": workflow_id}),
         ),
         OutboxReport::Indeterminate(why) => {
-            exec(&INDETERMINATE, &[id.into(), why.as_str().into()]);
+            INDETERMINATE.exec(&[id.into(), why.as_str().into()]);
             "released"
         }
         OutboxReport::Failed(error) => {
-            exec(&FAILED, &[id.into(), error.as_str().into()]);
+            FAILED.exec(&[id.into(), error.as_str().into()]);
             "released"
         }
     }
@@ -320,19 +303,9 @@ type Held = (String, String, String, String, Option<pgrx::Uuid>, Option<i32>);
 /// Locks outbox row `id` if `token` is its lease (its sender's row first):
 /// the sender, its row if it still exists, and the outbox row.
 fn hold(id: pgrx::Uuid, token: i64) -> Option<(pgrx::Uuid, Option<Locked>, Held)> {
-    let sender: pgrx::Uuid = Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &HOLDER, &[id.into(), token.into()]),
-            "reading an outbox row",
-        )
-    })?;
+    let sender: pgrx::Uuid = HOLDER.value(&[id.into(), token.into()], "reading an outbox row")?;
     let s = executions::try_lock(sender);
-    let row: Held = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &LOCK_ROW, &[id.into(), token.into()]),
-            "locking an outbox row",
-        )
-    })?;
+    let row: Held = LOCK_ROW.first(&[id.into(), token.into()], "locking an outbox row")?;
     Some((sender, s, row))
 }
 

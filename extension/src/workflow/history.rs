@@ -7,8 +7,7 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::workflow::{executions, quota};
 
 /// The largest event payload, in bytes of its JSON text.
@@ -98,14 +97,10 @@ fn write(
     bytes: usize,
 ) -> Option<i64> {
     let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
-    let (seq, quota_key, state): (i64, Option<String>, ExecutionState) = Spi::connect_mut(|client| {
-        let table = run(
-            client,
-            &APPEND,
-            &[execution_id.into(), event_type.into(), payload, bytes.into()],
-        );
-        rows::first(table, "appending an event")
-    })?;
+    let (seq, quota_key, state): (i64, Option<String>, ExecutionState) = APPEND.first(
+        &[execution_id.into(), event_type.into(), payload, bytes.into()],
+        "appending an event",
+    )?;
     if let Some(key) = quota_key
         && state.is_active()
     {
@@ -137,12 +132,8 @@ pub fn page(
         // A seal's history is frozen at its move: read the live copy's.
         Some(state) => executions::forward(id, state),
     }
-    Spi::connect_mut(|client| {
-        let table = run(
-            client,
-            &PAGE,
-            &[id.into(), after.into(), (max_rows as i64).into()],
-        );
-        rows::all(table, "reading history")
-    })
+    PAGE.all(
+        &[id.into(), after.into(), (max_rows as i64).into()],
+        "reading history",
+    )
 }

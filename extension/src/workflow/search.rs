@@ -12,7 +12,7 @@ use sheaf_core::search::{Filter, Param, merge_attrs};
 
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run, select_once};
+use crate::base::plans::{Stmt, select_once};
 use crate::base::rows;
 use crate::workflow::{executions, history};
 
@@ -32,14 +32,12 @@ const SET_ATTRS: Stmt = Stmt::write(
 /// key) and records the change in its history; the merged attributes.
 pub fn upsert(id: pgrx::Uuid, update: Value) -> Value {
     executions::lock_active(id, "change its search attributes");
-    let current: Jsonb = Spi::connect_mut(|client| {
-        rows::only_value(run(client, &ATTRS, &[id.into()]), "reading search attributes")
-    });
+    let current: Jsonb = ATTRS.one_value(&[id.into()], "reading search attributes");
     let merged = match merge_attrs("attrs", &current.parse("search_attrs"), &update) {
         Ok(merged) => merged,
         Err(e) => bad_argument(&e.option, e.why),
     };
-    exec(&SET_ATTRS, &[id.into(), Jsonb::from_value(merged.clone()).into()]);
+    SET_ATTRS.exec(&[id.into(), Jsonb::from_value(merged.clone()).into()]);
     history::append(id, "SearchAttrsUpserted", json!({ "attrs": update }));
     merged
 }
