@@ -23,6 +23,7 @@ use crate::base::catalog::{self, Feature};
 use crate::base::errors::{internal, not_mutex_holder};
 use crate::base::locks::{self, Class};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// The share of its lease a waiter's place lasts without asking again, and
 /// a hand-over's grant lasts until the waiter picks it up: the interval at
@@ -165,8 +166,24 @@ fn lock(key: &str) {
     locks::exclusive(Class::Mutex, key);
 }
 
-/// (holder, token, expired) of a key's lock.
-fn holder(key: &str) -> Option<(pgrx::Uuid, i64, bool)> {
+row! {
+    /// A key's lock: who holds it, under which token, whether its lease ran out.
+    struct Holder {
+        holder: pgrx::Uuid,
+        token: i64,
+        expired: bool,
+    }
+}
+
+row! {
+    /// The first waiter, taken out of line.
+    struct Waiter {
+        owner: pgrx::Uuid,
+        lease_secs: f64,
+    }
+}
+
+fn holder(key: &str) -> Option<Holder> {
     HOLDER.first(&[key.into()], "reading a mutex")
 }
 
@@ -185,7 +202,7 @@ fn hand_off(key: &str) -> Option<pgrx::Uuid> {
     }
     let next = POP_WAITER.first(&[key.into()], "popping a waiter");
     match next {
-        Some((owner, lease_secs)) => {
+        Some(Waiter { owner, lease_secs }) => {
             let until_picked_up = if leases {
                 lease_secs * PLACE_SHARE
             } else {
@@ -216,13 +233,17 @@ pub fn acquire(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> (bool, Option<i
     // At most two rounds: an expired lock passes on once, then is current.
     for _ in 0..2 {
         match holder(key) {
-            Some((h, token, false)) if h == owner => {
+            Some(Holder {
+                holder,
+                token,
+                expired: false,
+            }) if holder == owner => {
                 if leases {
                     PICK_UP.exec(&[key.into(), lease_secs.into()]);
                 }
                 return (true, Some(token), 0);
             }
-            Some((_, _, true)) => {
+            Some(Holder { expired: true, .. }) => {
                 hand_off(key);
             }
             Some(_) => {
@@ -256,7 +277,7 @@ pub fn acquire(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> (bool, Option<i
 pub fn release(key: &str, owner: pgrx::Uuid, token: i64) -> Option<pgrx::Uuid> {
     lock(key);
     match holder(key) {
-        Some((h, t, _)) if h == owner && t == token => hand_off(key),
+        Some(h) if h.holder == owner && h.token == token => hand_off(key),
         _ => not_mutex_holder(key, owner, token),
     }
 }
@@ -289,7 +310,7 @@ pub fn reclaim(max: i64) -> i64 {
     let mut n = 0;
     for key in keys {
         lock(&key);
-        if matches!(holder(&key), Some((_, _, true))) {
+        if matches!(holder(&key), Some(Holder { expired: true, .. })) {
             hand_off(&key);
             n += 1;
         } else if leases {
@@ -307,7 +328,7 @@ pub fn leave(key: &str, owner: pgrx::Uuid) -> Option<pgrx::Uuid> {
     lock(key);
     LEAVE_LINE.exec(&[key.into(), owner.into()]);
     match holder(key) {
-        Some((h, _, _)) if h == owner => hand_off(key),
+        Some(h) if h.holder == owner => hand_off(key),
         _ => None,
     }
 }
@@ -321,20 +342,22 @@ pub fn release_all(owner: pgrx::Uuid) {
     for key in keys {
         lock(&key);
         LEAVE_LINE.exec(&[key.as_str().into(), owner.into()]);
-        if matches!(holder(&key), Some((h, _, _)) if h == owner) {
+        if matches!(holder(&key), Some(h) if h.holder == owner) {
             hand_off(&key);
         }
     }
 }
 
-/// A key's lock as `mutex_status` shows it: holder, token and lease end
-/// (all `None` when free), and how many wait.
-pub type Status = (
-    Option<pgrx::Uuid>,
-    Option<i64>,
-    Option<TimestampWithTimeZone>,
-    i32,
-);
+row! {
+    /// A key's lock as `mutex_status` shows it: holder, token and lease end
+    /// (all `None` when free), and how many wait.
+    pub struct Status {
+        pub holder: Option<pgrx::Uuid>,
+        pub token: Option<i64>,
+        pub lease_expires_at: Option<TimestampWithTimeZone>,
+        pub waiters: i32,
+    }
+}
 
 /// A key's holder, token and lease end (NULL when free), and how many wait
 /// (lapsed places not counted).

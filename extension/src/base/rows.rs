@@ -53,8 +53,9 @@ pub trait FromRow: Sized {
     fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self;
 }
 
-/// A named row type and its [`FromRow`]: the statement's columns, in the
-/// order of the fields.
+/// A named row type, its [`FromRow`] (the statement's columns, in the
+/// order of the fields) and its [`FromColumns`] (the same run of columns
+/// inside a wider row, read as a [`Split`]).
 ///
 /// ```ignore
 /// row! {
@@ -77,17 +78,24 @@ macro_rules! row {
             $($(#[$fmeta])* $fvis $field: $ty),+
         }
 
-        impl $crate::base::rows::FromRow for $name {
-            fn from_row(row: &::pgrx::spi::SpiHeapTupleData<'_>, doing: &str) -> Self {
-                // Struct fields are evaluated in the order written: column
-                // 1 is the first field.
-                let mut ordinal = 0;
+        impl $crate::base::rows::FromColumns for $name {
+            const WIDTH: usize = [$(stringify!($field)),+].len();
+            fn from_columns(row: &::pgrx::spi::SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self {
+                // Struct fields are evaluated in the order written: the
+                // first field is the column after `offset`.
+                let mut ordinal = offset;
                 $name {
                     $($field: {
                         ordinal += 1;
                         <$ty as $crate::base::rows::Column>::read(row, ordinal, doing)
                     }),+
                 }
+            }
+        }
+
+        impl $crate::base::rows::FromRow for $name {
+            fn from_row(row: &::pgrx::spi::SpiHeapTupleData<'_>, doing: &str) -> Self {
+                <Self as $crate::base::rows::FromColumns>::from_columns(row, 0, doing)
             }
         }
     };
@@ -101,16 +109,19 @@ pub trait FromColumns: Sized {
     fn from_columns(row: &SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self;
 }
 
-/// A row read as two tuples: its first `A::WIDTH` columns, then the rest
-/// (a row wider than one tuple, or a record and the keys beside it).
-pub struct Split<A, B>(pub A, pub B);
+/// A row read as two: its first `A::WIDTH` columns, then the rest (a
+/// record and the keys beside it).
+pub struct Split<A, B> {
+    pub head: A,
+    pub tail: B,
+}
 
 impl<A: FromColumns, B: FromColumns> FromRow for Split<A, B> {
     fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self {
-        Split(
-            A::from_columns(row, 0, doing),
-            B::from_columns(row, A::WIDTH, doing),
-        )
+        Split {
+            head: A::from_columns(row, 0, doing),
+            tail: B::from_columns(row, A::WIDTH, doing),
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use sheaf_core::state::TaskState;
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::{not_ready, task_cancelled, unknown_task};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 
@@ -83,15 +84,25 @@ const PRUNE: Stmt = Stmt::write(
     &[PgBuiltInOids::INT8OID],
 );
 
-/// A task's row, locked: state, kind, queue, token, key, execution.
-type Locked = (
-    String,
-    String,
-    String,
-    Option<i64>,
-    Option<String>,
-    Option<pgrx::Uuid>,
-);
+row! {
+    /// A task's row, locked.
+    struct Locked {
+        state: String,
+        kind: String,
+        queue: String,
+        token: Option<i64>,
+        key: Option<String>,
+        execution_id: Option<pgrx::Uuid>,
+    }
+}
+
+row! {
+    /// Whether a task that is gone was cancelled, or is a dead letter.
+    struct Former {
+        cancelled: bool,
+        dead: bool,
+    }
+}
 
 /// Cancels task `task_id`; whether this call did (false: it was cancelled
 /// already). An unclaimed task leaves now, a running one is marked for its
@@ -103,8 +114,16 @@ pub fn cancel(task_id: pgrx::Uuid, reason: Option<&str>, hooks: &dyn ExecutionHo
     }
     UNREADY.exec(&[task_id.into()]);
     let row: Option<Locked> = LOCK.first(&[task_id.into()], "locking a task");
-    let Some((state, kind, queue, token, key, execution_id)) = row else {
-        let (cancelled, dead): (bool, bool) = FORMER.one(&[task_id.into()], "looking a task up");
+    let Some(Locked {
+        state,
+        kind,
+        queue,
+        token,
+        key,
+        execution_id,
+    }) = row
+    else {
+        let Former { cancelled, dead } = FORMER.one(&[task_id.into()], "looking a task up");
         if cancelled {
             return false;
         }

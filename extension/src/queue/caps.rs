@@ -32,6 +32,7 @@ use sheaf_core::state::TaskState;
 use crate::base::errors::internal;
 use crate::base::locks::{self, Class};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::{floor, ready, tasks};
 
 // Statements that name the wait floor's columns or `concurrency_slots`
@@ -226,18 +227,50 @@ fn lock(key: &str, exclusive: bool) {
     }
 }
 
+row! {
+    /// A capped key's row as `LIMIT_FOR_UPDATE` reads it: its admitted
+    /// count on a 0.1.0 catalog, its wait floor on a later one.
+    struct LimitRow {
+        max_running: i32,
+        admitted: Option<i32>,
+        wait_priority: Option<i32>,
+        wait_seq: Option<i64>,
+    }
+}
+
+row! {
+    /// A key's newest slots row.
+    struct Slots {
+        generation: i64,
+        admitted: i32,
+    }
+}
+
+row! {
+    /// A waiting task, in line order.
+    struct Waiting {
+        id: pgrx::Uuid,
+        priority: i32,
+        seq: i64,
+    }
+}
+
 /// A capped key's row, locked, and its count; `None` if uncapped.
 fn limit_for_update(key: &str) -> Option<Limit> {
     let enabled = floor::enabled();
-    let (max, admitted, p, s) =
-        LIMIT_FOR_UPDATE[enabled as usize].first::<(i32, Option<i32>, Option<i32>, Option<i64>)>(
-            &[key.into()],
-            "reading a concurrency limit",
-        )?;
+    let LimitRow {
+        max_running: max,
+        admitted,
+        wait_priority: p,
+        wait_seq: s,
+    } = LIMIT_FOR_UPDATE[enabled as usize].first(&[key.into()], "reading a concurrency limit")?;
     let (generation, admitted) = if enabled {
-        let slots = SLOTS[floor::read_committed() as usize]
-            .first::<(i64, i32)>(&[key.into()], "reading a key's slots held");
-        (slots.map(|s| s.0), slots.map_or(0, |s| s.1))
+        let slots: Option<Slots> =
+            SLOTS[floor::read_committed() as usize].first(&[key.into()], "reading a key's slots held");
+        (
+            slots.as_ref().map(|s| s.generation),
+            slots.map_or(0, |s| s.admitted),
+        )
     } else {
         (None, admitted.unwrap_or(0))
     };
@@ -334,14 +367,14 @@ fn promote_waiting(key: &str, floor: WaitFloor, room: i32) -> (i32, WaitFloor) {
             from.map(|f| f.1).into(),
         ]
     };
-    let promoted: Vec<(pgrx::Uuid, i32, i64)> =
+    let promoted: Vec<Waiting> =
         NEXT_WAITING[floor.is_some() as usize].all(&args(floor, room as i64), "reading waiting tasks");
-    let ids: Vec<pgrx::Uuid> = promoted.iter().map(|p| p.0).collect();
+    let ids: Vec<pgrx::Uuid> = promoted.iter().map(|p| p.id).collect();
     if !ids.is_empty() {
         tasks::set_ready(&ids);
         ready::insert(&ids);
     }
-    let Some(last) = promoted.last().map(|p| (p.1, p.2)) else {
+    let Some(last) = promoted.last().map(|p| (p.priority, p.seq)) else {
         return (0, floor);
     };
     let due = floor_move_due(key, ids.len() as u32) || floor.is_none();
@@ -350,9 +383,12 @@ fn promote_waiting(key: &str, floor: WaitFloor, room: i32) -> (i32, WaitFloor) {
     }
     // From the old floor again: a task the promotion skipped (another
     // transaction holds it) may come before the ones it took.
-    let still: Option<(pgrx::Uuid, i32, i64)> =
+    let still: Option<Waiting> =
         FIRST_WAITING[floor.is_some() as usize].first(&args(floor, 1), "reading the waiting line");
-    (ids.len() as i32, Some(still.map_or(last, |s| (s.1, s.2))))
+    (
+        ids.len() as i32,
+        Some(still.map_or(last, |s| (s.priority, s.seq))),
+    )
 }
 
 // A key's ready rows, locked as a claim locks them (ready row first).

@@ -7,6 +7,7 @@ use sheaf_core::state::TaskState;
 
 use crate::base::errors::{stale_token, unknown_task};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::tasks::{RUNNING, attempt_secs, claim_times, queues_with};
 use crate::queue::{cancel, caps, dead_letters, ready};
@@ -82,14 +83,12 @@ const EXPIRED: [[Stmt; 2]; 2] = [
 
 /// Locks a task that must be running under `token`; its concurrency key.
 pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
-    let row = RUNNING_FOR_UPDATE.first::<(Option<String>,)>(
+    // A row whose key is NULL is a running task without one.
+    let row = RUNNING_FOR_UPDATE.value::<Option<String>>(
         &[task_id.into(), token.into(), RUNNING.into()],
         "reading a running task",
     );
-    match row {
-        Some((key,)) => key,
-        None => not_running(task_id, token),
-    }
+    row.unwrap_or_else(|| not_running(task_id, token))
 }
 
 /// Refuses a call on a task that is not running under `token`: cancelled
@@ -163,9 +162,19 @@ pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Opti
     // Keys in a fixed order: two reapers never take two keys' slot rows in
     // opposite orders.
     let mut expired = expired;
-    expired.sort_by(|a, b| a.1.cmp(&b.1));
+    expired.sort_by(|a, b| a.key.cmp(&b.key));
     let error = "lease expired before the task was completed (worker crashed or stalled)";
-    for (id, key, last_attempt, execution_id, kind, attempt, cancelled, secs) in expired {
+    for Expired {
+        id,
+        key,
+        last_attempt,
+        execution_id,
+        kind,
+        attempt,
+        cancelled,
+        secs,
+    } in expired
+    {
         // Cancelled while it ran, and its holder never gave it back.
         if cancelled {
             cancel::settle_expired(id);
@@ -191,19 +200,22 @@ pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Opti
     n
 }
 
-/// An expired lease: task, key, whether it was the last attempt, its
-/// execution, kind, attempt, whether it was cancelled, and the attempt's
-/// seconds.
-type Expired = (
-    pgrx::Uuid,
-    Option<String>,
-    bool,
-    Option<pgrx::Uuid>,
-    String,
-    i32,
-    bool,
-    Option<f64>,
-);
+row! {
+    /// An expired lease.
+    struct Expired {
+        id: pgrx::Uuid,
+        key: Option<String>,
+        /// Whether it was the task's last attempt.
+        last_attempt: bool,
+        execution_id: Option<pgrx::Uuid>,
+        kind: String,
+        attempt: i32,
+        /// Whether the task was cancelled while it ran.
+        cancelled: bool,
+        /// The attempt's seconds since its claim.
+        secs: Option<f64>,
+    }
+}
 
 const EXPIRED_QUEUES: Stmt = Stmt::read(queues_with!("running", "t.lease_expires_at < now()"), &[]);
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use pgrx::prelude::*;
 
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::tasks::queues_with;
 use crate::queue::{caps, ready, tasks};
 
@@ -44,13 +45,21 @@ pub fn due_queues() -> Vec<String> {
     DUE_QUEUES.values(&[], "finding queues with due tasks")
 }
 
+row! {
+    /// A due task, locked.
+    struct Due {
+        id: pgrx::Uuid,
+        key: Option<String>,
+    }
+}
+
 /// Promotes up to `max` due scheduled tasks of `queue`, of those due since
 /// `since` (epoch seconds) if given; returns how many.
 pub fn due(queue: &str, max: i64, since: Option<f64>) -> i64 {
-    let rows: Vec<(pgrx::Uuid, Option<String>)> =
+    let rows: Vec<Due> =
         DUE[since.is_some() as usize].all(&[queue.into(), max.into(), since.into()], "reading due tasks");
     let n = rows.len() as i64;
-    place(rows);
+    place(rows.into_iter().map(|r| (r.id, r.key)).collect());
     n
 }
 

@@ -245,8 +245,30 @@ const DELETE_QUEUE: Stmt = Stmt::write(
 /// (cancel those executions first). A task enqueued while the drop runs
 /// survives it, and its queue's row comes back at the queue's next enqueue.
 pub fn drop(name: &str, force: bool, hooks: &dyn ExecutionHooks) -> i64 {
-    let (exists, tasks, of_executions, dead): (bool, i64, i64, i64) =
-        CONTENTS.one(&[name.into()], "reading a queue");
+    row! {
+        /// Whether the queue's row exists, its tasks, those of executions,
+        /// and its dead letters.
+        struct Contents {
+            exists: bool,
+            tasks: i64,
+            of_executions: i64,
+            dead: i64,
+        }
+    }
+    row! {
+        /// A deleted task.
+        struct DeletedTask {
+            state: TaskState,
+            key: Option<String>,
+            of_execution: bool,
+        }
+    }
+    let Contents {
+        exists,
+        tasks,
+        of_executions,
+        dead,
+    } = CONTENTS.one(&[name.into()], "reading a queue");
     if !exists && tasks == 0 && dead == 0 {
         not_found(format!("no queue {} on this shard", quoted(name)));
     }
@@ -263,16 +285,15 @@ pub fn drop(name: &str, force: bool, hooks: &dyn ExecutionHooks) -> i64 {
         ));
     }
     UNREADY_ALL.exec(&[name.into()]);
-    let gone: Vec<(TaskState, Option<String>, bool)> =
-        DELETE_TASKS.all(&[name.into()], "deleting a queue's tasks");
-    if gone.iter().any(|g| g.2) {
+    let gone: Vec<DeletedTask> = DELETE_TASKS.all(&[name.into()], "deleting a queue's tasks");
+    if gone.iter().any(|g| g.of_execution) {
         not_ready(format!(
             "queue {} took a task of an execution meanwhile: nothing was dropped",
             quoted(name)
         ));
     }
     let n = gone.len() as i64;
-    caps::release_held(gone.into_iter().map(|(state, key, _)| (state, key)).collect());
+    caps::release_held(gone.into_iter().map(|g| (g.state, g.key)).collect());
     let purged = dead_letters::purge(name, None, hooks);
     DELETE_QUEUE.exec(&[name.into()]);
     invalidate();
@@ -340,25 +361,37 @@ thread_local! {
 /// finds no task of it in any state; returns how many it dropped. A
 /// configured queue is never dropped (its configuration would be lost).
 pub fn expire_idle(older_secs: f64) -> i64 {
+    row! {
+        /// A queue of `IDLE_BATCH`.
+        struct IdleRow {
+            name: String,
+            /// Idle for longer than `older_secs`.
+            idle_long: bool,
+            /// Of the default configuration.
+            default_config: bool,
+            /// Has work now.
+            busy: bool,
+        }
+    }
     if !idle_enabled() {
         return 0;
     }
     let after = IDLE_CURSOR.with(|c| c.borrow().clone());
-    let batch: Vec<(String, bool, bool, bool)> = IDLE_BATCH.all(
+    let batch: Vec<IdleRow> = IDLE_BATCH.all(
         &[after.as_str().into(), IDLE_BATCH_ROWS.into(), older_secs.into()],
         "sweeping idle queues",
     );
     let next = if (batch.len() as i64) < IDLE_BATCH_ROWS {
         String::new()
     } else {
-        batch.last().map(|b| b.0.clone()).unwrap_or_default()
+        batch.last().map(|b| b.name.clone()).unwrap_or_default()
     };
     IDLE_CURSOR.with(|c| *c.borrow_mut() = next);
-    let (busy, idle): (Vec<_>, Vec<_>) = batch.iter().partition(|b| b.3);
-    let names = |v: &[&(String, bool, bool, bool)]| v.iter().map(|b| b.0.clone()).collect::<Vec<String>>();
+    let (busy, idle): (Vec<_>, Vec<_>) = batch.iter().partition(|b| b.busy);
+    let names = |v: &[&IdleRow]| v.iter().map(|b| b.name.clone()).collect::<Vec<String>>();
     MARK_BUSY.exec(&[names(&busy).into()]);
     MARK_IDLE.exec(&[names(&idle).into()]);
-    let Some((name, ..)) = idle.iter().find(|b| b.1 && b.2) else {
+    let Some(IdleRow { name, .. }) = idle.iter().find(|b| b.idle_long && b.default_config) else {
         return 0;
     };
     let still: bool = STILL_IDLE.one_value(&[name.as_str().into()], "checking an idle queue");

@@ -21,6 +21,7 @@ use crate::base::clock::{self, from_us};
 use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// How far ahead a unit's admission is fixed. `maintain` must run more
 /// often than this for a bucket with a line to keep its pace (every worker
@@ -180,9 +181,16 @@ pub fn declared(name: &str) -> Option<RateLimit> {
 /// `pace` with `name`'s live override applied (its rate and period; the
 /// burst stays).
 pub fn effective(name: &str, pace: Pace) -> Pace {
-    let o: Option<(f64, f64)> = OVERRIDE.first(&[name.into()], "reading an override");
+    row! {
+        /// A live override: its rate, and its period in seconds.
+        struct Override {
+            rate: f64,
+            secs: f64,
+        }
+    }
+    let o: Option<Override> = OVERRIDE.first(&[name.into()], "reading an override");
     match o {
-        Some((rate, secs)) => Pace::new(
+        Some(Override { rate, secs }) => Pace::new(
             "override",
             rate,
             std::time::Duration::from_secs_f64(secs),
@@ -222,13 +230,19 @@ pub enum Admission {
 }
 
 fn lock_bucket(name: &str, key: &str) -> (i64, bool) {
+    row! {
+        /// A bucket's theoretical arrival time, and whether it has a line.
+        struct Bucket {
+            tat: TimestampWithTimeZone,
+            lined: bool,
+        }
+    }
     // A full bucket `prune` deletes between the insert and the lock is
     // inserted again (a full bucket and a fresh one are the same).
     for _ in 0..3 {
         NEW_BUCKET.exec(&[name.into(), key.into()]);
-        let row: Option<(TimestampWithTimeZone, bool)> =
-            LOCK_BUCKET.first(&[name.into(), key.into()], "locking a bucket");
-        if let Some((tat, lined)) = row {
+        let row: Option<Bucket> = LOCK_BUCKET.first(&[name.into(), key.into()], "locking a bucket");
+        if let Some(Bucket { tat, lined }) = row {
             return (clock::to_us(tat), lined);
         }
     }
@@ -280,13 +294,21 @@ pub fn sweep(max_buckets: i64, max_units: i64, pace_of: &dyn Fn(&str) -> Option<
     if !enabled() {
         return 0;
     }
-    let due: Vec<(String, String, TimestampWithTimeZone)> = DUE_BUCKETS.all(
+    row! {
+        /// A bucket whose line is due.
+        struct DueBucket {
+            name: String,
+            key: String,
+            tat: TimestampWithTimeZone,
+        }
+    }
+    let due: Vec<DueBucket> = DUE_BUCKETS.all(
         &[(LOOKAHEAD_US as f64 / 1e6).into(), max_buckets.into()],
         "reading due lines",
     );
     let now = clock::now_us();
     let mut timed = 0;
-    for (name, key, tat) in due {
+    for DueBucket { name, key, tat } in due {
         if timed >= max_units {
             break;
         }
@@ -313,14 +335,14 @@ fn drain(name: &str, key: &str, mut tat: i64, pace: Option<Pace>, now: i64, max:
             n
         }
     };
-    let head: Vec<(i64, pgrx::Uuid)> = HEAD.all(&[name.into(), key.into(), room.into()], "reading a line");
-    let ids: Vec<pgrx::Uuid> = head.iter().map(|h| h.1).collect();
+    let head: Vec<Waiting> = HEAD.all(&[name.into(), key.into(), room.into()], "reading a line");
+    let ids: Vec<pgrx::Uuid> = head.iter().map(|h| h.task_id).collect();
     let take =
         |stmt: &Stmt| -> Vec<pgrx::Uuid> { stmt.values(&[ids.clone().into()], "reading a line's tasks") };
     let live = take(&TAKE_LIVE);
     let existing = take(&EXISTING);
     let (mut popped, mut timed_ids, mut times) = (Vec::new(), Vec::new(), Vec::new());
-    for (seq, id) in &head {
+    for Waiting { seq, task_id: id } in &head {
         if live.contains(id) {
             let at = match pace {
                 Some(p) => {
@@ -350,7 +372,7 @@ fn drain(name: &str, key: &str, mut tat: i64, pace: Option<Pace>, now: i64, max:
     }
     // The bucket's `tat`, and when its line (if any is left) is next due.
     let left = HEAD
-        .first::<(i64, pgrx::Uuid)>(&[name.into(), key.into(), 1i64.into()], "reading a line")
+        .first::<Waiting>(&[name.into(), key.into(), 1i64.into()], "reading a line")
         .is_some();
     let line_at = left.then(|| from_us(pace.map_or(now, |p| p.next_at(tat))));
     SET_BUCKET.exec(&[name.into(), key.into(), from_us(tat).into(), line_at.into()]);
@@ -367,16 +389,27 @@ pub fn prune(max: i64) -> i64 {
     PRUNE_BUCKETS.one_value(&[max.into()], "pruning buckets")
 }
 
-/// A rate limit as `rate_limits()` lists it.
-pub type Listed = (
-    String,
-    pgrx::JsonB,
-    Option<f64>,
-    Option<pgrx::datum::Interval>,
-    Option<TimestampWithTimeZone>,
-    i64,
-    i64,
-);
+row! {
+    /// A unit waiting in a bucket's line.
+    struct Waiting {
+        seq: i64,
+        task_id: pgrx::Uuid,
+    }
+}
+
+row! {
+    /// A rate limit as `rate_limits()` lists it: its spec, its live
+    /// override, its buckets and waiting units.
+    pub struct Listed {
+        pub name: String,
+        pub spec: pgrx::JsonB,
+        pub override_rate: Option<f64>,
+        pub override_period: Option<pgrx::datum::Interval>,
+        pub override_expires_at: Option<TimestampWithTimeZone>,
+        pub buckets: i64,
+        pub waiting: i64,
+    }
+}
 
 /// This shard's rate limits, with their live overrides, buckets and
 /// waiting units.

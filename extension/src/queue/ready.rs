@@ -8,6 +8,7 @@ use sheaf_core::ordering::fair_tags;
 
 use crate::base::errors::internal;
 use crate::base::plans::Stmt;
+use crate::base::rows::{Split, row};
 use crate::queue::floor;
 
 // Returns the lowest new key of each band (`queue::floor`): [a catalog
@@ -115,16 +116,33 @@ pub fn any(queue: &str) -> bool {
     ANY.one_value(&[queue.into()], "checking for ready tasks")
 }
 
+row! {
+    /// A band's lowest ready key: the band, and the key `(k1, k2, seq)`.
+    struct Lowest {
+        band: f64,
+        k1: f64,
+        k2: f64,
+        seq: i64,
+    }
+}
+
+row! {
+    /// The queue a row of `INSERTS` is of, before its `Lowest`.
+    struct QueueName {
+        queue: String,
+    }
+}
+
 /// Re-keys a queue's ready tasks for its new aging (`None`: priority order).
 pub fn rekey(queue: &str, aging_secs: Option<i32>) {
-    let lowest: Vec<(f64, f64, f64, i64)> =
+    let lowest: Vec<Lowest> =
         REKEYS[floor::enabled() as usize].all(&[queue.into(), aging_secs.into()], "re-keying ready tasks");
     let lowest: Vec<floor::Lowest> = lowest
         .into_iter()
-        .map(|(band, k1, k2, seq)| floor::Lowest {
+        .map(|l| floor::Lowest {
             queue: queue.to_owned(),
-            band,
-            key: (k1, k2, seq),
+            band: l.band,
+            key: (l.k1, l.k2, l.seq),
         })
         .collect();
     if !lowest.is_empty() {
@@ -143,17 +161,17 @@ pub fn insert(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
     }
-    let lowest: Vec<(String, f64, f64, f64, i64)> =
+    let lowest: Vec<Split<QueueName, Lowest>> =
         INSERTS[floor::enabled() as usize].all(&[ids.to_vec().into()], "reading ready queues");
     if lowest.is_empty() {
         return;
     }
     let lowest: Vec<floor::Lowest> = lowest
         .into_iter()
-        .map(|(queue, band, k1, k2, seq)| floor::Lowest {
-            queue,
-            band,
-            key: (k1, k2, seq),
+        .map(|Split { head, tail: l }| floor::Lowest {
+            queue: head.queue,
+            band: l.band,
+            key: (l.k1, l.k2, l.seq),
         })
         .collect();
     floor::readied(&lowest);

@@ -7,6 +7,7 @@ use sheaf_core::backoff::retry_delay_ms;
 
 use crate::base::errors::internal;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::tasks::attempt_secs;
 use crate::queue::{caps, dead_letters, lease, tasks};
@@ -53,32 +54,25 @@ const SNOOZE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::FLOAT8OID],
 );
 
-/// A running task's row, locked.
-struct Running {
-    key: Option<String>,
-    attempts: i32,
-    max_attempts: i32,
-    execution_id: Option<pgrx::Uuid>,
-    kind: String,
-    secs: Option<f64>,
+row! {
+    /// A running task's row, locked.
+    struct Running {
+        key: Option<String>,
+        attempts: i32,
+        max_attempts: i32,
+        execution_id: Option<pgrx::Uuid>,
+        kind: String,
+        secs: Option<f64>,
+    }
 }
 
 fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
-    let row = RUNNING[tasks::claim_times()].first(
-        &[task_id.into(), token.into(), tasks::RUNNING.into()],
-        "failing a task",
-    );
-    let Some((key, attempts, max_attempts, execution_id, kind, secs)) = row else {
-        lease::not_running(task_id, token)
-    };
-    Running {
-        key,
-        attempts,
-        max_attempts,
-        execution_id,
-        kind,
-        secs,
-    }
+    RUNNING[tasks::claim_times()]
+        .first(
+            &[task_id.into(), token.into(), tasks::RUNNING.into()],
+            "failing a task",
+        )
+        .unwrap_or_else(|| lease::not_running(task_id, token))
 }
 
 /// An error text as kept: cut at `MAX_ERROR_BYTES` (on a character

@@ -5,11 +5,44 @@ use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::workers::LIVE_SECS;
 
-/// One queue's counts: ready, scheduled, running, waiting, dead, live
-/// workers, and the age of its oldest ready task.
-pub type QueueCounts = (i64, i64, i64, i64, i64, i64, Option<Interval>);
+row! {
+    /// One queue's tasks by state, its dead letters, its live workers, and
+    /// the age of its oldest ready task.
+    pub struct QueueCounts {
+        pub ready: i64,
+        pub scheduled: i64,
+        pub running: i64,
+        pub waiting: i64,
+        pub dead: i64,
+        pub live_workers: i64,
+        pub oldest_ready_age: Option<Interval>,
+    }
+}
+
+row! {
+    /// A queue with ready tasks and no live worker: its ready count and the
+    /// age of its oldest ready task.
+    pub struct Stranded {
+        pub queue: String,
+        pub ready: i64,
+        pub oldest_ready_age: Option<Interval>,
+    }
+}
+
+row! {
+    /// A concurrency key: its cap (`None` if uncapped), and its running,
+    /// ready and waiting tasks.
+    pub struct KeyCounts {
+        pub key: String,
+        pub max_running: Option<i32>,
+        pub running: i64,
+        pub ready: i64,
+        pub waiting: i64,
+    }
+}
 
 const QUEUE: Stmt = Stmt::read(
     "SELECT (SELECT count(*) FROM ready WHERE queue = $1), \
@@ -60,12 +93,12 @@ pub fn queue(name: &str) -> QueueCounts {
 /// live worker serving it, with its ready count and the age of its oldest
 /// ready task. Walks the queue list and seeks each queue's ready rows, so
 /// its cost follows the queues and the stranded rows only.
-pub fn stranded() -> Vec<(String, i64, Option<Interval>)> {
+pub fn stranded() -> Vec<Stranded> {
     STRANDED.all(&[(LIVE_SECS as f64).into()], "reading stranded work")
 }
 
 /// Per concurrency key: its cap (`None` if uncapped), and its running,
 /// ready and waiting tasks; capped keys and keys with unfinished tasks.
-pub fn concurrency() -> Vec<(String, Option<i32>, i64, i64, i64)> {
+pub fn concurrency() -> Vec<KeyCounts> {
     CONCURRENCY.all(&[], "reading concurrency stats")
 }

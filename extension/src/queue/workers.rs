@@ -3,6 +3,7 @@
 use pgrx::prelude::*;
 
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// A worker is live while its last heartbeat is younger than this.
 pub const LIVE_SECS: i32 = 60;
@@ -39,9 +40,17 @@ pub fn deregister(worker: &str) -> bool {
     DEREGISTER.one_value(&[worker.into()], "deregistering a worker")
 }
 
-/// The workers whose last heartbeat is younger than `LIVE_SECS`, with the
-/// queues each serves and when it was last seen.
-pub fn live() -> Vec<(String, Vec<String>, pgrx::datum::TimestampWithTimeZone)> {
+row! {
+    /// A live worker: its name, the queues it serves, when it was last seen.
+    pub struct Live {
+        pub name: String,
+        pub queues: Vec<String>,
+        pub last_seen_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
+
+/// The workers whose last heartbeat is younger than `LIVE_SECS`.
+pub fn live() -> Vec<Live> {
     LIVE.all(&[(LIVE_SECS as f64).into()], "reading live workers")
 }
 
