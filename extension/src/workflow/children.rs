@@ -16,6 +16,7 @@ use sheaf_core::policy::StartOptions;
 use crate::base::errors::{bad_argument, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::{ids, shard};
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::{executions, family, history, start, wake};
@@ -99,15 +100,17 @@ const KNOWN: Stmt = Stmt::read(
     &[PgBuiltInOids::UUIDARRAYOID],
 );
 
-/// An execution naming its parent, as `list_child_links` returns it.
-pub type Link = (
-    pgrx::Uuid,
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    pgrx::datum::TimestampWithTimeZone,
-);
+row! {
+    /// An execution naming its parent, as `list_child_links` returns it.
+    pub struct Link {
+        pub parent_id: pgrx::Uuid,
+        pub child_id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub created_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
 
 /// The executions here that name a parent, after `after` (parent, child).
 pub fn links(after: Option<(pgrx::Uuid, pgrx::Uuid)>, max: i64) -> Vec<Link> {
@@ -118,23 +121,21 @@ pub fn links(after: Option<(pgrx::Uuid, pgrx::Uuid)>, max: i64) -> Vec<Link> {
 
 /// Those of `ids` that a parent here started.
 pub fn known(ids: Vec<pgrx::Uuid>) -> Vec<pgrx::Uuid> {
-    KNOWN
-        .all::<(pgrx::Uuid,)>(&[ids.into()], "looking up children")
-        .into_iter()
-        .map(|(id,)| id)
-        .collect()
+    KNOWN.values(&[ids.into()], "looking up children")
 }
 
-/// A child as `list_children` returns it.
-pub type Listed = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    i32,
-    pgrx::datum::TimestampWithTimeZone,
-    Option<pgrx::datum::TimestampWithTimeZone>,
-);
+row! {
+    /// A child as `list_children` returns it.
+    pub struct Listed {
+        pub execution_id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub shard: i32,
+        pub created_at: pgrx::datum::TimestampWithTimeZone,
+        pub closed_at: Option<pgrx::datum::TimestampWithTimeZone>,
+    }
+}
 
 /// `parent`'s children on this shard after `after`, at most `max`. Not
 /// forwarded when the parent moved away: its children stay on the shards
@@ -170,11 +171,18 @@ pub fn start_child(
         start::lock_ahead(name, workflow_id, &input);
     }
     executions::lock_active(parent, "start a child");
-    let found: Option<(pgrx::Uuid, i32)> = EXISTING.first(
+    row! {
+        /// A child the parent started before, and its shard.
+        struct Existing {
+            child: pgrx::Uuid,
+            shard: i32,
+        }
+    }
+    let found: Option<Existing> = EXISTING.first(
         &[parent.into(), name.into(), workflow_id.into()],
         "looking up a child",
     );
-    if let Some((child, shard)) = found {
+    if let Some(Existing { child, shard }) = found {
         return (child, shard, false);
     }
     let here = shard::current();

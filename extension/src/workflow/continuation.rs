@@ -16,6 +16,7 @@ use crate::base::ids;
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::{complete, tasks};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::lifecycle::{self, Close};
@@ -31,26 +32,20 @@ const EXECUTION_OF_TASK: Stmt = Stmt::read(
     &[PgBuiltInOids::UUIDOID],
 );
 
-/// What the successor inherits that `Locked` does not carry.
-struct Prior {
-    workflow_name: String,
-    workflow_id: String,
-    search_attrs: pgrx::JsonB,
-    timeout_at: Option<TimestampWithTimeZone>,
+row! {
+    /// What the successor inherits that `Locked` does not carry.
+    struct Prior {
+        workflow_name: String,
+        workflow_id: String,
+        search_attrs: pgrx::JsonB,
+        timeout_at: Option<TimestampWithTimeZone>,
+    }
 }
 
 fn prior(id: pgrx::Uuid) -> Prior {
-    let found: Option<(String, String, pgrx::JsonB, Option<TimestampWithTimeZone>)> =
-        PRIOR.first(&[id.into()], "reading an execution");
-    let Some((workflow_name, workflow_id, search_attrs, timeout_at)) = found else {
-        unknown_execution(id);
-    };
-    Prior {
-        workflow_name,
-        workflow_id,
-        search_attrs,
-        timeout_at,
-    }
+    PRIOR
+        .first(&[id.into()], "reading an execution")
+        .unwrap_or_else(|| unknown_execution(id))
 }
 
 /// Locks the run's tasks, then its row (`base::locks`), and refuses what

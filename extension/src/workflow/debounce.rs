@@ -21,6 +21,7 @@ use crate::base::clock;
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::workflow::history;
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::start::{self, Started};
@@ -102,6 +103,14 @@ const PRUNE: Stmt = Stmt::write(
     &[PgBuiltInOids::INT8OID],
 );
 
+row! {
+    /// A pending start's run, and its mode.
+    struct PendingRun {
+        id: pgrx::Uuid,
+        mode: String,
+    }
+}
+
 /// A debounced start of `name` (see the module). `o.run_at` is not given
 /// (the caller refused it): a trailing window sets the first task's time.
 pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions, d: &Debounce) -> Started {
@@ -113,9 +122,9 @@ pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions, d: &
     let window = d.window.as_secs_f64();
     // Serialized per (name, key) before the start lock (`base::locks`).
     locks::exclusive_pair(Class::Debounce, name, &d.key);
-    let live: Option<(pgrx::Uuid, String)> =
+    let live: Option<PendingRun> =
         LIVE.first(&[name.into(), d.key.as_str().into()], "reading a pending start");
-    if let Some((id, mode)) = live
+    if let Some(PendingRun { id, mode }) = live
         && join(id, &mode, workflow_id, &input, window)
     {
         EXTEND.exec(&[name.into(), d.key.as_str().into(), window.into()]);
@@ -156,16 +165,18 @@ fn join(id: pgrx::Uuid, mode: &str, workflow_id: &str, input: &Jsonb, window: f6
     true
 }
 
-/// A pending start as `pending_starts` lists it.
-pub type Pending = (
-    String,
-    String,
-    pgrx::Uuid,
-    String,
-    TimestampWithTimeZone,
-    i64,
-    TimestampWithTimeZone,
-);
+row! {
+    /// A pending start as `pending_starts` lists it.
+    pub struct Pending {
+        pub workflow_name: String,
+        pub debounce_key: String,
+        pub execution_id: pgrx::Uuid,
+        pub mode: String,
+        pub window_ends_at: TimestampWithTimeZone,
+        pub starts: i64,
+        pub created_at: TimestampWithTimeZone,
+    }
+}
 
 /// The pending starts of `name` (every workflow's if `None`; of `key` if
 /// given), by name and key.
@@ -184,9 +195,8 @@ pub fn cancel(name: &str, key: &str, reason: Option<&str>) -> bool {
         return false;
     }
     locks::exclusive_pair(Class::Debounce, name, key);
-    let taken: Option<(pgrx::Uuid, String)> =
-        TAKE.first(&[name.into(), key.into()], "cancelling a pending start");
-    let Some((id, mode)) = taken else {
+    let taken: Option<PendingRun> = TAKE.first(&[name.into(), key.into()], "cancelling a pending start");
+    let Some(PendingRun { id, mode }) = taken else {
         return false;
     };
     if mode == DebounceMode::Trailing.as_str() {

@@ -15,6 +15,7 @@ use sheaf_core::state::ExecutionState;
 use crate::base::audit;
 use crate::base::errors::not_ready;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::workflow::executions;
 
 /// What an erased payload becomes, and its bytes as compact JSON.
@@ -86,7 +87,14 @@ pub fn erase(id: pgrx::Uuid) -> Option<serde_json::Value> {
     } else {
         &ERASE_ROW_010
     };
-    let (after, residences): (i64, Vec<i32>) = stmt.one(&[id.into()], "erasing an execution");
+    row! {
+        /// The erased execution's history bytes, and the shards it lived on.
+        struct Erased {
+            after: i64,
+            residences: Vec<i32>,
+        }
+    }
+    let Erased { after, residences } = stmt.one(&[id.into()], "erasing an execution");
     let related: i64 = ERASE_RELATED.one_value(&[id.into()], "erasing task payloads");
     let relayed: i64 = if crate::workflow::family::enabled() {
         ERASE_RELAY.one_value(&[id.into()], "erasing outbox payloads")

@@ -222,22 +222,24 @@ pub fn set_state(
     ]);
 }
 
-/// An execution as `get_execution` returns it.
-pub type Row = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    pgrx::JsonB,
-    Option<pgrx::JsonB>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    i64,
-    TimestampWithTimeZone,
-    Option<TimestampWithTimeZone>,
-    Option<TimestampWithTimeZone>,
-);
+row! {
+    /// An execution as `get_execution` returns it.
+    pub struct Row {
+        pub id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub input: pgrx::JsonB,
+        pub result: Option<pgrx::JsonB>,
+        pub error: Option<String>,
+        pub concurrency_key: Option<String>,
+        pub quota_key: Option<String>,
+        pub history_bytes: i64,
+        pub created_at: TimestampWithTimeZone,
+        pub closed_at: Option<TimestampWithTimeZone>,
+        pub wake_at: Option<TimestampWithTimeZone>,
+    }
+}
 
 fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> {
     stmt.all(&args, "reading an execution")
@@ -248,7 +250,7 @@ fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> 
 pub fn get(id: pgrx::Uuid) -> Vec<Row> {
     let rows = read_rows(&GET, vec![id.into()]);
     if let Some(row) = rows.first()
-        && let Ok(state) = row.3.parse::<ExecutionState>()
+        && let Ok(state) = row.state.parse::<ExecutionState>()
     {
         forward(id, state);
     }

@@ -13,6 +13,7 @@ use sheaf_core::state::ExecutionState;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::{ids, shard};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::{history, wake};
@@ -173,40 +174,44 @@ pub fn request(
     id
 }
 
-/// An outbox row as `outbox_take` returns it.
-pub type Taken = (
-    pgrx::Uuid,
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<pgrx::JsonB>,
-    Option<String>,
-    Option<pgrx::Uuid>,
-    i32,
-    i32,
-    i64,
-);
+row! {
+    /// An outbox row as `outbox_take` returns it.
+    pub struct Taken {
+        pub outbox_id: pgrx::Uuid,
+        pub sender_id: pgrx::Uuid,
+        pub kind: String,
+        pub state: String,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub signal: Option<String>,
+        pub payload: Option<pgrx::JsonB>,
+        pub reason: Option<String>,
+        pub delivered_to: Option<pgrx::Uuid>,
+        pub attempts: i32,
+        pub indeterminate: i32,
+        pub lease_token: i64,
+    }
+}
 
 /// Leases up to `max` due outbox rows for `lease_secs`.
 pub fn take(max: i64, lease_secs: f64) -> Vec<Taken> {
     TAKE.all(&[max.into(), lease_secs.into()], "taking outbox rows")
 }
 
-/// A group of outbox rows as `outbox_backlog` returns it.
-pub type Backlog = (
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    pgrx::datum::TimestampWithTimeZone,
-    Option<pgrx::datum::TimestampWithTimeZone>,
-    i32,
-    Option<String>,
-);
+row! {
+    /// A group of outbox rows as `outbox_backlog` returns it.
+    pub struct Backlog {
+        pub kind: String,
+        pub state: String,
+        pub rows: i64,
+        pub failing: i64,
+        pub indeterminate: i64,
+        pub oldest: pgrx::datum::TimestampWithTimeZone,
+        pub indeterminate_since: Option<pgrx::datum::TimestampWithTimeZone>,
+        pub max_attempts: i32,
+        pub last_error: Option<String>,
+    }
+}
 
 /// This shard's undelivered outbox rows, grouped.
 pub fn backlog() -> Vec<Backlog> {
@@ -227,7 +232,14 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
     let Some((sender, s, row)) = hold(id, token) else {
         return "stale";
     };
-    let (kind, state, name, workflow_id, delivered_to, delivered_shard) = row;
+    let Held {
+        kind,
+        state,
+        workflow_name: name,
+        workflow_id,
+        delivered_to,
+        delivered_shard,
+    } = row;
     let kind = Kind::parse(&kind).unwrap_or(Kind::Signal);
     let confirming = state == "CONFIRMING";
     let finish = |event_type: &str, event: serde_json::Value| {
@@ -296,9 +308,18 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
     }
 }
 
-/// A row as `report` locks it: kind, state, name, workflow id, delivered
-/// to (the run, and the shard it lived on).
-type Held = (String, String, String, String, Option<pgrx::Uuid>, Option<i32>);
+row! {
+    /// A row as `report` locks it.
+    struct Held {
+        kind: String,
+        state: String,
+        workflow_name: String,
+        workflow_id: String,
+        /// The run it was delivered to, and the shard it lived on.
+        delivered_to: Option<pgrx::Uuid>,
+        delivered_shard: Option<i32>,
+    }
+}
 
 /// Locks outbox row `id` if `token` is its lease (its sender's row first):
 /// the sender, its row if it still exists, and the outbox row.

@@ -17,6 +17,7 @@ use sheaf_core::state::ExecutionState;
 use crate::base::catalog::{self, Feature};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::shard;
 use crate::workflow::{executions, history, wake};
 
@@ -102,7 +103,14 @@ pub fn report_end(child: pgrx::Uuid, parent: pgrx::Uuid) {
     if !p.state.is_active() {
         return;
     }
-    let (state, event): (ExecutionState, Jsonb) = ENDED_EVENT.one(&[child.into()], "reading a child's end");
+    row! {
+        /// A child's end state and the event its parent hears.
+        struct Ended {
+            state: ExecutionState,
+            event: Jsonb,
+        }
+    }
+    let Ended { state, event } = ENDED_EVENT.one(&[child.into()], "reading a child's end");
     let Some(event_type) = ended_event(state) else {
         return;
     };

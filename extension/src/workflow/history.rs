@@ -8,6 +8,7 @@ use sheaf_core::state::ExecutionState;
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::workflow::{executions, quota};
 
 /// The largest event payload, in bytes of its JSON text.
@@ -97,7 +98,19 @@ fn write(
     bytes: usize,
 ) -> Option<i64> {
     let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
-    let (seq, quota_key, state): (i64, Option<String>, ExecutionState) = APPEND.first(
+    row! {
+        /// The appended event's seq, and its execution's quota key and state.
+        struct Appended {
+            seq: i64,
+            quota_key: Option<String>,
+            state: ExecutionState,
+        }
+    }
+    let Appended {
+        seq,
+        quota_key,
+        state,
+    } = APPEND.first(
         &[execution_id.into(), event_type.into(), payload, bytes.into()],
         "appending an event",
     )?;
@@ -120,13 +133,19 @@ pub fn append_to_active(id: pgrx::Uuid, event_type: &str, payload: Jsonb) -> i64
     }
 }
 
+row! {
+    /// An event as `history` returns it.
+    pub struct Event {
+        pub seq: i64,
+        pub event_type: String,
+        pub payload: pgrx::JsonB,
+        pub created_at: TimestampWithTimeZone,
+    }
+}
+
 /// Events of execution `id` after `after`, in order, at most `max_rows`;
 /// P0002 if the execution is not on this shard.
-pub fn page(
-    id: pgrx::Uuid,
-    after: i64,
-    max_rows: i32,
-) -> Vec<(i64, String, pgrx::JsonB, TimestampWithTimeZone)> {
+pub fn page(id: pgrx::Uuid, after: i64, max_rows: i32) -> Vec<Event> {
     match executions::state_of(id) {
         None => unknown_execution(id),
         // A seal's history is frozen at its move: read the live copy's.

@@ -16,6 +16,7 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::mutex;
 use crate::queue::{caps, promote, tasks};
 use crate::workflow::{executions, external, family, history, quota};
@@ -219,10 +220,16 @@ pub fn time_out_due(max: i64) -> i64 {
     if !executions::timeouts_enabled() {
         return 0;
     }
-    let due: Vec<(pgrx::Uuid, TimestampWithTimeZone)> =
-        DUE_TIMEOUTS.all(&[max.into()], "reading overdue executions");
+    row! {
+        /// An active execution past its `timeout_at`.
+        struct Due {
+            id: pgrx::Uuid,
+            timeout_at: TimestampWithTimeZone,
+        }
+    }
+    let due: Vec<Due> = DUE_TIMEOUTS.all(&[max.into()], "reading overdue executions");
     due.into_iter()
-        .filter(|&(id, timeout_at)| {
+        .filter(|&Due { id, timeout_at }| {
             executions::state_of(id).is_some_and(ExecutionState::is_active)
                 && close_active(id, Close::TimedOut { timeout_at })
         })

@@ -18,6 +18,7 @@ use sheaf_core::state::ExecutionState;
 use crate::base::errors::{bad_argument, lease_lost, not_found, not_ready, sqlstate_text, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::{audit, ids, shard};
 use crate::queue::{caps, promote, queues, tasks};
 use crate::workflow::{executions, quota};
@@ -377,9 +378,71 @@ fn canonical() {
     CANONICAL.exec(&[]);
 }
 
-/// A candidate for a move: id, name, workflow id, state, history bytes and
-/// its blockers (none: it may move).
-pub type Candidate = (pgrx::Uuid, String, String, String, i64, Vec<String>);
+row! {
+    /// A candidate for a move, and its blockers (none: it may move).
+    pub struct Candidate {
+        pub id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub history_bytes: i64,
+        pub blockers: Vec<String>,
+    }
+}
+
+row! {
+    /// A move's record, as `RECORD` wrote it: its id and lease token.
+    struct Recorded {
+        migration: i64,
+        token: i64,
+    }
+}
+
+row! {
+    /// A move's record, locked: `lock_record` reads it.
+    struct RecordRow {
+        execution_id: pgrx::Uuid,
+        target: i32,
+        phase: String,
+        fingerprint: Option<String>,
+        held_by: i64,
+    }
+}
+
+row! {
+    /// An execution's marks: its digest, fingerprint and last event seq.
+    struct Marks {
+        digest: String,
+        fingerprint: String,
+        seq: i64,
+    }
+}
+
+row! {
+    /// What a seal or an activation moved: the execution's history bytes
+    /// and quota key.
+    struct Share {
+        bytes: i64,
+        key: Option<String>,
+    }
+}
+
+row! {
+    /// A move's record after a phase change: execution, target, bytes.
+    struct Phased {
+        id: pgrx::Uuid,
+        target: i32,
+        bytes: i64,
+    }
+}
+
+row! {
+    /// A table moves copy, and its columns.
+    struct TableColumns {
+        table: String,
+        columns: Vec<String>,
+    }
+}
 
 /// A page of this shard's unfinished executions after `after`, in id order,
 /// each with every reason it cannot move now.
@@ -422,7 +485,7 @@ pub fn begin(id: pgrx::Uuid, target: i32, lease_secs: f64) -> Jsonb {
     // child started in its parent's transaction, so it is marked delivered
     // now and retention keeps neither waiting for the other.
     LEAVES_ENDED_PARENT.exec(&[id.into()]);
-    let (migration, token): (i64, i64) =
+    let Recorded { migration, token } =
         RECORD.one(&[id.into(), target.into(), lease_secs.into()], "recording a move");
     let tables: Vec<String> = COPIED.iter().map(|t| (*t).to_owned()).collect();
     EXPORT.one_value(
@@ -449,9 +512,15 @@ struct Record {
 /// taken over). The step renews the lease.
 fn lock_record(migration: i64, token: i64) -> Record {
     require_enabled();
-    let found: Option<(pgrx::Uuid, i32, String, Option<String>, i64)> =
-        RECORD_FOR_UPDATE.first(&[migration.into()], "locking a move");
-    let Some((execution_id, target, phase, fingerprint, held_by)) = found else {
+    let found: Option<RecordRow> = RECORD_FOR_UPDATE.first(&[migration.into()], "locking a move");
+    let Some(RecordRow {
+        execution_id,
+        target,
+        phase,
+        fingerprint,
+        held_by,
+    }) = found
+    else {
         not_found(format!("no move {migration} on this shard"));
     };
     if held_by != token {
@@ -494,8 +563,11 @@ pub fn verify(migration: i64, token: i64, target_digest: &str) -> bool {
             r.phase
         ));
     }
-    let (digest, fingerprint, seq): (String, String, i64) =
-        MARKS.one(&[r.execution_id.into()], "reading an execution's marks");
+    let Marks {
+        digest,
+        fingerprint,
+        seq,
+    } = MARKS.one(&[r.execution_id.into()], "reading an execution's marks");
     if digest != target_digest {
         NOTE_ERROR.exec(&[migration.into(), "the staged copy differs from the source".into()]);
         return false;
@@ -540,7 +612,7 @@ pub fn cutover(migration: i64, token: i64) -> bool {
     }
     let gone = tasks::delete_of_execution(id);
     caps::release_held(gone);
-    let (bytes, key): (i64, Option<String>) = SEAL.one(&[id.into(), r.target.into()], "sealing an execution");
+    let Share { bytes, key } = SEAL.one(&[id.into(), r.target.into()], "sealing an execution");
     if let Some(key) = key {
         quota::add(&key, -1, -bytes, 0);
     }
@@ -548,7 +620,7 @@ pub fn cutover(migration: i64, token: i64) -> bool {
     true
 }
 
-fn set_phase(migration: i64, phase: &str, error: Option<&str>) -> (pgrx::Uuid, i32, i64) {
+fn set_phase(migration: i64, phase: &str, error: Option<&str>) -> Phased {
     SET_PHASE.one(
         &[migration.into(), phase.into(), error.into()],
         "recording a move's phase",
@@ -578,7 +650,7 @@ pub fn report(migration: i64, token: i64, outcome: &str, error: Option<&str>) ->
         )),
         _ => bad_argument("outcome", "must be one of done, resumed, aborted, failed"),
     };
-    let (id, target, bytes) = set_phase(migration, phase, error);
+    let Phased { id, target, bytes } = set_phase(migration, phase, error);
     if phase == "DONE" {
         SEAL_DONE.exec(&[id.into()]);
     }
@@ -596,9 +668,17 @@ pub fn report(migration: i64, token: i64, outcome: &str, error: Option<&str>) ->
     phase.to_owned()
 }
 
-/// A COMMITTED move a worker may settle: id, execution, target, attempts,
-/// and the lease token the claim gave it.
-pub type Stalled = (i64, pgrx::Uuid, i32, i32, i64);
+row! {
+    /// A COMMITTED move a worker may settle, and the lease token the claim
+    /// gave it.
+    pub struct Stalled {
+        pub id: i64,
+        pub execution_id: pgrx::Uuid,
+        pub target_shard: i32,
+        pub attempts: i32,
+        pub lease_token: i64,
+    }
+}
 
 /// Claims up to `max_rows` COMMITTED moves not touched for `grace_secs`
 /// (at least 5) whose target is in `targets` (NULL: any), for one settler
@@ -616,21 +696,23 @@ pub fn stalled(grace_secs: f64, max_rows: i64, targets: Option<Vec<i32>>) -> Vec
     )
 }
 
-/// A move as `migrations()` lists it.
-pub type Listed = (
-    i64,
-    pgrx::Uuid,
-    i32,
-    String,
-    i32,
-    Option<String>,
-    Option<i64>,
-    i64,
-    String,
-    String,
-    pgrx::datum::TimestampWithTimeZone,
-    pgrx::datum::TimestampWithTimeZone,
-);
+row! {
+    /// A move as `migrations()` lists it.
+    pub struct Listed {
+        pub id: i64,
+        pub execution_id: pgrx::Uuid,
+        pub target_shard: i32,
+        pub phase: String,
+        pub attempts: i32,
+        pub last_error: Option<String>,
+        pub verified_event_seq: Option<i64>,
+        pub bytes: i64,
+        pub actor: String,
+        pub login: String,
+        pub created_at: pgrx::datum::TimestampWithTimeZone,
+        pub updated_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
 
 /// This shard's moves, newest first; only unfinished ones if `open_only`.
 pub fn list(open_only: bool, max_rows: i64) -> Vec<Listed> {
@@ -638,10 +720,20 @@ pub fn list(open_only: bool, max_rows: i64) -> Vec<Listed> {
     LIST.all(&[open_only.into(), max_rows.into()], "listing moves")
 }
 
-/// What this shard holds of an execution: state, name, id, pointer,
-/// whether it is a staged copy over this shard's own seal, and the move
-/// that staged it.
-type Held = (ExecutionState, String, String, Option<i32>, bool, Option<String>);
+row! {
+    /// What this shard holds of an execution.
+    struct Held {
+        state: ExecutionState,
+        _workflow_name: String,
+        _workflow_id: String,
+        /// Where it moved to, if it did.
+        pointer: Option<i32>,
+        /// Whether it is a staged copy over this shard's own seal.
+        _over_seal: bool,
+        /// The move that staged it.
+        staged_by: Option<String>,
+    }
+}
 
 /// How a staged copy names the move that staged it (`staged_by`).
 fn staged_by(source: i32, migration: i64) -> String {
@@ -679,17 +771,26 @@ pub fn stage(export: &serde_json::Value) -> String {
     let mut pointer: Option<i32> = None;
     match held(id) {
         None => {}
-        Some((ExecutionState::Migrated, _, _, to, ..)) => {
+        Some(Held {
+            state: ExecutionState::Migrated,
+            pointer: to,
+            ..
+        }) => {
             // A move back: this shard's own seal goes into the staged row,
             // which keeps its pointer until activation.
             seal = Some(SEAL_ROW.one_value(&[id.into()], "reading a seal"));
             pointer = to;
         }
-        Some((ExecutionState::Migrating, ..)) => {
+        Some(Held {
+            state: ExecutionState::Migrating,
+            ..
+        }) => {
             discard(id);
             return stage(export);
         }
-        Some((state, ..)) => not_ready(format!("execution {id} already lives on this shard ({state})")),
+        Some(Held { state, .. }) => {
+            not_ready(format!("execution {id} already lives on this shard ({state})"))
+        }
     }
     let name = execution["workflow_name"].as_str().unwrap_or_default();
     let workflow_id = execution["workflow_id"].as_str().unwrap_or_default();
@@ -842,9 +943,9 @@ fn parity(export: &serde_json::Value) {
         );
     };
     let tables: Vec<String> = COPIED.iter().map(|t| (*t).to_owned()).collect();
-    let ours: Vec<(String, Vec<String>)> = COLUMNS.all(&[tables.into()], "reading this shard's columns");
+    let ours: Vec<TableColumns> = COLUMNS.all(&[tables.into()], "reading this shard's columns");
     for (table, columns) in theirs {
-        let Some((_, mine)) = ours.iter().find(|(t, _)| t == table) else {
+        let Some(TableColumns { columns: mine, .. }) = ours.iter().find(|t| &t.table == table) else {
             bad_argument(
                 "export",
                 format!("names table {} that moves do not copy", cut(table)),
@@ -914,7 +1015,10 @@ pub fn activate(id: pgrx::Uuid) -> bool {
     require_enabled();
     match held(id) {
         None => unknown_execution(id),
-        Some((ExecutionState::Migrating, ..)) => {}
+        Some(Held {
+            state: ExecutionState::Migrating,
+            ..
+        }) => {}
         Some(_) => return false,
     }
     // Tasks before the execution row (`base::locks`), as a resume.
@@ -922,7 +1026,7 @@ pub fn activate(id: pgrx::Uuid) -> bool {
     if executions::try_lock(id).is_none_or(|e| e.state != ExecutionState::Migrating) {
         return false;
     }
-    let (bytes, key): (i64, Option<String>) = ACTIVATE.one(&[id.into()], "activating an execution");
+    let Share { bytes, key } = ACTIVATE.one(&[id.into()], "activating an execution");
     if let Some(key) = key {
         quota::add(&key, 1, bytes, 0);
     }
@@ -937,7 +1041,11 @@ pub fn activate(id: pgrx::Uuid) -> bool {
 pub fn discard_staged(id: pgrx::Uuid, source: i32, migration: i64) -> bool {
     require_enabled();
     match held(id) {
-        Some((ExecutionState::Migrating, .., Some(by))) if by == staged_by(source, migration) => {}
+        Some(Held {
+            state: ExecutionState::Migrating,
+            staged_by: Some(by),
+            ..
+        }) if by == staged_by(source, migration) => {}
         _ => return false,
     }
     discard(id)
@@ -947,7 +1055,13 @@ pub fn discard_staged(id: pgrx::Uuid, source: i32, migration: i64) -> bool {
 /// back the seal it replaced; `false` if nothing is staged here.
 fn discard(id: pgrx::Uuid) -> bool {
     require_enabled();
-    if !matches!(held(id), Some((ExecutionState::Migrating, ..))) {
+    if !matches!(
+        held(id),
+        Some(Held {
+            state: ExecutionState::Migrating,
+            ..
+        })
+    ) {
         return false;
     }
     let parked = tasks::delete_of_execution(id);
@@ -991,8 +1105,14 @@ const ADOPT: Stmt = Stmt::write(
     &[PgBuiltInOids::JSONBOID],
 );
 
-/// A seal as `migration_seals` lists it: id, pointer, row.
-pub type Seal = (pgrx::Uuid, Option<i32>, Jsonb);
+row! {
+    /// A seal as `migration_seals` lists it: id, pointer, row.
+    pub struct Seal {
+        pub id: pgrx::Uuid,
+        pub moved_to: Option<i32>,
+        pub seal: Jsonb,
+    }
+}
 
 /// A page of this shard's seals after `after`, in id order: what a drained
 /// shard hands to the shard its ids will forward to (`adopt_seal`).

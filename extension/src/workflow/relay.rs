@@ -13,6 +13,7 @@ use sheaf_core::state::ExecutionState;
 use crate::base::errors::{bad_argument, unknown_execution};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::shard;
 use crate::workflow::children::{append_failed, conflict_reason};
 use crate::workflow::lifecycle::{self, Close};
@@ -131,8 +132,8 @@ const ROWS_TO: Stmt = Stmt::read(
 );
 
 /// The lifecycle rows here whose child is (or is to be) on shard
-/// `target`, after child `after`, at most `max`: (child, parent, state).
-pub fn rows_to(target: i32, after: Option<pgrx::Uuid>, max: i64) -> Vec<(pgrx::Uuid, pgrx::Uuid, String)> {
+/// `target`, after child `after`, at most `max`.
+pub fn rows_to(target: i32, after: Option<pgrx::Uuid>, max: i64) -> Vec<RowTo> {
     let after = after.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
     ROWS_TO.all(
         &[target.into(), after.into(), max.into()],
@@ -140,39 +141,52 @@ pub fn rows_to(target: i32, after: Option<pgrx::Uuid>, max: i64) -> Vec<(pgrx::U
     )
 }
 
-/// A group of lifecycle rows as `relay_backlog` returns it.
-pub type Backlog = (
-    i32,
-    String,
-    Option<String>,
-    i64,
-    i64,
-    pgrx::datum::TimestampWithTimeZone,
-    i32,
-    Option<String>,
-);
+row! {
+    /// A lifecycle row whose child is on a given shard.
+    pub struct RowTo {
+        pub child_id: pgrx::Uuid,
+        pub parent_id: pgrx::Uuid,
+        pub state: String,
+    }
+}
+
+row! {
+    /// A group of lifecycle rows as `relay_backlog` returns it.
+    pub struct Backlog {
+        pub target_shard: i32,
+        pub state: String,
+        pub close_requested: Option<String>,
+        pub rows: i64,
+        pub failing: i64,
+        pub oldest: pgrx::datum::TimestampWithTimeZone,
+        pub max_attempts: i32,
+        pub last_error: Option<String>,
+    }
+}
 
 /// This shard's lifecycle rows, grouped.
 pub fn backlog() -> Vec<Backlog> {
     BACKLOG.all(&[], "reading the relay's backlog")
 }
 
-/// A lifecycle row as `relay_take` returns it.
-pub type Taken = (
-    pgrx::Uuid,
-    pgrx::Uuid,
-    i32,
-    String,
-    String,
-    String,
-    Option<pgrx::JsonB>,
-    Option<String>,
-    Option<String>,
-    bool,
-    bool,
-    i32,
-    i64,
-);
+row! {
+    /// A lifecycle row as `relay_take` returns it.
+    pub struct Taken {
+        pub child_id: pgrx::Uuid,
+        pub parent_id: pgrx::Uuid,
+        pub target_shard: i32,
+        pub state: String,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub input: Option<pgrx::JsonB>,
+        pub close_requested: Option<String>,
+        pub close_reason: Option<String>,
+        pub close_delivered: bool,
+        pub parent_ended: bool,
+        pub attempts: i32,
+        pub lease_token: i64,
+    }
+}
 
 /// Leases up to `max` lifecycle rows for `lease_secs`: the due ones, or
 /// those of `named` that no other relay holds.
@@ -183,6 +197,19 @@ pub fn take(max: i64, lease_secs: f64, named: Option<Vec<pgrx::Uuid>>) -> Vec<Ta
             &[max.into(), lease_secs.into(), ids.into()],
             "taking lifecycle rows",
         ),
+    }
+}
+
+row! {
+    /// A lifecycle row, locked.
+    struct Row {
+        state: String,
+        close_requested: Option<String>,
+        close_delivered: bool,
+        parent_ended: bool,
+        target: i32,
+        name: String,
+        workflow_id: String,
     }
 }
 
@@ -197,9 +224,17 @@ pub fn report(child: pgrx::Uuid, token: i64, r: &Report, outcome: Jsonb) -> &'st
     };
     // The parent's row before its lifecycle rows (`workflow::family`).
     let p = executions::try_lock(parent);
-    type Row = (String, Option<String>, bool, bool, i32, String, String);
     let row: Option<Row> = LOCK_ROW.first(&[child.into(), token.into()], "locking a lifecycle row");
-    let Some((state, close_requested, close_delivered, parent_ended, target, name, workflow_id)) = row else {
+    let Some(Row {
+        state,
+        close_requested,
+        close_delivered,
+        parent_ended,
+        target,
+        name,
+        workflow_id,
+    }) = row
+    else {
         return "stale";
     };
     let parent_live = p.as_ref().filter(|p| p.state.is_active());
@@ -317,9 +352,7 @@ pub fn start_remote(
 
 /// `Some(parent_id)` of an execution here, `None` if there is none.
 fn parent_of(id: pgrx::Uuid) -> Option<Option<pgrx::Uuid>> {
-    PARENT_OF
-        .first::<(Option<pgrx::Uuid>,)>(&[id.into()], "reading a parent")
-        .map(|(p,)| p)
+    PARENT_OF.value::<Option<pgrx::Uuid>>(&[id.into()], "reading a parent")
 }
 
 /// Cancels or terminates child `child` of `parent` here; `false` if it

@@ -15,6 +15,7 @@ use crate::base::catalog::{self, Feature};
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::dead_letters;
 use crate::queue::hooks::ExecutionHooks;
 use crate::workflow::{executions, quota};
@@ -143,13 +144,20 @@ impl Pruned {
 /// Deletes runs `ids` (locked) with everything hanging off them; how many
 /// events and dead letters went with them.
 fn delete(ids: Vec<pgrx::Uuid>) -> (i64, i64) {
-    let (per_key, events): (Vec<(String, i64)>, i64) = {
+    row! {
+        /// A quota key, and how many of its dead letters went.
+        struct PerKey {
+            key: String,
+            n: i64,
+        }
+    }
+    let (per_key, events): (Vec<PerKey>, i64) = {
         let per_key = DEAD_LETTERS.all(&[ids.clone().into()], "deleting the dead letters of ended runs");
         let events = EVENTS.one_value(&[ids.clone().into()], "deleting history");
         (per_key, events)
     };
     let mut dead = 0;
-    for (key, n) in per_key {
+    for PerKey { key, n } in per_key {
         quota::add(&key, 0, 0, -n);
         dead += n;
     }
@@ -222,10 +230,17 @@ const RELEASE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
+row! {
+    /// A seal whose run may have ended, and where it forwards.
+    pub struct SealDue {
+        pub execution_id: pgrx::Uuid,
+        pub moved_to: Option<i32>,
+    }
+}
+
 /// Up to `max` seals past the `seals` window whose run has not been found
-/// ended yet, oldest move first: (id, where it forwards). None while
-/// seals are kept forever.
-pub fn seals_due(max: i64) -> Vec<(pgrx::Uuid, Option<i32>)> {
+/// ended yet, oldest move first. None while seals are kept forever.
+pub fn seals_due(max: i64) -> Vec<SealDue> {
     let Some(secs) = policy().seals.secs() else {
         return Vec::new();
     };

@@ -18,6 +18,7 @@ use crate::base::catalog::{self, Feature};
 use crate::base::errors::{bad_argument, not_found, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::subxact;
 use crate::queue::{cancel, enqueue};
 use crate::workflow::executions::{self, INTAKE};
@@ -214,22 +215,25 @@ struct Locked {
     last_task: Option<pgrx::Uuid>,
 }
 
-type LockedRow = (
-    pgrx::JsonB,
-    bool,
-    Option<i64>,
-    Option<pgrx::Uuid>,
-    Option<pgrx::Uuid>,
-);
+row! {
+    /// A schedule's row as `LOCK` reads it.
+    struct LockedRow {
+        spec: pgrx::JsonB,
+        paused: bool,
+        next: Option<i64>,
+        last_execution: Option<pgrx::Uuid>,
+        last_task: Option<pgrx::Uuid>,
+    }
+}
 
 fn lock(name: &str) -> Option<Locked> {
     let row: Option<LockedRow> = LOCK.first(&[name.into()], "locking a schedule");
-    row.map(|(spec, paused, next, last_execution, last_task)| Locked {
-        spec: spec.0,
-        paused,
-        next,
-        last_execution,
-        last_task,
+    row.map(|r| Locked {
+        spec: r.spec.0,
+        paused: r.paused,
+        next: r.next,
+        last_execution: r.last_execution,
+        last_task: r.last_task,
     })
 }
 
@@ -507,20 +511,22 @@ fn begin(name: &str, spec: &Spec, at: i64) -> (Option<pgrx::Uuid>, Option<pgrx::
     }
 }
 
-/// A schedule as `list_schedules` returns it.
-pub type Listed = (
-    String,
-    pgrx::JsonB,
-    bool,
-    Option<TimestampWithTimeZone>,
-    Option<TimestampWithTimeZone>,
-    Option<String>,
-    Option<String>,
-    i64,
-    i64,
-    TimestampWithTimeZone,
-    TimestampWithTimeZone,
-);
+row! {
+    /// A schedule as `list_schedules` returns it.
+    pub struct Listed {
+        pub name: String,
+        pub spec: pgrx::JsonB,
+        pub paused: bool,
+        pub next_fire_at: Option<TimestampWithTimeZone>,
+        pub last_fire_at: Option<TimestampWithTimeZone>,
+        pub last_outcome: Option<String>,
+        pub last_error: Option<String>,
+        pub fires: i64,
+        pub skipped: i64,
+        pub created_at: TimestampWithTimeZone,
+        pub updated_at: TimestampWithTimeZone,
+    }
+}
 
 /// Every schedule on this shard, by name.
 pub fn list() -> Vec<Listed> {
@@ -528,16 +534,18 @@ pub fn list() -> Vec<Listed> {
     LIST.all(&[], "listing schedules")
 }
 
-/// A fire record as `schedule_fires` returns it.
-pub type FireRecord = (
-    TimestampWithTimeZone,
-    TimestampWithTimeZone,
-    String,
-    Option<pgrx::Uuid>,
-    Option<pgrx::Uuid>,
-    Option<String>,
-    bool,
-);
+row! {
+    /// A fire record as `schedule_fires` returns it.
+    pub struct FireRecord {
+        pub fire_at: TimestampWithTimeZone,
+        pub fired_at: TimestampWithTimeZone,
+        pub outcome: String,
+        pub execution_id: Option<pgrx::Uuid>,
+        pub task_id: Option<pgrx::Uuid>,
+        pub error: Option<String>,
+        pub manual: bool,
+    }
+}
 
 /// A schedule's fire records before `before` (newest first).
 pub fn fires(name: &str, before: Option<TimestampWithTimeZone>, max: i64) -> Vec<FireRecord> {

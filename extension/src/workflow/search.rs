@@ -14,6 +14,7 @@ use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, select_once};
 use crate::base::rows;
+use crate::base::rows::row;
 use crate::workflow::{executions, history};
 
 /// The most rows one page of `list_executions` holds.
@@ -42,17 +43,19 @@ pub fn upsert(id: pgrx::Uuid, update: Value) -> Value {
     merged
 }
 
-/// One listed execution, in `list_executions`' column order.
-pub type Listed = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    TimestampWithTimeZone,
-    Option<TimestampWithTimeZone>,
-    Option<pgrx::Uuid>,
-    pgrx::JsonB,
-);
+row! {
+    /// One listed execution, in `list_executions`' column order.
+    pub struct Listed {
+        pub execution_id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub created_at: TimestampWithTimeZone,
+        pub closed_at: Option<TimestampWithTimeZone>,
+        pub parent_id: Option<pgrx::Uuid>,
+        pub search_attrs: pgrx::JsonB,
+    }
+}
 
 /// A keyset anchor: the page starts after this `(created_at, id)`.
 pub struct Anchor {

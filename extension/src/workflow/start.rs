@@ -18,6 +18,7 @@ use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::{clock, ids, shard};
 use crate::queue::caps;
 use crate::queue::rate::{self, Admission};
@@ -329,7 +330,14 @@ pub struct Begin {
 /// Writes a new execution, its `WorkflowStarted` event and its first
 /// workflow task; returns the task's id.
 pub fn insert(e: &Locked, input: Jsonb, b: Begin) -> pgrx::Uuid {
-    let (event, task): (Jsonb, Jsonb) = DOCUMENTS.one(
+    row! {
+        /// A start's `WorkflowStarted` event and its first task's payload.
+        struct Documents {
+            event: Jsonb,
+            task: Jsonb,
+        }
+    }
+    let Documents { event, task } = DOCUMENTS.one(
         &[
             e.workflow_name.as_str().into(),
             e.workflow_id.as_str().into(),

@@ -19,6 +19,7 @@ use sheaf_core::usage::{GroupBy, UNATTRIBUTED};
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// The events the report counts; `events_usage` is the partial index of
 /// exactly these (sql/schema.sql), which the statement's predicate repeats.
@@ -115,8 +116,21 @@ const SHARE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
-/// One group's row of the report, in `usage_report`'s column order.
-pub type UsageRow = (String, i64, i64, i64, i64, i64, i64, i64, f64, pgrx::JsonB);
+row! {
+    /// One group's row of the report, in `usage_report`'s column order.
+    pub struct UsageRow {
+        pub grp: String,
+        pub workflow_starts: i64,
+        pub completed: i64,
+        pub failed: i64,
+        pub cancelled: i64,
+        pub timed_out: i64,
+        pub activity_executions: i64,
+        pub activity_executions_failed: i64,
+        pub activity_compute_seconds: f64,
+        pub metered: pgrx::JsonB,
+    }
+}
 
 /// The report of `[from, to)`, one row per group, in group order.
 pub fn report(from: TimestampWithTimeZone, to: TimestampWithTimeZone, group_by: &GroupBy) -> Vec<UsageRow> {
