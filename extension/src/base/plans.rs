@@ -64,7 +64,7 @@ pub fn take_ran() -> Vec<String> {
 }
 
 /// Runs `stmt` with `args` through its kept plan, preparing it on first use.
-pub fn run<'conn>(
+fn run<'conn>(
     client: &mut SpiClient<'conn>,
     stmt: &Stmt,
     args: &[DatumWithOid<'_>],
@@ -104,12 +104,6 @@ pub fn select_once<'conn>(
     note(sql);
     let _settings = PlannerSettings::apply(true);
     client.select(sql, None, args).or_internal("running a listing")
-}
-
-/// Runs a statement inside its own SPI connection ([`Stmt::exec`]), for
-/// the claim's modules until they move to the methods.
-pub fn exec(stmt: &Stmt, args: &[DatumWithOid<'_>]) {
-    stmt.exec(args)
 }
 
 /// A statement run on its own SPI connection, through its kept plan and

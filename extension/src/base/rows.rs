@@ -48,7 +48,8 @@ impl<T: NotNull> Column for Option<T> {
     }
 }
 
-/// A whole row: a tuple of columns, in the statement's order.
+/// A whole row, read into a named type (`row!`); no tuple implements it, so
+/// no row is read by position.
 pub trait FromRow: Sized {
     fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self;
 }
@@ -124,36 +125,6 @@ impl<A: FromColumns, B: FromColumns> FromRow for Split<A, B> {
         }
     }
 }
-
-macro_rules! tuple_rows {
-    ($($t:ident $i:tt),+) => {
-        impl<$($t: Column),+> FromColumns for ($($t,)+) {
-            const WIDTH: usize = [$($i),+].len();
-            fn from_columns(row: &SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self {
-                ($($t::read(row, offset + $i + 1, doing),)+)
-            }
-        }
-        impl<$($t: Column),+> FromRow for ($($t,)+) {
-            fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self {
-                Self::from_columns(row, 0, doing)
-            }
-        }
-    };
-}
-tuple_rows!(A 0);
-tuple_rows!(A 0, B 1);
-tuple_rows!(A 0, B 1, C 2);
-tuple_rows!(A 0, B 1, C 2, D 3);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13);
 
 /// Every row of `table`.
 pub fn all<T: FromRow>(table: SpiTupleTable<'_>, doing: &str) -> Vec<T> {
