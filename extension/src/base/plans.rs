@@ -64,11 +64,7 @@ pub fn take_ran() -> Vec<String> {
 }
 
 /// Runs `stmt` with `args` through its kept plan, preparing it on first use.
-fn run<'conn>(
-    client: &mut SpiClient<'conn>,
-    stmt: &Stmt,
-    args: &[DatumWithOid<'_>],
-) -> SpiTupleTable<'conn> {
+fn run<'conn>(client: &mut SpiClient<'conn>, stmt: &Stmt, args: &[DatumWithOid<'_>]) -> SpiTupleTable<'conn> {
     note(stmt.sql);
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();

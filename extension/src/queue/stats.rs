@@ -45,43 +45,11 @@ row! {
 }
 
 const QUEUE: Stmt = Stmt::read(
-    "SELECT (SELECT count(*) FROM ready WHERE queue = $1), \
-            count(*) FILTER (WHERE state = 'scheduled'), \
-            count(*) FILTER (WHERE state = 'running'), \
-            count(*) FILTER (WHERE state = 'waiting'), \
-            (SELECT count(*) FROM dead_letters WHERE queue = $1), \
-            (SELECT count(*) FROM workers WHERE $1 = ANY(queues) \
-                AND last_seen_at > now() - make_interval(secs => $2)), \
-            now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
-                     WHERE r.queue = $1) \
-     FROM tasks WHERE queue = $1",
+    include_str!("sql/queue_stats.sql"),
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::FLOAT8OID],
 );
-const STRANDED: Stmt = Stmt::read(
-    "SELECT q.name, \
-            (SELECT count(*) FROM ready r WHERE r.queue = q.name), \
-            now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
-                     WHERE r.queue = q.name) \
-     FROM queues q \
-     WHERE EXISTS (SELECT 1 FROM ready r WHERE r.queue = q.name) \
-       AND NOT EXISTS (SELECT 1 FROM workers w WHERE q.name = ANY(w.queues) \
-                       AND w.last_seen_at > now() - make_interval(secs => $1)) \
-     ORDER BY q.name",
-    &[PgBuiltInOids::FLOAT8OID],
-);
-const CONCURRENCY: Stmt = Stmt::read(
-    "SELECT coalesce(c.key, t.concurrency_key), l.max_running, \
-            coalesce(t.running, 0), coalesce(t.ready, 0), coalesce(t.waiting, 0) \
-     FROM (SELECT concurrency_key, \
-                  count(*) FILTER (WHERE state = 'running') AS running, \
-                  count(*) FILTER (WHERE state = 'ready') AS ready, \
-                  count(*) FILTER (WHERE state = 'waiting') AS waiting \
-           FROM tasks WHERE concurrency_key IS NOT NULL GROUP BY concurrency_key) t \
-     FULL JOIN (SELECT key FROM concurrency_limits) c ON c.key = t.concurrency_key \
-     LEFT JOIN concurrency_limits l ON l.key = coalesce(c.key, t.concurrency_key) \
-     ORDER BY 1",
-    &[],
-);
+const STRANDED: Stmt = Stmt::read(include_str!("sql/stranded_work.sql"), &[PgBuiltInOids::FLOAT8OID]);
+const CONCURRENCY: Stmt = Stmt::read(include_str!("sql/concurrency_stats.sql"), &[]);
 
 /// One queue's tasks by state, its dead letters, its live workers, and the
 /// age of its oldest ready task.
