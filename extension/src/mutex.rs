@@ -22,8 +22,8 @@ use pgrx::prelude::*;
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::{internal, not_mutex_holder};
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// The share of its lease a waiter's place lasts without asking again, and
 /// a hand-over's grant lasts until the waiter picks it up: the interval at
@@ -166,19 +166,30 @@ fn lock(key: &str) {
     locks::exclusive(Class::Mutex, key);
 }
 
-/// (holder, token, expired) of a key's lock.
-fn holder(key: &str) -> Option<(pgrx::Uuid, i64, bool)> {
-    Spi::connect_mut(|client| rows::first(run(client, &HOLDER, &[key.into()]), "reading a mutex"))
+row! {
+    /// A key's lock: who holds it, under which token, whether its lease ran out.
+    struct Holder {
+        holder: pgrx::Uuid,
+        token: i64,
+        expired: bool,
+    }
+}
+
+row! {
+    /// The first waiter, taken out of line.
+    struct Waiter {
+        owner: pgrx::Uuid,
+        lease_secs: f64,
+    }
+}
+
+fn holder(key: &str) -> Option<Holder> {
+    HOLDER.first(&[key.into()], "reading a mutex")
 }
 
 fn grant(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> i64 {
-    exec(&LEAVE_LINE, &[key.into(), owner.into()]);
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &GRANT, &[key.into(), owner.into(), lease_secs.into()]),
-            "granting a mutex",
-        )
-    })
+    LEAVE_LINE.exec(&[key.into(), owner.into()]);
+    GRANT.one_value(&[key.into(), owner.into(), lease_secs.into()], "granting a mutex")
 }
 
 /// The key is free (released, or its lease expired): grants it to the first
@@ -187,23 +198,22 @@ fn grant(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> i64 {
 fn hand_off(key: &str) -> Option<pgrx::Uuid> {
     let leases = waiter_leases();
     if leases {
-        exec(&PRUNE_LINE, &[key.into()]);
+        PRUNE_LINE.exec(&[key.into()]);
     }
-    let next =
-        Spi::connect_mut(|client| rows::first(run(client, &POP_WAITER, &[key.into()]), "popping a waiter"));
+    let next = POP_WAITER.first(&[key.into()], "popping a waiter");
     match next {
-        Some((owner, lease_secs)) => {
+        Some(Waiter { owner, lease_secs }) => {
             let until_picked_up = if leases {
                 lease_secs * PLACE_SHARE
             } else {
                 lease_secs
             };
             grant(key, owner, until_picked_up);
-            exec(&NOTIFY, &[owner.to_string().into()]);
+            NOTIFY.exec(&[owner.to_string().into()]);
             Some(owner)
         }
         None => {
-            exec(&FREE, &[key.into()]);
+            FREE.exec(&[key.into()]);
             None
         }
     }
@@ -223,33 +233,29 @@ pub fn acquire(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> (bool, Option<i
     // At most two rounds: an expired lock passes on once, then is current.
     for _ in 0..2 {
         match holder(key) {
-            Some((h, token, false)) if h == owner => {
+            Some(Holder {
+                holder,
+                token,
+                expired: false,
+            }) if holder == owner => {
                 if leases {
-                    exec(&PICK_UP, &[key.into(), lease_secs.into()]);
+                    PICK_UP.exec(&[key.into(), lease_secs.into()]);
                 }
                 return (true, Some(token), 0);
             }
-            Some((_, _, true)) => {
+            Some(Holder { expired: true, .. }) => {
                 hand_off(key);
             }
             Some(_) => {
                 let place = if leases {
                     let place_secs = lease_secs * PLACE_SHARE;
-                    exec(
-                        &JOIN_LINE,
-                        &[key.into(), owner.into(), lease_secs.into(), place_secs.into()],
-                    );
+                    JOIN_LINE.exec(&[key.into(), owner.into(), lease_secs.into(), place_secs.into()]);
                     &PLACE_IN_LINE
                 } else {
-                    exec(&JOIN_LINE_0_1, &[key.into(), owner.into(), lease_secs.into()]);
+                    JOIN_LINE_0_1.exec(&[key.into(), owner.into(), lease_secs.into()]);
                     &PLACE_IN_LINE_0_1
                 };
-                let place = Spi::connect_mut(|client| {
-                    rows::only_value(
-                        run(client, place, &[key.into(), owner.into()]),
-                        "reading a place in line",
-                    )
-                });
+                let place = place.one_value(&[key.into(), owner.into()], "reading a place in line");
                 return (false, None, place);
             }
             None => {
@@ -271,7 +277,7 @@ pub fn acquire(key: &str, owner: pgrx::Uuid, lease_secs: f64) -> (bool, Option<i
 pub fn release(key: &str, owner: pgrx::Uuid, token: i64) -> Option<pgrx::Uuid> {
     lock(key);
     match holder(key) {
-        Some((h, t, _)) if h == owner && t == token => hand_off(key),
+        Some(h) if h.holder == owner && h.token == token => hand_off(key),
         _ => not_mutex_holder(key, owner, token),
     }
 }
@@ -280,14 +286,10 @@ pub fn release(key: &str, owner: pgrx::Uuid, token: i64) -> Option<pgrx::Uuid> {
 /// returns the new lease end. A non-holder or a stale token raises 55P03.
 pub fn renew(key: &str, owner: pgrx::Uuid, token: i64, lease_secs: f64) -> TimestampWithTimeZone {
     lock(key);
-    let renewed = Spi::connect_mut(|client| {
-        let table = run(
-            client,
-            &RENEW,
-            &[key.into(), owner.into(), token.into(), lease_secs.into()],
-        );
-        rows::value(table, "renewing a mutex")
-    });
+    let renewed = RENEW.value(
+        &[key.into(), owner.into(), token.into(), lease_secs.into()],
+        "renewing a mutex",
+    );
     renewed.unwrap_or_else(|| not_mutex_holder(key, owner, token))
 }
 
@@ -296,27 +298,23 @@ pub fn renew(key: &str, owner: pgrx::Uuid, token: i64, lease_secs: f64) -> Times
 /// take two keys' locks in opposite orders.
 pub fn reclaim(max: i64) -> i64 {
     let leases = waiter_leases();
-    let mut keys: Vec<String> = Spi::connect_mut(|client| {
-        let mut keys: Vec<String> =
-            rows::values(run(client, &EXPIRED, &[max.into()]), "reading expired mutexes");
+    let mut keys: Vec<String> = {
+        let mut keys: Vec<String> = EXPIRED.values(&[max.into()], "reading expired mutexes");
         if leases {
-            keys.extend(rows::values::<String>(
-                run(client, &LAPSED, &[max.into()]),
-                "reading lapsed mutex waiters",
-            ));
+            keys.extend(LAPSED.values::<String>(&[max.into()], "reading lapsed mutex waiters"));
         }
         keys
-    });
+    };
     keys.sort();
     keys.dedup();
     let mut n = 0;
     for key in keys {
         lock(&key);
-        if matches!(holder(&key), Some((_, _, true))) {
+        if matches!(holder(&key), Some(Holder { expired: true, .. })) {
             hand_off(&key);
             n += 1;
         } else if leases {
-            exec(&PRUNE_LINE, &[key.as_str().into()]);
+            PRUNE_LINE.exec(&[key.as_str().into()]);
         }
     }
     n
@@ -328,9 +326,9 @@ pub fn reclaim(max: i64) -> i64 {
 /// had to keep asking until its grant came, to hand it on at once.
 pub fn leave(key: &str, owner: pgrx::Uuid) -> Option<pgrx::Uuid> {
     lock(key);
-    exec(&LEAVE_LINE, &[key.into(), owner.into()]);
+    LEAVE_LINE.exec(&[key.into(), owner.into()]);
     match holder(key) {
-        Some((h, _, _)) if h == owner => hand_off(key),
+        Some(h) if h.holder == owner => hand_off(key),
         _ => None,
     }
 }
@@ -339,36 +337,33 @@ pub fn leave(key: &str, owner: pgrx::Uuid) -> Option<pgrx::Uuid> {
 /// (an execution reaching a terminal state). Each key under its lock, keys
 /// in order.
 pub fn release_all(owner: pgrx::Uuid) {
-    let mut keys: Vec<String> = Spi::connect_mut(|client| {
-        rows::values(
-            run(client, &HELD_OR_AWAITED_BY, &[owner.into()]),
-            "reading an owner's mutexes",
-        )
-    });
+    let mut keys: Vec<String> = HELD_OR_AWAITED_BY.values(&[owner.into()], "reading an owner's mutexes");
     keys.sort();
     for key in keys {
         lock(&key);
-        exec(&LEAVE_LINE, &[key.as_str().into(), owner.into()]);
-        if matches!(holder(&key), Some((h, _, _)) if h == owner) {
+        LEAVE_LINE.exec(&[key.as_str().into(), owner.into()]);
+        if matches!(holder(&key), Some(h) if h.holder == owner) {
             hand_off(&key);
         }
     }
 }
 
-/// A key's lock as `mutex_status` shows it: holder, token and lease end
-/// (all `None` when free), and how many wait.
-pub type Status = (
-    Option<pgrx::Uuid>,
-    Option<i64>,
-    Option<TimestampWithTimeZone>,
-    i32,
-);
+row! {
+    /// A key's lock as `mutex_status` shows it: holder, token and lease end
+    /// (all `None` when free), and how many wait.
+    pub struct Status {
+        pub holder: Option<pgrx::Uuid>,
+        pub token: Option<i64>,
+        pub lease_expires_at: Option<TimestampWithTimeZone>,
+        pub waiters: i32,
+    }
+}
 
 /// A key's holder, token and lease end (NULL when free), and how many wait
 /// (lapsed places not counted).
 pub fn status(key: &str) -> Option<Status> {
     let stmt = if waiter_leases() { &STATUS } else { &STATUS_0_1 };
-    Spi::connect_mut(|client| rows::first(run(client, stmt, &[key.into()]), "reading a mutex"))
+    stmt.first(&[key.into()], "reading a mutex")
 }
 
 #[cfg(any(test, feature = "pg_test"))]

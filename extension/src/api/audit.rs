@@ -35,7 +35,11 @@ fn audit_log(
     ),
 > {
     let max_rows = args::page_rows(max_rows, MAX_PAGE);
-    TableIterator::new(audit::page(before_id, max_rows))
+    TableIterator::new(audit::page(before_id, max_rows).into_iter().map(|e| {
+        (
+            e.id, e.at, e.actor, e.login, e.action, e.target, e.outcome, e.detail,
+        )
+    }))
 }
 
 /// Adds an entry to this shard's audit log for an action a client did

@@ -52,5 +52,9 @@ fn concurrency_stats() -> TableIterator<
         name!(waiting, i64),
     ),
 > {
-    TableIterator::new(stats::concurrency())
+    TableIterator::new(
+        stats::concurrency()
+            .into_iter()
+            .map(|k| (k.key, k.max_running, k.running, k.ready, k.waiting)),
+    )
 }

@@ -86,7 +86,17 @@ fn list_children(
 > {
     let parent = required(parent_id, "parent_id");
     let max_rows = args::page_rows(max_rows, MAX_PAGE);
-    TableIterator::new(children::list(parent, after, max_rows))
+    TableIterator::new(children::list(parent, after, max_rows).into_iter().map(|c| {
+        (
+            c.execution_id,
+            c.workflow_name,
+            c.workflow_id,
+            c.state,
+            c.shard,
+            c.created_at,
+            c.closed_at,
+        )
+    }))
 }
 
 /// The executions on this shard that name a parent, in (parent, id) order
@@ -117,7 +127,16 @@ fn list_child_links(
         );
     }
     let after = after_parent.zip(after_child);
-    TableIterator::new(children::links(after, max_rows))
+    TableIterator::new(children::links(after, max_rows).into_iter().map(|l| {
+        (
+            l.parent_id,
+            l.child_id,
+            l.workflow_name,
+            l.workflow_id,
+            l.state,
+            l.created_at,
+        )
+    }))
 }
 
 /// Those of `child_ids` (at most 1000) that a parent on this shard started:

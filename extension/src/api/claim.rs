@@ -37,7 +37,21 @@ fn claim(
     ),
 > {
     let (name, worker, batch, lease_secs) = claim_args(queue, worker, batch, lease);
-    TableIterator::new(claim::claim(name, batch, worker, lease_secs, &EXECUTIONS))
+    TableIterator::new(
+        claim::claim(name, batch, worker, lease_secs, &EXECUTIONS)
+            .into_iter()
+            .map(|c| {
+                (
+                    c.id,
+                    c.token,
+                    c.payload,
+                    c.attempt,
+                    c.execution_id,
+                    c.concurrency_key,
+                    c.kind,
+                )
+            }),
+    )
 }
 
 /// Completes the tasks of `task_ids` claimed under `tokens` (paired by
@@ -82,22 +96,18 @@ fn complete_and_claim(
     let rows = done
         .into_iter()
         .map(|(id, completed)| (id, Some(completed), None, None, None, None, None, None))
-        .chain(
-            claimed
-                .into_iter()
-                .map(|(id, token, payload, attempt, execution_id, key, kind)| {
-                    (
-                        id,
-                        None,
-                        Some(token),
-                        Some(payload),
-                        Some(attempt),
-                        execution_id,
-                        key,
-                        Some(kind),
-                    )
-                }),
-        )
+        .chain(claimed.into_iter().map(|c| {
+            (
+                c.id,
+                None,
+                Some(c.token),
+                Some(c.payload),
+                Some(c.attempt),
+                c.execution_id,
+                c.concurrency_key,
+                Some(c.kind),
+            )
+        }))
         .collect::<Vec<_>>();
     TableIterator::new(rows)
 }

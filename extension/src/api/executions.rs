@@ -106,7 +106,23 @@ fn get_execution(
     ),
 > {
     let id = required(execution_id, "execution_id");
-    TableIterator::new(executions::get(id))
+    TableIterator::new(executions::get(id).into_iter().map(|e| {
+        (
+            e.id,
+            e.workflow_name,
+            e.workflow_id,
+            e.state,
+            e.input,
+            e.result,
+            e.error,
+            e.concurrency_key,
+            e.quota_key,
+            e.history_bytes,
+            e.created_at,
+            e.closed_at,
+            e.wake_at,
+        )
+    }))
 }
 
 /// The execution of (name, workflow_id) on this shard: the active one, else
@@ -136,7 +152,23 @@ fn find_execution(
 > {
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    TableIterator::new(executions::find(name, workflow_id))
+    TableIterator::new(executions::find(name, workflow_id).into_iter().map(|e| {
+        (
+            e.id,
+            e.workflow_name,
+            e.workflow_id,
+            e.state,
+            e.input,
+            e.result,
+            e.error,
+            e.concurrency_key,
+            e.quota_key,
+            e.history_bytes,
+            e.created_at,
+            e.closed_at,
+            e.wake_at,
+        )
+    }))
 }
 
 /// The pending debounced starts of workflow `name` (every workflow's if
@@ -166,7 +198,17 @@ fn pending_starts(
     if let Some(key) = debounce_key {
         check_debounce_key(key);
     }
-    TableIterator::new(debounce::pending(name, debounce_key, max))
+    TableIterator::new(debounce::pending(name, debounce_key, max).into_iter().map(|p| {
+        (
+            p.workflow_name,
+            p.debounce_key,
+            p.execution_id,
+            p.mode,
+            p.window_ends_at,
+            p.starts,
+            p.created_at,
+        )
+    }))
 }
 
 /// Cancels the pending debounced start of (`name`, `debounce_key`): a

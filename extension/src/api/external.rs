@@ -106,7 +106,23 @@ fn outbox_take(
 > {
     let max_rows = args::page_rows(max_rows, MAX_TAKE);
     let lease_secs = args::lease_secs("lease", required(lease, "lease"));
-    TableIterator::new(external::take(max_rows, lease_secs))
+    TableIterator::new(external::take(max_rows, lease_secs).into_iter().map(|t| {
+        (
+            t.outbox_id,
+            t.sender_id,
+            t.kind,
+            t.state,
+            t.workflow_name,
+            t.workflow_id,
+            t.signal,
+            t.payload,
+            t.reason,
+            t.delivered_to,
+            t.attempts,
+            t.indeterminate,
+            t.lease_token,
+        )
+    }))
 }
 
 /// Records what the relay did for outbox row `outbox_id`, held under
@@ -148,5 +164,17 @@ fn outbox_backlog() -> TableIterator<
         name!(last_error, Option<String>),
     ),
 > {
-    TableIterator::new(external::backlog())
+    TableIterator::new(external::backlog().into_iter().map(|b| {
+        (
+            b.kind,
+            b.state,
+            b.rows,
+            b.failing,
+            b.indeterminate,
+            b.oldest,
+            b.indeterminate_since,
+            b.max_attempts,
+            b.last_error,
+        )
+    }))
 }

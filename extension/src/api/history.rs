@@ -67,5 +67,9 @@ fn history(
             format!("must be from 1 to {MAX_PAGE}, got {max_rows}"),
         );
     }
-    TableIterator::new(history::page(id, after, max_rows))
+    TableIterator::new(
+        history::page(id, after, max_rows)
+            .into_iter()
+            .map(|e| (e.seq, e.event_type, e.payload, e.created_at)),
+    )
 }

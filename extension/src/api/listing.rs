@@ -193,7 +193,22 @@ fn list_queues() -> TableIterator<
         name!(oldest_ready_age, Option<Interval>),
     ),
 > {
-    TableIterator::new(listing::queues())
+    TableIterator::new(listing::queues().into_iter().map(|q| {
+        (
+            q.name,
+            q.aging_secs,
+            q.fairness,
+            q.notify,
+            q.created_at,
+            q.ready,
+            q.scheduled,
+            q.running,
+            q.waiting,
+            q.paused,
+            q.dead,
+            q.oldest_ready_age,
+        )
+    }))
 }
 
 #[cfg(any(test, feature = "pg_test"))]

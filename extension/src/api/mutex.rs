@@ -105,5 +105,7 @@ fn mutex_status(
         name!(waiters, i32),
     ),
 > {
-    TableIterator::new(mutex::status(args::key(key, "key")))
+    TableIterator::new(
+        mutex::status(args::key(key, "key")).map(|s| (s.holder, s.token, s.lease_expires_at, s.waiters)),
+    )
 }

@@ -132,7 +132,17 @@ fn rate_limits() -> TableIterator<
         name!(waiting, i64),
     ),
 > {
-    TableIterator::new(rate::list())
+    TableIterator::new(rate::list().into_iter().map(|l| {
+        (
+            l.name,
+            l.spec,
+            l.override_rate,
+            l.override_period,
+            l.override_expires_at,
+            l.buckets,
+            l.waiting,
+        )
+    }))
 }
 
 #[cfg(any(test, feature = "pg_test"))]

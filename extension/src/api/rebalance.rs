@@ -62,7 +62,16 @@ fn rebalance_candidates(
     ),
 > {
     let max_rows = page_rows(max_rows, MAX_PAGE);
-    TableIterator::new(migration::candidates(after_id, max_rows))
+    TableIterator::new(migration::candidates(after_id, max_rows).into_iter().map(|c| {
+        (
+            c.id,
+            c.workflow_name,
+            c.workflow_id,
+            c.state,
+            c.history_bytes,
+            c.blockers,
+        )
+    }))
 }
 
 /// Starts moving a quiescent execution to shard `target_shard`: a STARTED
@@ -236,7 +245,11 @@ fn migration_stalled(
             .map(|s| shard_arg(s, "target_shards"))
             .collect::<Vec<_>>()
     });
-    TableIterator::new(migration::stalled(secs, max_rows, targets))
+    TableIterator::new(
+        migration::stalled(secs, max_rows, targets)
+            .into_iter()
+            .map(|s| (s.id, s.execution_id, s.target_shard, s.attempts, s.lease_token)),
+    )
 }
 
 /// Points this shard's seal of an execution straight at `home_shard`, where
@@ -275,7 +288,22 @@ fn migrations(
 > {
     let open_only = required(open_only, "open_only");
     let max_rows = page_rows(max_rows, MAX_PAGE);
-    TableIterator::new(migration::list(open_only, max_rows))
+    TableIterator::new(migration::list(open_only, max_rows).into_iter().map(|m| {
+        (
+            m.id,
+            m.execution_id,
+            m.target_shard,
+            m.phase,
+            m.attempts,
+            m.last_error,
+            m.verified_event_seq,
+            m.bytes,
+            m.actor,
+            m.login,
+            m.created_at,
+            m.updated_at,
+        )
+    }))
 }
 
 /// A page of this shard's seals (executions that moved away) after
@@ -296,7 +324,11 @@ fn migration_seals(
     ),
 > {
     let max_rows = page_rows(max_rows, MAX_PAGE);
-    TableIterator::new(migration::seals(after_id, max_rows))
+    TableIterator::new(
+        migration::seals(after_id, max_rows)
+            .into_iter()
+            .map(|s| (s.id, s.moved_to, s.seal)),
+    )
 }
 
 /// Keeps a seal from a shard about to be retired (a row of its
@@ -331,5 +363,9 @@ fn relay_rows_to(
 > {
     let target = shard_arg(target_shard, "target_shard");
     let max_rows = page_rows(max_rows, MAX_PAGE);
-    TableIterator::new(relay::rows_to(target, after, max_rows))
+    TableIterator::new(
+        relay::rows_to(target, after, max_rows)
+            .into_iter()
+            .map(|r| (r.child_id, r.parent_id, r.state)),
+    )
 }

@@ -55,7 +55,23 @@ fn relay_take(
         }
         args::no_nulls(ids, "child_ids")
     });
-    TableIterator::new(relay::take(max_rows, lease_secs, named))
+    TableIterator::new(relay::take(max_rows, lease_secs, named).into_iter().map(|t| {
+        (
+            t.child_id,
+            t.parent_id,
+            t.target_shard,
+            t.state,
+            t.workflow_name,
+            t.workflow_id,
+            t.input,
+            t.close_requested,
+            t.close_reason,
+            t.close_delivered,
+            t.parent_ended,
+            t.attempts,
+            t.lease_token,
+        )
+    }))
 }
 
 /// Records what an edge did for lifecycle row `child_id`, held under
@@ -136,5 +152,16 @@ fn relay_backlog() -> TableIterator<
         name!(last_error, Option<String>),
     ),
 > {
-    TableIterator::new(relay::backlog())
+    TableIterator::new(relay::backlog().into_iter().map(|b| {
+        (
+            b.target_shard,
+            b.state,
+            b.close_requested,
+            b.rows,
+            b.failing,
+            b.oldest,
+            b.max_attempts,
+            b.last_error,
+        )
+    }))
 }

@@ -67,7 +67,11 @@ fn relay_pulled(child_id: Option<pgrx::Uuid>) -> bool {
 fn seals_due(
     max_rows: default!(Option<i32>, 100),
 ) -> TableIterator<'static, (name!(execution_id, pgrx::Uuid), name!(moved_to, Option<i32>))> {
-    TableIterator::new(retention::seals_due(page_rows(max_rows, MAX_SEALS)))
+    TableIterator::new(
+        retention::seals_due(page_rows(max_rows, MAX_SEALS))
+            .into_iter()
+            .map(|s| (s.execution_id, s.moved_to)),
+    )
 }
 
 /// The relay found seal `execution_id`'s run ended where it lives (or gone

@@ -129,7 +129,21 @@ fn list_schedules() -> TableIterator<
         name!(updated_at, TimestampWithTimeZone),
     ),
 > {
-    TableIterator::new(schedules::list())
+    TableIterator::new(schedules::list().into_iter().map(|s| {
+        (
+            s.name,
+            s.spec,
+            s.paused,
+            s.next_fire_at,
+            s.last_fire_at,
+            s.last_outcome,
+            s.last_error,
+            s.fires,
+            s.skipped,
+            s.created_at,
+            s.updated_at,
+        )
+    }))
 }
 
 /// A schedule's fire records, newest first, before `before` (a keyset
@@ -160,7 +174,21 @@ fn schedule_fires(
     if before.is_some_and(|b| !b.is_finite()) {
         bad_argument("before", "must be a finite timestamp");
     }
-    TableIterator::new(schedules::fires(name, before, i64::from(max)))
+    TableIterator::new(
+        schedules::fires(name, before, i64::from(max))
+            .into_iter()
+            .map(|f| {
+                (
+                    f.fire_at,
+                    f.fired_at,
+                    f.outcome,
+                    f.execution_id,
+                    f.task_id,
+                    f.error,
+                    f.manual,
+                )
+            }),
+    )
 }
 
 #[cfg(any(test, feature = "pg_test"))]

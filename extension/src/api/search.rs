@@ -68,7 +68,22 @@ fn list_executions(
     };
     let filter = Filter::parse(&filter).unwrap_or_else(|e| bad_argument(&e.option, e.why));
     let after = after.map(|a| anchor(&a.parse("after")));
-    TableIterator::new(search::list(&filter, after, max_rows, order))
+    TableIterator::new(
+        search::list(&filter, after, max_rows, order)
+            .into_iter()
+            .map(|e| {
+                (
+                    e.execution_id,
+                    e.workflow_name,
+                    e.workflow_id,
+                    e.state,
+                    e.created_at,
+                    e.closed_at,
+                    e.parent_id,
+                    e.search_attrs,
+                )
+            }),
+    )
 }
 
 /// The keyset anchor: exactly `created_at` (a timestamp) and

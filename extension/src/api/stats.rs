@@ -25,7 +25,16 @@ fn queue_stats(
     ),
 > {
     let name = queues::check_name(queue);
-    TableIterator::new(vec![stats::queue(name)])
+    let c = stats::queue(name);
+    TableIterator::once((
+        c.ready,
+        c.scheduled,
+        c.running,
+        c.waiting,
+        c.dead,
+        c.live_workers,
+        c.oldest_ready_age,
+    ))
 }
 
 /// Claimable work nobody is claiming: each queue with ready tasks and no
@@ -42,5 +51,9 @@ fn stranded_work() -> TableIterator<
         name!(oldest_ready_age, Option<Interval>),
     ),
 > {
-    TableIterator::new(stats::stranded())
+    TableIterator::new(
+        stats::stranded()
+            .into_iter()
+            .map(|s| (s.queue, s.ready, s.oldest_ready_age)),
+    )
 }

@@ -31,7 +31,10 @@ fn publish_topology(
         );
     }
     let keep = required(keep_previous, "keep_previous");
-    let (now, previous) = topology::publish(digest, keep);
+    let topology::Accepted {
+        digest: now,
+        previous,
+    } = topology::publish(digest, keep);
     audit::record(
         "publish_topology",
         &now,
@@ -53,5 +56,5 @@ fn published_topology() -> TableIterator<
         name!(published_at, TimestampWithTimeZone),
     ),
 > {
-    TableIterator::new(topology::published())
+    TableIterator::new(topology::published().map(|p| (p.digest, p.previous, p.at)))
 }

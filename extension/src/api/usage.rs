@@ -47,7 +47,20 @@ fn usage_report(
         bad_argument(&e.option, e.why);
     }
     let group_by = GroupBy::parse(group_by).unwrap_or_else(|e| bad_argument(&e.option, e.why));
-    TableIterator::new(usage::report(from, to, &group_by))
+    TableIterator::new(usage::report(from, to, &group_by).into_iter().map(|u| {
+        (
+            u.grp,
+            u.workflow_starts,
+            u.completed,
+            u.failed,
+            u.cancelled,
+            u.timed_out,
+            u.activity_executions,
+            u.activity_executions_failed,
+            u.activity_compute_seconds,
+            u.metered,
+        )
+    }))
 }
 
 /// Records metered units (a flat object of up to 32 finite numbers, e.g.

@@ -48,5 +48,9 @@ fn live_workers() -> TableIterator<
         name!(last_seen_at, pgrx::datum::TimestampWithTimeZone),
     ),
 > {
-    TableIterator::new(workers::live())
+    TableIterator::new(
+        workers::live()
+            .into_iter()
+            .map(|w| (w.name, w.queues, w.last_seen_at)),
+    )
 }

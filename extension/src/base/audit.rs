@@ -5,8 +5,8 @@ use pgrx::prelude::*;
 
 use crate::base::catalog::{self, Feature};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// The longest actor or target kept (a caller's setting is cut, never
 /// stored whole).
@@ -39,28 +39,27 @@ pub fn record(action: &str, target: &str, outcome: &str, detail: serde_json::Val
         return;
     }
     let target = sheaf_core::children::cut(target, MAX_TEXT);
-    exec(
-        &RECORD,
-        &[
-            action.into(),
-            target.into(),
-            outcome.into(),
-            Jsonb::from_value(detail).into(),
-        ],
-    );
+    RECORD.exec(&[
+        action.into(),
+        target.into(),
+        outcome.into(),
+        Jsonb::from_value(detail).into(),
+    ]);
 }
 
-/// An entry as `audit_log()` returns it.
-pub type Entry = (
-    i64,
-    pgrx::datum::TimestampWithTimeZone,
-    String,
-    String,
-    String,
-    Option<String>,
-    String,
-    Option<pgrx::JsonB>,
-);
+row! {
+    /// An entry as `audit_log()` returns it.
+    pub struct Entry {
+        pub id: i64,
+        pub at: pgrx::datum::TimestampWithTimeZone,
+        pub actor: String,
+        pub login: String,
+        pub action: String,
+        pub target: Option<String>,
+        pub outcome: String,
+        pub detail: Option<pgrx::JsonB>,
+    }
+}
 
 /// The entries before `before` (newest first), at most `max`.
 pub fn page(before: Option<i64>, max: i64) -> Vec<Entry> {
@@ -68,12 +67,7 @@ pub fn page(before: Option<i64>, max: i64) -> Vec<Entry> {
         return Vec::new();
     }
     let before = before.unwrap_or(i64::MAX);
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &PAGE, &[before.into(), max.into()]),
-            "reading the audit log",
-        )
-    })
+    PAGE.all(&[before.into(), max.into()], "reading the audit log")
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -47,7 +47,7 @@
 use pgrx::fcinfo::{direct_function_call, direct_function_call_as_datum};
 use pgrx::prelude::*;
 
-use crate::base::plans::{Stmt, exec};
+use crate::base::plans::Stmt;
 
 /// The namespace (first key) of a transaction-scoped advisory lock.
 #[derive(Debug, Clone, Copy)]
@@ -94,12 +94,12 @@ const LOCK_PAIR: Stmt = Stmt::write(
 
 /// Takes the exclusive transaction lock of `key` in `class`.
 pub fn exclusive(class: Class, key: &str) {
-    exec(&LOCK, &[(class as i32).into(), key.into()]);
+    LOCK.exec(&[(class as i32).into(), key.into()]);
 }
 
 /// Takes the shared transaction lock of `key` in `class`.
 pub fn shared(class: Class, key: &str) {
-    exec(&LOCK_SHARED, &[(class as i32).into(), key.into()]);
+    LOCK_SHARED.exec(&[(class as i32).into(), key.into()]);
 }
 
 /// Tries the exclusive transaction lock of `key` in `class`, without
@@ -164,5 +164,5 @@ fn tried_key(class: Class, key: &str) -> (i32, i32) {
 /// Takes the exclusive transaction lock of the pair (`a`, `b`) in `class`
 /// (joined by a unit separator).
 pub fn exclusive_pair(class: Class, a: &str, b: &str) {
-    exec(&LOCK_PAIR, &[(class as i32).into(), a.into(), b.into()]);
+    LOCK_PAIR.exec(&[(class as i32).into(), a.into(), b.into()]);
 }

@@ -10,6 +10,7 @@ use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
 
 use crate::base::errors::SpiResultExt;
+use crate::base::rows::{self, Column, FromRow};
 
 /// One statement: its SQL (its address is the cache key), argument types, and whether
 /// it writes (SPI runs read-only statements against the transaction snapshot).
@@ -63,11 +64,7 @@ pub fn take_ran() -> Vec<String> {
 }
 
 /// Runs `stmt` with `args` through its kept plan, preparing it on first use.
-pub fn run<'conn>(
-    client: &mut SpiClient<'conn>,
-    stmt: &Stmt,
-    args: &[DatumWithOid<'_>],
-) -> SpiTupleTable<'conn> {
+fn run<'conn>(client: &mut SpiClient<'conn>, stmt: &Stmt, args: &[DatumWithOid<'_>]) -> SpiTupleTable<'conn> {
     note(stmt.sql);
     PLANS.with(|plans| {
         let mut plans = plans.borrow_mut();
@@ -105,11 +102,54 @@ pub fn select_once<'conn>(
     client.select(sql, None, args).or_internal("running a listing")
 }
 
-/// Runs a statement inside its own SPI connection.
-pub fn exec(stmt: &Stmt, args: &[DatumWithOid<'_>]) {
-    Spi::connect_mut(|client| {
-        run(client, stmt, args);
-    })
+/// A statement run on its own SPI connection, through its kept plan and
+/// under sheaf's planner settings (as [`run`]), its rows read by
+/// [`FromRow`] or [`Column`] with `rows`' NULL policy; `doing` says what
+/// sheaf was doing, for the XX000 a bad row raises. [`run`] stays for
+/// statements that must share one connection or stream their rows.
+impl Stmt {
+    /// Runs it, for what it does.
+    pub fn exec(&self, args: &[DatumWithOid<'_>]) {
+        Spi::connect_mut(|client| {
+            run(client, self, args);
+        })
+    }
+
+    /// How many rows it returned (or wrote, without a `RETURNING`).
+    pub fn count(&self, args: &[DatumWithOid<'_>]) -> usize {
+        Spi::connect_mut(|client| run(client, self, args).len())
+    }
+
+    /// The row it always returns (an aggregate, `EXISTS`, a `RETURNING` of
+    /// a row known to exist); XX000 if there is none ([`rows::only`]).
+    pub fn one<T: FromRow>(&self, args: &[DatumWithOid<'_>], doing: &str) -> T {
+        Spi::connect_mut(|client| rows::only(run(client, self, args), doing))
+    }
+
+    /// Its first row, if it returned one.
+    pub fn first<T: FromRow>(&self, args: &[DatumWithOid<'_>], doing: &str) -> Option<T> {
+        Spi::connect_mut(|client| rows::first(run(client, self, args), doing))
+    }
+
+    /// Every row it returned.
+    pub fn all<T: FromRow>(&self, args: &[DatumWithOid<'_>], doing: &str) -> Vec<T> {
+        Spi::connect_mut(|client| rows::all(run(client, self, args), doing))
+    }
+
+    /// The first column of the row it always returns; XX000 if there is none.
+    pub fn one_value<T: Column>(&self, args: &[DatumWithOid<'_>], doing: &str) -> T {
+        Spi::connect_mut(|client| rows::only_value(run(client, self, args), doing))
+    }
+
+    /// The first column of its first row, if it returned one.
+    pub fn value<T: Column>(&self, args: &[DatumWithOid<'_>], doing: &str) -> Option<T> {
+        Spi::connect_mut(|client| rows::value(run(client, self, args), doing))
+    }
+
+    /// The first column of every row it returned.
+    pub fn values<T: Column>(&self, args: &[DatumWithOid<'_>], doing: &str) -> Vec<T> {
+        Spi::connect_mut(|client| rows::values(run(client, self, args), doing))
+    }
 }
 
 /// The planner settings every sheaf statement runs under, applied while it

@@ -48,10 +48,60 @@ impl<T: NotNull> Column for Option<T> {
     }
 }
 
-/// A whole row: a tuple of columns, in the statement's order.
+/// A whole row, read into a named type (`row!`); no tuple implements it, so
+/// no row is read by position.
 pub trait FromRow: Sized {
     fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self;
 }
+
+/// A named row type, its [`FromRow`] (the statement's columns, in the
+/// order of the fields) and its [`FromColumns`] (the same run of columns
+/// inside a wider row, read as a [`Split`]).
+///
+/// ```ignore
+/// row! {
+///     pub struct Claimed {
+///         pub id: pgrx::Uuid,
+///         pub token: i64,
+///         pub key: Option<String>,
+///     }
+/// }
+/// ```
+macro_rules! row {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$fmeta:meta])* $fvis:vis $field:ident: $ty:ty),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$fmeta])* $fvis $field: $ty),+
+        }
+
+        impl $crate::base::rows::FromColumns for $name {
+            const WIDTH: usize = [$(stringify!($field)),+].len();
+            fn from_columns(row: &::pgrx::spi::SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self {
+                // Struct fields are evaluated in the order written: the
+                // first field is the column after `offset`.
+                let mut ordinal = offset;
+                $name {
+                    $($field: {
+                        ordinal += 1;
+                        <$ty as $crate::base::rows::Column>::read(row, ordinal, doing)
+                    }),+
+                }
+            }
+        }
+
+        impl $crate::base::rows::FromRow for $name {
+            fn from_row(row: &::pgrx::spi::SpiHeapTupleData<'_>, doing: &str) -> Self {
+                <Self as $crate::base::rows::FromColumns>::from_columns(row, 0, doing)
+            }
+        }
+    };
+}
+pub(crate) use row;
 
 /// A run of consecutive columns, starting after `offset` others.
 pub trait FromColumns: Sized {
@@ -60,48 +110,21 @@ pub trait FromColumns: Sized {
     fn from_columns(row: &SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self;
 }
 
-/// A row read as two tuples: its first `A::WIDTH` columns, then the rest
-/// (a row wider than one tuple, or a record and the keys beside it).
-pub struct Split<A, B>(pub A, pub B);
+/// A row read as two: its first `A::WIDTH` columns, then the rest (a
+/// record and the keys beside it).
+pub struct Split<A, B> {
+    pub head: A,
+    pub tail: B,
+}
 
 impl<A: FromColumns, B: FromColumns> FromRow for Split<A, B> {
     fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self {
-        Split(
-            A::from_columns(row, 0, doing),
-            B::from_columns(row, A::WIDTH, doing),
-        )
+        Split {
+            head: A::from_columns(row, 0, doing),
+            tail: B::from_columns(row, A::WIDTH, doing),
+        }
     }
 }
-
-macro_rules! tuple_rows {
-    ($($t:ident $i:tt),+) => {
-        impl<$($t: Column),+> FromColumns for ($($t,)+) {
-            const WIDTH: usize = [$($i),+].len();
-            fn from_columns(row: &SpiHeapTupleData<'_>, offset: usize, doing: &str) -> Self {
-                ($($t::read(row, offset + $i + 1, doing),)+)
-            }
-        }
-        impl<$($t: Column),+> FromRow for ($($t,)+) {
-            fn from_row(row: &SpiHeapTupleData<'_>, doing: &str) -> Self {
-                Self::from_columns(row, 0, doing)
-            }
-        }
-    };
-}
-tuple_rows!(A 0);
-tuple_rows!(A 0, B 1);
-tuple_rows!(A 0, B 1, C 2);
-tuple_rows!(A 0, B 1, C 2, D 3);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12);
-tuple_rows!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11, M 12, N 13);
 
 /// Every row of `table`.
 pub fn all<T: FromRow>(table: SpiTupleTable<'_>, doing: &str) -> Vec<T> {

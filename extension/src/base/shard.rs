@@ -5,8 +5,8 @@ use std::cell::Cell;
 use pgrx::prelude::*;
 
 use crate::base::errors::not_ready;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 const INIT: Stmt = Stmt::write(
     "INSERT INTO shard_identity (shard_id) VALUES ($1) ON CONFLICT (singleton) DO NOTHING",
@@ -20,8 +20,8 @@ const INIT: Stmt = Stmt::write(
 pub fn init(shard_id: i32) -> i32 {
     // A concurrent init with another id blocks on the primary key, then
     // reads the winner's row and is refused below.
-    exec(&INIT, &[shard_id.into()]);
-    let current = stored().map_or(shard_id, |(id, _)| id);
+    INIT.exec(&[shard_id.into()]);
+    let current = stored().map_or(shard_id, |s| s.shard_id);
     if current != shard_id {
         not_ready(format!(
             "this database is already shard {current}; init_shard({shard_id}) refused \
@@ -42,7 +42,7 @@ pub fn current() -> i32 {
         return id;
     }
     match stored() {
-        Some((id, xmin)) => {
+        Some(Stored { shard_id: id, xmin }) => {
             // A row this transaction wrote may yet roll back: not cached.
             // SAFETY: a plain lookup in this backend's transaction state.
             if !unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) } {
@@ -66,6 +66,14 @@ thread_local! {
 
 const STORED: Stmt = Stmt::read("SELECT shard_id, xmin FROM shard_identity", &[]);
 
-fn stored() -> Option<(i32, pg_sys::TransactionId)> {
-    Spi::connect_mut(|client| rows::first(run(client, &STORED, &[]), "reading the shard id"))
+row! {
+    /// The stored shard id, and the transaction that wrote it.
+    struct Stored {
+        shard_id: i32,
+        xmin: pg_sys::TransactionId,
+    }
+}
+
+fn stored() -> Option<Stored> {
+    STORED.first(&[], "reading the shard id")
 }

@@ -8,8 +8,8 @@ use pgrx::prelude::*;
 
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::topology_mismatch;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// The session setting a client declares its digest in.
 const SETTING: &std::ffi::CStr = c"sheaf.topology_digest";
@@ -24,8 +24,22 @@ const PUBLISH: Stmt = Stmt::write(
     &[PgBuiltInOids::TEXTOID, PgBuiltInOids::BOOLOID],
 );
 
-/// What this shard has published: digest, previous, when.
-pub type Published = (String, Option<String>, pgrx::datum::TimestampWithTimeZone);
+row! {
+    /// What this shard has published.
+    pub struct Published {
+        pub digest: String,
+        pub previous: Option<String>,
+        pub at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
+
+row! {
+    /// The digest a publish left, and the previous one still accepted.
+    pub struct Accepted {
+        pub digest: String,
+        pub previous: Option<String>,
+    }
+}
 
 fn enabled() -> bool {
     catalog::has(Feature::TopologyDigest)
@@ -52,7 +66,7 @@ pub fn published() -> Option<Published> {
     if !enabled() {
         return None;
     }
-    Spi::connect_mut(|client| rows::first(run(client, &READ, &[]), "reading the topology digest"))
+    READ.first(&[], "reading the topology digest")
 }
 
 /// Refuses (55000, with the digests as JSON in the DETAIL) placed work from
@@ -61,7 +75,7 @@ pub fn check_declared() {
     let Some(client) = declared() else {
         return;
     };
-    let Some((digest, previous, _)) = published() else {
+    let Some(Published { digest, previous, .. }) = published() else {
         return;
     };
     if client == digest || previous.as_deref() == Some(client.as_str()) {
@@ -74,13 +88,11 @@ pub fn check_declared() {
 /// Publishes `digest`, keeping the one it replaces as `previous` (for a
 /// rolling change) unless `keep_previous` is false. The digest and the
 /// previous one now accepted.
-pub fn publish(digest: &str, keep_previous: bool) -> (String, Option<String>) {
-    Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &PUBLISH, &[digest.into(), keep_previous.into()]),
-            "publishing the topology digest",
-        )
-    })
+pub fn publish(digest: &str, keep_previous: bool) -> Accepted {
+    PUBLISH.one(
+        &[digest.into(), keep_previous.into()],
+        "publishing the topology digest",
+    )
 }
 
 #[cfg(any(test, feature = "pg_test"))]

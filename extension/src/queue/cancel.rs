@@ -14,8 +14,8 @@ use sheaf_core::state::TaskState;
 
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::{not_ready, task_cancelled, unknown_task};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 
@@ -84,15 +84,25 @@ const PRUNE: Stmt = Stmt::write(
     &[PgBuiltInOids::INT8OID],
 );
 
-/// A task's row, locked: state, kind, queue, token, key, execution.
-type Locked = (
-    String,
-    String,
-    String,
-    Option<i64>,
-    Option<String>,
-    Option<pgrx::Uuid>,
-);
+row! {
+    /// A task's row, locked.
+    struct Locked {
+        state: String,
+        kind: String,
+        queue: String,
+        token: Option<i64>,
+        key: Option<String>,
+        execution_id: Option<pgrx::Uuid>,
+    }
+}
+
+row! {
+    /// Whether a task that is gone was cancelled, or is a dead letter.
+    struct Former {
+        cancelled: bool,
+        dead: bool,
+    }
+}
 
 /// Cancels task `task_id`; whether this call did (false: it was cancelled
 /// already). An unclaimed task leaves now, a running one is marked for its
@@ -102,13 +112,18 @@ pub fn cancel(task_id: pgrx::Uuid, reason: Option<&str>, hooks: &dyn ExecutionHo
     if !enabled() {
         not_ready("this shard's catalog predates cancel_task: run ALTER EXTENSION sheaf UPDATE");
     }
-    exec(&UNREADY, &[task_id.into()]);
-    let row: Option<Locked> =
-        Spi::connect_mut(|client| rows::first(run(client, &LOCK, &[task_id.into()]), "locking a task"));
-    let Some((state, kind, queue, token, key, execution_id)) = row else {
-        let (cancelled, dead): (bool, bool) = Spi::connect_mut(|client| {
-            rows::only(run(client, &FORMER, &[task_id.into()]), "looking a task up")
-        });
+    UNREADY.exec(&[task_id.into()]);
+    let row: Option<Locked> = LOCK.first(&[task_id.into()], "locking a task");
+    let Some(Locked {
+        state,
+        kind,
+        queue,
+        token,
+        key,
+        execution_id,
+    }) = row
+    else {
+        let Former { cancelled, dead } = FORMER.one(&[task_id.into()], "looking a task up");
         if cancelled {
             return false;
         }
@@ -132,20 +147,17 @@ pub fn cancel(task_id: pgrx::Uuid, reason: Option<&str>, hooks: &dyn ExecutionHo
         return false;
     }
     let holder = if running { token } else { None };
-    exec(
-        &RECORD,
-        &[
-            task_id.into(),
-            queue.into(),
-            execution_id.into(),
-            holder.into(),
-            reason.into(),
-        ],
-    );
+    RECORD.exec(&[
+        task_id.into(),
+        queue.into(),
+        execution_id.into(),
+        holder.into(),
+        reason.into(),
+    ]);
     if running {
-        exec(&FENCE, &[task_id.into()]);
+        FENCE.exec(&[task_id.into()]);
     } else {
-        exec(&DELETE, &[task_id.into()]);
+        DELETE.exec(&[task_id.into()]);
     }
     // The execution row before the concurrency key (`base::locks`).
     if let Some(execution_id) = execution_id {
@@ -170,13 +182,8 @@ pub fn told(task_id: pgrx::Uuid, token: i64) {
     if !enabled() {
         return;
     }
-    let reason: Option<Option<String>> = Spi::connect_mut(|client| {
-        rows::first::<(Option<String>,)>(
-            run(client, &REASON_FOR_TOKEN, &[task_id.into(), token.into()]),
-            "looking a cancellation up",
-        )
-        .map(|(r,)| r)
-    });
+    let reason: Option<Option<String>> = REASON_FOR_TOKEN
+        .value::<Option<String>>(&[task_id.into(), token.into()], "looking a cancellation up");
     if let Some(reason) = reason {
         task_cancelled(task_id, reason.as_deref());
     }
@@ -188,16 +195,10 @@ pub fn settle(task_id: pgrx::Uuid, token: i64) -> bool {
     if !enabled() {
         return false;
     }
-    let gone: Option<(Option<String>,)> = Spi::connect_mut(|client| {
-        if run(client, &SETTLE, &[task_id.into(), token.into()]).is_empty() {
-            return None;
-        }
-        rows::first(
-            run(client, &LEAVE, &[task_id.into()]),
-            "settling a cancelled task",
-        )
-    });
-    let Some((key,)) = gone else {
+    if SETTLE.count(&[task_id.into(), token.into()]) == 0 {
+        return false;
+    }
+    let Some(key) = LEAVE.value::<Option<String>>(&[task_id.into()], "settling a cancelled task") else {
         return false;
     };
     caps::release_held(vec![(TaskState::Running, key)]);
@@ -207,8 +208,8 @@ pub fn settle(task_id: pgrx::Uuid, token: i64) -> bool {
 /// A cancelled running task whose lease expired (the reaper holds its row):
 /// it leaves, and the caller frees its slot.
 pub fn settle_expired(task_id: pgrx::Uuid) {
-    exec(&SETTLE_EXPIRED, &[task_id.into()]);
-    exec(&LEAVE, &[task_id.into()]);
+    SETTLE_EXPIRED.exec(&[task_id.into()]);
+    LEAVE.exec(&[task_id.into()]);
 }
 
 const REASON: Stmt = Stmt::read(
@@ -221,13 +222,7 @@ pub fn cancelled(task_id: pgrx::Uuid) -> Option<Option<String>> {
     if !enabled() {
         return None;
     }
-    Spi::connect_mut(|client| {
-        rows::first::<(Option<String>,)>(
-            run(client, &REASON, &[task_id.into()]),
-            "looking a cancellation up",
-        )
-        .map(|(r,)| r)
-    })
+    REASON.value::<Option<String>>(&[task_id.into()], "looking a cancellation up")
 }
 
 /// Deletes up to `max` cancellations settled over a week ago; how many.
@@ -235,9 +230,7 @@ pub fn prune(max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    Spi::connect_mut(|client| {
-        rows::only_value(run(client, &PRUNE, &[max.into()]), "pruning task cancellations")
-    })
+    PRUNE.one_value(&[max.into()], "pruning task cancellations")
 }
 
 #[cfg(any(test, feature = "pg_test"))]

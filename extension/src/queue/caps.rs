@@ -31,8 +31,8 @@ use sheaf_core::state::TaskState;
 
 use crate::base::errors::internal;
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::{floor, ready, tasks};
 
 // Statements that name the wait floor's columns or `concurrency_slots`
@@ -227,23 +227,50 @@ fn lock(key: &str, exclusive: bool) {
     }
 }
 
+row! {
+    /// A capped key's row as `LIMIT_FOR_UPDATE` reads it: its admitted
+    /// count on a 0.1.0 catalog, its wait floor on a later one.
+    struct LimitRow {
+        max_running: i32,
+        admitted: Option<i32>,
+        wait_priority: Option<i32>,
+        wait_seq: Option<i64>,
+    }
+}
+
+row! {
+    /// A key's newest slots row.
+    struct Slots {
+        generation: i64,
+        admitted: i32,
+    }
+}
+
+row! {
+    /// A waiting task, in line order.
+    struct Waiting {
+        id: pgrx::Uuid,
+        priority: i32,
+        seq: i64,
+    }
+}
+
 /// A capped key's row, locked, and its count; `None` if uncapped.
 fn limit_for_update(key: &str) -> Option<Limit> {
     let enabled = floor::enabled();
-    let (max, admitted, p, s) = Spi::connect_mut(|client| {
-        rows::first::<(i32, Option<i32>, Option<i32>, Option<i64>)>(
-            run(client, &LIMIT_FOR_UPDATE[enabled as usize], &[key.into()]),
-            "reading a concurrency limit",
-        )
-    })?;
+    let LimitRow {
+        max_running: max,
+        admitted,
+        wait_priority: p,
+        wait_seq: s,
+    } = LIMIT_FOR_UPDATE[enabled as usize].first(&[key.into()], "reading a concurrency limit")?;
     let (generation, admitted) = if enabled {
-        let slots = Spi::connect_mut(|client| {
-            rows::first::<(i64, i32)>(
-                run(client, &SLOTS[floor::read_committed() as usize], &[key.into()]),
-                "reading a key's slots held",
-            )
-        });
-        (slots.map(|s| s.0), slots.map_or(0, |s| s.1))
+        let slots: Option<Slots> =
+            SLOTS[floor::read_committed() as usize].first(&[key.into()], "reading a key's slots held");
+        (
+            slots.as_ref().map(|s| s.generation),
+            slots.map_or(0, |s| s.admitted),
+        )
     } else {
         (None, admitted.unwrap_or(0))
     };
@@ -258,19 +285,13 @@ fn limit_for_update(key: &str) -> Option<Limit> {
 /// Writes a key's slots held (never below 0), replacing the count `l` was
 /// read with.
 fn set_slots(key: &str, l: &Limit, admitted: i32) {
-    exec(
-        &SET_SLOTS[floor::enabled() as usize],
-        &[key.into(), admitted.max(0).into(), l.generation.into()],
-    );
+    SET_SLOTS[floor::enabled() as usize].exec(&[key.into(), admitted.max(0).into(), l.generation.into()]);
 }
 
 /// Writes a key's wait floor if it changed (a 0.1.0 catalog has none).
 fn set_wait_floor(key: &str, l: &Limit, floor: WaitFloor) {
     if floor != l.floor && floor::enabled() {
-        exec(
-            &SET_WAIT_FLOOR,
-            &[key.into(), floor.map(|f| f.0).into(), floor.map(|f| f.1).into()],
-        );
+        SET_WAIT_FLOOR.exec(&[key.into(), floor.map(|f| f.0).into(), floor.map(|f| f.1).into()]);
     }
 }
 
@@ -296,7 +317,7 @@ pub fn admit(key: &str, n: i32) -> i32 {
 /// wait floor to them if they sort before it.
 pub fn waited(key: &str, ids: &[pgrx::Uuid]) {
     if !ids.is_empty() && floor::enabled() {
-        exec(&LOWER_WAIT_FLOOR, &[key.into(), ids.to_vec().into()]);
+        LOWER_WAIT_FLOOR.exec(&[key.into(), ids.to_vec().into()]);
     }
 }
 
@@ -346,22 +367,14 @@ fn promote_waiting(key: &str, floor: WaitFloor, room: i32) -> (i32, WaitFloor) {
             from.map(|f| f.1).into(),
         ]
     };
-    let promoted: Vec<(pgrx::Uuid, i32, i64)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &NEXT_WAITING[floor.is_some() as usize],
-                &args(floor, room as i64),
-            ),
-            "reading waiting tasks",
-        )
-    });
-    let ids: Vec<pgrx::Uuid> = promoted.iter().map(|p| p.0).collect();
+    let promoted: Vec<Waiting> =
+        NEXT_WAITING[floor.is_some() as usize].all(&args(floor, room as i64), "reading waiting tasks");
+    let ids: Vec<pgrx::Uuid> = promoted.iter().map(|p| p.id).collect();
     if !ids.is_empty() {
         tasks::set_ready(&ids);
         ready::insert(&ids);
     }
-    let Some(last) = promoted.last().map(|p| (p.1, p.2)) else {
+    let Some(last) = promoted.last().map(|p| (p.priority, p.seq)) else {
         return (0, floor);
     };
     let due = floor_move_due(key, ids.len() as u32) || floor.is_none();
@@ -370,13 +383,12 @@ fn promote_waiting(key: &str, floor: WaitFloor, room: i32) -> (i32, WaitFloor) {
     }
     // From the old floor again: a task the promotion skipped (another
     // transaction holds it) may come before the ones it took.
-    let still: Option<(pgrx::Uuid, i32, i64)> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &FIRST_WAITING[floor.is_some() as usize], &args(floor, 1)),
-            "reading the waiting line",
-        )
-    });
-    (ids.len() as i32, Some(still.map_or(last, |s| (s.1, s.2))))
+    let still: Option<Waiting> =
+        FIRST_WAITING[floor.is_some() as usize].first(&args(floor, 1), "reading the waiting line");
+    (
+        ids.len() as i32,
+        Some(still.map_or(last, |s| (s.priority, s.seq))),
+    )
 }
 
 // A key's ready rows, locked as a claim locks them (ready row first).
@@ -437,12 +449,7 @@ const CURRENT_LIMIT: Stmt = Stmt::read(
 /// Makes `key`'s cap `max` unless it already is (a workflow's derived key,
 /// capped by its policy's limit): the common case is one index read.
 pub fn ensure_limit(key: &str, max: i32) {
-    let current = Spi::connect_mut(|client| {
-        rows::value::<i32>(
-            run(client, &CURRENT_LIMIT, &[key.into()]),
-            "reading a concurrency limit",
-        )
-    });
+    let current = CURRENT_LIMIT.value::<i32>(&[key.into()], "reading a concurrency limit");
     if current != Some(max) {
         set_limit(key, Some(max));
     }
@@ -457,9 +464,7 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
     // send ready tasks back to waiting, and a terminal transition holds its
     // tasks' ready rows while it waits to release this key.
     if max_running.is_some() {
-        Spi::connect_mut(|client| {
-            run(client, &LOCK_READY, &[key.into()]);
-        });
+        LOCK_READY.exec(&[key.into()]);
     }
     // No admission or release of this key runs while we count and re-cap.
     lock(key, true);
@@ -467,36 +472,25 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
     match (max_running, current) {
         (None, None) => {}
         (None, Some(_)) => {
-            exec(&REMOVE[floor::enabled() as usize], &[key.into()]);
-            let ids: Vec<pgrx::Uuid> = Spi::connect_mut(|client| {
-                rows::values(
-                    run(
-                        client,
-                        &NEXT_WAITING[0],
-                        &[
-                            key.into(),
-                            i64::MAX.into(),
-                            None::<i32>.into(),
-                            None::<i64>.into(),
-                        ],
-                    ),
-                    "reading waiting tasks",
-                )
-            });
+            REMOVE[floor::enabled() as usize].exec(&[key.into()]);
+            let ids: Vec<pgrx::Uuid> = NEXT_WAITING[0].values(
+                &[
+                    key.into(),
+                    i64::MAX.into(),
+                    None::<i32>.into(),
+                    None::<i64>.into(),
+                ],
+                "reading waiting tasks",
+            );
             tasks::set_ready(&ids);
             ready::insert(&ids);
         }
         (Some(max), current) => {
             if current.is_some() {
-                exec(&CHANGE, &[key.into(), max.into()]);
+                CHANGE.exec(&[key.into(), max.into()]);
             } else {
-                let held: i32 = Spi::connect_mut(|client| {
-                    rows::only_value(run(client, &HELD, &[key.into()]), "counting a key's tasks")
-                });
-                exec(
-                    &ADD[floor::enabled() as usize],
-                    &[key.into(), max.into(), held.into()],
-                );
+                let held: i32 = HELD.one_value(&[key.into()], "counting a key's tasks");
+                ADD[floor::enabled() as usize].exec(&[key.into(), max.into(), held.into()]);
             }
             // Read again: the count's row is new after ADD.
             let Some(l) = limit_for_update(key) else {
@@ -536,12 +530,7 @@ pub fn set_limit(key: &str, max_running: Option<i32>) {
 /// terminal transition of their execution holds them and waits for this
 /// key, PostgreSQL aborts one of the two (40P01, retry).
 fn demote_ready(key: &str, excess: i32) -> i32 {
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &DEMOTE, &[key.into(), (excess as i64).into()]),
-            "demoting ready tasks",
-        )
-    })
+    DEMOTE.one_value(&[key.into(), (excess as i64).into()], "demoting ready tasks")
 }
 
 /// Frees the slots of tasks that held one (ready or running), given as

@@ -12,8 +12,8 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows::{self, FromRow};
+use crate::base::plans::Stmt;
+use crate::base::rows::{Split, row};
 use crate::queue::floor;
 use crate::queue::hooks::ExecutionHooks;
 use crate::queue::{lease, promote};
@@ -339,17 +339,29 @@ thread_local! {
     static LAST_SWEEP: RefCell<HashMap<String, Swept>> = RefCell::new(HashMap::new());
 }
 
-/// A claimed task: id, token, payload, attempt, execution id, concurrency
-/// key, kind.
-pub type Claimed = (
-    pgrx::Uuid,
-    i64,
-    Jsonb,
-    i32,
-    Option<pgrx::Uuid>,
-    Option<String>,
-    String,
-);
+row! {
+    /// A claimed task, as `claim` returns it.
+    pub struct Claimed {
+        pub id: pgrx::Uuid,
+        pub token: i64,
+        pub payload: Jsonb,
+        pub attempt: i32,
+        pub execution_id: Option<pgrx::Uuid>,
+        pub concurrency_key: Option<String>,
+        pub kind: String,
+    }
+}
+
+row! {
+    /// Where a claimed task was in line: its key `(k1, k2, seq)` and band
+    /// (`queue::floor`).
+    struct Place {
+        k1: f64,
+        k2: f64,
+        seq: i64,
+        band: f64,
+    }
+}
 
 /// Claims up to `batch` tasks of `queue` for `worker`, each under a lease of
 /// `lease_secs` fenced by its token. Order: priority descending (or the
@@ -373,20 +385,29 @@ pub fn claim(
     if (rows.len() as i32) < batch && !swept && sweep(name, hooks) > 0 {
         rows.extend(claim_once(name, batch - rows.len() as i32, worker, lease_secs));
     }
-    rows.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)));
-    floor::claimed(name, rows.iter().map(|r| (r.4, (r.1, r.2, r.3))));
+    rows.sort_by(|a, b| {
+        let (a, b) = (&a.tail, &b.tail);
+        a.k1.total_cmp(&b.k1)
+            .then(a.k2.total_cmp(&b.k2))
+            .then(a.seq.cmp(&b.seq))
+    });
+    floor::claimed(
+        name,
+        rows.iter()
+            .map(|r| (r.tail.band, (r.tail.k1, r.tail.k2, r.tail.seq))),
+    );
     // Only fairness queues have start tags above 0; for them, move the
     // virtual time up to what was just claimed.
-    if let Some(max_k2) = rows.iter().map(|r| r.2).reduce(f64::max)
+    if let Some(max_k2) = rows.iter().map(|r| r.tail.k2).reduce(f64::max)
         && max_k2 > 0.0
     {
-        exec(&ADVANCE_VTIME, &[name.into(), max_k2.into()]);
+        ADVANCE_VTIME.exec(&[name.into(), max_k2.into()]);
     }
-    rows.into_iter().map(|r| r.0).collect()
+    rows.into_iter().map(|r| r.head).collect()
 }
 
-/// A claimed task with its key and band (`queue::floor`).
-type ClaimedRow = (Claimed, f64, f64, i64, f64);
+/// A claimed task and its place in line.
+type ClaimedRow = Split<Claimed, Place>;
 
 fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<ClaimedRow> {
     if !floor::enabled() {
@@ -423,7 +444,7 @@ fn claim_once(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Vec<Cla
     // Rows, none of an aging band: the merge is likely over (a queue
     // switched off aging has claimed its old rows); the next claim tries
     // without it, and comes back here if it was not.
-    if !rows.is_empty() && !rows.iter().any(|r| floor::is_aging(r.4)) {
+    if !rows.is_empty() && !rows.iter().any(|r| floor::is_aging(r.tail.band)) {
         MERGING.with(|m| m.borrow_mut().remove(queue));
     }
     rows
@@ -483,9 +504,7 @@ fn ready_dead_rows() -> i64 {
 
 /// Whether `queue` has a floor of an aging band.
 fn ages(queue: &str) -> bool {
-    Spi::connect_mut(|client| {
-        rows::only_value(run(client, &AGES, &[queue.into()]), "reading a queue's floors")
-    })
+    AGES.one_value(&[queue.into()], "reading a queue's floors")
 }
 
 /// The claim from the floors this backend keeps (`KEPT`), if it keeps
@@ -537,21 +556,7 @@ fn claim_with(stmt: &Stmt, queue: &str, batch: i32, worker: &str, lease_secs: f6
 }
 
 fn claim_rows(stmt: &Stmt, args: &[pgrx::datum::DatumWithOid<'_>]) -> Vec<ClaimedRow> {
-    Spi::connect_mut(|client| {
-        run(client, stmt, args)
-            .map(|row| {
-                let (id, token, payload, attempt, execution_id, key, kind, k1, k2, seq, band) =
-                    FromRow::from_row(&row, "reading a claimed task");
-                (
-                    (id, token, payload, attempt, execution_id, key, kind),
-                    k1,
-                    k2,
-                    seq,
-                    band,
-                )
-            })
-            .collect()
-    })
+    stmt.all(args, "reading a claimed task")
 }
 
 fn sweep_due(queue: &str) -> bool {
@@ -581,6 +586,14 @@ fn epoch_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+row! {
+    /// Whether a queue has due scheduled tasks, and expired leases.
+    struct Probe {
+        due: bool,
+        expired: bool,
+    }
+}
+
 /// Promotes due scheduled tasks and reaps expired leases of one queue;
 /// returns how many tasks became claimable or waiting. Reads the heads
 /// whole or from the last sweep's window (`SWEEP_WHOLE_SHARE`).
@@ -593,16 +606,8 @@ fn sweep(queue: &str, hooks: &dyn ExecutionHooks) -> i64 {
             now().saturating_duration_since(s.whole_at) >= SWEEP_EVERY.max(s.whole_cost * SWEEP_WHOLE_SHARE);
         s.window_from.filter(|_| !whole_due)
     });
-    let (due, expired) = Spi::connect_mut(|client| {
-        rows::only::<(bool, bool)>(
-            run(
-                client,
-                &SWEEP_PROBE[since.is_some() as usize],
-                &[queue.into(), since.into()],
-            ),
-            "probing for due tasks",
-        )
-    });
+    let Probe { due, expired } =
+        SWEEP_PROBE[since.is_some() as usize].one(&[queue.into(), since.into()], "probing for due tasks");
     let probe_cost = now().saturating_duration_since(began);
     let promoted = if due {
         promote::due(queue, SWEEP_PROMOTE, since)

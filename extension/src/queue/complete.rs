@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use pgrx::prelude::*;
 
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::lease::not_running;
@@ -76,41 +76,30 @@ pub fn complete(
     }
 }
 
-/// A completed task's row, as `take` removed it.
-pub struct Taken {
-    /// Its concurrency key: the caller releases its slot (`caps::release`),
-    /// after anything it does to the task's execution (`base::locks`).
-    pub key: Option<String>,
-    pub execution_id: Option<pgrx::Uuid>,
-    /// `workflow` or `activity`.
-    pub kind: String,
-    /// The attempt's seconds since its claim (`TaskEvent::secs`).
-    pub secs: Option<f64>,
+row! {
+    /// A completed task's row, as `take` removed it.
+    pub struct Taken {
+        /// Its concurrency key: the caller releases its slot (`caps::release`),
+        /// after anything it does to the task's execution (`base::locks`).
+        pub key: Option<String>,
+        pub execution_id: Option<pgrx::Uuid>,
+        /// `workflow` or `activity`.
+        pub kind: String,
+        /// The attempt's seconds since its claim (`TaskEvent::secs`).
+        pub secs: Option<f64>,
+    }
 }
 
 /// Removes a task claimed under `token` from the table, and nothing else:
 /// its execution is not told and its slot is still held. A stale token
 /// raises 55P03 and changes nothing.
 pub fn take(task_id: pgrx::Uuid, token: i64) -> Taken {
-    let done = Spi::connect_mut(|client| {
-        rows::first::<(Option<String>, Option<pgrx::Uuid>, String, Option<f64>)>(
-            run(
-                client,
-                &COMPLETE[claim_times()],
-                &[task_id.into(), token.into(), RUNNING.into()],
-            ),
+    COMPLETE[claim_times()]
+        .first(
+            &[task_id.into(), token.into(), RUNNING.into()],
             "completing a task",
         )
-    });
-    let Some((key, execution_id, kind, secs)) = done else {
-        not_running(task_id, token);
-    };
-    Taken {
-        key,
-        execution_id,
-        kind,
-        secs,
-    }
+        .unwrap_or_else(|| not_running(task_id, token))
 }
 
 /// Completes the entries of `ids` whose token in `tokens` (paired by
@@ -121,53 +110,60 @@ pub fn complete_batch(
     hooks: &dyn ExecutionHooks,
 ) -> Vec<(pgrx::Uuid, bool)> {
     let wanted: HashSet<(pgrx::Uuid, i64)> = ids.iter().copied().zip(tokens).collect();
-    let done: Vec<Deleted> = Spi::connect_mut(|client| {
-        let matching: Vec<pgrx::Uuid> = rows::all::<(pgrx::Uuid, i64)>(
-            run(client, &RUNNING_TOKENS, &[ids.clone().into(), RUNNING.into()]),
-            "completing tasks",
-        )
-        .into_iter()
-        .filter(|pair| wanted.contains(pair))
-        .map(|(id, _)| id)
-        .collect();
+    let done: Vec<Deleted> = {
+        let matching: Vec<pgrx::Uuid> = RUNNING_TOKENS
+            .all::<Token>(&[ids.clone().into(), RUNNING.into()], "completing tasks")
+            .into_iter()
+            .filter(|t| wanted.contains(&(t.id, t.token)))
+            .map(|t| t.id)
+            .collect();
         if matching.is_empty() {
-            return Vec::new();
+            Vec::new()
+        } else {
+            DELETE_BATCH[claim_times()].all(&[matching.into()], "completing tasks")
         }
-        rows::all(
-            run(client, &DELETE_BATCH[claim_times()], &[matching.into()]),
-            "completing tasks",
-        )
-    });
+    };
     // Execution rows before concurrency keys (`base::locks`); keys in a
     // fixed order, so no two batches lock two keys in opposite orders.
-    for (id, _, execution_id, kind, secs) in &done {
-        if let Some(execution_id) = execution_id {
-            record(hooks, *execution_id, *id, kind, None, *secs);
+    for d in &done {
+        if let Some(execution_id) = d.execution_id {
+            record(hooks, execution_id, d.id, &d.kind, None, d.secs);
         }
     }
     let mut per_key: BTreeMap<&str, i32> = BTreeMap::new();
-    for (_, key, _, _, _) in &done {
-        if let Some(key) = key {
+    for d in &done {
+        if let Some(key) = &d.key {
             *per_key.entry(key.as_str()).or_default() += 1;
         }
     }
     for (key, n) in per_key {
         caps::release(key, n);
     }
-    let completed: HashSet<pgrx::Uuid> = done.iter().map(|d| d.0).collect();
+    let completed: HashSet<pgrx::Uuid> = done.iter().map(|d| d.id).collect();
     ids.into_iter()
         .map(move |id| (id, completed.contains(&id)))
         .collect()
 }
 
-/// A task a batch completed: id, key, execution, kind, attempt seconds.
-type Deleted = (
-    pgrx::Uuid,
-    Option<String>,
-    Option<pgrx::Uuid>,
-    String,
-    Option<f64>,
-);
+row! {
+    /// A running task's id and the token it was claimed under.
+    struct Token {
+        id: pgrx::Uuid,
+        token: i64,
+    }
+}
+
+row! {
+    /// A task a batch completed.
+    struct Deleted {
+        id: pgrx::Uuid,
+        key: Option<String>,
+        execution_id: Option<pgrx::Uuid>,
+        kind: String,
+        /// The attempt's seconds since its claim.
+        secs: Option<f64>,
+    }
+}
 
 fn record(
     hooks: &dyn ExecutionHooks,

@@ -4,8 +4,8 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
 use crate::base::errors::not_ready;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::tasks::{attempt_secs, claim_times};
 use crate::queue::{caps, promote};
@@ -33,19 +33,69 @@ const BURY: [Stmt; 2] = [
     Stmt::write(bury!(1), &[PgBuiltInOids::UUIDOID, PgBuiltInOids::TEXTOID]),
 ];
 
-/// A buried task's key, execution, kind, attempts and last attempt's seconds.
-type Buried = (Option<String>, Option<pgrx::Uuid>, String, i32, Option<f64>);
+row! {
+    /// A buried task.
+    struct Buried {
+        key: Option<String>,
+        execution_id: Option<pgrx::Uuid>,
+        kind: String,
+        attempts: i32,
+        /// The last attempt's seconds since its claim.
+        secs: Option<f64>,
+    }
+}
+
+row! {
+    /// A row of `REDRIVE`: the count of dead letters taken out (on every
+    /// row), and a moved task (all NULL when none moved).
+    struct Redriven {
+        taken: i64,
+        id: Option<pgrx::Uuid>,
+        key: Option<String>,
+        execution_id: Option<pgrx::Uuid>,
+    }
+}
+
+row! {
+    /// A dead letter that cannot be redriven, and why: the unfinished task
+    /// holding its idempotency key, another dead letter of the call with
+    /// its key, or its execution's state.
+    struct Blocker {
+        id: pgrx::Uuid,
+        holder: Option<pgrx::Uuid>,
+        twin: Option<pgrx::Uuid>,
+        state: Option<String>,
+    }
+}
+
+row! {
+    /// What a purge took out: how many, and their executions.
+    struct Gone {
+        n: i64,
+        executions: Vec<pgrx::Uuid>,
+    }
+}
+
+row! {
+    /// A dead letter that may be redriven.
+    struct Redrivable {
+        id: pgrx::Uuid,
+        key: Option<String>,
+    }
+}
 
 /// Moves a running task to the dead letters and frees its slot; its
 /// execution hears of it through `hooks` (a workflow task's execution fails).
 pub fn bury(task_id: pgrx::Uuid, error: &str, hooks: &dyn ExecutionHooks) {
-    let row: Option<Buried> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &BURY[claim_times()], &[task_id.into(), error.into()]),
-            "burying a task",
-        )
-    });
-    let Some((key, execution_id, kind, attempts, secs)) = row else {
+    let row: Option<Buried> = BURY[claim_times()].first(&[task_id.into(), error.into()], "burying a task");
+    let Some(Buried {
+        key,
+        execution_id,
+        kind,
+        attempts,
+        secs,
+    }) = row
+    else {
         return;
     };
     // The execution row before the concurrency key (`base::locks`).
@@ -113,20 +163,18 @@ const REDRIVE: Stmt = Stmt::write(
 /// (The statements read `executions` themselves: they decide which dead
 /// letters may move.)
 pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
-    // (dead letters taken out, then per moved task: id, key, execution).
-    type Redriven = (i64, Option<pgrx::Uuid>, Option<String>, Option<pgrx::Uuid>);
     refuse_blocked(&ids);
-    let (taken, moved) = Spi::connect_mut(|client| {
+    let (taken, moved) = {
         // One row per moved task, or one row of NULLs when none moved; the
         // count of what was taken out is on every row.
-        let rows: Vec<Redriven> = rows::all(run(client, &REDRIVE, &[ids.into()]), "redriving dead letters");
-        let taken = rows.first().map_or(0, |r| r.0);
+        let rows: Vec<Redriven> = REDRIVE.all(&[ids.into()], "redriving dead letters");
+        let taken = rows.first().map_or(0, |r| r.taken);
         let moved: Vec<(pgrx::Uuid, Option<String>, Option<pgrx::Uuid>)> = rows
             .into_iter()
-            .filter_map(|(_, id, key, execution)| id.map(|id| (id, key, execution)))
+            .filter_map(|r| r.id.map(|id| (id, r.key, r.execution_id)))
             .collect();
         (taken, moved)
-    });
+    };
     if taken != moved.len() as i64 {
         not_ready(
             "an unfinished task took a redriven dead letter's idempotency key meanwhile; nothing was redriven",
@@ -143,14 +191,15 @@ pub fn redrive(ids: Vec<pgrx::Uuid>, hooks: &dyn ExecutionHooks) -> i32 {
 
 /// 55000 naming the first of `ids` that cannot go back, and why.
 fn refuse_blocked(ids: &[pgrx::Uuid]) {
-    type Blocker = (pgrx::Uuid, Option<pgrx::Uuid>, Option<pgrx::Uuid>, Option<String>);
-    let blocker: Option<Blocker> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &REDRIVE_BLOCKER, &[ids.to_vec().into()]),
-            "checking dead letters to redrive",
-        )
-    });
-    let Some((id, holder, twin, state)) = blocker else {
+    let blocker: Option<Blocker> =
+        REDRIVE_BLOCKER.first(&[ids.to_vec().into()], "checking dead letters to redrive");
+    let Some(Blocker {
+        id,
+        holder,
+        twin,
+        state,
+    }) = blocker
+    else {
         return;
     };
     not_ready(match (holder, twin) {
@@ -196,22 +245,15 @@ const CUTOFF: Stmt = Stmt::read(
 /// `max_dead_letters` can start again.
 pub fn purge(queue: &str, older_secs: Option<f64>, hooks: &dyn ExecutionHooks) -> i64 {
     let cutoff = match older_secs {
-        Some(secs) => Spi::connect_mut(|client| {
-            rows::only_value::<TimestampWithTimeZone>(
-                run(client, &CUTOFF, &[secs.into()]),
-                "reading the clock",
-            )
-        }),
+        Some(secs) => CUTOFF.one_value::<TimestampWithTimeZone>(&[secs.into()], "reading the clock"),
         None => TimestampWithTimeZone::positive_infinity(),
     };
     let mut total = 0;
     loop {
-        let (n, executions): (i64, Vec<pgrx::Uuid>) = Spi::connect_mut(|client| {
-            rows::only(
-                run(client, &PURGE, &[queue.into(), cutoff.into(), PURGE_BATCH.into()]),
-                "purging dead letters",
-            )
-        });
+        let Gone { n, executions } = PURGE.one(
+            &[queue.into(), cutoff.into(), PURGE_BATCH.into()],
+            "purging dead letters",
+        );
         if !executions.is_empty() {
             hooks.dead_letters_gone(&executions);
         }
@@ -244,21 +286,15 @@ const REDRIVABLE: Stmt = Stmt::read(
 /// ended, or an older one of the same key goes first) are left, so calling
 /// it again until it returns 0 ends.
 pub fn redrive_queue(queue: &str, older_secs: f64, max: i64, hooks: &dyn ExecutionHooks) -> i32 {
-    let found: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &REDRIVABLE,
-                &[queue.into(), older_secs.into(), max.into()],
-            ),
-            "choosing dead letters to redrive",
-        )
-    });
+    let found: Vec<Redrivable> = REDRIVABLE.all(
+        &[queue.into(), older_secs.into(), max.into()],
+        "choosing dead letters to redrive",
+    );
     let mut keys = std::collections::HashSet::new();
     let ids: Vec<pgrx::Uuid> = found
         .into_iter()
-        .filter(|(_, key)| key.as_ref().is_none_or(|k| keys.insert(k.clone())))
-        .map(|(id, _)| id)
+        .filter(|d| d.key.as_ref().is_none_or(|k| keys.insert(k.clone())))
+        .map(|d| d.id)
         .collect();
     if ids.is_empty() {
         return 0;
@@ -281,12 +317,8 @@ const EXPIRED: Stmt = Stmt::write(
 /// Deletes up to `max` dead letters (of any queue) dead for longer than
 /// `older_secs`, oldest first (retention); how many. Quota counters follow.
 pub fn expire(older_secs: f64, max: i64, hooks: &dyn ExecutionHooks) -> i64 {
-    let (n, executions): (i64, Vec<pgrx::Uuid>) = Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &EXPIRED, &[older_secs.into(), max.into()]),
-            "deleting expired dead letters",
-        )
-    });
+    let Gone { n, executions } =
+        EXPIRED.one(&[older_secs.into(), max.into()], "deleting expired dead letters");
     if !executions.is_empty() {
         hooks.dead_letters_gone(&executions);
     }

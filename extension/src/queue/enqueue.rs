@@ -13,8 +13,7 @@ use crate::base::clock;
 use crate::base::errors::bad_argument;
 use crate::base::ids;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::queue::floor::{self, lower_in_enqueue};
 use crate::queue::hooks::{ExecutionIntake, Intake};
 use crate::queue::queues::Queue;
@@ -439,11 +438,11 @@ pub fn insert_at(
     }
     .statement();
     let stmt = &INSERTS[readying.floors as usize][variant][q.notify as usize];
-    let was_idle = Spi::connect_mut(|client| {
+    let was_idle = {
         // The probe answers once per statement, even when an idempotency
         // conflict inserted nothing.
-        rows::only_value::<bool>(run(client, stmt, &args), "enqueueing")
-    });
+        stmt.one_value::<bool>(&args, "enqueueing")
+    };
     if let Some(key) = &o.idempotency_key
         && let Some(existing) = by_idempotency_key(name, key)
         && existing != first_id
@@ -465,17 +464,12 @@ pub fn insert_at(
     }
     // Only an idle queue's workers can be asleep on LISTEN (see ready.rs).
     if admitted > 0 && q.notify && was_idle {
-        exec(&NOTIFY, &[name.into()]);
+        NOTIFY.exec(&[name.into()]);
     }
     new_ids
 }
 
 /// The unfinished task of `queue` holding idempotency `key`, if any.
 pub fn by_idempotency_key(queue: &str, key: &str) -> Option<pgrx::Uuid> {
-    Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &BY_IDEMPOTENCY_KEY, &[queue.into(), key.into()]),
-            "reading an idempotency key",
-        )
-    })
+    BY_IDEMPOTENCY_KEY.value(&[queue.into(), key.into()], "reading an idempotency key")
 }

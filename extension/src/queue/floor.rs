@@ -16,8 +16,8 @@ use pgrx::prelude::*;
 
 use crate::base::catalog::{self, Feature};
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows::{self, FromRow};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// Rows a backend claims from a queue between two tries at advancing its
 /// floors. An advance costs one seek per band and leaves two dead row
@@ -364,7 +364,7 @@ pub fn readied(lowest: &[Lowest]) {
             .collect::<Vec<bool>>()
             .into(),
     ];
-    exec(&LOWER, &args);
+    LOWER.exec(&args);
 }
 
 /// After a claim from `queue` of `rows` (band and key of each): every
@@ -389,9 +389,7 @@ pub fn claimed(queue: &str, rows: impl Iterator<Item = (f64, Key)>) {
     if !due || !read_committed() || !enabled() || !locks::free(Class::FloorLate, queue) {
         return;
     }
-    let generation: i64 = Spi::connect_mut(|client| {
-        rows::only_value(run(client, &GENERATION, &[]), "taking a floor generation")
-    });
+    let generation: i64 = GENERATION.one_value(&[], "taking a floor generation");
     // Tested again under the lock: one may have come since (it was late for
     // an advance that has ended since).
     if !locks::try_exclusive(Class::Floor, queue) || !locks::free(Class::FloorLate, queue) {
@@ -412,9 +410,19 @@ pub fn claimed(queue: &str, rows: impl Iterator<Item = (f64, Key)>) {
         highs.iter().map(|h| h.1.2).collect::<Vec<i64>>().into(),
         generation.into(),
     ];
-    exec(&ADVANCE, &args);
+    ADVANCE.exec(&args);
     // Its generation is past the kept floors': the next claim reads them.
     forget(queue);
+}
+row! {
+    /// A band's floor: the band, and the key `(k1, k2, seq)` its claims
+    /// seek from.
+    struct Floor {
+        band: f64,
+        k1: f64,
+        k2: f64,
+        seq: i64,
+    }
 }
 
 /// The floors of `queue` this backend keeps, or reads now and keeps; `None`
@@ -455,21 +463,19 @@ pub fn kept(queue: &str) -> Option<Rc<Kept>> {
     if !locks::free(Class::Floor, queue) || !locks::free(Class::FloorLate, queue) {
         return None;
     }
-    let floors: Vec<(f64, f64, f64, i64)> = Spi::connect_mut(|client| {
-        run(client, &WALK, &[queue.into()])
-            .map(|row| FromRow::from_row(&row, "reading a queue's floors"))
-            .collect()
-    });
-    if floors.is_empty() || floors.len() > KEPT_BANDS || floors.iter().any(|f| is_aging(f.0) || f.0.is_nan())
+    let floors: Vec<Floor> = WALK.all(&[queue.into()], "reading a queue's floors");
+    if floors.is_empty()
+        || floors.len() > KEPT_BANDS
+        || floors.iter().any(|f| is_aging(f.band) || f.band.is_nan())
     {
         return None;
     }
     let kept = Rc::new(Kept {
         generation,
-        bands: floors.iter().map(|f| f.0).collect(),
-        k1: floors.iter().map(|f| f.1).collect(),
-        k2: floors.iter().map(|f| f.2).collect(),
-        seq: floors.iter().map(|f| f.3).collect(),
+        bands: floors.iter().map(|f| f.band).collect(),
+        k1: floors.iter().map(|f| f.k1).collect(),
+        k2: floors.iter().map(|f| f.k2).collect(),
+        seq: floors.iter().map(|f| f.seq).collect(),
     });
     KEPT.with(|k| {
         let mut k = k.borrow_mut();

@@ -6,8 +6,8 @@ use pgrx::prelude::*;
 use sheaf_core::state::TaskState;
 
 use crate::base::errors::{stale_token, unknown_task};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows::{self, Column};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::tasks::{RUNNING, attempt_secs, claim_times, queues_with};
 use crate::queue::{cancel, caps, dead_letters, ready};
@@ -83,20 +83,12 @@ const EXPIRED: [[Stmt; 2]; 2] = [
 
 /// Locks a task that must be running under `token`; its concurrency key.
 pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
-    let row = Spi::connect_mut(|client| {
-        rows::first::<(Option<String>,)>(
-            run(
-                client,
-                &RUNNING_FOR_UPDATE,
-                &[task_id.into(), token.into(), RUNNING.into()],
-            ),
-            "reading a running task",
-        )
-    });
-    match row {
-        Some((key,)) => key,
-        None => not_running(task_id, token),
-    }
+    // A row whose key is NULL is a running task without one.
+    let row = RUNNING_FOR_UPDATE.value::<Option<String>>(
+        &[task_id.into(), token.into(), RUNNING.into()],
+        "reading a running task",
+    );
+    row.unwrap_or_else(|| not_running(task_id, token))
 }
 
 /// Refuses a call on a task that is not running under `token`: cancelled
@@ -106,9 +98,7 @@ pub fn lock_running(task_id: pgrx::Uuid, token: i64) -> Option<String> {
 /// gone" apart.
 pub fn not_running(task_id: pgrx::Uuid, token: i64) -> ! {
     cancel::told(task_id, token);
-    let exists = Spi::connect_mut(|client| {
-        rows::value::<bool>(run(client, &EXISTS, &[task_id.into()]), "looking a task up")
-    });
+    let exists = EXISTS.value::<bool>(&[task_id.into()], "looking a task up");
     if exists == Some(true) {
         stale_token(task_id, token)
     }
@@ -125,15 +115,12 @@ pub fn put_back(task_id: pgrx::Uuid, key: Option<&str>, refund: bool, error: Opt
     } else {
         TaskState::Ready
     };
-    exec(
-        &PUT_BACK,
-        &[
-            task_id.into(),
-            state.as_str().into(),
-            (refund as i32).into(),
-            error.into(),
-        ],
-    );
+    PUT_BACK.exec(&[
+        task_id.into(),
+        state.as_str().into(),
+        (refund as i32).into(),
+        error.into(),
+    ]);
     match key {
         Some(key) if wait => caps::waited(key, &[task_id]),
         _ => ready::insert(&[task_id]),
@@ -154,15 +141,10 @@ pub fn release(task_id: pgrx::Uuid, token: i64) {
 /// Extends a task's lease from now by `extend_secs` (default: the lease it
 /// was claimed with); returns the new lease end.
 pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> TimestampWithTimeZone {
-    let end = Spi::connect_mut(|client| {
-        run(
-            client,
-            &HEARTBEAT,
-            &[task_id.into(), token.into(), extend_secs.into(), RUNNING.into()],
-        )
-        .next()
-        .map(|row| TimestampWithTimeZone::read(&row, 1, "reading a lease end"))
-    });
+    let end: Option<TimestampWithTimeZone> = HEARTBEAT.value(
+        &[task_id.into(), token.into(), extend_secs.into(), RUNNING.into()],
+        "reading a lease end",
+    );
     end.unwrap_or_else(|| not_running(task_id, token))
 }
 
@@ -172,23 +154,27 @@ pub fn extend(task_id: pgrx::Uuid, token: i64, extend_secs: Option<f64>) -> Time
 /// fails its execution). With `since` (epoch seconds), only leases that
 /// expired since then.
 pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Option<f64>) -> i64 {
-    let expired: Vec<Expired> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &EXPIRED[claim_times()][since.is_some() as usize],
-                &[queue.into(), max.into(), since.into()],
-            ),
-            "reading expired leases",
-        )
-    });
+    let expired: Vec<Expired> = EXPIRED[claim_times()][since.is_some() as usize].all(
+        &[queue.into(), max.into(), since.into()],
+        "reading expired leases",
+    );
     let n = expired.len() as i64;
     // Keys in a fixed order: two reapers never take two keys' slot rows in
     // opposite orders.
     let mut expired = expired;
-    expired.sort_by(|a, b| a.1.cmp(&b.1));
+    expired.sort_by(|a, b| a.key.cmp(&b.key));
     let error = "lease expired before the task was completed (worker crashed or stalled)";
-    for (id, key, last_attempt, execution_id, kind, attempt, cancelled, secs) in expired {
+    for Expired {
+        id,
+        key,
+        last_attempt,
+        execution_id,
+        kind,
+        attempt,
+        cancelled,
+        secs,
+    } in expired
+    {
         // Cancelled while it ran, and its holder never gave it back.
         if cancelled {
             cancel::settle_expired(id);
@@ -214,19 +200,22 @@ pub fn reap_queue(queue: &str, max: i64, hooks: &dyn ExecutionHooks, since: Opti
     n
 }
 
-/// An expired lease: task, key, whether it was the last attempt, its
-/// execution, kind, attempt, whether it was cancelled, and the attempt's
-/// seconds.
-type Expired = (
-    pgrx::Uuid,
-    Option<String>,
-    bool,
-    Option<pgrx::Uuid>,
-    String,
-    i32,
-    bool,
-    Option<f64>,
-);
+row! {
+    /// An expired lease.
+    struct Expired {
+        id: pgrx::Uuid,
+        key: Option<String>,
+        /// Whether it was the task's last attempt.
+        last_attempt: bool,
+        execution_id: Option<pgrx::Uuid>,
+        kind: String,
+        attempt: i32,
+        /// Whether the task was cancelled while it ran.
+        cancelled: bool,
+        /// The attempt's seconds since its claim.
+        secs: Option<f64>,
+    }
+}
 
 const EXPIRED_QUEUES: Stmt = Stmt::read(queues_with!("running", "t.lease_expires_at < now()"), &[]);
 
@@ -234,12 +223,7 @@ const EXPIRED_QUEUES: Stmt = Stmt::read(queues_with!("running", "t.lease_expires
 /// with one); returns how many.
 pub fn reap_all(max: i64, hooks: &dyn ExecutionHooks) -> i64 {
     let mut left = max;
-    let queues: Vec<String> = Spi::connect_mut(|client| {
-        rows::values(
-            run(client, &EXPIRED_QUEUES, &[]),
-            "finding queues with expired leases",
-        )
-    });
+    let queues: Vec<String> = EXPIRED_QUEUES.values(&[], "finding queues with expired leases");
     for queue in queues {
         if left <= 0 {
             break;

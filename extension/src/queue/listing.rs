@@ -4,14 +4,14 @@
 //! (`sheaf_core::listing`), so a page costs its rows, not the table; nothing
 //! here writes, and nothing was added to the claim's tables for it.
 
-use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
+use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use sheaf_core::listing::{DeadAnchor, STATE_ORDER, TaskAnchor};
 use sheaf_core::state::TaskState;
 
 use crate::base::errors::bad_argument;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::{Split, row};
 
 /// The columns every task row starts with (`t` is `tasks`).
 macro_rules! task_columns {
@@ -42,22 +42,53 @@ pub type ListedTask = (
     pgrx::JsonB,
 );
 
-type TaskRow = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    i32,
-    i32,
-    i32,
-    TimestampWithTimeZone,
-    TimestampWithTimeZone,
-    Option<String>,
-    Option<TimestampWithTimeZone>,
-    Option<String>,
-    Option<pgrx::Uuid>,
-    Option<pgrx::JsonB>,
-);
+row! {
+    /// A task's `task_columns!()`.
+    struct TaskRow {
+        id: pgrx::Uuid,
+        _queue: String,
+        kind: String,
+        state: String,
+        priority: i32,
+        attempts: i32,
+        max_attempts: i32,
+        run_at: TimestampWithTimeZone,
+        enqueued_at: TimestampWithTimeZone,
+        concurrency_key: Option<String>,
+        lease_expires_at: Option<TimestampWithTimeZone>,
+        last_error: Option<String>,
+        execution_id: Option<pgrx::Uuid>,
+        progress: Option<pgrx::JsonB>,
+    }
+}
+
+row! {
+    /// A ready task's place in line, after its `TaskRow`.
+    struct ReadyKeys {
+        k1: f64,
+        k2: f64,
+        seq: i64,
+    }
+}
+
+row! {
+    /// A scheduled, running or paused task's anchor, after its `TaskRow`:
+    /// a time (run_at, lease end, or its execution's creation) and an id
+    /// (its own, or its execution's).
+    struct TimedKeys {
+        at: TimestampWithTimeZone,
+        id: pgrx::Uuid,
+    }
+}
+
+row! {
+    /// A waiting task's place in its key's line, after its `TaskRow`.
+    struct WaitingKeys {
+        key: String,
+        priority: i32,
+        seq: i64,
+    }
+}
 
 const READY: Stmt = Stmt::read(
     concat!(
@@ -220,13 +251,18 @@ fn ready_page(queue: &str, after: Option<&TaskAnchor>, limit: i64) -> Vec<Listed
         Some(TaskAnchor::Ready { k1, k2, seq }) => (*k1, *k2, *seq),
         _ => (f64::NEG_INFINITY, f64::NEG_INFINITY, i64::MIN),
     };
-    let found: Vec<(TaskRow, (f64, f64, i64))> = Spi::connect_mut(|client| {
-        let args = [queue.into(), k1.into(), k2.into(), seq.into(), limit.into()];
-        split(rows::all(run(client, &READY, &args), "listing ready tasks"))
-    });
+    let found: Vec<Split<TaskRow, ReadyKeys>> = READY.all(
+        &[queue.into(), k1.into(), k2.into(), seq.into(), limit.into()],
+        "listing ready tasks",
+    );
     found
         .into_iter()
-        .map(|(row, (k1, k2, seq))| with_anchor(row, &TaskAnchor::Ready { k1, k2, seq }))
+        .map(
+            |Split {
+                 head,
+                 tail: ReadyKeys { k1, k2, seq },
+             }| { with_anchor(head, &TaskAnchor::Ready { k1, k2, seq }) },
+        )
         .collect()
 }
 
@@ -244,21 +280,24 @@ fn timed_page(queue: &str, state: TaskState, after: Option<&TaskAnchor>, limit: 
     } else {
         (&RUNNING, "listing running tasks")
     };
-    let found: Vec<(TaskRow, (TimestampWithTimeZone, pgrx::Uuid))> = Spi::connect_mut(|client| {
-        let args = [queue.into(), at.into(), id.into(), limit.into()];
-        split(rows::all(run(client, stmt, &args), doing))
-    });
+    let found: Vec<Split<TaskRow, TimedKeys>> =
+        stmt.all(&[queue.into(), at.into(), id.into(), limit.into()], doing);
     found
         .into_iter()
-        .map(|(row, (at, id))| {
-            let (at, id) = (micros(at), core_uuid(id));
-            let anchor = if scheduled {
-                TaskAnchor::Scheduled { at, id }
-            } else {
-                TaskAnchor::Running { at, id }
-            };
-            with_anchor(row, &anchor)
-        })
+        .map(
+            |Split {
+                 head,
+                 tail: TimedKeys { at, id },
+             }| {
+                let (at, id) = (micros(at), core_uuid(id));
+                let anchor = if scheduled {
+                    TaskAnchor::Scheduled { at, id }
+                } else {
+                    TaskAnchor::Running { at, id }
+                };
+                with_anchor(head, &anchor)
+            },
+        )
         .collect()
 }
 
@@ -267,19 +306,24 @@ fn waiting_page(queue: &str, after: Option<&TaskAnchor>, limit: i64) -> Vec<List
         Some(TaskAnchor::Waiting { key, priority, seq }) => (key.as_str(), *priority, *seq),
         _ => ("", 0, 0),
     };
-    let found: Vec<(TaskRow, (String, i32, i64))> = Spi::connect_mut(|client| {
-        let args = [
+    let found: Vec<Split<TaskRow, WaitingKeys>> = WAITING.all(
+        &[
             queue.into(),
             key.into(),
             priority.into(),
             seq.into(),
             limit.into(),
-        ];
-        split(rows::all(run(client, &WAITING, &args), "listing waiting tasks"))
-    });
+        ],
+        "listing waiting tasks",
+    );
     found
         .into_iter()
-        .map(|(row, (key, priority, seq))| with_anchor(row, &TaskAnchor::Waiting { key, priority, seq }))
+        .map(
+            |Split {
+                 head,
+                 tail: WaitingKeys { key, priority, seq },
+             }| { with_anchor(head, &TaskAnchor::Waiting { key, priority, seq }) },
+        )
         .collect()
 }
 
@@ -290,61 +334,45 @@ fn paused_page(queue: &str, after: Option<&TaskAnchor>, limit: i64) -> Vec<Liste
         }
         _ => (TimestampWithTimeZone::negative_infinity(), nil(), nil()),
     };
-    let found: Vec<(TaskRow, (TimestampWithTimeZone, pgrx::Uuid))> = Spi::connect_mut(|client| {
-        let args = [queue.into(), at.into(), execution.into(), id.into(), limit.into()];
-        split(rows::all(run(client, &PAUSED, &args), "listing paused tasks"))
-    });
+    let found: Vec<Split<TaskRow, TimedKeys>> = PAUSED.all(
+        &[queue.into(), at.into(), execution.into(), id.into(), limit.into()],
+        "listing paused tasks",
+    );
     found
         .into_iter()
-        .map(|(row, (at, execution))| {
-            let anchor = TaskAnchor::Paused {
-                at: micros(at),
-                execution_id: core_uuid(execution),
-                id: core_uuid(row.0),
-            };
-            with_anchor(row, &anchor)
-        })
+        .map(
+            |Split {
+                 head,
+                 tail: TimedKeys { at, id: execution },
+             }| {
+                let anchor = TaskAnchor::Paused {
+                    at: micros(at),
+                    execution_id: core_uuid(execution),
+                    id: core_uuid(head.id),
+                };
+                with_anchor(head, &anchor)
+            },
+        )
         .collect()
-}
-
-/// Rows read as one flat tuple, split into the task and its anchor's keys.
-fn split<A, B>(rows: Vec<rows::Split<A, B>>) -> Vec<(A, B)> {
-    rows.into_iter().map(|r| (r.0, r.1)).collect()
 }
 
 /// The row without its queue (the caller's argument, not repeated in
 /// every row), and its anchor.
 fn with_anchor(row: TaskRow, anchor: &TaskAnchor) -> ListedTask {
-    let (
-        id,
-        _queue,
-        kind,
-        state,
-        priority,
-        attempts,
-        max_attempts,
-        run_at,
-        enqueued_at,
-        key,
-        lease,
-        error,
-        execution,
-        progress,
-    ) = row;
     (
-        id,
-        kind,
-        state,
-        priority,
-        attempts,
-        max_attempts,
-        run_at,
-        enqueued_at,
-        key,
-        lease,
-        error,
-        execution,
-        progress,
+        row.id,
+        row.kind,
+        row.state,
+        row.priority,
+        row.attempts,
+        row.max_attempts,
+        row.run_at,
+        row.enqueued_at,
+        row.concurrency_key,
+        row.lease_expires_at,
+        row.last_error,
+        row.execution_id,
+        row.progress,
         pgrx::JsonB(anchor.to_json()),
     )
 }
@@ -420,40 +448,55 @@ const GET: Stmt = Stmt::read(
 
 /// The task `id` (or its dead letter), if this shard has it.
 pub fn get(id: pgrx::Uuid) -> Option<TaskDetail> {
-    Spi::connect_mut(|client| {
-        let found: Option<rows::Split<TaskDetailHead, TaskDetailTail>> =
-            rows::first(run(client, &GET, &[id.into()]), "reading a task");
-        found.map(|rows::Split(h, t)| {
-            (
-                h.1, h.2, h.3, h.4, h.5, h.6, h.7, h.8, h.9, h.10, h.11, h.12, t.0, t.1, t.2, t.3, t.4, h.13,
-            )
-        })
+    GET.first::<Detail>(&[id.into()], "reading a task").map(|d| {
+        (
+            d.queue,
+            d.kind,
+            d.state,
+            d.priority,
+            d.attempts,
+            d.max_attempts,
+            d.run_at,
+            d.enqueued_at,
+            d.concurrency_key,
+            d.lease_expires_at,
+            d.last_error,
+            d.execution_id,
+            d.payload,
+            d.lease_owner,
+            d.idempotency_key,
+            d.fairness_key,
+            d.dead_at,
+            d.progress,
+        )
     })
 }
 
-type TaskDetailHead = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    i32,
-    i32,
-    i32,
-    Option<TimestampWithTimeZone>,
-    TimestampWithTimeZone,
-    Option<String>,
-    Option<TimestampWithTimeZone>,
-    Option<String>,
-    Option<pgrx::Uuid>,
-    Option<pgrx::JsonB>,
-);
-type TaskDetailTail = (
-    pgrx::JsonB,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<TimestampWithTimeZone>,
-);
+row! {
+    /// A row of `GET`: a task's `task_columns!()` (a dead letter's, with no
+    /// `run_at`), then its detail.
+    struct Detail {
+        _id: pgrx::Uuid,
+        queue: String,
+        kind: String,
+        state: String,
+        priority: i32,
+        attempts: i32,
+        max_attempts: i32,
+        run_at: Option<TimestampWithTimeZone>,
+        enqueued_at: TimestampWithTimeZone,
+        concurrency_key: Option<String>,
+        lease_expires_at: Option<TimestampWithTimeZone>,
+        last_error: Option<String>,
+        execution_id: Option<pgrx::Uuid>,
+        progress: Option<pgrx::JsonB>,
+        payload: pgrx::JsonB,
+        lease_owner: Option<String>,
+        idempotency_key: Option<String>,
+        fairness_key: Option<String>,
+        dead_at: Option<TimestampWithTimeZone>,
+    }
+}
 
 /// A listed dead letter: id, queue, kind, priority, attempts,
 /// max_attempts, execution, concurrency_key, last_error, enqueued_at,
@@ -507,19 +550,22 @@ const DEAD: Stmt = Stmt::read(
     ],
 );
 
-type DeadRow = (
-    pgrx::Uuid,
-    String,
-    String,
-    i32,
-    i32,
-    i32,
-    Option<pgrx::Uuid>,
-    Option<String>,
-    Option<String>,
-    TimestampWithTimeZone,
-    TimestampWithTimeZone,
-);
+row! {
+    /// A dead letter's `dead_columns!()`.
+    struct DeadRow {
+        id: pgrx::Uuid,
+        queue: String,
+        kind: String,
+        priority: i32,
+        attempts: i32,
+        max_attempts: i32,
+        execution_id: Option<pgrx::Uuid>,
+        concurrency_key: Option<String>,
+        last_error: Option<String>,
+        enqueued_at: TimestampWithTimeZone,
+        dead_at: TimestampWithTimeZone,
+    }
+}
 
 /// Dead letters (of `queue`, or every queue), newest first, after `after`.
 pub fn dead_letters(queue: Option<&str>, after: Option<DeadAnchor>, limit: i64) -> Vec<ListedDead> {
@@ -527,83 +573,62 @@ pub fn dead_letters(queue: Option<&str>, after: Option<DeadAnchor>, limit: i64) 
         Some(a) => (timestamp("after", a.at), uuid(a.id)),
         None => (TimestampWithTimeZone::positive_infinity(), max_id()),
     };
-    let found: Vec<DeadRow> = Spi::connect_mut(|client| {
-        let table = match queue {
-            Some(q) => {
-                let args: [DatumWithOid<'_>; 4] = [q.into(), at.into(), id.into(), limit.into()];
-                run(client, &DEAD_OF_QUEUE, &args)
-            }
-            None => run(client, &DEAD, &[at.into(), id.into(), limit.into()]),
-        };
-        rows::all(table, "listing dead letters")
-    });
+    let found: Vec<DeadRow> = match queue {
+        Some(q) => DEAD_OF_QUEUE.all(
+            &[q.into(), at.into(), id.into(), limit.into()],
+            "listing dead letters",
+        ),
+        None => DEAD.all(&[at.into(), id.into(), limit.into()], "listing dead letters"),
+    };
     found
         .into_iter()
-        .map(
-            |(id, queue, kind, priority, attempts, max, execution, key, error, enqueued, dead)| {
-                let anchor = DeadAnchor {
-                    at: micros(dead),
-                    id: core_uuid(id),
-                };
-                (
-                    id,
-                    queue,
-                    kind,
-                    priority,
-                    attempts,
-                    max,
-                    execution,
-                    key,
-                    error,
-                    enqueued,
-                    dead,
-                    pgrx::JsonB(anchor.to_json()),
-                )
-            },
-        )
+        .map(|d| {
+            let anchor = DeadAnchor {
+                at: micros(d.dead_at),
+                id: core_uuid(d.id),
+            };
+            (
+                d.id,
+                d.queue,
+                d.kind,
+                d.priority,
+                d.attempts,
+                d.max_attempts,
+                d.execution_id,
+                d.concurrency_key,
+                d.last_error,
+                d.enqueued_at,
+                d.dead_at,
+                pgrx::JsonB(anchor.to_json()),
+            )
+        })
         .collect()
 }
 
-/// A queue as `list_queues` shows it: name, aging_secs, fairness, notify,
-/// created_at, then its tasks ready, scheduled, running, waiting, paused,
-/// its dead letters, and the age of its oldest ready task.
-pub type QueueRow = (
-    String,
-    Option<i32>,
-    bool,
-    bool,
-    TimestampWithTimeZone,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<Interval>,
-);
+row! {
+    /// A queue as `list_queues` shows it: its settings, then its tasks in
+    /// each state, its dead letters, and the age of its oldest ready task.
+    pub struct QueueRow {
+        pub name: String,
+        pub aging_secs: Option<i32>,
+        pub fairness: bool,
+        pub notify: bool,
+        pub created_at: TimestampWithTimeZone,
+        pub ready: i64,
+        pub scheduled: i64,
+        pub running: i64,
+        pub waiting: i64,
+        pub paused: i64,
+        pub dead: i64,
+        pub oldest_ready_age: Option<Interval>,
+    }
+}
 
 /// Each state counted on its own index; the waiting and paused tasks
 /// (whose indexes have no queue) counted once, grouped.
-const QUEUES: Stmt = Stmt::read(
-    "SELECT q.name, q.aging_secs, q.fairness, q.notify, q.created_at, \
-            (SELECT count(*) FROM ready r WHERE r.queue = q.name), \
-            (SELECT count(*) FROM tasks t WHERE t.queue = q.name AND t.state = 'scheduled'), \
-            (SELECT count(*) FROM tasks t WHERE t.queue = q.name AND t.state = 'running'), \
-            coalesce(w.n, 0), coalesce(p.n, 0), \
-            (SELECT count(*) FROM dead_letters d WHERE d.queue = q.name), \
-            now() - (SELECT min(t.enqueued_at) FROM ready r JOIN tasks t ON t.id = r.task_id \
-                     WHERE r.queue = q.name) \
-     FROM queues q \
-     LEFT JOIN (SELECT queue, count(*) AS n FROM tasks WHERE state = 'waiting' GROUP BY queue) w \
-       ON w.queue = q.name \
-     LEFT JOIN (SELECT t.queue, count(*) AS n FROM executions e JOIN tasks t ON t.execution_id = e.id \
-                WHERE e.state = 'PAUSED' AND t.state = 'paused' GROUP BY t.queue) p \
-       ON p.queue = q.name \
-     ORDER BY q.name",
-    &[],
-);
+const QUEUES: Stmt = Stmt::read(include_str!("sql/list_queues.sql"), &[]);
 
 /// Every queue of this shard, by name.
 pub fn queues() -> Vec<QueueRow> {
-    Spi::connect_mut(|client| rows::all(run(client, &QUEUES, &[]), "listing queues"))
+    QUEUES.all(&[], "listing queues")
 }

@@ -5,8 +5,7 @@ use pgrx::prelude::*;
 
 use crate::base::catalog::{self, Feature};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::queue::lease;
 
 /// The largest progress value kept, in bytes of compact JSON text.
@@ -41,11 +40,11 @@ const PRUNE: Stmt = Stmt::write(
 
 /// Records the progress of a task running under `token`.
 pub fn set(task_id: pgrx::Uuid, token: i64, progress: Jsonb) {
-    let held = Spi::connect_mut(|client| !run(client, &RUNNING, &[task_id.into(), token.into()]).is_empty());
+    let held = RUNNING.count(&[task_id.into(), token.into()]) > 0;
     if !held {
         lease::not_running(task_id, token);
     }
-    exec(&SET, &[task_id.into(), progress.into()]);
+    SET.exec(&[task_id.into(), progress.into()]);
 }
 
 /// Deletes up to `max` progress rows of finished tasks; how many.
@@ -53,5 +52,5 @@ pub fn prune(max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    Spi::connect_mut(|client| rows::only_value(run(client, &PRUNE, &[max.into()]), "pruning task progress"))
+    PRUNE.one_value(&[max.into()], "pruning task progress")
 }

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use pgrx::prelude::*;
 
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::tasks::queues_with;
 use crate::queue::{caps, ready, tasks};
 
@@ -42,24 +42,24 @@ const DUE_QUEUES: Stmt = Stmt::read(queues_with!("scheduled", "t.run_at <= now()
 
 /// The queues with a scheduled task due now.
 pub fn due_queues() -> Vec<String> {
-    Spi::connect_mut(|client| rows::values(run(client, &DUE_QUEUES, &[]), "finding queues with due tasks"))
+    DUE_QUEUES.values(&[], "finding queues with due tasks")
+}
+
+row! {
+    /// A due task, locked.
+    struct Due {
+        id: pgrx::Uuid,
+        key: Option<String>,
+    }
 }
 
 /// Promotes up to `max` due scheduled tasks of `queue`, of those due since
 /// `since` (epoch seconds) if given; returns how many.
 pub fn due(queue: &str, max: i64, since: Option<f64>) -> i64 {
-    let rows: Vec<(pgrx::Uuid, Option<String>)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &DUE[since.is_some() as usize],
-                &[queue.into(), max.into(), since.into()],
-            ),
-            "reading due tasks",
-        )
-    });
+    let rows: Vec<Due> =
+        DUE[since.is_some() as usize].all(&[queue.into(), max.into(), since.into()], "reading due tasks");
     let n = rows.len() as i64;
-    place(rows);
+    place(rows.into_iter().map(|r| (r.id, r.key)).collect());
     n
 }
 
@@ -91,7 +91,7 @@ pub fn place(tasks: Vec<(pgrx::Uuid, Option<String>)>) {
     }
     if !waiting.is_empty() {
         let all: Vec<pgrx::Uuid> = waiting.iter().flat_map(|w| w.1.iter().copied()).collect();
-        exec(&SET_WAITING, &[all.into()]);
+        SET_WAITING.exec(&[all.into()]);
         for (key, ids) in &waiting {
             caps::waited(key, ids);
         }

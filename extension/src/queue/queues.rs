@@ -13,8 +13,8 @@ use sheaf_core::state::TaskState;
 use crate::base::args::required;
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::{bad_argument, internal, not_found, not_ready};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::hooks::ExecutionHooks;
 use crate::queue::{caps, dead_letters, ready};
 
@@ -91,13 +91,27 @@ pub fn check_name(queue: Option<&str>) -> &str {
     queue
 }
 
+row! {
+    /// A queue's row as `LOAD` reads it.
+    struct Loaded {
+        aging_secs: Option<i32>,
+        fairness: bool,
+        notify: bool,
+        xmin: pg_sys::TransactionId,
+    }
+}
+
 /// The queue's configuration as stored, and whether this transaction wrote
 /// the row (then it may yet roll back, and is not cached).
 fn stored(name: &str) -> Option<(Queue, bool)> {
-    Spi::connect_mut(|client| {
-        let (aging, fairness, notify, xmin): (Option<i32>, bool, bool, pg_sys::TransactionId) =
-            rows::first(run(client, &LOAD, &[name.into()]), "reading a queue")?;
-        let mode = match (aging, fairness) {
+    {
+        let Loaded {
+            aging_secs,
+            fairness,
+            notify,
+            xmin,
+        } = LOAD.first(&[name.into()], "reading a queue")?;
+        let mode = match (aging_secs, fairness) {
             (Some(secs), _) => Mode::Aging { secs: secs as u32 },
             (None, true) => Mode::Fairness,
             (None, false) => Mode::Priority,
@@ -105,7 +119,7 @@ fn stored(name: &str) -> Option<(Queue, bool)> {
         // SAFETY: a plain lookup in this backend's transaction state.
         let ours = unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) };
         Some((Queue { mode, notify }, ours))
-    })
+    }
 }
 
 /// The queue, created with defaults if this is its first use.
@@ -133,7 +147,7 @@ pub fn load_or_create(name: &str) -> Queue {
     let (q, ours) = match stored(name) {
         Some(found) => found,
         None => {
-            exec(&CREATE, &[name.into()]);
+            CREATE.exec(&[name.into()]);
             // Inserted just above (or by a concurrent enqueue, which the
             // insert waited for): the row is there.
             stored(name)
@@ -189,10 +203,7 @@ pub fn configure(name: &str, parsed: &QueueOptions) -> serde_json::Value {
             quoted(name)
         ));
     }
-    exec(
-        &UPDATE,
-        &[name.into(), aging.into(), fairness.into(), notify.into()],
-    );
+    UPDATE.exec(&[name.into(), aging.into(), fairness.into(), notify.into()]);
     invalidate();
     ready::rekey(name, aging);
     serde_json::json!({
@@ -234,8 +245,30 @@ const DELETE_QUEUE: Stmt = Stmt::write(
 /// (cancel those executions first). A task enqueued while the drop runs
 /// survives it, and its queue's row comes back at the queue's next enqueue.
 pub fn drop(name: &str, force: bool, hooks: &dyn ExecutionHooks) -> i64 {
-    let (exists, tasks, of_executions, dead): (bool, i64, i64, i64) =
-        Spi::connect_mut(|client| rows::only(run(client, &CONTENTS, &[name.into()]), "reading a queue"));
+    row! {
+        /// Whether the queue's row exists, its tasks, those of executions,
+        /// and its dead letters.
+        struct Contents {
+            exists: bool,
+            tasks: i64,
+            of_executions: i64,
+            dead: i64,
+        }
+    }
+    row! {
+        /// A deleted task.
+        struct DeletedTask {
+            state: TaskState,
+            key: Option<String>,
+            of_execution: bool,
+        }
+    }
+    let Contents {
+        exists,
+        tasks,
+        of_executions,
+        dead,
+    } = CONTENTS.one(&[name.into()], "reading a queue");
     if !exists && tasks == 0 && dead == 0 {
         not_found(format!("no queue {} on this shard", quoted(name)));
     }
@@ -251,23 +284,18 @@ pub fn drop(name: &str, force: bool, hooks: &dyn ExecutionHooks) -> i64 {
             quoted(name)
         ));
     }
-    exec(&UNREADY_ALL, &[name.into()]);
-    let gone: Vec<(TaskState, Option<String>, bool)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &DELETE_TASKS, &[name.into()]),
-            "deleting a queue's tasks",
-        )
-    });
-    if gone.iter().any(|g| g.2) {
+    UNREADY_ALL.exec(&[name.into()]);
+    let gone: Vec<DeletedTask> = DELETE_TASKS.all(&[name.into()], "deleting a queue's tasks");
+    if gone.iter().any(|g| g.of_execution) {
         not_ready(format!(
             "queue {} took a task of an execution meanwhile: nothing was dropped",
             quoted(name)
         ));
     }
     let n = gone.len() as i64;
-    caps::release_held(gone.into_iter().map(|(state, key, _)| (state, key)).collect());
+    caps::release_held(gone.into_iter().map(|g| (g.state, g.key)).collect());
     let purged = dead_letters::purge(name, None, hooks);
-    exec(&DELETE_QUEUE, &[name.into()]);
+    DELETE_QUEUE.exec(&[name.into()]);
     invalidate();
     n + purged
 }
@@ -333,44 +361,45 @@ thread_local! {
 /// finds no task of it in any state; returns how many it dropped. A
 /// configured queue is never dropped (its configuration would be lost).
 pub fn expire_idle(older_secs: f64) -> i64 {
+    row! {
+        /// A queue of `IDLE_BATCH`.
+        struct IdleRow {
+            name: String,
+            /// Idle for longer than `older_secs`.
+            idle_long: bool,
+            /// Of the default configuration.
+            default_config: bool,
+            /// Has work now.
+            busy: bool,
+        }
+    }
     if !idle_enabled() {
         return 0;
     }
     let after = IDLE_CURSOR.with(|c| c.borrow().clone());
-    let batch: Vec<(String, bool, bool, bool)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &IDLE_BATCH,
-                &[after.as_str().into(), IDLE_BATCH_ROWS.into(), older_secs.into()],
-            ),
-            "sweeping idle queues",
-        )
-    });
+    let batch: Vec<IdleRow> = IDLE_BATCH.all(
+        &[after.as_str().into(), IDLE_BATCH_ROWS.into(), older_secs.into()],
+        "sweeping idle queues",
+    );
     let next = if (batch.len() as i64) < IDLE_BATCH_ROWS {
         String::new()
     } else {
-        batch.last().map(|b| b.0.clone()).unwrap_or_default()
+        batch.last().map(|b| b.name.clone()).unwrap_or_default()
     };
     IDLE_CURSOR.with(|c| *c.borrow_mut() = next);
-    let (busy, idle): (Vec<_>, Vec<_>) = batch.iter().partition(|b| b.3);
-    let names = |v: &[&(String, bool, bool, bool)]| v.iter().map(|b| b.0.clone()).collect::<Vec<String>>();
-    exec(&MARK_BUSY, &[names(&busy).into()]);
-    exec(&MARK_IDLE, &[names(&idle).into()]);
-    let Some((name, ..)) = idle.iter().find(|b| b.1 && b.2) else {
+    let (busy, idle): (Vec<_>, Vec<_>) = batch.iter().partition(|b| b.busy);
+    let names = |v: &[&IdleRow]| v.iter().map(|b| b.name.clone()).collect::<Vec<String>>();
+    MARK_BUSY.exec(&[names(&busy).into()]);
+    MARK_IDLE.exec(&[names(&idle).into()]);
+    let Some(IdleRow { name, .. }) = idle.iter().find(|b| b.idle_long && b.default_config) else {
         return 0;
     };
-    let still: bool = Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &STILL_IDLE, &[name.as_str().into()]),
-            "checking an idle queue",
-        )
-    });
+    let still: bool = STILL_IDLE.one_value(&[name.as_str().into()], "checking an idle queue");
     if !still {
-        exec(&MARK_BUSY, &[vec![name.clone()].into()]);
+        MARK_BUSY.exec(&[vec![name.clone()].into()]);
         return 0;
     }
-    let dropped = Spi::connect_mut(|client| run(client, &DROP_IDLE, &[name.as_str().into()]).len() as i64);
+    let dropped = DROP_IDLE.count(&[name.as_str().into()]) as i64;
     if dropped > 0 {
         invalidate();
     }

@@ -20,8 +20,8 @@ use crate::base::catalog::{self, Feature};
 use crate::base::clock::{self, from_us};
 use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// How far ahead a unit's admission is fixed. `maintain` must run more
 /// often than this for a bucket with a line to keep its pace (every worker
@@ -165,10 +165,7 @@ pub fn declare(name: &str, spec: &serde_json::Value) -> serde_json::Value {
         );
     }
     let limit = RateLimit::parse(spec).unwrap_or_else(|e| bad_argument(&e.option, e.why));
-    exec(
-        &DECLARE,
-        &[name.into(), Jsonb::from_value(limit.normalized.clone()).into()],
-    );
+    DECLARE.exec(&[name.into(), Jsonb::from_value(limit.normalized.clone()).into()]);
     limit.normalized
 }
 
@@ -177,18 +174,23 @@ pub fn declared(name: &str) -> Option<RateLimit> {
     if !enabled() {
         return None;
     }
-    let spec: Option<pgrx::JsonB> =
-        Spi::connect_mut(|client| rows::value(run(client, &SPEC, &[name.into()]), "reading a rate limit"));
+    let spec: Option<pgrx::JsonB> = SPEC.value(&[name.into()], "reading a rate limit");
     spec.and_then(|s| RateLimit::parse(&s.0).ok())
 }
 
 /// `pace` with `name`'s live override applied (its rate and period; the
 /// burst stays).
 pub fn effective(name: &str, pace: Pace) -> Pace {
-    let o: Option<(f64, f64)> =
-        Spi::connect_mut(|client| rows::first(run(client, &OVERRIDE, &[name.into()]), "reading an override"));
+    row! {
+        /// A live override: its rate, and its period in seconds.
+        struct Override {
+            rate: f64,
+            secs: f64,
+        }
+    }
+    let o: Option<Override> = OVERRIDE.first(&[name.into()], "reading an override");
     match o {
-        Some((rate, secs)) => Pace::new(
+        Some(Override { rate, secs }) => Pace::new(
             "override",
             rate,
             std::time::Duration::from_secs_f64(secs),
@@ -203,27 +205,20 @@ pub fn effective(name: &str, pace: Pace) -> Pace {
 /// `name` names one bucket (an unkeyed limit or throttle).
 pub fn set_override(name: &str, pace: Pace, expires_at: TimestampWithTimeZone) {
     require_enabled();
-    exec(
-        &SET_OVERRIDE,
-        &[
-            name.into(),
-            pace.rate.into(),
-            pace.period.as_secs_f64().into(),
-            expires_at.into(),
-        ],
-    );
+    SET_OVERRIDE.exec(&[
+        name.into(),
+        pace.rate.into(),
+        pace.period.as_secs_f64().into(),
+        expires_at.into(),
+    ]);
 }
 
 /// Removes `name`'s override; whether a live one was removed.
 pub fn clear_override(name: &str) -> bool {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::value::<bool>(
-            run(client, &CLEAR_OVERRIDE, &[name.into()]),
-            "clearing an override",
-        )
-    })
-    .unwrap_or(false)
+    CLEAR_OVERRIDE
+        .value::<bool>(&[name.into()], "clearing an override")
+        .unwrap_or(false)
 }
 
 /// When a unit is admitted: at this time (maybe now), or later, from the
@@ -235,17 +230,19 @@ pub enum Admission {
 }
 
 fn lock_bucket(name: &str, key: &str) -> (i64, bool) {
+    row! {
+        /// A bucket's theoretical arrival time, and whether it has a line.
+        struct Bucket {
+            tat: TimestampWithTimeZone,
+            lined: bool,
+        }
+    }
     // A full bucket `prune` deletes between the insert and the lock is
     // inserted again (a full bucket and a fresh one are the same).
     for _ in 0..3 {
-        exec(&NEW_BUCKET, &[name.into(), key.into()]);
-        let row: Option<(TimestampWithTimeZone, bool)> = Spi::connect_mut(|client| {
-            rows::first(
-                run(client, &LOCK_BUCKET, &[name.into(), key.into()]),
-                "locking a bucket",
-            )
-        });
-        if let Some((tat, lined)) = row {
+        NEW_BUCKET.exec(&[name.into(), key.into()]);
+        let row: Option<Bucket> = LOCK_BUCKET.first(&[name.into(), key.into()], "locking a bucket");
+        if let Some(Bucket { tat, lined }) = row {
             return (clock::to_us(tat), lined);
         }
     }
@@ -277,10 +274,7 @@ pub fn reserve(name: &str, key: &str, pace: Pace, arrivals: &[i64]) -> Vec<Admis
         })
         .collect();
     let line_at = lined.then(|| from_us(pace.next_at(tat)));
-    exec(
-        &SET_BUCKET,
-        &[name.into(), key.into(), from_us(tat).into(), line_at.into()],
-    );
+    SET_BUCKET.exec(&[name.into(), key.into(), from_us(tat).into(), line_at.into()]);
     out
 }
 
@@ -288,7 +282,7 @@ pub fn reserve(name: &str, key: &str, pace: Pace, arrivals: &[i64]) -> Vec<Admis
 /// caller reserved them `Line`, so the bucket is locked and marked lined).
 pub fn line(name: &str, key: &str, task_ids: &[pgrx::Uuid]) {
     if !task_ids.is_empty() {
-        exec(&PUSH_LINE, &[name.into(), key.into(), task_ids.to_vec().into()]);
+        PUSH_LINE.exec(&[name.into(), key.into(), task_ids.to_vec().into()]);
     }
 }
 
@@ -300,19 +294,21 @@ pub fn sweep(max_buckets: i64, max_units: i64, pace_of: &dyn Fn(&str) -> Option<
     if !enabled() {
         return 0;
     }
-    let due: Vec<(String, String, TimestampWithTimeZone)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &DUE_BUCKETS,
-                &[(LOOKAHEAD_US as f64 / 1e6).into(), max_buckets.into()],
-            ),
-            "reading due lines",
-        )
-    });
+    row! {
+        /// A bucket whose line is due.
+        struct DueBucket {
+            name: String,
+            key: String,
+            tat: TimestampWithTimeZone,
+        }
+    }
+    let due: Vec<DueBucket> = DUE_BUCKETS.all(
+        &[(LOOKAHEAD_US as f64 / 1e6).into(), max_buckets.into()],
+        "reading due lines",
+    );
     let now = clock::now_us();
     let mut timed = 0;
-    for (name, key, tat) in due {
+    for DueBucket { name, key, tat } in due {
         if timed >= max_units {
             break;
         }
@@ -339,22 +335,14 @@ fn drain(name: &str, key: &str, mut tat: i64, pace: Option<Pace>, now: i64, max:
             n
         }
     };
-    let head: Vec<(i64, pgrx::Uuid)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &HEAD, &[name.into(), key.into(), room.into()]),
-            "reading a line",
-        )
-    });
-    let ids: Vec<pgrx::Uuid> = head.iter().map(|h| h.1).collect();
-    let take = |stmt: &Stmt| -> Vec<pgrx::Uuid> {
-        Spi::connect_mut(|client| {
-            rows::values(run(client, stmt, &[ids.clone().into()]), "reading a line's tasks")
-        })
-    };
+    let head: Vec<Waiting> = HEAD.all(&[name.into(), key.into(), room.into()], "reading a line");
+    let ids: Vec<pgrx::Uuid> = head.iter().map(|h| h.task_id).collect();
+    let take =
+        |stmt: &Stmt| -> Vec<pgrx::Uuid> { stmt.values(&[ids.clone().into()], "reading a line's tasks") };
     let live = take(&TAKE_LIVE);
     let existing = take(&EXISTING);
     let (mut popped, mut timed_ids, mut times) = (Vec::new(), Vec::new(), Vec::new());
-    for (seq, id) in &head {
+    for Waiting { seq, task_id: id } in &head {
         if live.contains(id) {
             let at = match pace {
                 Some(p) => {
@@ -373,28 +361,21 @@ fn drain(name: &str, key: &str, mut tat: i64, pace: Option<Pace>, now: i64, max:
         // Gone (done, cancelled, its run ended) or timed: off the line.
         popped.push(*seq);
     }
-    exec(&POP, &[name.into(), key.into(), popped.into()]);
+    POP.exec(&[name.into(), key.into(), popped.into()]);
     let n = timed_ids.len() as i64;
     if n > 0 {
         // Rows in id order (`base::locks`): they are locked already.
         let mut pairs: Vec<(pgrx::Uuid, TimestampWithTimeZone)> = timed_ids.into_iter().zip(times).collect();
         pairs.sort_by_key(|p| *p.0.as_bytes());
         let (ids, ats): (Vec<pgrx::Uuid>, Vec<TimestampWithTimeZone>) = pairs.into_iter().unzip();
-        exec(&TIME, &[ids.into(), ats.into()]);
+        TIME.exec(&[ids.into(), ats.into()]);
     }
     // The bucket's `tat`, and when its line (if any is left) is next due.
-    let left = Spi::connect_mut(|client| {
-        rows::first::<(i64, pgrx::Uuid)>(
-            run(client, &HEAD, &[name.into(), key.into(), 1i64.into()]),
-            "reading a line",
-        )
-    })
-    .is_some();
+    let left = HEAD
+        .first::<Waiting>(&[name.into(), key.into(), 1i64.into()], "reading a line")
+        .is_some();
     let line_at = left.then(|| from_us(pace.map_or(now, |p| p.next_at(tat))));
-    exec(
-        &SET_BUCKET,
-        &[name.into(), key.into(), from_us(tat).into(), line_at.into()],
-    );
+    SET_BUCKET.exec(&[name.into(), key.into(), from_us(tat).into(), line_at.into()]);
     n
 }
 
@@ -404,24 +385,35 @@ pub fn prune(max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    exec(&PRUNE_OVERRIDES, &[]);
-    Spi::connect_mut(|client| rows::only_value(run(client, &PRUNE_BUCKETS, &[max.into()]), "pruning buckets"))
+    PRUNE_OVERRIDES.exec(&[]);
+    PRUNE_BUCKETS.one_value(&[max.into()], "pruning buckets")
 }
 
-/// A rate limit as `rate_limits()` lists it.
-pub type Listed = (
-    String,
-    pgrx::JsonB,
-    Option<f64>,
-    Option<pgrx::datum::Interval>,
-    Option<TimestampWithTimeZone>,
-    i64,
-    i64,
-);
+row! {
+    /// A unit waiting in a bucket's line.
+    struct Waiting {
+        seq: i64,
+        task_id: pgrx::Uuid,
+    }
+}
+
+row! {
+    /// A rate limit as `rate_limits()` lists it: its spec, its live
+    /// override, its buckets and waiting units.
+    pub struct Listed {
+        pub name: String,
+        pub spec: pgrx::JsonB,
+        pub override_rate: Option<f64>,
+        pub override_period: Option<pgrx::datum::Interval>,
+        pub override_expires_at: Option<TimestampWithTimeZone>,
+        pub buckets: i64,
+        pub waiting: i64,
+    }
+}
 
 /// This shard's rate limits, with their live overrides, buckets and
 /// waiting units.
 pub fn list() -> Vec<Listed> {
     require_enabled();
-    Spi::connect_mut(|client| rows::all(run(client, &LIST, &[]), "listing rate limits"))
+    LIST.all(&[], "listing rate limits")
 }

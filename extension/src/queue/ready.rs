@@ -7,8 +7,8 @@ use pgrx::prelude::*;
 use sheaf_core::ordering::fair_tags;
 
 use crate::base::errors::internal;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::{Split, row};
 use crate::queue::floor;
 
 // Returns the lowest new key of each band (`queue::floor`): [a catalog
@@ -113,29 +113,36 @@ const PRUNE_KEYS: Stmt = Stmt::write(
 
 /// Whether `queue` has a ready task.
 pub fn any(queue: &str) -> bool {
-    Spi::connect_mut(|client| {
-        rows::only_value(run(client, &ANY, &[queue.into()]), "checking for ready tasks")
-    })
+    ANY.one_value(&[queue.into()], "checking for ready tasks")
+}
+
+row! {
+    /// A band's lowest ready key: the band, and the key `(k1, k2, seq)`.
+    struct Lowest {
+        band: f64,
+        k1: f64,
+        k2: f64,
+        seq: i64,
+    }
+}
+
+row! {
+    /// The queue a row of `INSERTS` is of, before its `Lowest`.
+    struct QueueName {
+        queue: String,
+    }
 }
 
 /// Re-keys a queue's ready tasks for its new aging (`None`: priority order).
 pub fn rekey(queue: &str, aging_secs: Option<i32>) {
-    let lowest: Vec<(f64, f64, f64, i64)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &REKEYS[floor::enabled() as usize],
-                &[queue.into(), aging_secs.into()],
-            ),
-            "re-keying ready tasks",
-        )
-    });
+    let lowest: Vec<Lowest> =
+        REKEYS[floor::enabled() as usize].all(&[queue.into(), aging_secs.into()], "re-keying ready tasks");
     let lowest: Vec<floor::Lowest> = lowest
         .into_iter()
-        .map(|(band, k1, k2, seq)| floor::Lowest {
+        .map(|l| floor::Lowest {
             queue: queue.to_owned(),
-            band,
-            key: (k1, k2, seq),
+            band: l.band,
+            key: (l.k1, l.k2, l.seq),
         })
         .collect();
     if !lowest.is_empty() {
@@ -145,9 +152,7 @@ pub fn rekey(queue: &str, aging_secs: Option<i32>) {
 
 /// Deletes up to `max` fairness keys that no longer matter; returns how many.
 pub fn prune_fairness_keys(max: i64) -> i64 {
-    Spi::connect_mut(|client| {
-        rows::only_value(run(client, &PRUNE_KEYS, &[max.into()]), "pruning fairness keys")
-    })
+    PRUNE_KEYS.one_value(&[max.into()], "pruning fairness keys")
 }
 
 /// Inserts ready rows for tasks whose state is already `ready`, and wakes
@@ -156,42 +161,32 @@ pub fn insert(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
     }
-    let lowest: Vec<(String, f64, f64, f64, i64)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &INSERTS[floor::enabled() as usize],
-                &[ids.to_vec().into()],
-            ),
-            "reading ready queues",
-        )
-    });
+    let lowest: Vec<Split<QueueName, Lowest>> =
+        INSERTS[floor::enabled() as usize].all(&[ids.to_vec().into()], "reading ready queues");
     if lowest.is_empty() {
         return;
     }
     let lowest: Vec<floor::Lowest> = lowest
         .into_iter()
-        .map(|(queue, band, k1, k2, seq)| floor::Lowest {
-            queue,
-            band,
-            key: (k1, k2, seq),
+        .map(|Split { head, tail: l }| floor::Lowest {
+            queue: head.queue,
+            band: l.band,
+            key: (l.k1, l.k2, l.seq),
         })
         .collect();
     floor::readied(&lowest);
     let mut queues: Vec<String> = lowest.into_iter().map(|l| l.queue).collect();
     queues.dedup();
-    Spi::connect_mut(|client| {
-        run(client, &NOTIFY_IF_IDLE, &[queues.into(), ids.to_vec().into()]);
-    })
+    NOTIFY_IF_IDLE.exec(&[queues.into(), ids.to_vec().into()])
 }
 
 /// Fairness start tags for tasks about to become ready in a fairness queue,
 /// given in claim order as `(fairness key, weight)`. Keyless tasks start at
 /// the queue's virtual time; a key's tasks follow one another by 1/weight.
 pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
-    Spi::connect_mut(|client| {
+    {
         // The queue exists: the enqueue loaded (or created) it first.
-        let vtime: f64 = rows::only_value(run(client, &VTIME, &[queue.into()]), "reading vtime");
+        let vtime: f64 = VTIME.one_value(&[queue.into()], "reading vtime");
         let mut per_key: BTreeMap<&str, f64> = BTreeMap::new();
         for (key, weight) in tasks {
             if let Some(key) = key {
@@ -202,12 +197,8 @@ pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
         // the tasks take the starts in between, in order.
         let mut next_start: BTreeMap<&str, f64> = BTreeMap::new();
         for (key, total) in &per_key {
-            let finish: f64 = rows::only_value(
-                run(
-                    client,
-                    &ADVANCE_KEY,
-                    &[queue.into(), (*key).into(), vtime.into(), (*total).into()],
-                ),
+            let finish: f64 = ADVANCE_KEY.one_value(
+                &[queue.into(), (*key).into(), vtime.into(), (*total).into()],
                 "advancing a fairness key",
             );
             next_start.insert(key, finish - total);
@@ -228,5 +219,5 @@ pub fn fair_starts(queue: &str, tasks: &[(Option<String>, f64)]) -> Vec<f64> {
                 }
             })
             .collect()
-    })
+    }
 }

@@ -6,8 +6,8 @@ use pgrx::prelude::*;
 use sheaf_core::backoff::retry_delay_ms;
 
 use crate::base::errors::internal;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 use crate::queue::tasks::attempt_secs;
 use crate::queue::{caps, dead_letters, lease, tasks};
@@ -54,38 +54,25 @@ const SNOOZE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::FLOAT8OID],
 );
 
-/// A running task's row, locked.
-struct Running {
-    key: Option<String>,
-    attempts: i32,
-    max_attempts: i32,
-    execution_id: Option<pgrx::Uuid>,
-    kind: String,
-    secs: Option<f64>,
+row! {
+    /// A running task's row, locked.
+    struct Running {
+        key: Option<String>,
+        attempts: i32,
+        max_attempts: i32,
+        execution_id: Option<pgrx::Uuid>,
+        kind: String,
+        secs: Option<f64>,
+    }
 }
 
 fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
-    let row = Spi::connect_mut(|client| {
-        rows::first(
-            run(
-                client,
-                &RUNNING[tasks::claim_times()],
-                &[task_id.into(), token.into(), tasks::RUNNING.into()],
-            ),
+    RUNNING[tasks::claim_times()]
+        .first(
+            &[task_id.into(), token.into(), tasks::RUNNING.into()],
             "failing a task",
         )
-    });
-    let Some((key, attempts, max_attempts, execution_id, kind, secs)) = row else {
-        lease::not_running(task_id, token)
-    };
-    Running {
-        key,
-        attempts,
-        max_attempts,
-        execution_id,
-        kind,
-        secs,
-    }
+        .unwrap_or_else(|| lease::not_running(task_id, token))
 }
 
 /// An error text as kept: cut at `MAX_ERROR_BYTES` (on a character
@@ -137,12 +124,10 @@ pub fn fail(
     let retry_at = if delay == 0.0 {
         None
     } else {
-        Some(Spi::connect_mut(|client| {
-            rows::only_value::<TimestampWithTimeZone>(
-                run(client, &BACK_OFF, &[task_id.into(), delay.into(), error.into()]),
-                "scheduling a retry",
-            )
-        }))
+        Some(BACK_OFF.one_value::<TimestampWithTimeZone>(
+            &[task_id.into(), delay.into(), error.into()],
+            "scheduling a retry",
+        ))
     };
     // The execution row before the concurrency key (`base::locks`).
     if let Some(execution_id) = task.execution_id {
@@ -185,12 +170,8 @@ pub fn snooze(task_id: pgrx::Uuid, token: i64, delay_secs: f64) -> TimestampWith
         lease::put_back(task_id, key.as_deref(), true, None);
         return transaction_start();
     }
-    let at = Spi::connect_mut(|client| {
-        rows::only_value::<TimestampWithTimeZone>(
-            run(client, &SNOOZE, &[task_id.into(), delay_secs.into()]),
-            "snoozing a task",
-        )
-    });
+    let at =
+        SNOOZE.one_value::<TimestampWithTimeZone>(&[task_id.into(), delay_secs.into()], "snoozing a task");
     if let Some(key) = &key {
         caps::release(key, 1);
     }

@@ -5,8 +5,8 @@
 use pgrx::prelude::*;
 use sheaf_core::state::TaskState;
 
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::floor;
 use crate::queue::ready;
 /// `'running'`, for the statements that find a running task by id: they
@@ -78,6 +78,35 @@ const SET_READY: Stmt = Stmt::write(
      FROM unnest($1::uuid[], $2::float8[]) AS x(id, fair_start) WHERE t.id = x.id",
     &[PgBuiltInOids::UUIDARRAYOID, PgBuiltInOids::FLOAT8ARRAYOID],
 );
+row! {
+    /// A task entering a fairness queue for the first time.
+    struct Fair {
+        id: pgrx::Uuid,
+        queue: String,
+        fairness_key: Option<String>,
+        fairness_weight: f64,
+    }
+}
+
+row! {
+    /// A task an execution's close or pause took: its (previous) state and
+    /// concurrency key.
+    struct Held {
+        state: TaskState,
+        key: Option<String>,
+    }
+}
+
+row! {
+    /// A parked task, locked.
+    struct Parked {
+        id: pgrx::Uuid,
+        key: Option<String>,
+        priority: i32,
+        seq: i64,
+    }
+}
+
 /// Marks existing tasks ready (the caller has admitted them), fixing the
 /// fairness start tag of those entering a fairness queue for the first time.
 /// The caller then inserts their ready rows with `ready::insert`.
@@ -85,31 +114,29 @@ pub fn set_ready(ids: &[pgrx::Uuid]) {
     if ids.is_empty() {
         return;
     }
-    let needing: Vec<(pgrx::Uuid, String, Option<String>, f64)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &NEEDING_FAIR_START, &[ids.to_vec().into()]),
-            "reading fairness keys",
-        )
-    });
+    let needing: Vec<Fair> = NEEDING_FAIR_START.all(&[ids.to_vec().into()], "reading fairness keys");
     let mut starts: Vec<Option<f64>> = vec![None; ids.len()];
     let index: std::collections::HashMap<pgrx::Uuid, usize> =
         ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let mut i = 0;
     while i < needing.len() {
-        let queue = &needing[i].1;
-        let group: Vec<_> = needing[i..].iter().take_while(|t| &t.1 == queue).collect();
+        let queue = &needing[i].queue;
+        let group: Vec<_> = needing[i..].iter().take_while(|t| &t.queue == queue).collect();
         let tags = ready::fair_starts(
             queue,
-            &group.iter().map(|t| (t.2.clone(), t.3)).collect::<Vec<_>>(),
+            &group
+                .iter()
+                .map(|t| (t.fairness_key.clone(), t.fairness_weight))
+                .collect::<Vec<_>>(),
         );
         for (t, tag) in group.iter().zip(tags) {
-            if let Some(&pos) = index.get(&t.0) {
+            if let Some(&pos) = index.get(&t.id) {
                 starts[pos] = Some(tag);
             }
         }
         i += group.len();
     }
-    exec(&SET_READY, &[ids.to_vec().into(), starts.into()]);
+    SET_READY.exec(&[ids.to_vec().into(), starts.into()]);
 }
 
 // An execution's tasks, for its state changes (the workflow layer's close,
@@ -152,15 +179,6 @@ const PARKED: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
-fn state_and_key(
-    client: &mut pgrx::spi::SpiClient<'_>,
-    stmt: &Stmt,
-    execution_id: pgrx::Uuid,
-    doing: &str,
-) -> Vec<(TaskState, Option<String>)> {
-    rows::all(run(client, stmt, &[execution_id.into()]), doing)
-}
-
 const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::read(
     "SELECT EXISTS (SELECT 1 FROM tasks WHERE execution_id = $1 AND kind = $2 AND state <> $3)",
     &[
@@ -174,16 +192,10 @@ const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::read(
 /// (scheduled, waiting, ready or parked): it will run, and read what the
 /// execution's history has by then.
 pub fn has_unclaimed_of_execution(execution_id: pgrx::Uuid, kind: &str) -> bool {
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(
-                client,
-                &UNCLAIMED_OF_EXECUTION,
-                &[execution_id.into(), kind.into(), RUNNING.into()],
-            ),
-            "looking for an execution's unclaimed task",
-        )
-    })
+    UNCLAIMED_OF_EXECUTION.one_value(
+        &[execution_id.into(), kind.into(), RUNNING.into()],
+        "looking for an execution's unclaimed task",
+    )
 }
 
 const LOCK_READY_OF_EXECUTION: Stmt = Stmt::write(
@@ -200,32 +212,33 @@ const LOCK_OF_EXECUTION: Stmt = Stmt::write(
 /// changing nothing: for a caller that must read its row's state before
 /// deciding to change them.
 pub fn lock_of_execution(execution_id: pgrx::Uuid) {
-    exec(&LOCK_READY_OF_EXECUTION, &[execution_id.into()]);
-    exec(&LOCK_OF_EXECUTION, &[execution_id.into()]);
+    LOCK_READY_OF_EXECUTION.exec(&[execution_id.into()]);
+    LOCK_OF_EXECUTION.exec(&[execution_id.into()]);
 }
 
 /// Deletes an execution's unfinished tasks (locking them); returns
 /// `(state, key)` of each, for `caps::release_held`.
 pub fn delete_of_execution(execution_id: pgrx::Uuid) -> Vec<(TaskState, Option<String>)> {
-    exec(&UNREADY, &[execution_id.into()]);
-    Spi::connect_mut(|client| state_and_key(client, &DELETE_OF_EXECUTION, execution_id, "cancelling tasks"))
+    UNREADY.exec(&[execution_id.into()]);
+    let held: Vec<Held> = DELETE_OF_EXECUTION.all(&[execution_id.into()], "cancelling tasks");
+    held.into_iter().map(|h| (h.state, h.key)).collect()
 }
 
 /// Parks an execution's ready, waiting and scheduled tasks (locking them);
 /// returns `(previous state, key)` of each, for `caps::release_held`.
 pub fn park_of_execution(execution_id: pgrx::Uuid) -> Vec<(TaskState, Option<String>)> {
-    exec(&UNREADY, &[execution_id.into()]);
-    Spi::connect_mut(|client| state_and_key(client, &PARK, execution_id, "parking tasks"))
+    UNREADY.exec(&[execution_id.into()]);
+    let held: Vec<Held> = PARK.all(&[execution_id.into()], "parking tasks");
+    held.into_iter().map(|h| (h.state, h.key)).collect()
 }
 
 /// Locks an execution's parked tasks, and makes those not yet due
 /// scheduled again; returns the rest, `(id, key)` in the order they should
 /// be admitted (`promote::place`).
 pub fn unpark_of_execution(execution_id: pgrx::Uuid) -> Vec<(pgrx::Uuid, Option<String>)> {
-    exec(&UNPARK_FUTURE, &[execution_id.into()]);
-    let mut parked: Vec<(pgrx::Uuid, Option<String>, i32, i64)> =
-        Spi::connect_mut(|client| rows::all(run(client, &PARKED, &[execution_id.into()]), "unparking tasks"));
+    UNPARK_FUTURE.exec(&[execution_id.into()]);
+    let mut parked: Vec<Parked> = PARKED.all(&[execution_id.into()], "unparking tasks");
     // Priority first, then enqueue order: the line of a concurrency key.
-    parked.sort_by(|a, b| b.2.cmp(&a.2).then(a.3.cmp(&b.3)));
-    parked.into_iter().map(|(id, key, _, _)| (id, key)).collect()
+    parked.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.seq.cmp(&b.seq)));
+    parked.into_iter().map(|p| (p.id, p.key)).collect()
 }

@@ -2,8 +2,8 @@
 
 use pgrx::prelude::*;
 
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// A worker is live while its last heartbeat is younger than this.
 pub const LIVE_SECS: i32 = 60;
@@ -32,33 +32,31 @@ const PRUNE: Stmt = Stmt::write(
 
 /// Records that `worker` (validated) is alive and serving `queues`.
 pub fn heartbeat(worker: &str, queues: Vec<String>) {
-    exec(&HEARTBEAT, &[worker.into(), queues.into()]);
+    HEARTBEAT.exec(&[worker.into(), queues.into()]);
 }
 
 /// Takes `worker` (validated) out of the registry; whether it was in it.
 pub fn deregister(worker: &str) -> bool {
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &DEREGISTER, &[worker.into()]),
-            "deregistering a worker",
-        )
-    })
+    DEREGISTER.one_value(&[worker.into()], "deregistering a worker")
 }
 
-/// The workers whose last heartbeat is younger than `LIVE_SECS`, with the
-/// queues each serves and when it was last seen.
-pub fn live() -> Vec<(String, Vec<String>, pgrx::datum::TimestampWithTimeZone)> {
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &LIVE, &[(LIVE_SECS as f64).into()]),
-            "reading live workers",
-        )
-    })
+row! {
+    /// A live worker: its name, the queues it serves, when it was last seen.
+    pub struct Live {
+        pub name: String,
+        pub queues: Vec<String>,
+        pub last_seen_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
+
+/// The workers whose last heartbeat is younger than `LIVE_SECS`.
+pub fn live() -> Vec<Live> {
+    LIVE.all(&[(LIVE_SECS as f64).into()], "reading live workers")
 }
 
 /// Deletes up to `max` workers silent for a day; returns how many.
 pub fn prune(max: i64) -> i64 {
-    Spi::connect_mut(|client| rows::only_value(run(client, &PRUNE, &[max.into()]), "pruning workers"))
+    PRUNE.one_value(&[max.into()], "pruning workers")
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -15,8 +15,9 @@ use sheaf_core::policy::StartOptions;
 
 use crate::base::errors::{bad_argument, unknown_execution};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::{ids, rows, shard};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
+use crate::base::{ids, shard};
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::{executions, family, history, start, wake};
 
@@ -99,48 +100,42 @@ const KNOWN: Stmt = Stmt::read(
     &[PgBuiltInOids::UUIDARRAYOID],
 );
 
-/// An execution naming its parent, as `list_child_links` returns it.
-pub type Link = (
-    pgrx::Uuid,
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    pgrx::datum::TimestampWithTimeZone,
-);
+row! {
+    /// An execution naming its parent, as `list_child_links` returns it.
+    pub struct Link {
+        pub parent_id: pgrx::Uuid,
+        pub child_id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub created_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
 
 /// The executions here that name a parent, after `after` (parent, child).
 pub fn links(after: Option<(pgrx::Uuid, pgrx::Uuid)>, max: i64) -> Vec<Link> {
     let zero = pgrx::Uuid::from_bytes([0; 16]);
     let (p, c) = after.unwrap_or((zero, zero));
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &LINKS, &[p.into(), c.into(), max.into()]),
-            "listing child links",
-        )
-    })
+    LINKS.all(&[p.into(), c.into(), max.into()], "listing child links")
 }
 
 /// Those of `ids` that a parent here started.
 pub fn known(ids: Vec<pgrx::Uuid>) -> Vec<pgrx::Uuid> {
-    Spi::connect_mut(|client| {
-        rows::all::<(pgrx::Uuid,)>(run(client, &KNOWN, &[ids.into()]), "looking up children")
-    })
-    .into_iter()
-    .map(|(id,)| id)
-    .collect()
+    KNOWN.values(&[ids.into()], "looking up children")
 }
 
-/// A child as `list_children` returns it.
-pub type Listed = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    i32,
-    pgrx::datum::TimestampWithTimeZone,
-    Option<pgrx::datum::TimestampWithTimeZone>,
-);
+row! {
+    /// A child as `list_children` returns it.
+    pub struct Listed {
+        pub execution_id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub shard: i32,
+        pub created_at: pgrx::datum::TimestampWithTimeZone,
+        pub closed_at: Option<pgrx::datum::TimestampWithTimeZone>,
+    }
+}
 
 /// `parent`'s children on this shard after `after`, at most `max`. Not
 /// forwarded when the parent moved away: its children stay on the shards
@@ -148,16 +143,10 @@ pub type Listed = (
 /// lists its own (those starting elsewhere are listed where it lives).
 pub fn list(parent: pgrx::Uuid, after: Option<pgrx::Uuid>, max: i64) -> Vec<Listed> {
     let after = after.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &LIST,
-                &[parent.into(), after.into(), max.into(), shard::current().into()],
-            ),
-            "listing children",
-        )
-    })
+    LIST.all(
+        &[parent.into(), after.into(), max.into(), shard::current().into()],
+        "listing children",
+    )
 }
 
 /// What `start_child` returns: the child, its shard, and whether this call
@@ -182,17 +171,18 @@ pub fn start_child(
         start::lock_ahead(name, workflow_id, &input);
     }
     executions::lock_active(parent, "start a child");
-    let found: Option<(pgrx::Uuid, i32)> = Spi::connect_mut(|client| {
-        rows::first(
-            run(
-                client,
-                &EXISTING,
-                &[parent.into(), name.into(), workflow_id.into()],
-            ),
-            "looking up a child",
-        )
-    });
-    if let Some((child, shard)) = found {
+    row! {
+        /// A child the parent started before, and its shard.
+        struct Existing {
+            child: pgrx::Uuid,
+            shard: i32,
+        }
+    }
+    let found: Option<Existing> = EXISTING.first(
+        &[parent.into(), name.into(), workflow_id.into()],
+        "looking up a child",
+    );
+    if let Some(Existing { child, shard }) = found {
         return (child, shard, false);
     }
     let here = shard::current();
@@ -210,17 +200,14 @@ pub fn start_child(
         }
         None => ids::mint_for(target),
     };
-    exec(
-        &RECORD,
-        &[
-            parent.into(),
-            name.into(),
-            workflow_id.into(),
-            child.into(),
-            target.into(),
-            o.parent_close.as_str().into(),
-        ],
-    );
+    RECORD.exec(&[
+        parent.into(),
+        name.into(),
+        workflow_id.into(),
+        child.into(),
+        target.into(),
+        o.parent_close.as_str().into(),
+    ]);
     history::append(
         parent,
         "ChildStarted",
@@ -230,10 +217,7 @@ pub fn start_child(
     if target == here {
         start_local(parent, child, name, workflow_id, input);
     } else {
-        exec(
-            &LIFECYCLE,
-            &[child.into(), parent.into(), target.into(), input.into()],
-        );
+        LIFECYCLE.exec(&[child.into(), parent.into(), target.into(), input.into()]);
         family::notify("due");
     }
     (child, target, true)
@@ -277,12 +261,7 @@ pub fn append_failed(parent: pgrx::Uuid, child: pgrx::Uuid, error: &str) {
 pub fn cancel_child(parent: pgrx::Uuid, child: pgrx::Uuid, reason: Option<&str>) -> bool {
     // A parent that moved: its children are known where it lives.
     executions::forward_if_moved(parent);
-    let target: Option<i32> = Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &CHILD_OF, &[parent.into(), child.into()]),
-            "looking up a child",
-        )
-    });
+    let target: Option<i32> = CHILD_OF.value(&[parent.into(), child.into()], "looking up a child");
     let Some(target) = target else {
         if executions::state_of(parent).is_none() {
             unknown_execution(parent);
@@ -300,17 +279,12 @@ pub fn cancel_child(parent: pgrx::Uuid, child: pgrx::Uuid, reason: Option<&str>)
             },
         );
     }
-    let requested = Spi::connect_mut(|client| {
-        rows::value::<bool>(
-            run(
-                client,
-                &REQUEST_CLOSE,
-                &[child.into(), CloseKind::Cancel.as_str().into(), reason.into()],
-            ),
+    let requested = REQUEST_CLOSE
+        .value::<bool>(
+            &[child.into(), CloseKind::Cancel.as_str().into(), reason.into()],
             "requesting a child's cancel",
         )
-    })
-    .is_some();
+        .is_some();
     if requested {
         family::notify("due");
     }

@@ -6,8 +6,7 @@
 use pgrx::prelude::*;
 
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 
 // Queues enqueued to without configuration keep the defaults (no aging, no
 // fairness, notify on) and are left out: only what someone declared shows.
@@ -23,9 +22,7 @@ const SNAPSHOT: Stmt = Stmt::read(
 
 /// This shard's declared configuration.
 pub fn snapshot() -> Jsonb {
-    Spi::connect_mut(|client| {
-        rows::only_value(run(client, &SNAPSHOT, &[]), "reading the fleet configuration")
-    })
+    SNAPSHOT.one_value(&[], "reading the fleet configuration")
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -15,8 +15,8 @@ use crate::base::errors::{not_ready, unknown_execution};
 use crate::base::ids;
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::{complete, tasks};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::lifecycle::{self, Close};
@@ -32,26 +32,20 @@ const EXECUTION_OF_TASK: Stmt = Stmt::read(
     &[PgBuiltInOids::UUIDOID],
 );
 
-/// What the successor inherits that `Locked` does not carry.
-struct Prior {
-    workflow_name: String,
-    workflow_id: String,
-    search_attrs: pgrx::JsonB,
-    timeout_at: Option<TimestampWithTimeZone>,
+row! {
+    /// What the successor inherits that `Locked` does not carry.
+    struct Prior {
+        workflow_name: String,
+        workflow_id: String,
+        search_attrs: pgrx::JsonB,
+        timeout_at: Option<TimestampWithTimeZone>,
+    }
 }
 
 fn prior(id: pgrx::Uuid) -> Prior {
-    let found: Option<(String, String, pgrx::JsonB, Option<TimestampWithTimeZone>)> =
-        Spi::connect_mut(|client| rows::first(run(client, &PRIOR, &[id.into()]), "reading an execution"));
-    let Some((workflow_name, workflow_id, search_attrs, timeout_at)) = found else {
-        unknown_execution(id);
-    };
-    Prior {
-        workflow_name,
-        workflow_id,
-        search_attrs,
-        timeout_at,
-    }
+    PRIOR
+        .first(&[id.into()], "reading an execution")
+        .unwrap_or_else(|| unknown_execution(id))
 }
 
 /// Locks the run's tasks, then its row (`base::locks`), and refuses what
@@ -129,13 +123,9 @@ pub fn continue_as_new(id: pgrx::Uuid, input: Jsonb) -> pgrx::Uuid {
 /// task's `TaskCompleted` first in the run's history). The errors of
 /// `complete_task_and_execution`, then those of `continue_as_new`.
 pub fn with_task(task_id: pgrx::Uuid, token: i64, input: Jsonb) -> pgrx::Uuid {
-    let execution_id: Option<pgrx::Uuid> = Spi::connect_mut(|client| {
-        rows::value::<Option<pgrx::Uuid>>(
-            run(client, &EXECUTION_OF_TASK, &[task_id.into()]),
-            "reading a task",
-        )
-        .flatten()
-    });
+    let execution_id: Option<pgrx::Uuid> = EXECUTION_OF_TASK
+        .value::<Option<pgrx::Uuid>>(&[task_id.into()], "reading a task")
+        .flatten();
     let Some(id) = execution_id else {
         // Gone, stale, or of no execution: the completion's own refusal.
         complete::take(task_id, token);

@@ -20,8 +20,8 @@ use crate::base::catalog::{self, Feature};
 use crate::base::clock;
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::workflow::history;
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::start::{self, Started};
@@ -103,6 +103,14 @@ const PRUNE: Stmt = Stmt::write(
     &[PgBuiltInOids::INT8OID],
 );
 
+row! {
+    /// A pending start's run, and its mode.
+    struct PendingRun {
+        id: pgrx::Uuid,
+        mode: String,
+    }
+}
+
 /// A debounced start of `name` (see the module). `o.run_at` is not given
 /// (the caller refused it): a trailing window sets the first task's time.
 pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions, d: &Debounce) -> Started {
@@ -114,16 +122,12 @@ pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions, d: &
     let window = d.window.as_secs_f64();
     // Serialized per (name, key) before the start lock (`base::locks`).
     locks::exclusive_pair(Class::Debounce, name, &d.key);
-    let live: Option<(pgrx::Uuid, String)> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &LIVE, &[name.into(), d.key.as_str().into()]),
-            "reading a pending start",
-        )
-    });
-    if let Some((id, mode)) = live
+    let live: Option<PendingRun> =
+        LIVE.first(&[name.into(), d.key.as_str().into()], "reading a pending start");
+    if let Some(PendingRun { id, mode }) = live
         && join(id, &mode, workflow_id, &input, window)
     {
-        exec(&EXTEND, &[name.into(), d.key.as_str().into(), window.into()]);
+        EXTEND.exec(&[name.into(), d.key.as_str().into(), window.into()]);
         return (id, false, Vec::new());
     }
     let run_at = match d.mode {
@@ -132,16 +136,13 @@ pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions, d: &
     };
     let started = start::start_at(name, workflow_id, input, o, None, run_at);
     if started.1 {
-        exec(
-            &RECORD,
-            &[
-                name.into(),
-                d.key.as_str().into(),
-                started.0.into(),
-                d.mode.as_str().into(),
-                window.into(),
-            ],
-        );
+        RECORD.exec(&[
+            name.into(),
+            d.key.as_str().into(),
+            started.0.into(),
+            d.mode.as_str().into(),
+            window.into(),
+        ]);
     }
     started
 }
@@ -153,29 +154,29 @@ fn join(id: pgrx::Uuid, mode: &str, workflow_id: &str, input: &Jsonb, window: f6
         return true;
     }
     // The task, then the run's row (`base::locks`).
-    let task: Option<pgrx::Uuid> = Spi::connect_mut(|client| {
-        rows::value(run(client, &FIRST_TASK, &[id.into()]), "locking a pending start")
-    });
+    let task: Option<pgrx::Uuid> = FIRST_TASK.value(&[id.into()], "locking a pending start");
     let Some(task) = task else {
         return false;
     };
-    exec(&MOVE, &[task.into(), window.into(), input.clone().into()]);
-    exec(&SET_INPUT, &[id.into(), input.clone().into()]);
+    MOVE.exec(&[task.into(), window.into(), input.clone().into()]);
+    SET_INPUT.exec(&[id.into(), input.clone().into()]);
     let payload = serde_json::json!({ "workflow_id": workflow_id, "input": input.clone().parse("input") });
     history::append(id, "StartDebounced", payload);
     true
 }
 
-/// A pending start as `pending_starts` lists it.
-pub type Pending = (
-    String,
-    String,
-    pgrx::Uuid,
-    String,
-    TimestampWithTimeZone,
-    i64,
-    TimestampWithTimeZone,
-);
+row! {
+    /// A pending start as `pending_starts` lists it.
+    pub struct Pending {
+        pub workflow_name: String,
+        pub debounce_key: String,
+        pub execution_id: pgrx::Uuid,
+        pub mode: String,
+        pub window_ends_at: TimestampWithTimeZone,
+        pub starts: i64,
+        pub created_at: TimestampWithTimeZone,
+    }
+}
 
 /// The pending starts of `name` (every workflow's if `None`; of `key` if
 /// given), by name and key.
@@ -183,12 +184,7 @@ pub fn pending(name: Option<&str>, key: Option<&str>, max: i64) -> Vec<Pending> 
     if !enabled() {
         return Vec::new();
     }
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &LIST, &[name.into(), max.into(), key.into()]),
-            "listing pending starts",
-        )
-    })
+    LIST.all(&[name.into(), max.into(), key.into()], "listing pending starts")
 }
 
 /// Cancels the pending start of (`name`, `key`): a trailing one's run is
@@ -199,13 +195,8 @@ pub fn cancel(name: &str, key: &str, reason: Option<&str>) -> bool {
         return false;
     }
     locks::exclusive_pair(Class::Debounce, name, key);
-    let taken: Option<(pgrx::Uuid, String)> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &TAKE, &[name.into(), key.into()]),
-            "cancelling a pending start",
-        )
-    });
-    let Some((id, mode)) = taken else {
+    let taken: Option<PendingRun> = TAKE.first(&[name.into(), key.into()], "cancelling a pending start");
+    let Some(PendingRun { id, mode }) = taken else {
         return false;
     };
     if mode == DebounceMode::Trailing.as_str() {
@@ -228,7 +219,7 @@ pub fn prune(max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    Spi::connect_mut(|client| rows::only_value(run(client, &PRUNE, &[max.into()]), "pruning pending starts"))
+    PRUNE.one_value(&[max.into()], "pruning pending starts")
 }
 
 #[cfg(any(test, feature = "pg_test"))]

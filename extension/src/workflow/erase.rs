@@ -12,9 +12,10 @@
 use pgrx::prelude::*;
 use sheaf_core::state::ExecutionState;
 
+use crate::base::audit;
 use crate::base::errors::not_ready;
-use crate::base::plans::{Stmt, run};
-use crate::base::{audit, rows};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::workflow::executions;
 
 /// What an erased payload becomes, and its bytes as compact JSON.
@@ -79,28 +80,24 @@ pub fn erase(id: pgrx::Uuid) -> Option<serde_json::Value> {
         )),
         _ => {}
     }
-    let before: i64 =
-        Spi::connect_mut(|client| rows::only_value(run(client, &BYTES, &[id.into()]), "reading bytes"));
-    let events: i64 = Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &ERASE_EVENTS, &[id.into(), MARKER_BYTES.into()]),
-            "erasing event payloads",
-        )
-    });
+    let before: i64 = BYTES.one_value(&[id.into()], "reading bytes");
+    let events: i64 = ERASE_EVENTS.one_value(&[id.into(), MARKER_BYTES.into()], "erasing event payloads");
     let stmt = if crate::workflow::migration::enabled() {
         &ERASE_ROW
     } else {
         &ERASE_ROW_010
     };
-    let (after, residences): (i64, Vec<i32>) =
-        Spi::connect_mut(|client| rows::only(run(client, stmt, &[id.into()]), "erasing an execution"));
-    let related: i64 = Spi::connect_mut(|client| {
-        rows::only_value(run(client, &ERASE_RELATED, &[id.into()]), "erasing task payloads")
-    });
+    row! {
+        /// The erased execution's history bytes, and the shards it lived on.
+        struct Erased {
+            after: i64,
+            residences: Vec<i32>,
+        }
+    }
+    let Erased { after, residences } = stmt.one(&[id.into()], "erasing an execution");
+    let related: i64 = ERASE_RELATED.one_value(&[id.into()], "erasing task payloads");
     let relayed: i64 = if crate::workflow::family::enabled() {
-        Spi::connect_mut(|client| {
-            rows::only_value(run(client, &ERASE_RELAY, &[id.into()]), "erasing outbox payloads")
-        })
+        ERASE_RELAY.one_value(&[id.into()], "erasing outbox payloads")
     } else {
         0
     };

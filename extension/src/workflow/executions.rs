@@ -11,8 +11,8 @@ use sheaf_core::state::TaskKind;
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::{moved, not_ready, unknown_execution};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::enqueue;
 use crate::queue::hooks::{ExecutionIntake, Intake};
 
@@ -49,7 +49,7 @@ const FIND: Stmt = Stmt::read(
 
 /// An execution's state; `None` if it is not on this shard.
 pub fn state_of(id: pgrx::Uuid) -> Option<ExecutionState> {
-    Spi::connect_mut(|client| rows::value(run(client, &STATE, &[id.into()]), "reading an execution"))
+    STATE.value(&[id.into()], "reading an execution")
 }
 
 const QUOTA_KEY: Stmt = Stmt::read(
@@ -59,9 +59,9 @@ const QUOTA_KEY: Stmt = Stmt::read(
 
 /// The quota key stamped on an execution at its start, if any.
 pub fn quota_key_of(id: pgrx::Uuid) -> Option<String> {
-    Spi::connect_mut(|client| {
-        rows::value::<Option<String>>(run(client, &QUOTA_KEY, &[id.into()]), "reading a quota key").flatten()
-    })
+    QUOTA_KEY
+        .value::<Option<String>>(&[id.into()], "reading a quota key")
+        .flatten()
 }
 
 /// Sends a call about execution `id` where the run lives if it moved away
@@ -70,6 +70,20 @@ pub fn quota_key_of(id: pgrx::Uuid) -> Option<String> {
 pub fn forward_if_moved(id: pgrx::Uuid) {
     if let Some(state) = state_of(id) {
         forward(id, state);
+    }
+}
+
+row! {
+    /// The columns `LOCK` reads: a [`Locked`] but its id.
+    struct LockedRow {
+        state: ExecutionState,
+        workflow_name: String,
+        workflow_id: String,
+        concurrency_key: Option<String>,
+        quota_key: Option<String>,
+        queue: String,
+        paused_from: Option<ExecutionState>,
+        parent_id: Option<pgrx::Uuid>,
     }
 }
 
@@ -111,21 +125,20 @@ pub fn lock(id: pgrx::Uuid) -> Locked {
 
 /// Locks an execution's row; `None` if it is not on this shard.
 pub fn try_lock(id: pgrx::Uuid) -> Option<Locked> {
-    Spi::connect_mut(|client| {
-        let (state, workflow_name, workflow_id, concurrency_key, quota_key, queue, paused_from, parent_id) =
-            rows::first(run(client, &LOCK, &[id.into()]), "locking an execution")?;
+    {
+        let r: LockedRow = LOCK.first(&[id.into()], "locking an execution")?;
         Some(Locked {
             id,
-            state,
-            workflow_name,
-            workflow_id,
-            concurrency_key,
-            quota_key,
-            queue,
-            paused_from,
-            parent_id,
+            state: r.state,
+            workflow_name: r.workflow_name,
+            workflow_id: r.workflow_id,
+            concurrency_key: r.concurrency_key,
+            quota_key: r.quota_key,
+            queue: r.queue,
+            paused_from: r.paused_from,
+            parent_id: r.parent_id,
         })
-    })
+    }
 }
 
 /// Locks an execution that must be active; 55000 naming its state if not.
@@ -200,37 +213,36 @@ pub fn set_state(
     paused_from: Option<ExecutionState>,
     wake_at: Option<Option<TimestampWithTimeZone>>,
 ) {
-    exec(
-        &SET_STATE,
-        &[
-            e.id.into(),
-            state.as_str().into(),
-            paused_from.map(ExecutionState::as_str).into(),
-            wake_at.flatten().into(),
-            wake_at.is_some().into(),
-        ],
-    );
+    SET_STATE.exec(&[
+        e.id.into(),
+        state.as_str().into(),
+        paused_from.map(ExecutionState::as_str).into(),
+        wake_at.flatten().into(),
+        wake_at.is_some().into(),
+    ]);
 }
 
-/// An execution as `get_execution` returns it.
-pub type Row = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    pgrx::JsonB,
-    Option<pgrx::JsonB>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    i64,
-    TimestampWithTimeZone,
-    Option<TimestampWithTimeZone>,
-    Option<TimestampWithTimeZone>,
-);
+row! {
+    /// An execution as `get_execution` returns it.
+    pub struct Row {
+        pub id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub input: pgrx::JsonB,
+        pub result: Option<pgrx::JsonB>,
+        pub error: Option<String>,
+        pub concurrency_key: Option<String>,
+        pub quota_key: Option<String>,
+        pub history_bytes: i64,
+        pub created_at: TimestampWithTimeZone,
+        pub closed_at: Option<TimestampWithTimeZone>,
+        pub wake_at: Option<TimestampWithTimeZone>,
+    }
+}
 
 fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> {
-    Spi::connect_mut(|client| rows::all(run(client, stmt, &args), "reading an execution"))
+    stmt.all(&args, "reading an execution")
 }
 
 /// An execution by id: one row, or none if it is not on this shard.
@@ -238,7 +250,7 @@ fn read_rows(stmt: &Stmt, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<Row> 
 pub fn get(id: pgrx::Uuid) -> Vec<Row> {
     let rows = read_rows(&GET, vec![id.into()]);
     if let Some(row) = rows.first()
-        && let Ok(state) = row.3.parse::<ExecutionState>()
+        && let Ok(state) = row.state.parse::<ExecutionState>()
     {
         forward(id, state);
     }
@@ -273,13 +285,9 @@ pub fn forward(id: pgrx::Uuid, state: ExecutionState) {
     if !state.is_migrating() || !moves_enabled() {
         return;
     }
-    let to: Option<i32> = Spi::connect_mut(|client| {
-        rows::value::<Option<i32>>(
-            run(client, &POINTER, &[id.into()]),
-            "reading a forwarding pointer",
-        )
-        .flatten()
-    });
+    let to: Option<i32> = POINTER
+        .value::<Option<i32>>(&[id.into()], "reading a forwarding pointer")
+        .flatten();
     if let Some(to) = to {
         moved(id, to);
     }

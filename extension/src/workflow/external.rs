@@ -12,8 +12,9 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::{ids, rows, shard};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
+use crate::base::{ids, shard};
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::{history, wake};
 
@@ -132,16 +133,10 @@ pub fn request(
     };
     executions::lock_active(sender, &format!("send an external {}", kind.as_str()));
     if let Some(signal_id) = &o.signal_id {
-        let seen: Option<pgrx::Uuid> = Spi::connect_mut(|client| {
-            rows::value(
-                run(
-                    client,
-                    &SEEN,
-                    &[sender.into(), kind.as_str().into(), signal_id.as_str().into()],
-                ),
-                "looking up an outbox row",
-            )
-        });
+        let seen: Option<pgrx::Uuid> = SEEN.value(
+            &[sender.into(), kind.as_str().into(), signal_id.as_str().into()],
+            "looking up an outbox row",
+        );
         if let Some(id) = seen {
             return id;
         }
@@ -151,20 +146,17 @@ pub fn request(
         Request::Signal { signal, payload } => (Some(signal), Some(payload), None),
         Request::Cancel { reason } => (None, None, reason),
     };
-    exec(
-        &INSERT,
-        &[
-            id.into(),
-            sender.into(),
-            kind.as_str().into(),
-            name.into(),
-            workflow_id.into(),
-            signal.into(),
-            payload.into(),
-            reason.into(),
-            o.signal_id.as_deref().into(),
-        ],
-    );
+    INSERT.exec(&[
+        id.into(),
+        sender.into(),
+        kind.as_str().into(),
+        name.into(),
+        workflow_id.into(),
+        signal.into(),
+        payload.into(),
+        reason.into(),
+        o.signal_id.as_deref().into(),
+    ]);
     let mut event = serde_json::json!({"outbox_id": id.to_string(), "workflow_name": name,
                                        "workflow_id": workflow_id, "signal_id": o.signal_id});
     let event_type = match (signal, reason) {
@@ -178,59 +170,58 @@ pub fn request(
         }
     };
     history::append(sender, event_type, event);
-    exec(&NOTIFY, &[]);
+    NOTIFY.exec(&[]);
     id
 }
 
-/// An outbox row as `outbox_take` returns it.
-pub type Taken = (
-    pgrx::Uuid,
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<pgrx::JsonB>,
-    Option<String>,
-    Option<pgrx::Uuid>,
-    i32,
-    i32,
-    i64,
-);
+row! {
+    /// An outbox row as `outbox_take` returns it.
+    pub struct Taken {
+        pub outbox_id: pgrx::Uuid,
+        pub sender_id: pgrx::Uuid,
+        pub kind: String,
+        pub state: String,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub signal: Option<String>,
+        pub payload: Option<pgrx::JsonB>,
+        pub reason: Option<String>,
+        pub delivered_to: Option<pgrx::Uuid>,
+        pub attempts: i32,
+        pub indeterminate: i32,
+        pub lease_token: i64,
+    }
+}
 
 /// Leases up to `max` due outbox rows for `lease_secs`.
 pub fn take(max: i64, lease_secs: f64) -> Vec<Taken> {
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &TAKE, &[max.into(), lease_secs.into()]),
-            "taking outbox rows",
-        )
-    })
+    TAKE.all(&[max.into(), lease_secs.into()], "taking outbox rows")
 }
 
-/// A group of outbox rows as `outbox_backlog` returns it.
-pub type Backlog = (
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    pgrx::datum::TimestampWithTimeZone,
-    Option<pgrx::datum::TimestampWithTimeZone>,
-    i32,
-    Option<String>,
-);
+row! {
+    /// A group of outbox rows as `outbox_backlog` returns it.
+    pub struct Backlog {
+        pub kind: String,
+        pub state: String,
+        pub rows: i64,
+        pub failing: i64,
+        pub indeterminate: i64,
+        pub oldest: pgrx::datum::TimestampWithTimeZone,
+        pub indeterminate_since: Option<pgrx::datum::TimestampWithTimeZone>,
+        pub max_attempts: i32,
+        pub last_error: Option<String>,
+    }
+}
 
 /// This shard's undelivered outbox rows, grouped.
 pub fn backlog() -> Vec<Backlog> {
-    Spi::connect_mut(|client| rows::all(run(client, &BACKLOG, &[]), "reading the outbox's backlog"))
+    BACKLOG.all(&[], "reading the outbox's backlog")
 }
 
 /// A sender's end (its row locked, in its terminal transaction): its
 /// delivered rows go; those still to deliver stay, and are delivered.
 pub fn sender_ended(sender: pgrx::Uuid) {
-    exec(&SENDER_ENDED, &[sender.into()]);
+    SENDER_ENDED.exec(&[sender.into()]);
 }
 
 /// Records what the relay did for outbox row `id`, held under `token`:
@@ -241,18 +232,25 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
     let Some((sender, s, row)) = hold(id, token) else {
         return "stale";
     };
-    let (kind, state, name, workflow_id, delivered_to, delivered_shard) = row;
+    let Held {
+        kind,
+        state,
+        workflow_name: name,
+        workflow_id,
+        delivered_to,
+        delivered_shard,
+    } = row;
     let kind = Kind::parse(&kind).unwrap_or(Kind::Signal);
     let confirming = state == "CONFIRMING";
     let finish = |event_type: &str, event: serde_json::Value| {
         match s.as_ref().filter(|s| s.state.is_active()) {
             Some(s) => {
                 history::append(sender, event_type, event);
-                exec(&DONE, &[id.into()]);
+                DONE.exec(&[id.into()]);
                 wake::wake_for_event(s);
             }
             // Its end has passed: nothing keeps the row.
-            None => exec(&DELETE, &[id.into()]),
+            None => DELETE.exec(&[id.into()]),
         }
         "settled"
     };
@@ -267,14 +265,11 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
         }
         OutboxReport::Cancelled(t) => {
             only(kind == Kind::Cancel, "cancelled", "a cancel");
-            exec(
-                &CONFIRMING,
-                &[
-                    id.into(),
-                    pgrx::Uuid::from_bytes(t.execution_id).into(),
-                    i32::from(t.shard).into(),
-                ],
-            );
+            CONFIRMING.exec(&[
+                id.into(),
+                pgrx::Uuid::from_bytes(t.execution_id).into(),
+                i32::from(t.shard).into(),
+            ]);
             "released"
         }
         OutboxReport::Ended(t, ended) => {
@@ -303,36 +298,35 @@ pub fn report(id: pgrx::Uuid, token: i64, r: &OutboxReport) -> &'static str {
                                "workflow_name": name, "workflow_id": workflow_id}),
         ),
         OutboxReport::Indeterminate(why) => {
-            exec(&INDETERMINATE, &[id.into(), why.as_str().into()]);
+            INDETERMINATE.exec(&[id.into(), why.as_str().into()]);
             "released"
         }
         OutboxReport::Failed(error) => {
-            exec(&FAILED, &[id.into(), error.as_str().into()]);
+            FAILED.exec(&[id.into(), error.as_str().into()]);
             "released"
         }
     }
 }
 
-/// A row as `report` locks it: kind, state, name, workflow id, delivered
-/// to (the run, and the shard it lived on).
-type Held = (String, String, String, String, Option<pgrx::Uuid>, Option<i32>);
+row! {
+    /// A row as `report` locks it.
+    struct Held {
+        kind: String,
+        state: String,
+        workflow_name: String,
+        workflow_id: String,
+        /// The run it was delivered to, and the shard it lived on.
+        delivered_to: Option<pgrx::Uuid>,
+        delivered_shard: Option<i32>,
+    }
+}
 
 /// Locks outbox row `id` if `token` is its lease (its sender's row first):
 /// the sender, its row if it still exists, and the outbox row.
 fn hold(id: pgrx::Uuid, token: i64) -> Option<(pgrx::Uuid, Option<Locked>, Held)> {
-    let sender: pgrx::Uuid = Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &HOLDER, &[id.into(), token.into()]),
-            "reading an outbox row",
-        )
-    })?;
+    let sender: pgrx::Uuid = HOLDER.value(&[id.into(), token.into()], "reading an outbox row")?;
     let s = executions::try_lock(sender);
-    let row: Held = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &LOCK_ROW, &[id.into(), token.into()]),
-            "locking an outbox row",
-        )
-    })?;
+    let row: Held = LOCK_ROW.first(&[id.into(), token.into()], "locking an outbox row")?;
     Some((sender, s, row))
 }
 

@@ -16,8 +16,9 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::catalog::{self, Feature};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::{rows, shard};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
+use crate::base::shard;
 use crate::workflow::{executions, history, wake};
 
 /// The channel the relay listens on. Payloads: `due` (a lifecycle row on
@@ -80,7 +81,7 @@ pub fn enabled() -> bool {
 
 /// Tells the relay (`NOTIFY`'s payloads).
 pub fn notify(payload: &str) {
-    exec(&NOTIFY, &[payload.into()]);
+    NOTIFY.exec(&[payload.into()]);
 }
 
 /// A child has ended (its row is locked and closed, in its terminal
@@ -97,17 +98,19 @@ pub fn report_end(child: pgrx::Uuid, parent: pgrx::Uuid) {
         notify(&format!("ended {parent} {child}"));
         return;
     };
-    exec(&SETTLE, &[child.into()]);
-    exec(&DELIVERED, &[child.into()]);
+    SETTLE.exec(&[child.into()]);
+    DELIVERED.exec(&[child.into()]);
     if !p.state.is_active() {
         return;
     }
-    let (state, event): (ExecutionState, Jsonb) = Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &ENDED_EVENT, &[child.into()]),
-            "reading a child's end",
-        )
-    });
+    row! {
+        /// A child's end state and the event its parent hears.
+        struct Ended {
+            state: ExecutionState,
+            event: Jsonb,
+        }
+    }
+    let Ended { state, event } = ENDED_EVENT.one(&[child.into()], "reading a child's end");
     let Some(event_type) = ended_event(state) else {
         return;
     };
@@ -120,21 +123,17 @@ pub fn report_end(child: pgrx::Uuid, parent: pgrx::Uuid) {
 /// relay; the relay settles each lifecycle row.
 pub fn parent_ended(parent: pgrx::Uuid, state: ExecutionState) {
     let reason = format!("parent {parent} ended ({state})");
-    let (remote, local): (i64, i64) = Spi::connect_mut(|client| {
-        let remote = rows::only_value(
-            run(client, &PARENT_ENDED, &[parent.into(), reason.as_str().into()]),
+    let (remote, local): (i64, i64) = {
+        let remote = PARENT_ENDED.one_value(
+            &[parent.into(), reason.as_str().into()],
             "closing a parent's children",
         );
-        let local = rows::only_value(
-            run(
-                client,
-                &CLOSE_LOCAL,
-                &[parent.into(), shard::current().into(), reason.as_str().into()],
-            ),
+        let local = CLOSE_LOCAL.one_value(
+            &[parent.into(), shard::current().into(), reason.as_str().into()],
             "closing a parent's local children",
         );
         (remote, local)
-    });
+    };
     if remote + local > 0 {
         notify("due");
     }

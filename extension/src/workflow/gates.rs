@@ -14,8 +14,7 @@ use sheaf_core::policy::{ConcurrencyPolicy, OnConflict};
 
 use crate::base::errors::gate_rejected;
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::workflow::lifecycle;
 
 /// The most executions one admission cancels; the rest go on later ones.
@@ -32,14 +31,10 @@ const ACTIVE_NEWEST_FIRST: Stmt = Stmt::write(
 );
 
 fn active_newest_first(workflow: &str, key: &str, max: i64) -> Vec<pgrx::Uuid> {
-    Spi::connect_mut(|client| {
-        let table = run(
-            client,
-            &ACTIVE_NEWEST_FIRST,
-            &[workflow.into(), key.into(), max.into()],
-        );
-        rows::values(table, "reading a key's executions")
-    })
+    ACTIVE_NEWEST_FIRST.values(
+        &[workflow.into(), key.into(), max.into()],
+        "reading a key's executions",
+    )
 }
 
 /// Applies the gate to a start of `workflow` with resolved `key`, which will

@@ -7,8 +7,8 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::workflow::{executions, quota};
 
 /// The largest event payload, in bytes of its JSON text.
@@ -98,14 +98,22 @@ fn write(
     bytes: usize,
 ) -> Option<i64> {
     let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
-    let (seq, quota_key, state): (i64, Option<String>, ExecutionState) = Spi::connect_mut(|client| {
-        let table = run(
-            client,
-            &APPEND,
-            &[execution_id.into(), event_type.into(), payload, bytes.into()],
-        );
-        rows::first(table, "appending an event")
-    })?;
+    row! {
+        /// The appended event's seq, and its execution's quota key and state.
+        struct Appended {
+            seq: i64,
+            quota_key: Option<String>,
+            state: ExecutionState,
+        }
+    }
+    let Appended {
+        seq,
+        quota_key,
+        state,
+    } = APPEND.first(
+        &[execution_id.into(), event_type.into(), payload, bytes.into()],
+        "appending an event",
+    )?;
     if let Some(key) = quota_key
         && state.is_active()
     {
@@ -125,24 +133,26 @@ pub fn append_to_active(id: pgrx::Uuid, event_type: &str, payload: Jsonb) -> i64
     }
 }
 
+row! {
+    /// An event as `history` returns it.
+    pub struct Event {
+        pub seq: i64,
+        pub event_type: String,
+        pub payload: pgrx::JsonB,
+        pub created_at: TimestampWithTimeZone,
+    }
+}
+
 /// Events of execution `id` after `after`, in order, at most `max_rows`;
 /// P0002 if the execution is not on this shard.
-pub fn page(
-    id: pgrx::Uuid,
-    after: i64,
-    max_rows: i32,
-) -> Vec<(i64, String, pgrx::JsonB, TimestampWithTimeZone)> {
+pub fn page(id: pgrx::Uuid, after: i64, max_rows: i32) -> Vec<Event> {
     match executions::state_of(id) {
         None => unknown_execution(id),
         // A seal's history is frozen at its move: read the live copy's.
         Some(state) => executions::forward(id, state),
     }
-    Spi::connect_mut(|client| {
-        let table = run(
-            client,
-            &PAGE,
-            &[id.into(), after.into(), (max_rows as i64).into()],
-        );
-        rows::all(table, "reading history")
-    })
+    PAGE.all(
+        &[id.into(), after.into(), (max_rows as i64).into()],
+        "reading history",
+    )
 }

@@ -15,8 +15,8 @@ use pgrx::prelude::*;
 use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{not_ready, unknown_execution};
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::mutex;
 use crate::queue::{caps, promote, tasks};
 use crate::workflow::{executions, external, family, history, quota};
@@ -130,19 +130,15 @@ pub fn close_after(id: pgrx::Uuid, how: Close, first: impl FnOnce()) -> bool {
         Close::ContinuedAsNew { .. } => (None, None),
     };
     // The row is locked above: the update returns it.
-    let bytes: i64 = Spi::connect_mut(|client| {
-        let table = run(
-            client,
-            &CLOSE,
-            &[
-                id.into(),
-                how.state().as_str().into(),
-                result.into(),
-                error.into(),
-            ],
-        );
-        rows::only_value(table, "closing an execution")
-    });
+    let bytes: i64 = CLOSE.one_value(
+        &[
+            id.into(),
+            how.state().as_str().into(),
+            result.into(),
+            error.into(),
+        ],
+        "closing an execution",
+    );
     if let Some(key) = &e.quota_key {
         quota::add(key, -1, -bytes, 0);
     }
@@ -224,14 +220,16 @@ pub fn time_out_due(max: i64) -> i64 {
     if !executions::timeouts_enabled() {
         return 0;
     }
-    let due: Vec<(pgrx::Uuid, TimestampWithTimeZone)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &DUE_TIMEOUTS, &[max.into()]),
-            "reading overdue executions",
-        )
-    });
+    row! {
+        /// An active execution past its `timeout_at`.
+        struct Due {
+            id: pgrx::Uuid,
+            timeout_at: TimestampWithTimeZone,
+        }
+    }
+    let due: Vec<Due> = DUE_TIMEOUTS.all(&[max.into()], "reading overdue executions");
     due.into_iter()
-        .filter(|&(id, timeout_at)| {
+        .filter(|&Due { id, timeout_at }| {
             executions::state_of(id).is_some_and(ExecutionState::is_active)
                 && close_active(id, Close::TimedOut { timeout_at })
         })

@@ -17,8 +17,9 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{bad_argument, lease_lost, not_found, not_ready, sqlstate_text, unknown_execution};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::{audit, ids, rows, shard};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
+use crate::base::{audit, ids, shard};
 use crate::queue::{caps, promote, queues, tasks};
 use crate::workflow::{executions, quota};
 
@@ -374,30 +375,86 @@ fn require_enabled() {
 }
 
 fn canonical() {
-    exec(&CANONICAL, &[]);
+    CANONICAL.exec(&[]);
 }
 
-/// A candidate for a move: id, name, workflow id, state, history bytes and
-/// its blockers (none: it may move).
-pub type Candidate = (pgrx::Uuid, String, String, String, i64, Vec<String>);
+row! {
+    /// A candidate for a move, and its blockers (none: it may move).
+    pub struct Candidate {
+        pub id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub history_bytes: i64,
+        pub blockers: Vec<String>,
+    }
+}
+
+row! {
+    /// A move's record, as `RECORD` wrote it: its id and lease token.
+    struct Recorded {
+        migration: i64,
+        token: i64,
+    }
+}
+
+row! {
+    /// A move's record, locked: `lock_record` reads it.
+    struct RecordRow {
+        execution_id: pgrx::Uuid,
+        target: i32,
+        phase: String,
+        fingerprint: Option<String>,
+        held_by: i64,
+    }
+}
+
+row! {
+    /// An execution's marks: its digest, fingerprint and last event seq.
+    struct Marks {
+        digest: String,
+        fingerprint: String,
+        seq: i64,
+    }
+}
+
+row! {
+    /// What a seal or an activation moved: the execution's history bytes
+    /// and quota key.
+    struct Share {
+        bytes: i64,
+        key: Option<String>,
+    }
+}
+
+row! {
+    /// A move's record after a phase change: execution, target, bytes.
+    struct Phased {
+        id: pgrx::Uuid,
+        target: i32,
+        bytes: i64,
+    }
+}
+
+row! {
+    /// A table moves copy, and its columns.
+    struct TableColumns {
+        table: String,
+        columns: Vec<String>,
+    }
+}
 
 /// A page of this shard's unfinished executions after `after`, in id order,
 /// each with every reason it cannot move now.
 pub fn candidates(after: Option<pgrx::Uuid>, max_rows: i64) -> Vec<Candidate> {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &CANDIDATES, &[after.into(), max_rows.into()]),
-            "listing rebalance candidates",
-        )
-    })
+    CANDIDATES.all(&[after.into(), max_rows.into()], "listing rebalance candidates")
 }
 
 fn blockers_of(id: pgrx::Uuid) -> Vec<String> {
-    Spi::connect_mut(|client| {
-        rows::value::<Vec<String>>(run(client, &BLOCKERS_OF, &[id.into()]), "reading blockers")
-            .unwrap_or_else(|| unknown_execution(id))
-    })
+    BLOCKERS_OF
+        .value::<Vec<String>>(&[id.into()], "reading blockers")
+        .unwrap_or_else(|| unknown_execution(id))
 }
 
 /// Locks an execution's ready rows, then its tasks, then its row.
@@ -427,30 +484,20 @@ pub fn begin(id: pgrx::Uuid, target: i32, lease_secs: f64) -> Jsonb {
     // A child leaving its ended parent here: no relay pulls the end of a
     // child started in its parent's transaction, so it is marked delivered
     // now and retention keeps neither waiting for the other.
-    exec(&LEAVES_ENDED_PARENT, &[id.into()]);
-    let (migration, token): (i64, i64) = Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &RECORD, &[id.into(), target.into(), lease_secs.into()]),
-            "recording a move",
-        )
-    });
+    LEAVES_ENDED_PARENT.exec(&[id.into()]);
+    let Recorded { migration, token } =
+        RECORD.one(&[id.into(), target.into(), lease_secs.into()], "recording a move");
     let tables: Vec<String> = COPIED.iter().map(|t| (*t).to_owned()).collect();
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(
-                client,
-                &EXPORT,
-                &[
-                    id.into(),
-                    migration.into(),
-                    here.into(),
-                    tables.into(),
-                    token.into(),
-                ],
-            ),
-            "exporting an execution",
-        )
-    })
+    EXPORT.one_value(
+        &[
+            id.into(),
+            migration.into(),
+            here.into(),
+            tables.into(),
+            token.into(),
+        ],
+        "exporting an execution",
+    )
 }
 
 struct Record {
@@ -465,13 +512,15 @@ struct Record {
 /// taken over). The step renews the lease.
 fn lock_record(migration: i64, token: i64) -> Record {
     require_enabled();
-    let found: Option<(pgrx::Uuid, i32, String, Option<String>, i64)> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &RECORD_FOR_UPDATE, &[migration.into()]),
-            "locking a move",
-        )
-    });
-    let Some((execution_id, target, phase, fingerprint, held_by)) = found else {
+    let found: Option<RecordRow> = RECORD_FOR_UPDATE.first(&[migration.into()], "locking a move");
+    let Some(RecordRow {
+        execution_id,
+        target,
+        phase,
+        fingerprint,
+        held_by,
+    }) = found
+    else {
         not_found(format!("no move {migration} on this shard"));
     };
     if held_by != token {
@@ -479,7 +528,7 @@ fn lock_record(migration: i64, token: i64) -> Record {
             "move {migration} is not held under lease token {token}: another mover took it over"
         ));
     }
-    exec(&RENEW, &[migration.into()]);
+    RENEW.exec(&[migration.into()]);
     Record {
         execution_id,
         target,
@@ -498,12 +547,7 @@ pub const LEASE_SECS: f64 = 60.0;
 /// the move is over).
 pub fn takeover(migration: i64, lease_secs: f64) -> Option<i64> {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &TAKEOVER, &[migration.into(), lease_secs.into()]),
-            "taking a move over",
-        )
-    })
+    TAKEOVER.value(&[migration.into(), lease_secs.into()], "taking a move over")
 }
 
 /// Records that the staged copy's digest is `target_digest`: VERIFIED with
@@ -519,20 +563,16 @@ pub fn verify(migration: i64, token: i64, target_digest: &str) -> bool {
             r.phase
         ));
     }
-    let (digest, fingerprint, seq): (String, String, i64) = Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &MARKS, &[r.execution_id.into()]),
-            "reading an execution's marks",
-        )
-    });
+    let Marks {
+        digest,
+        fingerprint,
+        seq,
+    } = MARKS.one(&[r.execution_id.into()], "reading an execution's marks");
     if digest != target_digest {
-        exec(
-            &NOTE_ERROR,
-            &[migration.into(), "the staged copy differs from the source".into()],
-        );
+        NOTE_ERROR.exec(&[migration.into(), "the staged copy differs from the source".into()]);
         return false;
     }
-    exec(&SET_VERIFIED, &[migration.into(), seq.into(), fingerprint.into()]);
+    SET_VERIFIED.exec(&[migration.into(), seq.into(), fingerprint.into()]);
     true
 }
 
@@ -553,9 +593,7 @@ pub fn cutover(migration: i64, token: i64) -> bool {
     }
     let id = r.execution_id;
     lock_all(id);
-    let now: String = Spi::connect_mut(|client| {
-        rows::only_value(run(client, &FINGERPRINT, &[id.into()]), "reading a fingerprint")
-    });
+    let now: String = FINGERPRINT.one_value(&[id.into()], "reading a fingerprint");
     // This move is the one in progress.
     let blockers: Vec<String> = blockers_of(id)
         .into_iter()
@@ -569,17 +607,12 @@ pub fn cutover(migration: i64, token: i64) -> bool {
         None
     };
     if let Some(why) = declined {
-        exec(&NOTE_ERROR, &[migration.into(), why.into()]);
+        NOTE_ERROR.exec(&[migration.into(), why.into()]);
         return false;
     }
     let gone = tasks::delete_of_execution(id);
     caps::release_held(gone);
-    let (bytes, key): (i64, Option<String>) = Spi::connect_mut(|client| {
-        rows::only(
-            run(client, &SEAL, &[id.into(), r.target.into()]),
-            "sealing an execution",
-        )
-    });
+    let Share { bytes, key } = SEAL.one(&[id.into(), r.target.into()], "sealing an execution");
     if let Some(key) = key {
         quota::add(&key, -1, -bytes, 0);
     }
@@ -587,17 +620,11 @@ pub fn cutover(migration: i64, token: i64) -> bool {
     true
 }
 
-fn set_phase(migration: i64, phase: &str, error: Option<&str>) -> (pgrx::Uuid, i32, i64) {
-    Spi::connect_mut(|client| {
-        rows::only(
-            run(
-                client,
-                &SET_PHASE,
-                &[migration.into(), phase.into(), error.into()],
-            ),
-            "recording a move's phase",
-        )
-    })
+fn set_phase(migration: i64, phase: &str, error: Option<&str>) -> Phased {
+    SET_PHASE.one(
+        &[migration.into(), phase.into(), error.into()],
+        "recording a move's phase",
+    )
 }
 
 /// Records how a move ended, or that a step failed: `done` (activated on
@@ -614,7 +641,7 @@ pub fn report(migration: i64, token: i64, outcome: &str, error: Option<&str>) ->
         "aborted" if r.phase == "ABORTED" => return r.phase,
         "aborted" if r.phase == "STARTED" || r.phase == "VERIFIED" => ("ABORTED", outcome),
         "failed" => {
-            exec(&NOTE_ERROR, &[migration.into(), error.unwrap_or("failed").into()]);
+            NOTE_ERROR.exec(&[migration.into(), error.unwrap_or("failed").into()]);
             return r.phase;
         }
         "done" | "resumed" | "aborted" => not_ready(format!(
@@ -623,9 +650,9 @@ pub fn report(migration: i64, token: i64, outcome: &str, error: Option<&str>) ->
         )),
         _ => bad_argument("outcome", "must be one of done, resumed, aborted, failed"),
     };
-    let (id, target, bytes) = set_phase(migration, phase, error);
+    let Phased { id, target, bytes } = set_phase(migration, phase, error);
     if phase == "DONE" {
-        exec(&SEAL_DONE, &[id.into()]);
+        SEAL_DONE.exec(&[id.into()]);
     }
     let detail = serde_json::json!({
         "migration_id": migration, "target_shard": target, "bytes": bytes,
@@ -641,63 +668,72 @@ pub fn report(migration: i64, token: i64, outcome: &str, error: Option<&str>) ->
     phase.to_owned()
 }
 
-/// A COMMITTED move a worker may settle: id, execution, target, attempts,
-/// and the lease token the claim gave it.
-pub type Stalled = (i64, pgrx::Uuid, i32, i32, i64);
+row! {
+    /// A COMMITTED move a worker may settle, and the lease token the claim
+    /// gave it.
+    pub struct Stalled {
+        pub id: i64,
+        pub execution_id: pgrx::Uuid,
+        pub target_shard: i32,
+        pub attempts: i32,
+        pub lease_token: i64,
+    }
+}
 
 /// Claims up to `max_rows` COMMITTED moves not touched for `grace_secs`
 /// (at least 5) whose target is in `targets` (NULL: any), for one settler
 /// each: the claim touches them.
 pub fn stalled(grace_secs: f64, max_rows: i64, targets: Option<Vec<i32>>) -> Vec<Stalled> {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &STALLED,
-                &[
-                    grace_secs.into(),
-                    max_rows.into(),
-                    targets.into(),
-                    LEASE_SECS.into(),
-                ],
-            ),
-            "claiming stalled moves",
-        )
-    })
+    STALLED.all(
+        &[
+            grace_secs.into(),
+            max_rows.into(),
+            targets.into(),
+            LEASE_SECS.into(),
+        ],
+        "claiming stalled moves",
+    )
 }
 
-/// A move as `migrations()` lists it.
-pub type Listed = (
-    i64,
-    pgrx::Uuid,
-    i32,
-    String,
-    i32,
-    Option<String>,
-    Option<i64>,
-    i64,
-    String,
-    String,
-    pgrx::datum::TimestampWithTimeZone,
-    pgrx::datum::TimestampWithTimeZone,
-);
+row! {
+    /// A move as `migrations()` lists it.
+    pub struct Listed {
+        pub id: i64,
+        pub execution_id: pgrx::Uuid,
+        pub target_shard: i32,
+        pub phase: String,
+        pub attempts: i32,
+        pub last_error: Option<String>,
+        pub verified_event_seq: Option<i64>,
+        pub bytes: i64,
+        pub actor: String,
+        pub login: String,
+        pub created_at: pgrx::datum::TimestampWithTimeZone,
+        pub updated_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
 
 /// This shard's moves, newest first; only unfinished ones if `open_only`.
 pub fn list(open_only: bool, max_rows: i64) -> Vec<Listed> {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &LIST, &[open_only.into(), max_rows.into()]),
-            "listing moves",
-        )
-    })
+    LIST.all(&[open_only.into(), max_rows.into()], "listing moves")
 }
 
-/// What this shard holds of an execution: state, name, id, pointer,
-/// whether it is a staged copy over this shard's own seal, and the move
-/// that staged it.
-type Held = (ExecutionState, String, String, Option<i32>, bool, Option<String>);
+row! {
+    /// What this shard holds of an execution.
+    struct Held {
+        state: ExecutionState,
+        _workflow_name: String,
+        _workflow_id: String,
+        /// Where it moved to, if it did.
+        pointer: Option<i32>,
+        /// Whether it is a staged copy over this shard's own seal.
+        _over_seal: bool,
+        /// The move that staged it.
+        staged_by: Option<String>,
+    }
+}
 
 /// How a staged copy names the move that staged it (`staged_by`).
 fn staged_by(source: i32, migration: i64) -> String {
@@ -705,7 +741,7 @@ fn staged_by(source: i32, migration: i64) -> String {
 }
 
 fn held(id: pgrx::Uuid) -> Option<Held> {
-    Spi::connect_mut(|client| rows::first(run(client, &HERE, &[id.into()]), "reading an execution"))
+    HERE.first(&[id.into()], "reading an execution")
 }
 
 /// Stages `export` (from `begin` on the source) here: MIGRATING, its tasks
@@ -735,28 +771,33 @@ pub fn stage(export: &serde_json::Value) -> String {
     let mut pointer: Option<i32> = None;
     match held(id) {
         None => {}
-        Some((ExecutionState::Migrated, _, _, to, ..)) => {
+        Some(Held {
+            state: ExecutionState::Migrated,
+            pointer: to,
+            ..
+        }) => {
             // A move back: this shard's own seal goes into the staged row,
             // which keeps its pointer until activation.
-            seal = Some(Spi::connect_mut(|client| {
-                rows::only_value(run(client, &SEAL_ROW, &[id.into()]), "reading a seal")
-            }));
+            seal = Some(SEAL_ROW.one_value(&[id.into()], "reading a seal"));
             pointer = to;
         }
-        Some((ExecutionState::Migrating, ..)) => {
+        Some(Held {
+            state: ExecutionState::Migrating,
+            ..
+        }) => {
             discard(id);
             return stage(export);
         }
-        Some((state, ..)) => not_ready(format!("execution {id} already lives on this shard ({state})")),
+        Some(Held { state, .. }) => {
+            not_ready(format!("execution {id} already lives on this shard ({state})"))
+        }
     }
     let name = execution["workflow_name"].as_str().unwrap_or_default();
     let workflow_id = execution["workflow_id"].as_str().unwrap_or_default();
-    let taken: Option<pgrx::Uuid> = Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &KEY_TAKEN, &[name.into(), workflow_id.into(), id.into()]),
-            "checking a business key",
-        )
-    });
+    let taken: Option<pgrx::Uuid> = KEY_TAKEN.value(
+        &[name.into(), workflow_id.into(), id.into()],
+        "checking a business key",
+    );
     if let Some(other) = taken {
         not_ready(format!(
             "execution {id} cannot be staged here: run {other} of its workflow id is active on this shard"
@@ -786,20 +827,18 @@ fn write_staged(
         by.into(),
     ];
     if seal.is_some() {
-        let staged: Jsonb = Spi::connect_mut(|client| {
-            rows::only_value(run(client, &STAGED_ROW, &args), "building a staged row")
-        });
+        let staged: Jsonb = STAGED_ROW.one_value(&args, "building a staged row");
         replace_row(id, staged);
-        exec(&DELETE_USAGE, &[id.into()]);
+        DELETE_USAGE.exec(&[id.into()]);
     } else {
-        exec(&INSERT_STAGED, &args);
+        INSERT_STAGED.exec(&args);
     }
     let rows_of = |key: &str| Jsonb::from_value(export[key].clone());
-    exec(&INSERT_EVENTS, &[rows_of("events").into()]);
-    exec(&INSERT_SIGNALS, &[rows_of("signals_seen").into()]);
-    exec(&INSERT_CHILDREN, &[rows_of("children").into()]);
-    exec(&INSERT_OUTBOX, &[rows_of("outbox").into()]);
-    exec(&INSERT_USAGE, &[rows_of("usage_records").into()]);
+    INSERT_EVENTS.exec(&[rows_of("events").into()]);
+    INSERT_SIGNALS.exec(&[rows_of("signals_seen").into()]);
+    INSERT_CHILDREN.exec(&[rows_of("children").into()]);
+    INSERT_OUTBOX.exec(&[rows_of("outbox").into()]);
+    INSERT_USAGE.exec(&[rows_of("usage_records").into()]);
     // Each task's queue exists here before its tasks are admitted.
     let mut names: Vec<&str> = export["tasks"]
         .as_array()
@@ -813,7 +852,7 @@ fn write_staged(
     let n = export["tasks"].as_array().map_or(0, Vec::len);
     let mut mint = ids::minter();
     let task_ids: Vec<pgrx::Uuid> = (0..n).map(|_| mint()).collect();
-    exec(&INSERT_TASKS, &[rows_of("tasks").into(), task_ids.into()]);
+    INSERT_TASKS.exec(&[rows_of("tasks").into(), task_ids.into()]);
 }
 
 /// Runs `f`, turning a row of the export that does not fit this shard's
@@ -891,7 +930,7 @@ pub fn check_export(export: &serde_json::Value) {
 
 /// The portable digest of an execution's rows here (see `digest!`).
 fn digest(id: pgrx::Uuid) -> String {
-    Spi::connect_mut(|client| rows::only_value(run(client, &DIGEST, &[id.into()]), "digesting an execution"))
+    DIGEST.one_value(&[id.into()], "digesting an execution")
 }
 
 /// Refuses an export carrying a column this shard's tables lack (it would
@@ -904,14 +943,9 @@ fn parity(export: &serde_json::Value) {
         );
     };
     let tables: Vec<String> = COPIED.iter().map(|t| (*t).to_owned()).collect();
-    let ours: Vec<(String, Vec<String>)> = Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &COLUMNS, &[tables.into()]),
-            "reading this shard's columns",
-        )
-    });
+    let ours: Vec<TableColumns> = COLUMNS.all(&[tables.into()], "reading this shard's columns");
     for (table, columns) in theirs {
-        let Some((_, mine)) = ours.iter().find(|(t, _)| t == table) else {
+        let Some(TableColumns { columns: mine, .. }) = ours.iter().find(|t| &t.table == table) else {
             bad_argument(
                 "export",
                 format!("names table {} that moves do not copy", cut(table)),
@@ -971,7 +1005,7 @@ const STAGED_ROW: Stmt = Stmt::write(
 /// Overwrites execution `id`'s row in place with `row` (a document of
 /// every column), keeping the rows that reference it.
 fn replace_row(id: pgrx::Uuid, row: Jsonb) {
-    exec(&REPLACE_ROW, &[id.into(), row.into()]);
+    REPLACE_ROW.exec(&[id.into(), row.into()]);
 }
 
 /// Makes a staged copy live: its state back, its tasks admitted (a timer
@@ -981,7 +1015,10 @@ pub fn activate(id: pgrx::Uuid) -> bool {
     require_enabled();
     match held(id) {
         None => unknown_execution(id),
-        Some((ExecutionState::Migrating, ..)) => {}
+        Some(Held {
+            state: ExecutionState::Migrating,
+            ..
+        }) => {}
         Some(_) => return false,
     }
     // Tasks before the execution row (`base::locks`), as a resume.
@@ -989,9 +1026,7 @@ pub fn activate(id: pgrx::Uuid) -> bool {
     if executions::try_lock(id).is_none_or(|e| e.state != ExecutionState::Migrating) {
         return false;
     }
-    let (bytes, key): (i64, Option<String>) = Spi::connect_mut(|client| {
-        rows::only(run(client, &ACTIVATE, &[id.into()]), "activating an execution")
-    });
+    let Share { bytes, key } = ACTIVATE.one(&[id.into()], "activating an execution");
     if let Some(key) = key {
         quota::add(&key, 1, bytes, 0);
     }
@@ -1006,7 +1041,11 @@ pub fn activate(id: pgrx::Uuid) -> bool {
 pub fn discard_staged(id: pgrx::Uuid, source: i32, migration: i64) -> bool {
     require_enabled();
     match held(id) {
-        Some((ExecutionState::Migrating, .., Some(by))) if by == staged_by(source, migration) => {}
+        Some(Held {
+            state: ExecutionState::Migrating,
+            staged_by: Some(by),
+            ..
+        }) if by == staged_by(source, migration) => {}
         _ => return false,
     }
     discard(id)
@@ -1016,7 +1055,13 @@ pub fn discard_staged(id: pgrx::Uuid, source: i32, migration: i64) -> bool {
 /// back the seal it replaced; `false` if nothing is staged here.
 fn discard(id: pgrx::Uuid) -> bool {
     require_enabled();
-    if !matches!(held(id), Some((ExecutionState::Migrating, ..))) {
+    if !matches!(
+        held(id),
+        Some(Held {
+            state: ExecutionState::Migrating,
+            ..
+        })
+    ) {
         return false;
     }
     let parked = tasks::delete_of_execution(id);
@@ -1024,20 +1069,20 @@ fn discard(id: pgrx::Uuid) -> bool {
     if executions::try_lock(id).is_none_or(|e| e.state != ExecutionState::Migrating) {
         return false;
     }
-    let seal: Option<Jsonb> = Spi::connect_mut(|client| {
-        rows::value::<Option<Jsonb>>(run(client, &SEAL_OF, &[id.into()]), "reading a replaced seal").flatten()
-    });
+    let seal: Option<Jsonb> = SEAL_OF
+        .value::<Option<Jsonb>>(&[id.into()], "reading a replaced seal")
+        .flatten();
     match seal {
         Some(seal) => {
             let last = seal.clone().parse("replaced_seal")["last_event_seq"]
                 .as_i64()
                 .unwrap_or(i64::MAX);
-            exec(&DELETE_NEWER_EVENTS, &[id.into(), last.into()]);
+            DELETE_NEWER_EVENTS.exec(&[id.into(), last.into()]);
             replace_row(id, seal);
         }
         None => {
-            exec(&DELETE_STAGED, &[id.into()]);
-            exec(&DELETE_ROW, &[id.into()]);
+            DELETE_STAGED.exec(&[id.into()]);
+            DELETE_ROW.exec(&[id.into()]);
         }
     }
     true
@@ -1060,19 +1105,20 @@ const ADOPT: Stmt = Stmt::write(
     &[PgBuiltInOids::JSONBOID],
 );
 
-/// A seal as `migration_seals` lists it: id, pointer, row.
-pub type Seal = (pgrx::Uuid, Option<i32>, Jsonb);
+row! {
+    /// A seal as `migration_seals` lists it: id, pointer, row.
+    pub struct Seal {
+        pub id: pgrx::Uuid,
+        pub moved_to: Option<i32>,
+        pub seal: Jsonb,
+    }
+}
 
 /// A page of this shard's seals after `after`, in id order: what a drained
 /// shard hands to the shard its ids will forward to (`adopt_seal`).
 pub fn seals(after: Option<pgrx::Uuid>, max_rows: i64) -> Vec<Seal> {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &SEALS, &[after.into(), max_rows.into()]),
-            "listing seals",
-        )
-    })
+    SEALS.all(&[after.into(), max_rows.into()], "listing seals")
 }
 
 /// Keeps a seal from a shard being retired (a row `seals` listed), so ids
@@ -1096,7 +1142,7 @@ pub fn adopt_seal(seal: &serde_json::Value) -> bool {
             "must be a MIGRATED row pointing at another shard, as sheaf.migration_seals returns it",
         );
     }
-    Spi::connect_mut(|client| !run(client, &ADOPT, &[Jsonb::from_value(seal.clone()).into()]).is_empty())
+    ADOPT.count(&[Jsonb::from_value(seal.clone()).into()]) > 0
 }
 
 /// Points this shard's seal of `id` straight at `home` (chains collapse);
@@ -1106,7 +1152,7 @@ pub fn repoint(id: pgrx::Uuid, home: i32) -> bool {
     if home == shard::current() {
         bad_argument("home_shard", "is this shard: a seal points elsewhere");
     }
-    Spi::connect_mut(|client| !run(client, &REPOINT, &[id.into(), home.into()]).is_empty())
+    REPOINT.count(&[id.into(), home.into()]) > 0
 }
 
 #[cfg(any(test, feature = "pg_test"))]

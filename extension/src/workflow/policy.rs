@@ -7,8 +7,7 @@ use sheaf_core::policy::WorkflowPolicy;
 
 use crate::base::args::required;
 use crate::base::errors::bad_argument;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 
 const LOAD: Stmt = Stmt::read(
     "SELECT policy FROM workflow_policies WHERE workflow_name = $1",
@@ -35,9 +34,7 @@ pub fn check_name(name: Option<&str>) -> &str {
 /// The policy of a workflow name; the default (queue "default", no gates)
 /// for a name never declared.
 pub fn load(name: &str) -> WorkflowPolicy {
-    let stored = Spi::connect_mut(|client| {
-        rows::value::<pgrx::JsonB>(run(client, &LOAD, &[name.into()]), "reading a workflow policy")
-    });
+    let stored = LOAD.value::<pgrx::JsonB>(&[name.into()], "reading a workflow policy");
     match stored {
         None => WorkflowPolicy::default(),
         Some(json) => match WorkflowPolicy::parse(&json.0) {
@@ -56,7 +53,7 @@ pub fn load(name: &str) -> WorkflowPolicy {
 
 /// Stores (or replaces) a workflow's validated policy.
 pub fn store(name: &str, policy: &WorkflowPolicy) {
-    exec(&STORE, &[name.into(), pgrx::JsonB(policy.to_json()).into()]);
+    STORE.exec(&[name.into(), pgrx::JsonB(policy.to_json()).into()]);
 }
 
 /// The current pace of a rate-limit bucket's name (`queue::rate::sweep`'s

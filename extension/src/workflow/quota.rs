@@ -12,8 +12,8 @@ use pgrx::prelude::*;
 use sheaf_core::policy::QuotaPolicy;
 
 use crate::base::errors::quota_exceeded;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 const ADD: Stmt = Stmt::write(
     "INSERT INTO quota_usage AS u (key, active_executions, history_bytes, dead_letters) \
@@ -61,31 +61,32 @@ const STORE: Stmt = Stmt::write(
     ],
 );
 
-/// A key's usage: active executions, their history bytes, dead letters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub active: i64,
-    pub bytes: i64,
-    pub dead: i64,
+row! {
+    /// A key's usage: active executions, their history bytes, dead letters.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Usage {
+        pub active: i64,
+        pub bytes: i64,
+        pub dead: i64,
+    }
 }
 
 fn usage_row(stmt: &Stmt, key: &str) -> Usage {
-    Spi::connect_mut(|client| {
+    {
         // A key with no counter row yet has used nothing.
-        rows::first::<(i64, i64, i64)>(run(client, stmt, &[key.into()]), "reading quota usage")
-            .map(|(active, bytes, dead)| Usage { active, bytes, dead })
+        stmt.first(&[key.into()], "reading quota usage")
             .unwrap_or_default()
-    })
+    }
 }
 
 /// Adds to a key's counters (creating its row).
 pub fn add(key: &str, active: i64, bytes: i64, dead: i64) {
-    exec(&ADD, &[key.into(), active.into(), bytes.into(), dead.into()]);
+    ADD.exec(&[key.into(), active.into(), bytes.into(), dead.into()]);
 }
 
 /// Locks a key's counter row (creating it) and returns its usage.
 fn lock(key: &str) -> Usage {
-    exec(&ENSURE, &[key.into()]);
+    ENSURE.exec(&[key.into()]);
     usage_row(&LOCK, key)
 }
 
@@ -132,10 +133,7 @@ pub fn usage(key: &str) -> Usage {
 pub fn recompute(key: &str) -> Usage {
     lock(key);
     let u = usage_row(&RECOUNT, key);
-    exec(
-        &STORE,
-        &[key.into(), u.active.into(), u.bytes.into(), u.dead.into()],
-    );
+    STORE.exec(&[key.into(), u.active.into(), u.bytes.into(), u.dead.into()]);
     u
 }
 

@@ -12,8 +12,9 @@ use sheaf_core::state::ExecutionState;
 
 use crate::base::errors::{bad_argument, unknown_execution};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::{rows, shard};
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
+use crate::base::shard;
 use crate::workflow::children::{append_failed, conflict_reason};
 use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::{executions, history, start, wake};
@@ -131,61 +132,85 @@ const ROWS_TO: Stmt = Stmt::read(
 );
 
 /// The lifecycle rows here whose child is (or is to be) on shard
-/// `target`, after child `after`, at most `max`: (child, parent, state).
-pub fn rows_to(target: i32, after: Option<pgrx::Uuid>, max: i64) -> Vec<(pgrx::Uuid, pgrx::Uuid, String)> {
+/// `target`, after child `after`, at most `max`.
+pub fn rows_to(target: i32, after: Option<pgrx::Uuid>, max: i64) -> Vec<RowTo> {
     let after = after.unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &ROWS_TO, &[target.into(), after.into(), max.into()]),
-            "listing lifecycle rows by target",
-        )
-    })
+    ROWS_TO.all(
+        &[target.into(), after.into(), max.into()],
+        "listing lifecycle rows by target",
+    )
 }
 
-/// A group of lifecycle rows as `relay_backlog` returns it.
-pub type Backlog = (
-    i32,
-    String,
-    Option<String>,
-    i64,
-    i64,
-    pgrx::datum::TimestampWithTimeZone,
-    i32,
-    Option<String>,
-);
+row! {
+    /// A lifecycle row whose child is on a given shard.
+    pub struct RowTo {
+        pub child_id: pgrx::Uuid,
+        pub parent_id: pgrx::Uuid,
+        pub state: String,
+    }
+}
+
+row! {
+    /// A group of lifecycle rows as `relay_backlog` returns it.
+    pub struct Backlog {
+        pub target_shard: i32,
+        pub state: String,
+        pub close_requested: Option<String>,
+        pub rows: i64,
+        pub failing: i64,
+        pub oldest: pgrx::datum::TimestampWithTimeZone,
+        pub max_attempts: i32,
+        pub last_error: Option<String>,
+    }
+}
 
 /// This shard's lifecycle rows, grouped.
 pub fn backlog() -> Vec<Backlog> {
-    Spi::connect_mut(|client| rows::all(run(client, &BACKLOG, &[]), "reading the relay's backlog"))
+    BACKLOG.all(&[], "reading the relay's backlog")
 }
 
-/// A lifecycle row as `relay_take` returns it.
-pub type Taken = (
-    pgrx::Uuid,
-    pgrx::Uuid,
-    i32,
-    String,
-    String,
-    String,
-    Option<pgrx::JsonB>,
-    Option<String>,
-    Option<String>,
-    bool,
-    bool,
-    i32,
-    i64,
-);
+row! {
+    /// A lifecycle row as `relay_take` returns it.
+    pub struct Taken {
+        pub child_id: pgrx::Uuid,
+        pub parent_id: pgrx::Uuid,
+        pub target_shard: i32,
+        pub state: String,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub input: Option<pgrx::JsonB>,
+        pub close_requested: Option<String>,
+        pub close_reason: Option<String>,
+        pub close_delivered: bool,
+        pub parent_ended: bool,
+        pub attempts: i32,
+        pub lease_token: i64,
+    }
+}
 
 /// Leases up to `max` lifecycle rows for `lease_secs`: the due ones, or
 /// those of `named` that no other relay holds.
 pub fn take(max: i64, lease_secs: f64, named: Option<Vec<pgrx::Uuid>>) -> Vec<Taken> {
-    Spi::connect_mut(|client| {
-        let table = match named {
-            None => run(client, &TAKE_DUE, &[max.into(), lease_secs.into()]),
-            Some(ids) => run(client, &TAKE_NAMED, &[max.into(), lease_secs.into(), ids.into()]),
-        };
-        rows::all(table, "taking lifecycle rows")
-    })
+    match named {
+        None => TAKE_DUE.all(&[max.into(), lease_secs.into()], "taking lifecycle rows"),
+        Some(ids) => TAKE_NAMED.all(
+            &[max.into(), lease_secs.into(), ids.into()],
+            "taking lifecycle rows",
+        ),
+    }
+}
+
+row! {
+    /// A lifecycle row, locked.
+    struct Row {
+        state: String,
+        close_requested: Option<String>,
+        close_delivered: bool,
+        parent_ended: bool,
+        target: i32,
+        name: String,
+        workflow_id: String,
+    }
 }
 
 /// What `report` did with the row: `held` (the lease is still the
@@ -193,42 +218,40 @@ pub fn take(max: i64, lease_secs: f64, named: Option<Vec<pgrx::Uuid>>) -> Vec<Ta
 /// time), `settled` (deleted: nothing is left to do), `stale` (the lease is
 /// not the caller's any more, or the row is gone; nothing changed).
 pub fn report(child: pgrx::Uuid, token: i64, r: &Report, outcome: Jsonb) -> &'static str {
-    let parent: Option<pgrx::Uuid> = Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &HOLDER, &[child.into(), token.into()]),
-            "reading a lifecycle row",
-        )
-    });
+    let parent: Option<pgrx::Uuid> = HOLDER.value(&[child.into(), token.into()], "reading a lifecycle row");
     let Some(parent) = parent else {
         return "stale";
     };
     // The parent's row before its lifecycle rows (`workflow::family`).
     let p = executions::try_lock(parent);
-    type Row = (String, Option<String>, bool, bool, i32, String, String);
-    let row: Option<Row> = Spi::connect_mut(|client| {
-        rows::first(
-            run(client, &LOCK_ROW, &[child.into(), token.into()]),
-            "locking a lifecycle row",
-        )
-    });
-    let Some((state, close_requested, close_delivered, parent_ended, target, name, workflow_id)) = row else {
+    let row: Option<Row> = LOCK_ROW.first(&[child.into(), token.into()], "locking a lifecycle row");
+    let Some(Row {
+        state,
+        close_requested,
+        close_delivered,
+        parent_ended,
+        target,
+        name,
+        workflow_id,
+    }) = row
+    else {
         return "stale";
     };
     let parent_live = p.as_ref().filter(|p| p.state.is_active());
     let settle = || {
-        exec(&SETTLE, &[child.into()]);
+        SETTLE.exec(&[child.into()]);
         "settled"
     };
     match r {
         Report::Started => {
-            exec(&STARTED, &[child.into()]);
+            STARTED.exec(&[child.into()]);
             if parent_ended && (close_requested.is_none() || close_delivered) {
                 return settle();
             }
             "held"
         }
         Report::Closed => {
-            exec(&CLOSED, &[child.into()]);
+            CLOSED.exec(&[child.into()]);
             if parent_ended && state == "RUNNING" {
                 return settle();
             }
@@ -264,11 +287,11 @@ pub fn report(child: pgrx::Uuid, token: i64, r: &Report, outcome: Jsonb) -> &'st
         // close already delivered) needs no more of a running child.
         Report::Pending(_) if parent_ended && (close_requested.is_none() || close_delivered) => settle(),
         Report::Pending(secs) => {
-            exec(&PENDING, &[child.into(), (*secs).into()]);
+            PENDING.exec(&[child.into(), (*secs).into()]);
             "released"
         }
         Report::Failed(error) => {
-            exec(&FAILED, &[child.into(), error.as_str().into()]);
+            FAILED.exec(&[child.into(), error.as_str().into()]);
             "released"
         }
     }
@@ -278,16 +301,10 @@ fn append_ended(parent: pgrx::Uuid, child: pgrx::Uuid, state: ExecutionState, ou
     let Some(event_type) = ended_event(state) else {
         return;
     };
-    let event: Jsonb = Spi::connect_mut(|client| {
-        rows::only_value(
-            run(
-                client,
-                &ENDED_EVENT,
-                &[child.into(), state.as_str().into(), outcome.into()],
-            ),
-            "building a child's end",
-        )
-    });
+    let event: Jsonb = ENDED_EVENT.one_value(
+        &[child.into(), state.as_str().into(), outcome.into()],
+        "building a child's end",
+    );
     history::append_jsonb(parent, event_type, event);
 }
 
@@ -335,10 +352,7 @@ pub fn start_remote(
 
 /// `Some(parent_id)` of an execution here, `None` if there is none.
 fn parent_of(id: pgrx::Uuid) -> Option<Option<pgrx::Uuid>> {
-    Spi::connect_mut(|client| {
-        rows::first::<(Option<pgrx::Uuid>,)>(run(client, &PARENT_OF, &[id.into()]), "reading a parent")
-    })
-    .map(|(p,)| p)
+    PARENT_OF.value::<Option<pgrx::Uuid>>(&[id.into()], "reading a parent")
 }
 
 /// Cancels or terminates child `child` of `parent` here; `false` if it

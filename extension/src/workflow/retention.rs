@@ -14,8 +14,8 @@ use sheaf_core::retention::{Keep, Retention};
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::queue::dead_letters;
 use crate::queue::hooks::ExecutionHooks;
 use crate::workflow::{executions, quota};
@@ -37,14 +37,13 @@ pub fn policy() -> Retention {
     if !enabled() {
         return Retention::default();
     }
-    let stored: Option<pgrx::JsonB> =
-        Spi::connect_mut(|client| rows::value(run(client, &LOAD, &[]), "reading the retention policy"));
+    let stored: Option<pgrx::JsonB> = LOAD.value(&[], "reading the retention policy");
     stored.map_or_else(Retention::default, |p| Retention::stored(&p.0))
 }
 
 /// Stores `policy`.
 pub fn store(policy: &Retention) {
-    exec(&STORE, &[Jsonb::from_value(policy.to_json()).into()]);
+    STORE.exec(&[Jsonb::from_value(policy.to_json()).into()]);
 }
 
 /// Ended runs a batch may delete: past `$1` seconds, none of what keeps
@@ -145,27 +144,31 @@ impl Pruned {
 /// Deletes runs `ids` (locked) with everything hanging off them; how many
 /// events and dead letters went with them.
 fn delete(ids: Vec<pgrx::Uuid>) -> (i64, i64) {
-    let (per_key, events): (Vec<(String, i64)>, i64) = Spi::connect_mut(|client| {
-        let per_key = rows::all(
-            run(client, &DEAD_LETTERS, &[ids.clone().into()]),
-            "deleting the dead letters of ended runs",
-        );
-        let events = rows::only_value(run(client, &EVENTS, &[ids.clone().into()]), "deleting history");
+    row! {
+        /// A quota key, and how many of its dead letters went.
+        struct PerKey {
+            key: String,
+            n: i64,
+        }
+    }
+    let (per_key, events): (Vec<PerKey>, i64) = {
+        let per_key = DEAD_LETTERS.all(&[ids.clone().into()], "deleting the dead letters of ended runs");
+        let events = EVENTS.one_value(&[ids.clone().into()], "deleting history");
         (per_key, events)
-    });
+    };
     let mut dead = 0;
-    for (key, n) in per_key {
+    for PerKey { key, n } in per_key {
         quota::add(&key, 0, 0, -n);
         dead += n;
     }
     for stmt in &REST_STMTS {
-        exec(stmt, &[ids.clone().into()]);
+        stmt.exec(&[ids.clone().into()]);
     }
     (events, dead)
 }
 
 fn ids(stmt: &Stmt, args: &[pgrx::datum::DatumWithOid<'_>], doing: &str) -> Vec<pgrx::Uuid> {
-    Spi::connect_mut(|client| rows::values(run(client, stmt, args), doing))
+    stmt.values(args, doing)
 }
 
 /// One bounded pass of `policy`: at most `max` runs (ended ones, then
@@ -227,26 +230,28 @@ const RELEASE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
+row! {
+    /// A seal whose run may have ended, and where it forwards.
+    pub struct SealDue {
+        pub execution_id: pgrx::Uuid,
+        pub moved_to: Option<i32>,
+    }
+}
+
 /// Up to `max` seals past the `seals` window whose run has not been found
-/// ended yet, oldest move first: (id, where it forwards). None while
-/// seals are kept forever.
-pub fn seals_due(max: i64) -> Vec<(pgrx::Uuid, Option<i32>)> {
+/// ended yet, oldest move first. None while seals are kept forever.
+pub fn seals_due(max: i64) -> Vec<SealDue> {
     let Some(secs) = policy().seals.secs() else {
         return Vec::new();
     };
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &SEALS_DUE, &[secs.into(), max.into()]),
-            "choosing seals to check",
-        )
-    })
+    SEALS_DUE.all(&[secs.into(), max.into()], "choosing seals to check")
 }
 
 /// The relay found seal `id`'s run ended where it lived (or gone from
 /// there): retention may delete the seal once its window has passed.
 /// Whether `id` is a seal here.
 pub fn seal_run_ended(id: pgrx::Uuid) -> bool {
-    Spi::connect_mut(|client| !run(client, &RELEASE, &[id.into()]).is_empty())
+    RELEASE.count(&[id.into()]) > 0
 }
 
 const PULLED: Stmt = Stmt::write(
@@ -264,7 +269,7 @@ pub fn pulled(id: pgrx::Uuid) -> bool {
         None => unknown_execution(id),
         Some(state) => executions::forward(id, state),
     }
-    Spi::connect_mut(|client| !run(client, &PULLED, &[id.into()]).is_empty())
+    PULLED.count(&[id.into()]) > 0
 }
 
 #[cfg(any(test, feature = "pg_test"))]

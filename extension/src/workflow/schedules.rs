@@ -17,8 +17,8 @@ use sheaf_core::schedule::{self, Action, Overlap, Spec};
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::{bad_argument, not_found, not_ready};
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::subxact;
 use crate::queue::{cancel, enqueue};
 use crate::workflow::executions::{self, INTAKE};
@@ -197,7 +197,7 @@ fn parse(spec: &serde_json::Value) -> Spec {
 }
 
 fn now_us() -> i64 {
-    Spi::connect_mut(|client| rows::only_value(run(client, &NOW, &[]), "reading the time"))
+    NOW.one_value(&[], "reading the time")
 }
 
 /// The first fire time after now (a spec that never fires was refused).
@@ -215,23 +215,25 @@ struct Locked {
     last_task: Option<pgrx::Uuid>,
 }
 
-type LockedRow = (
-    pgrx::JsonB,
-    bool,
-    Option<i64>,
-    Option<pgrx::Uuid>,
-    Option<pgrx::Uuid>,
-);
+row! {
+    /// A schedule's row as `LOCK` reads it.
+    struct LockedRow {
+        spec: pgrx::JsonB,
+        paused: bool,
+        next: Option<i64>,
+        last_execution: Option<pgrx::Uuid>,
+        last_task: Option<pgrx::Uuid>,
+    }
+}
 
 fn lock(name: &str) -> Option<Locked> {
-    let row: Option<LockedRow> =
-        Spi::connect_mut(|client| rows::first(run(client, &LOCK, &[name.into()]), "locking a schedule"));
-    row.map(|(spec, paused, next, last_execution, last_task)| Locked {
-        spec: spec.0,
-        paused,
-        next,
-        last_execution,
-        last_task,
+    let row: Option<LockedRow> = LOCK.first(&[name.into()], "locking a schedule");
+    row.map(|r| Locked {
+        spec: r.spec.0,
+        paused: r.paused,
+        next: r.next,
+        last_execution: r.last_execution,
+        last_task: r.last_task,
     })
 }
 
@@ -249,20 +251,14 @@ pub fn create(name: &str, spec: &serde_json::Value) -> TimestampWithTimeZone {
     require_enabled();
     let spec = parse(spec);
     let next = first_fire(&spec);
-    let created: Option<TimestampWithTimeZone> = Spi::connect_mut(|client| {
-        rows::value(
-            run(
-                client,
-                &INSERT,
-                &[
-                    name.into(),
-                    Jsonb::from_value(spec.normalized).into(),
-                    next.into(),
-                ],
-            ),
-            "creating a schedule",
-        )
-    });
+    let created: Option<TimestampWithTimeZone> = INSERT.value(
+        &[
+            name.into(),
+            Jsonb::from_value(spec.normalized).into(),
+            next.into(),
+        ],
+        "creating a schedule",
+    );
     created.unwrap_or_else(|| {
         not_ready(format!(
             "schedule {} exists: update_schedule changes it",
@@ -306,20 +302,14 @@ pub fn update(name: &str, patch: &serde_json::Value) -> TimestampWithTimeZone {
     }
     let spec = parse(&merged);
     let next = first_fire(&spec);
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(
-                client,
-                &REPLACE,
-                &[
-                    name.into(),
-                    Jsonb::from_value(spec.normalized).into(),
-                    next.into(),
-                ],
-            ),
-            "updating a schedule",
-        )
-    })
+    REPLACE.one_value(
+        &[
+            name.into(),
+            Jsonb::from_value(spec.normalized).into(),
+            next.into(),
+        ],
+        "updating a schedule",
+    )
 }
 
 /// Pauses (`true`) or resumes a schedule; `false` if it already was. A
@@ -333,22 +323,16 @@ pub fn set_paused(name: &str, paused: bool) -> bool {
     } else {
         Some(first_fire(&parse(&s.spec)))
     };
-    Spi::connect_mut(|client| {
-        rows::value::<bool>(
-            run(client, &SET_PAUSED, &[name.into(), paused.into(), next.into()]),
-            "pausing a schedule",
-        )
-    })
-    .unwrap_or(false)
+    SET_PAUSED
+        .value::<bool>(&[name.into(), paused.into(), next.into()], "pausing a schedule")
+        .unwrap_or(false)
 }
 
 /// Deletes a schedule and its fire records; `false` if there was none. What
 /// it started runs on.
 pub fn delete(name: &str) -> bool {
     require_enabled();
-    let n: i64 = Spi::connect_mut(|client| {
-        rows::only_value(run(client, &DELETE, &[name.into()]), "deleting a schedule")
-    });
+    let n: i64 = DELETE.one_value(&[name.into()], "deleting a schedule");
     n > 0
 }
 
@@ -383,8 +367,7 @@ pub fn fire_due(max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    let due: Vec<String> =
-        Spi::connect_mut(|client| rows::values(run(client, &DUE, &[max.into()]), "reading due schedules"));
+    let due: Vec<String> = DUE.values(&[max.into()], "reading due schedules");
     let now = now_us();
     let mut started = 0;
     for name in due {
@@ -407,10 +390,7 @@ pub fn fire_due(max: i64) -> i64 {
         // A timing with no further fire keeps its last time: it is never
         // due again.
         let next = plan.next.unwrap_or(next);
-        exec(
-            &ADVANCE,
-            &[name.as_str().into(), next.into(), (plan.skipped as i64).into()],
-        );
+        ADVANCE.exec(&[name.as_str().into(), next.into(), (plan.skipped as i64).into()]);
     }
     started
 }
@@ -423,14 +403,9 @@ fn unfinished(last: (Option<pgrx::Uuid>, Option<pgrx::Uuid>), action: &Action) -
             .0
             .and_then(executions::state_of)
             .is_some_and(|s| s.is_active()),
-        Action::Task { .. } => last.1.is_some_and(|id| {
-            Spi::connect_mut(|client| {
-                rows::only_value::<bool>(
-                    run(client, &TASK_UNFINISHED, &[id.into()]),
-                    "reading a scheduled task",
-                )
-            })
-        }),
+        Action::Task { .. } => last
+            .1
+            .is_some_and(|id| TASK_UNFINISHED.one_value::<bool>(&[id.into()], "reading a scheduled task")),
     }
 }
 
@@ -444,12 +419,7 @@ fn fire(
     manual: bool,
     last: &mut (Option<pgrx::Uuid>, Option<pgrx::Uuid>),
 ) -> Option<Fire> {
-    let first: Option<bool> = Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &RECORD_FIRE, &[name.into(), at.into(), manual.into()]),
-            "recording a fire",
-        )
-    });
+    let first: Option<bool> = RECORD_FIRE.value(&[name.into(), at.into(), manual.into()], "recording a fire");
     first?;
     let busy = unfinished(*last, &spec.action);
     let outcome = if busy && spec.overlap == Overlap::Skip {
@@ -473,23 +443,18 @@ fn fire(
         }
     };
     let (what, execution, task, error) = outcome;
-    exec(
-        &SETTLE_FIRE,
-        &[
-            name.into(),
-            at.into(),
-            what.into(),
-            execution.into(),
-            task.into(),
-            error.clone().into(),
-        ],
-    );
+    SETTLE_FIRE.exec(&[
+        name.into(),
+        at.into(),
+        what.into(),
+        execution.into(),
+        task.into(),
+        error.clone().into(),
+    ]);
     if what == "started" {
         *last = (execution.or(last.0), task.or(last.1));
     }
-    let fire_at: TimestampWithTimeZone = Spi::connect_mut(|client| {
-        rows::only_value(run(client, &FIRE_TIME, &[at.into()]), "reading a fire time")
-    });
+    let fire_at: TimestampWithTimeZone = FIRE_TIME.one_value(&[at.into()], "reading a fire time");
     Some((fire_at, what.to_owned(), execution, task, error))
 }
 
@@ -546,47 +511,46 @@ fn begin(name: &str, spec: &Spec, at: i64) -> (Option<pgrx::Uuid>, Option<pgrx::
     }
 }
 
-/// A schedule as `list_schedules` returns it.
-pub type Listed = (
-    String,
-    pgrx::JsonB,
-    bool,
-    Option<TimestampWithTimeZone>,
-    Option<TimestampWithTimeZone>,
-    Option<String>,
-    Option<String>,
-    i64,
-    i64,
-    TimestampWithTimeZone,
-    TimestampWithTimeZone,
-);
+row! {
+    /// A schedule as `list_schedules` returns it.
+    pub struct Listed {
+        pub name: String,
+        pub spec: pgrx::JsonB,
+        pub paused: bool,
+        pub next_fire_at: Option<TimestampWithTimeZone>,
+        pub last_fire_at: Option<TimestampWithTimeZone>,
+        pub last_outcome: Option<String>,
+        pub last_error: Option<String>,
+        pub fires: i64,
+        pub skipped: i64,
+        pub created_at: TimestampWithTimeZone,
+        pub updated_at: TimestampWithTimeZone,
+    }
+}
 
 /// Every schedule on this shard, by name.
 pub fn list() -> Vec<Listed> {
     require_enabled();
-    Spi::connect_mut(|client| rows::all(run(client, &LIST, &[]), "listing schedules"))
+    LIST.all(&[], "listing schedules")
 }
 
-/// A fire record as `schedule_fires` returns it.
-pub type FireRecord = (
-    TimestampWithTimeZone,
-    TimestampWithTimeZone,
-    String,
-    Option<pgrx::Uuid>,
-    Option<pgrx::Uuid>,
-    Option<String>,
-    bool,
-);
+row! {
+    /// A fire record as `schedule_fires` returns it.
+    pub struct FireRecord {
+        pub fire_at: TimestampWithTimeZone,
+        pub fired_at: TimestampWithTimeZone,
+        pub outcome: String,
+        pub execution_id: Option<pgrx::Uuid>,
+        pub task_id: Option<pgrx::Uuid>,
+        pub error: Option<String>,
+        pub manual: bool,
+    }
+}
 
 /// A schedule's fire records before `before` (newest first).
 pub fn fires(name: &str, before: Option<TimestampWithTimeZone>, max: i64) -> Vec<FireRecord> {
     require_enabled();
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(client, &FIRES, &[name.into(), before.into(), max.into()]),
-            "reading fire records",
-        )
-    })
+    FIRES.all(&[name.into(), before.into(), max.into()], "reading fire records")
 }
 
 /// Deletes up to `max` fire records older than `secs`; returns how many.
@@ -594,10 +558,5 @@ pub fn prune_fires(secs: f64, max: i64) -> i64 {
     if !enabled() {
         return 0;
     }
-    Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &PRUNE_FIRES, &[secs.into(), max.into()]),
-            "pruning fire records",
-        )
-    })
+    PRUNE_FIRES.one_value(&[secs.into(), max.into()], "pruning fire records")
 }

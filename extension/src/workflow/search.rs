@@ -12,8 +12,9 @@ use sheaf_core::search::{Filter, Param, merge_attrs};
 
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run, select_once};
+use crate::base::plans::{Stmt, select_once};
 use crate::base::rows;
+use crate::base::rows::row;
 use crate::workflow::{executions, history};
 
 /// The most rows one page of `list_executions` holds.
@@ -32,29 +33,29 @@ const SET_ATTRS: Stmt = Stmt::write(
 /// key) and records the change in its history; the merged attributes.
 pub fn upsert(id: pgrx::Uuid, update: Value) -> Value {
     executions::lock_active(id, "change its search attributes");
-    let current: Jsonb = Spi::connect_mut(|client| {
-        rows::only_value(run(client, &ATTRS, &[id.into()]), "reading search attributes")
-    });
+    let current: Jsonb = ATTRS.one_value(&[id.into()], "reading search attributes");
     let merged = match merge_attrs("attrs", &current.parse("search_attrs"), &update) {
         Ok(merged) => merged,
         Err(e) => bad_argument(&e.option, e.why),
     };
-    exec(&SET_ATTRS, &[id.into(), Jsonb::from_value(merged.clone()).into()]);
+    SET_ATTRS.exec(&[id.into(), Jsonb::from_value(merged.clone()).into()]);
     history::append(id, "SearchAttrsUpserted", json!({ "attrs": update }));
     merged
 }
 
-/// One listed execution, in `list_executions`' column order.
-pub type Listed = (
-    pgrx::Uuid,
-    String,
-    String,
-    String,
-    TimestampWithTimeZone,
-    Option<TimestampWithTimeZone>,
-    Option<pgrx::Uuid>,
-    pgrx::JsonB,
-);
+row! {
+    /// One listed execution, in `list_executions`' column order.
+    pub struct Listed {
+        pub execution_id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub state: String,
+        pub created_at: TimestampWithTimeZone,
+        pub closed_at: Option<TimestampWithTimeZone>,
+        pub parent_id: Option<pgrx::Uuid>,
+        pub search_attrs: pgrx::JsonB,
+    }
+}
 
 /// A keyset anchor: the page starts after this `(created_at, id)`.
 pub struct Anchor {

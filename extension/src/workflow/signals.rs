@@ -9,8 +9,7 @@ use pgrx::prelude::*;
 
 use crate::base::errors::not_ready;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::workflow::{executions, history, wake};
 
 use sheaf_core::state::ExecutionState;
@@ -56,20 +55,14 @@ pub fn signal(id: pgrx::Uuid, signal: &str, payload: Jsonb, signal_id: Option<&s
         ));
     }
     if let Some(signal_id) = signal_id {
-        let seen = Spi::connect_mut(|client| {
-            rows::only_value::<bool>(
-                run(
-                    client,
-                    &SEEN_BY_KEY,
-                    &[
-                        signal_id.into(),
-                        e.workflow_name.as_str().into(),
-                        e.workflow_id.as_str().into(),
-                    ],
-                ),
-                "looking up a signal id",
-            )
-        });
+        let seen = SEEN_BY_KEY.one_value::<bool>(
+            &[
+                signal_id.into(),
+                e.workflow_name.as_str().into(),
+                e.workflow_id.as_str().into(),
+            ],
+            "looking up a signal id",
+        );
         if seen {
             return true;
         }
@@ -78,22 +71,15 @@ pub fn signal(id: pgrx::Uuid, signal: &str, payload: Jsonb, signal_id: Option<&s
         return false;
     }
     if let Some(signal_id) = signal_id {
-        let first = Spi::connect_mut(|client| {
-            rows::value::<bool>(
-                run(client, &FIRST_SEEN, &[id.into(), signal_id.into()]),
-                "recording a signal id",
-            )
-        });
+        let first = FIRST_SEEN.value::<bool>(&[id.into(), signal_id.into()], "recording a signal id");
         if first.is_none() {
             return true;
         }
     }
-    let event: Jsonb = Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &EVENT, &[signal.into(), signal_id.into(), payload.into()]),
-            "building a signal's event",
-        )
-    });
+    let event: Jsonb = EVENT.one_value(
+        &[signal.into(), signal_id.into(), payload.into()],
+        "building a signal's event",
+    );
     history::append_jsonb(id, "SignalReceived", event);
     let suspended = e.state == ExecutionState::Suspended
         || (e.state == ExecutionState::Paused && e.paused_from == Some(ExecutionState::Suspended));

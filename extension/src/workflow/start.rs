@@ -17,8 +17,8 @@ use sheaf_core::state::ExecutionState;
 use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::base::locks::{self, Class};
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 use crate::base::{clock, ids, shard};
 use crate::queue::caps;
 use crate::queue::rate::{self, Admission};
@@ -165,21 +165,14 @@ fn new_execution_id(given: Option<[u8; 16]>) -> pgrx::Uuid {
 /// The active (or migrating) execution of (name, workflow id), if any. The
 /// caller holds the start lock; a write statement reads a fresh snapshot.
 fn holding(name: &str, workflow_id: &str) -> Option<pgrx::Uuid> {
-    Spi::connect_mut(|client| {
-        rows::value(
-            run(client, &HOLDING_ID, &[name.into(), workflow_id.into()]),
-            "looking up an active execution",
-        )
-    })
+    HOLDING_ID.value(
+        &[name.into(), workflow_id.into()],
+        "looking up an active execution",
+    )
 }
 
 fn refuse_taken(new_id: pgrx::Uuid) {
-    let taken: bool = Spi::connect_mut(|client| {
-        rows::only_value(
-            run(client, &ID_TAKEN, &[new_id.into()]),
-            "checking an execution id",
-        )
-    });
+    let taken: bool = ID_TAKEN.one_value(&[new_id.into()], "checking an execution id");
     if taken {
         bad_argument(
             "opts.execution_id",
@@ -337,21 +330,22 @@ pub struct Begin {
 /// Writes a new execution, its `WorkflowStarted` event and its first
 /// workflow task; returns the task's id.
 pub fn insert(e: &Locked, input: Jsonb, b: Begin) -> pgrx::Uuid {
-    let (event, task): (Jsonb, Jsonb) = Spi::connect_mut(|client| {
-        rows::only(
-            run(
-                client,
-                &DOCUMENTS,
-                &[
-                    e.workflow_name.as_str().into(),
-                    e.workflow_id.as_str().into(),
-                    input.clone().into(),
-                    b.continued_from.into(),
-                ],
-            ),
-            "building a start's documents",
-        )
-    });
+    row! {
+        /// A start's `WorkflowStarted` event and its first task's payload.
+        struct Documents {
+            event: Jsonb,
+            task: Jsonb,
+        }
+    }
+    let Documents { event, task } = DOCUMENTS.one(
+        &[
+            e.workflow_name.as_str().into(),
+            e.workflow_id.as_str().into(),
+            input.clone().into(),
+            b.continued_from.into(),
+        ],
+        "building a start's documents",
+    );
     let (after, inherited) = match b.timeout {
         Timeout::After(secs) => (secs, None),
         Timeout::Inherited(at) => (None, at),
@@ -373,9 +367,9 @@ pub fn insert(e: &Locked, input: Jsonb, b: Begin) -> pgrx::Uuid {
     ];
     if timed {
         args.extend([after.into(), inherited.into()]);
-        exec(&INSERT_TIMED, &args);
+        INSERT_TIMED.exec(&args);
     } else {
-        exec(&INSERT, &args);
+        INSERT.exec(&args);
     }
     history::append_jsonb(e.id, "WorkflowStarted", event);
     enqueue_workflow_task(e, task, b.priority, b.run_at)

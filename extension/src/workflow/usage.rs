@@ -18,8 +18,8 @@ use sheaf_core::usage::{GroupBy, UNATTRIBUTED};
 
 use crate::base::errors::unknown_execution;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, exec, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
+use crate::base::rows::row;
 
 /// The events the report counts; `events_usage` is the partial index of
 /// exactly these (sql/schema.sql), which the statement's predicate repeats.
@@ -116,8 +116,21 @@ const SHARE: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
-/// One group's row of the report, in `usage_report`'s column order.
-pub type UsageRow = (String, i64, i64, i64, i64, i64, i64, i64, f64, pgrx::JsonB);
+row! {
+    /// One group's row of the report, in `usage_report`'s column order.
+    pub struct UsageRow {
+        pub grp: String,
+        pub workflow_starts: i64,
+        pub completed: i64,
+        pub failed: i64,
+        pub cancelled: i64,
+        pub timed_out: i64,
+        pub activity_executions: i64,
+        pub activity_executions_failed: i64,
+        pub activity_compute_seconds: f64,
+        pub metered: pgrx::JsonB,
+    }
+}
 
 /// The report of `[from, to)`, one row per group, in group order.
 pub fn report(from: TimestampWithTimeZone, to: TimestampWithTimeZone, group_by: &GroupBy) -> Vec<UsageRow> {
@@ -125,16 +138,10 @@ pub fn report(from: TimestampWithTimeZone, to: TimestampWithTimeZone, group_by: 
         GroupBy::WorkflowName => None,
         GroupBy::SearchAttr(key) => Some(key.as_str()),
     };
-    Spi::connect_mut(|client| {
-        rows::all(
-            run(
-                client,
-                &REPORT,
-                &[from.into(), to.into(), key.into(), UNATTRIBUTED.into()],
-            ),
-            "reading a usage report",
-        )
-    })
+    REPORT.all(
+        &[from.into(), to.into(), key.into(), UNATTRIBUTED.into()],
+        "reading a usage report",
+    )
 }
 
 /// Records `metrics` (checked: `sheaf_core::usage::check_metrics`)
@@ -145,13 +152,12 @@ pub fn record(id: pgrx::Uuid, metrics: Jsonb) {
     // lives) or after (then its fingerprint has the record, and a record
     // added after the move's verify declines the cutover): never a record
     // left behind on a seal.
-    let state: Option<ExecutionState> =
-        Spi::connect_mut(|client| rows::value(run(client, &SHARE, &[id.into()]), "locking an execution"));
+    let state: Option<ExecutionState> = SHARE.value(&[id.into()], "locking an execution");
     match state {
         None => unknown_execution(id),
         Some(state) => crate::workflow::executions::forward(id, state),
     }
-    exec(&RECORD, &[id.into(), metrics.into()]);
+    RECORD.exec(&[id.into(), metrics.into()]);
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -9,8 +9,7 @@ use sheaf_core::state::{ExecutionState, TaskKind};
 
 use crate::base::errors::not_ready;
 use crate::base::jsonb::Jsonb;
-use crate::base::plans::{Stmt, run};
-use crate::base::rows;
+use crate::base::plans::Stmt;
 use crate::queue::tasks;
 use crate::workflow::executions::{self, Locked};
 use crate::workflow::history;
@@ -76,8 +75,7 @@ pub fn wake(id: pgrx::Uuid) -> bool {
 
 /// Wakes up to `max` suspended executions whose timer is due; returns how many.
 pub fn wake_due(max: i64) -> i64 {
-    let due: Vec<pgrx::Uuid> =
-        Spi::connect_mut(|client| rows::values(run(client, &DUE_WAKES, &[max.into()]), "reading due timers"));
+    let due: Vec<pgrx::Uuid> = DUE_WAKES.values(&[max.into()], "reading due timers");
     due.into_iter().filter(|id| wake(*id)).count() as i64
 }
 
