@@ -647,3 +647,84 @@ async fn kept_floors_give_way_to_a_release_and_to_a_rollback() {
         "after the rollback of its advance, the head of the queue"
     );
 }
+
+/// A claim from kept floors whose generation moved meanwhile takes nothing
+/// and tries floors read afresh; when those move too before its claim,
+/// it walks the floors in the claim's own statement, and never reports
+/// an empty queue while tasks wait. Three backends cycle enqueue → claim
+/// → complete over a queue that never holds fewer than 300 ready tasks,
+/// each claim from the floors, while a fourth takes floor generations as
+/// fast as it can (as an advance does before it finds the lock taken and
+/// writes nothing): every claim must return its task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_never_comes_back_empty_while_the_floor_generation_moves() {
+    const READY: i64 = 300;
+    const CYCLES: usize = 1_000;
+    let queue = unique("moving-gen");
+    let shard = fleet().shards().next().unwrap();
+    let db = connect(shard).await;
+    db.execute(
+        "SELECT sheaf.enqueue($1, jsonb_build_object('n', i), jsonb_build_object('priority', i % 3)) \
+         FROM generate_series(1, $2::int8) i",
+        &[&queue, &READY],
+    )
+    .await
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mover = {
+        let stop = stop.clone();
+        let mover = connect(shard).await;
+        tokio::spawn(async move {
+            let mut moves = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                mover
+                    .batch_execute("SELECT nextval('sheaf.ready_floor_gen')")
+                    .await
+                    .unwrap();
+                moves += 1;
+            }
+            moves
+        })
+    };
+    let mut cyclers = Vec::new();
+    for i in 0..3 {
+        let (queue, c) = (queue.clone(), connect(shard).await);
+        floors_at(&c, 0, 0).await;
+        cyclers.push(tokio::spawn(async move {
+            let mut empty = 0;
+            for n in 0..CYCLES {
+                c.execute(
+                    "SELECT sheaf.enqueue($1, jsonb_build_object('n', $2::int8), jsonb_build_object('priority', $2::int8 % 3))",
+                    &[&queue, &(n as i64)],
+                )
+                .await
+                .unwrap();
+                match claim(&c, &queue, &format!("cycler-{i}"), 1).await[..] {
+                    [(id, token)] => {
+                        c.execute("SELECT sheaf.complete($1, $2)", &[&id, &token])
+                            .await
+                            .unwrap();
+                    }
+                    _ => empty += 1,
+                }
+            }
+            empty
+        }));
+    }
+    let mut empty = 0;
+    for c in cyclers {
+        empty += c.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let moves = mover.await.unwrap();
+    assert_eq!(
+        empty,
+        0,
+        "{empty} of {} claims came back empty with at least {READY} tasks ready ({moves} generations taken meanwhile)",
+        3 * CYCLES
+    );
+    assert!(
+        moves > 100,
+        "only {moves} generations taken: the test proves nothing"
+    );
+}

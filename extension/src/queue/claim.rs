@@ -509,15 +509,19 @@ fn ages(queue: &str) -> bool {
 
 /// The claim from the floors this backend keeps (`KEPT`), if it keeps
 /// them or can read them now; `None` where the floors must be walked.
+/// A claim from floors that no longer held takes nothing: it is tried
+/// once more from floors read now, and if those moved too before it ran,
+/// the floors are walked in the claim's own statement (an empty answer
+/// would tell the worker the queue is empty).
 fn claim_kept(queue: &str, batch: i32, worker: &str, lease_secs: f64) -> Option<Vec<ClaimedRow>> {
-    let kept = floor::kept(queue)?;
-    let rows = claim_kept_with(&kept, queue, batch, worker, lease_secs);
-    if !rows.is_empty() || floor::confirm(queue, &kept) {
-        return Some(rows);
+    for _ in 0..2 {
+        let kept = floor::kept(queue)?;
+        let rows = claim_kept_with(&kept, queue, batch, worker, lease_secs);
+        if !rows.is_empty() || floor::confirm(queue, &kept) {
+            return Some(rows);
+        }
     }
-    // They no longer held: once more, from floors read now.
-    let kept = floor::kept(queue)?;
-    Some(claim_kept_with(&kept, queue, batch, worker, lease_secs))
+    None
 }
 
 fn claim_kept_with(
