@@ -10,7 +10,7 @@
 /// works with each of them; a shard on any other version (or without the
 /// extension) is refused by name before a call is sent, never answered with
 /// a 42883 (undefined function) halfway through.
-pub const COMPATIBLE_SCHEMAS: &[&str] = &["0.1.0", "0.2.0"];
+pub const COMPATIBLE_SCHEMAS: &[&str] = &["0.1.0", "0.2.0", "0.3.0"];
 
 /// Whether the driver works with a shard whose schema is `version`.
 pub(crate) fn is_compatible(version: &str) -> bool {

@@ -1,0 +1,12 @@
+-- sheaf 0.2.0 -> 0.3.0: run by ALTER EXTENSION sheaf UPDATE on a shard
+-- that runs 0.2.0.
+--
+-- Every change to the SQL surface after 0.2.0 goes into sql/schema.sql
+-- (or the Rust functions) AND into this file, until 0.3.0 is released; then
+-- this file is frozen. The upgrade test (scripts/upgrade-test) requires a
+-- 0.2.0 shard updated by this file to match a fresh install of HEAD.
+-- A changed function signature is DROP FUNCTION + CREATE FUNCTION here
+-- (CREATE OR REPLACE with a new argument list adds a second function), and
+-- a released C symbol keeps its argument and return types.
+--
+-- No changes yet.
