@@ -237,6 +237,8 @@ struct Measured {
     cycles: u64,
     elapsed: Duration,
     claim_latencies: Vec<Duration>,
+    /// When each cycle ended, from the window's start.
+    ends: Vec<Duration>,
 }
 
 impl Measured {
@@ -250,8 +252,10 @@ impl Measured {
             cycles: 0,
             elapsed: Duration::ZERO,
             claim_latencies: Vec::new(),
+            ends: Vec::new(),
         };
         for w in windows {
+            all.ends.extend(w.ends.iter().map(|e| all.elapsed + *e));
             all.cycles += w.cycles;
             all.elapsed += w.elapsed;
             all.claim_latencies.extend(w.claim_latencies);
@@ -268,12 +272,30 @@ impl Measured {
             .iter_mut()
             .flat_map(|w| std::mem::take(&mut w.claim_latencies))
             .collect();
-        let Measured { cycles, elapsed, .. } = windows.swap_remove(median);
+        let Measured {
+            cycles,
+            elapsed,
+            ends,
+            ..
+        } = windows.swap_remove(median);
         Measured {
             cycles,
             elapsed,
             claim_latencies,
+            ends,
         }
+    }
+
+    /// Cycles per second in each of `n` equal slices of the window: whether
+    /// a held snapshot's cost grows while it is held.
+    fn slices(&self, n: usize) -> Vec<f64> {
+        let slice = self.elapsed / n as u32;
+        let mut counts = vec![0u64; n];
+        for end in &self.ends {
+            let i = (end.as_secs_f64() / slice.as_secs_f64()) as usize;
+            counts[i.min(n - 1)] += 1;
+        }
+        counts.iter().map(|c| *c as f64 / slice.as_secs_f64()).collect()
     }
 
     fn percentile_ms(&self, p: f64) -> f64 {
@@ -340,7 +362,7 @@ impl Pool {
             let (c, mode, start) = (c.clone(), self.mode, *start);
             handles.push(tokio::spawn(async move {
                 let (db, ops) = &*c;
-                let mut lat = Vec::new();
+                let (mut lat, mut ends) = (Vec::new(), Vec::new());
                 let mut i = start;
                 let deadline = Instant::now() + window;
                 loop {
@@ -357,23 +379,26 @@ impl Pool {
                     for task in &claimed {
                         ops.complete(db, task).await?;
                     }
+                    ends.push(started.elapsed());
                     i += stride;
                     if Instant::now() >= deadline {
                         break;
                     }
                 }
-                Ok::<_, tokio_postgres::Error>((i, lat))
+                Ok::<_, tokio_postgres::Error>((i, lat, ends))
             }));
         }
         let mut measured = Measured {
             cycles: 0,
             elapsed: Duration::ZERO,
             claim_latencies: Vec::new(),
+            ends: Vec::new(),
         };
         for (h, next) in handles.into_iter().zip(self.next.iter_mut()) {
-            let (i, lat) = h.await??;
+            let (i, lat, ends) = h.await??;
             measured.cycles += lat.len() as u64;
             measured.claim_latencies.extend(lat);
+            measured.ends.extend(ends);
             *next = i;
         }
         measured.elapsed = started.elapsed();
@@ -821,6 +846,18 @@ async fn snapshot_round(
     if let Some(probe) = probe {
         println!("         sweep probe at the end of the held window: {probe}");
     }
+    let sixths = |m: &Measured| {
+        m.slices(6)
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "         cycles/s by sixths of the window: free {}; held {}",
+        sixths(&free),
+        sixths(&held)
+    );
     println!(
         "         dead tuples at the end of the held window: {dead}; back to steady {}",
         settled.map_or_else(
