@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
-use sheaf_driver::{Blocker, Client, MoveOutcome, MoveReport, Progress, ShardId};
+use sheaf_driver::{Blocker, Client, MoveOutcome, MoveReport, Progress, RebalanceOptions, ShardId};
 
 use crate::exit::{self, Exit};
 
@@ -139,11 +139,26 @@ pub fn exit_for(reports: &[(MoveReport, ShardId)]) -> Exit {
     }
 }
 
+/// The options of a rebalance or a drain, from their flags: `--dry-run`,
+/// `--lease` (seconds) and `--limit`, and the crash tests' hook.
+pub fn options(dry_run: bool, lease_secs: u64, limit: Option<usize>) -> RebalanceOptions {
+    let mut options = RebalanceOptions::default()
+        .dry_run(dry_run)
+        .lease(Duration::from_secs(lease_secs));
+    if let Some(n) = limit {
+        options = options.limit(n);
+    }
+    if let Some(hook) = kill_hook() {
+        options = options.after_phase(hook);
+    }
+    options
+}
+
 /// The crash tests' hook (tests/tests/rebalance_crash.rs): with
 /// `SHEAF_TEST_KILL_AFTER` set to a phase (begun, staged, verified,
 /// committed, activated), the process kills itself with SIGKILL right
 /// after that step of its first move commits.
-pub fn kill_hook() -> Option<sheaf_driver::PhaseHook> {
+fn kill_hook() -> Option<sheaf_driver::PhaseHook> {
     let at = std::env::var("SHEAF_TEST_KILL_AFTER").ok()?;
     Some(std::sync::Arc::new(move |_id, phase: sheaf_driver::Phase| {
         if phase.as_str() == at {

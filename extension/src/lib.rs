@@ -25,7 +25,8 @@
 //! The queue never names the workflow layer: a queue function whose task
 //! may belong to an execution takes `&dyn queue::hooks::ExecutionHooks`,
 //! which the workflow layer implements and the api layer passes in.
-//! `testing` (helpers for `#[pg_test]`s) calls the SQL API only.
+//! `testing` (helpers for `#[pg_test]`s) calls the SQL API only, and reads
+//! rows with `base::rows`.
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -369,25 +369,33 @@ pub fn status(key: &str) -> Option<Status> {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::init;
+    use crate::base::rows::row;
+    use crate::testing::{init, one, values};
     use pgrx::prelude::*;
 
-    fn acquire(owner: &str) -> (bool, Option<i64>, i32) {
-        Spi::connect(|client| {
-            let row = client
-                .select(
-                    "SELECT granted, token, queue_position FROM sheaf.mutex_acquire('k', $1::uuid)",
-                    None,
-                    &[owner.into()],
-                )
-                .unwrap()
-                .first();
-            (
-                row.get::<bool>(1).unwrap().unwrap(),
-                row.get::<i64>(2).unwrap(),
-                row.get::<i32>(3).unwrap().unwrap(),
-            )
-        })
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Acquired {
+            granted: bool,
+            token: Option<i64>,
+            queue_position: i32,
+        }
+    }
+
+    /// Not granted: waiting at `position` in the line.
+    fn waiting_at(position: i32) -> Acquired {
+        Acquired {
+            granted: false,
+            token: None,
+            queue_position: position,
+        }
+    }
+
+    fn acquire(owner: &str) -> Acquired {
+        one(
+            "SELECT granted, token, queue_position FROM sheaf.mutex_acquire('k', $1::uuid)",
+            &[owner.into()],
+        )
     }
 
     const A: &str = "00000000-0000-8000-8000-00000000000a";
@@ -406,17 +414,10 @@ mod tests {
 
     /// The line's owners, first to last, lapsed or not.
     fn line() -> Vec<String> {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT owner::text FROM sheaf.mutex_waiters WHERE key = 'k' ORDER BY position",
-                    None,
-                    &[],
-                )
-                .unwrap()
-                .map(|row| row.get::<String>(1).unwrap().unwrap())
-                .collect()
-        })
+        values(
+            "SELECT owner::text FROM sheaf.mutex_waiters WHERE key = 'k' ORDER BY position",
+            &[],
+        )
     }
 
     fn waiting() -> Option<i32> {
@@ -426,21 +427,22 @@ mod tests {
     #[pg_test]
     fn grants_go_in_fifo_order_and_a_waiter_keeps_its_place() {
         init();
-        let (granted, token, _) = acquire(A);
-        assert!(granted);
-        assert_eq!(acquire(A).1, token, "the holder gets its grant back");
-        assert_eq!(acquire(B), (false, None, 1));
-        assert_eq!(acquire(C), (false, None, 2));
-        assert_eq!(acquire(B), (false, None, 1), "acquiring again keeps the place");
+        let a = acquire(A);
+        assert!(a.granted);
+        let token = a.token;
+        assert_eq!(acquire(A).token, token, "the holder gets its grant back");
+        assert_eq!(acquire(B), waiting_at(1));
+        assert_eq!(acquire(C), waiting_at(2));
+        assert_eq!(acquire(B), waiting_at(1), "acquiring again keeps the place");
         let next = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT sheaf.mutex_release('k', $1::uuid, $2)",
             &[A.into(), token.into()],
         )
         .unwrap();
         assert_eq!(next.map(|u| u.to_string()).as_deref(), Some(B));
-        let (granted, b_token, _) = acquire(B);
-        assert!(granted && b_token > token);
-        assert_eq!(acquire(C), (false, None, 1));
+        let b = acquire(B);
+        assert!(b.granted && b.token > token);
+        assert_eq!(acquire(C), waiting_at(1));
     }
 
     #[pg_test]
@@ -451,7 +453,7 @@ mod tests {
                 .unwrap()
                 .map(|u| u.to_string())
         };
-        let (_, token, _) = acquire(A);
+        let token = acquire(A).token;
         acquire(B);
         acquire(C);
         acquire(D);
@@ -467,7 +469,7 @@ mod tests {
             Some(D),
             "the grant B never picked up goes straight to D"
         );
-        assert!(acquire(D).0);
+        assert!(acquire(D).granted);
         assert_eq!(
             leave(A),
             None,
@@ -510,7 +512,7 @@ mod tests {
     #[pg_test]
     fn a_lapsed_waiter_is_skipped_at_the_hand_over_and_comes_back_at_the_end_of_the_line() {
         init();
-        let (_, token, _) = acquire(A);
+        let token = acquire(A).token;
         for owner in [B, C, D] {
             acquire(owner);
         }
@@ -526,11 +528,7 @@ mod tests {
             Some(true)
         );
         lapse(B);
-        assert_eq!(
-            acquire(C),
-            (false, None, 1),
-            "a lapsed place ahead does not count"
-        );
+        assert_eq!(acquire(C), waiting_at(1), "a lapsed place ahead does not count");
         assert_eq!(waiting(), Some(2), "nor in the status");
         let next = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT sheaf.mutex_release('k', $1::uuid, $2)",
@@ -539,10 +537,10 @@ mod tests {
         .unwrap();
         assert_eq!(next.map(|u| u.to_string()).as_deref(), Some(C), "B is skipped");
         assert_eq!(line(), [D], "and deleted");
-        assert_eq!(acquire(B), (false, None, 2), "B comes back behind D");
+        assert_eq!(acquire(B), waiting_at(2), "B comes back behind D");
         // A lapsed place not deleted yet goes to the back as well.
         lapse(D);
-        assert_eq!(acquire(D), (false, None, 2));
+        assert_eq!(acquire(D), waiting_at(2));
         assert_eq!(line(), [B, D]);
     }
 
@@ -593,7 +591,7 @@ mod tests {
     #[pg_test]
     fn a_hand_over_grants_until_the_waiter_picks_the_grant_up_then_the_lease_runs_in_full() {
         init();
-        let (_, token, _) = acquire(A);
+        let token = acquire(A).token;
         acquire(B);
         Spi::run_with_args(
             "SELECT sheaf.mutex_release('k', $1::uuid, $2)",
@@ -604,7 +602,7 @@ mod tests {
             (lease_left() - 20.0).abs() < 1e-3,
             "a third of B's 60 s lease to pick it up"
         );
-        assert!(acquire(B).0);
+        assert!(acquire(B).granted);
         assert!((lease_left() - 60.0).abs() < 1e-3, "picked up: the whole lease");
         // A holder asking again with a shorter lease keeps the longer one.
         Spi::run(

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
-use sheaf_driver::{Client, ClientError, ListedDeadLetter, PageStatus, ShardId, TaskId};
+use sheaf_driver::{Client, ClientError, ListedDeadLetter, ShardId};
 
 use super::Context;
-use super::tasks::{more, page_json};
+use super::tasks::parse_id;
 use crate::exit::{self, Exit};
-use crate::output::{cut, failures_json, print_json, time};
+use crate::output::{Column, cut, failures_json, print_json, print_page, table, time};
 
 /// Dead letters across every shard, newest first, a page at a time.
 #[derive(clap::Args)]
@@ -104,26 +104,31 @@ async fn list(
         Ok(p) => p,
         Err(e) => return exit::failed(&e),
     };
-    if as_json {
-        print_json(&page_json(&page, dead_json));
-        return exit::partial_if(&page.unavailable_shards, page.status == PageStatus::Partial);
-    }
-    println!(
-        "{:<36} {:<5} {:<20} {:>8} {:<27} last_error",
-        "task_id", "shard", "queue", "attempts", "dead_at"
+    print_page(&page, as_json, dead_json, print_table)
+}
+
+fn print_table(dead: &[ListedDeadLetter]) {
+    const COLUMNS: &[Column] = &[
+        Column::left("task_id", 36),
+        Column::left("shard", 5),
+        Column::left("queue", 20),
+        Column::right("attempts", 8),
+        Column::left("dead_at", 27),
+        Column::left("last_error", 0),
+    ];
+    table(
+        COLUMNS,
+        dead.iter().map(|d| {
+            vec![
+                d.task_id.to_string(),
+                d.shard.to_string(),
+                cut(&d.queue, 20),
+                d.attempts.to_string(),
+                time(d.dead_at),
+                cut(d.last_error.as_deref().unwrap_or(""), 60),
+            ]
+        }),
     );
-    for d in &page.items {
-        println!(
-            "{:<36} {:<5} {:<20} {:>8} {:<27} {}",
-            d.task_id,
-            d.shard,
-            cut(&d.queue, 20),
-            d.attempts,
-            time(d.dead_at),
-            cut(d.last_error.as_deref().unwrap_or(""), 60)
-        );
-    }
-    more(&page)
 }
 
 fn dead_json(d: &ListedDeadLetter) -> Value {
@@ -220,13 +225,10 @@ async fn redrive_queue(client: &Client, queue: &str, older_than: Duration, as_js
 
 /// `sheaf dead-letters redrive IDS...`: each shard moves its ids or none.
 async fn redrive_ids(client: &Client, ids: &[String], as_json: bool) -> Exit {
-    let mut task_ids = Vec::with_capacity(ids.len());
-    for id in ids {
-        match id.parse::<TaskId>() {
-            Ok(t) => task_ids.push(t),
-            Err(_) => return exit::bad_input(format!("{:?} is not a task id", cut(id, 40))),
-        }
-    }
+    let task_ids = match ids.iter().map(|id| parse_id(id)).collect::<Result<Vec<_>, _>>() {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let report = client.admin().redrive(&task_ids).await;
     let counts = report.ok.iter().map(|(s, n)| (*s, i64::from(*n))).collect();
     per_shard(&counts, &report.failed, "redriven", as_json)

@@ -1,11 +1,11 @@
 //! `sheaf list`: executions across every shard, a page at a time.
 
 use serde_json::{Value, json};
-use sheaf_driver::{ExecutionFilter, ExecutionPage, ExecutionState, ListedExecution, PageStatus, SortOrder};
+use sheaf_driver::{ExecutionFilter, ExecutionState, ListedExecution, SortOrder};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{cut, failures_json, print_json, time};
+use crate::output::{Column, cut, print_page, table, time};
 
 /// List executions across every shard, newest first, a page at a time.
 /// Filters are and-ed; a partial page (a shard did not answer) exits 3.
@@ -88,24 +88,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Ok(page) => page,
         Err(e) => return exit::failed(&e),
     };
-    if ctx.json {
-        print_json(&page_json(&page));
-    } else {
-        print_table(&page.items);
-        if let Some(c) = &page.next_cursor {
-            println!("more: --cursor {c}");
-        }
-    }
-    exit::partial_if(&page.unavailable_shards, page.status == PageStatus::Partial)
-}
-
-fn page_json(page: &ExecutionPage) -> Value {
-    json!({
-        "items": page.items.iter().map(listed_json).collect::<Vec<_>>(),
-        "next_cursor": page.next_cursor,
-        "status": page.status,
-        "unavailable_shards": failures_json(&page.unavailable_shards),
-    })
+    print_page(&page, ctx.json, listed_json, print_table)
 }
 
 fn listed_json(e: &ListedExecution) -> Value {
@@ -123,19 +106,25 @@ fn listed_json(e: &ListedExecution) -> Value {
 }
 
 fn print_table(items: &[ListedExecution]) {
-    println!(
-        "{:<36} {:<5} {:<20} {:<20} {:<16} created_at",
-        "execution_id", "shard", "workflow", "workflow_id", "state"
+    const COLUMNS: &[Column] = &[
+        Column::left("execution_id", 36),
+        Column::left("shard", 5),
+        Column::left("workflow", 20),
+        Column::left("workflow_id", 20),
+        Column::left("state", 16),
+        Column::left("created_at", 0),
+    ];
+    table(
+        COLUMNS,
+        items.iter().map(|e| {
+            vec![
+                e.execution_id.to_string(),
+                e.shard.to_string(),
+                cut(&e.workflow_name, 20),
+                cut(&e.workflow_id, 20),
+                e.state.as_str().to_owned(),
+                time(e.created_at),
+            ]
+        }),
     );
-    for e in items {
-        println!(
-            "{:<36} {:<5} {:<20} {:<20} {:<16} {}",
-            e.execution_id,
-            e.shard,
-            cut(&e.workflow_name, 20),
-            cut(&e.workflow_id, 20),
-            e.state.as_str(),
-            time(e.created_at)
-        );
-    }
 }

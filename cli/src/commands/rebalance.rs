@@ -2,11 +2,11 @@
 //! shards.
 
 use serde_json::{Value, json};
-use sheaf_driver::{MoveReport, RebalanceOptions, ShardId};
+use sheaf_driver::{MoveReport, ShardId};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::moves::{bar, exit_for, kill_hook, print_table, report_json, shard_arg, show};
+use crate::moves::{bar, exit_for, options, print_table, report_json, shard_arg, show};
 use crate::output::print_json;
 
 /// Move quiescent executions from one shard to another, one at a time
@@ -55,15 +55,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         (Ok(f), Ok(t)) => (f, t),
         (Err(e), _) | (_, Err(e)) => return e,
     };
-    let mut options = RebalanceOptions::default()
-        .dry_run(dry_run)
-        .lease(std::time::Duration::from_secs(lease_secs));
-    if let Some(n) = limit {
-        options = options.limit(n);
-    }
-    if let Some(hook) = kill_hook() {
-        options = options.after_phase(hook);
-    }
+    let options = options(dry_run, lease_secs, limit);
     let bar = bar(as_json);
     let result = client
         .admin()

@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sheaf_driver::{Client, RebalanceOptions};
+use sheaf_driver::Client;
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::moves::{bar, kill_hook, print_table, report_json, shard_arg, show};
+use crate::moves::{bar, options, print_table, report_json, shard_arg, show};
 use crate::output::print_json;
 
 /// A shard's lifecycle: its readiness (the pre-flip checklist).
@@ -88,15 +88,7 @@ async fn drain(
         Ok(s) => s,
         Err(e) => return e,
     };
-    let mut options = RebalanceOptions::default()
-        .dry_run(dry_run)
-        .lease(std::time::Duration::from_secs(lease_secs));
-    if let Some(n) = limit {
-        options = options.limit(n);
-    }
-    if let Some(hook) = kill_hook() {
-        options = options.after_phase(hook);
-    }
+    let options = options(dry_run, lease_secs, limit);
     let bar = bar(as_json);
     let result = client
         .admin()

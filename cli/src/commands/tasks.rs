@@ -2,11 +2,11 @@
 //! task by id.
 
 use serde_json::{Value, json};
-use sheaf_driver::{Client, ListPage, ListedTask, PageStatus, TaskId, TaskState};
+use sheaf_driver::{Client, ListedTask, TaskId, TaskState};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{cut, failures_json, print_json, time};
+use crate::output::{Column, cut, print_json, print_page, table, time};
 
 /// A queue's tasks across every shard, state by state (running, ready,
 /// scheduled, waiting, paused), a page at a time; one task by id.
@@ -78,26 +78,8 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     }
 }
 
-/// A page as JSON: its items, the cursor on, and which shards did not answer.
-pub fn page_json<T>(page: &ListPage<T>, item: impl Fn(&T) -> Value) -> Value {
-    json!({
-        "items": page.items.iter().map(item).collect::<Vec<_>>(),
-        "next_cursor": page.next_cursor,
-        "status": page.status,
-        "unavailable_shards": failures_json(&page.unavailable_shards),
-    })
-}
-
-/// A table's last line, `more: --cursor C`, when a page follows; exit 3
-/// when the page is partial.
-pub fn more<T>(page: &ListPage<T>) -> Exit {
-    if let Some(c) = &page.next_cursor {
-        println!("more: --cursor {c}");
-    }
-    exit::partial_if(&page.unavailable_shards, page.status == PageStatus::Partial)
-}
-
-fn parse_id(id: &str) -> Result<TaskId, Exit> {
+/// A task id argument; bad input (exit 2) if it is not one.
+pub fn parse_id(id: &str) -> Result<TaskId, Exit> {
     id.parse::<TaskId>()
         .map_err(|_| exit::bad_input(format!("{:?} is not a task id", cut(id, 40))))
 }
@@ -119,27 +101,33 @@ async fn list(
         Ok(p) => p,
         Err(e) => return exit::failed(&e),
     };
-    if as_json {
-        print_json(&page_json(&page, task_json));
-        return exit::partial_if(&page.unavailable_shards, page.status == PageStatus::Partial);
-    }
-    println!(
-        "{:<36} {:<5} {:<9} {:>8} {:>8} {:<27} last_error",
-        "task_id", "shard", "state", "priority", "attempts", "run_at"
+    print_page(&page, as_json, task_json, print_table)
+}
+
+fn print_table(tasks: &[ListedTask]) {
+    const COLUMNS: &[Column] = &[
+        Column::left("task_id", 36),
+        Column::left("shard", 5),
+        Column::left("state", 9),
+        Column::right("priority", 8),
+        Column::right("attempts", 8),
+        Column::left("run_at", 27),
+        Column::left("last_error", 0),
+    ];
+    table(
+        COLUMNS,
+        tasks.iter().map(|t| {
+            vec![
+                t.task_id.to_string(),
+                t.shard.to_string(),
+                t.state.as_str().to_owned(),
+                t.priority.to_string(),
+                format!("{}/{}", t.attempts, t.max_attempts),
+                time(t.run_at),
+                cut(t.last_error.as_deref().unwrap_or(""), 40),
+            ]
+        }),
     );
-    for t in &page.items {
-        println!(
-            "{:<36} {:<5} {:<9} {:>8} {:>8} {:<27} {}",
-            t.task_id,
-            t.shard,
-            t.state.as_str(),
-            t.priority,
-            format!("{}/{}", t.attempts, t.max_attempts),
-            time(t.run_at),
-            cut(t.last_error.as_deref().unwrap_or(""), 40)
-        );
-    }
-    more(&page)
 }
 
 fn task_json(t: &ListedTask) -> Value {

@@ -9,7 +9,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use crate::base::plans::take_ran;
-    use crate::testing::{claim, enqueue, init};
+    use crate::base::rows::row;
+    use crate::testing::{Claimed, claim, enqueue, init, rows, values};
     use pgrx::prelude::*;
     use serde_json::json;
 
@@ -30,40 +31,35 @@ mod tests {
 
     /// Per table: row versions inserted, updated (of which HOT), deleted.
     fn table_counts() -> BTreeMap<String, [i64; 4]> {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del \
-                     FROM pg_stat_xact_user_tables WHERE schemaname = 'sheaf'",
-                    None,
-                    &[],
-                )
-                .expect("table statistics")
-                .map(|r| {
-                    let n = |i| r.get::<i64>(i).expect("a count").unwrap_or(0);
-                    (
-                        r.get::<String>(1).expect("name").expect("name"),
-                        [n(2), n(3), n(4), n(5)],
-                    )
-                })
-                .collect()
+        row! {
+            struct Counts {
+                relname: String,
+                inserted: Option<i64>,
+                updated: Option<i64>,
+                hot_updated: Option<i64>,
+                deleted: Option<i64>,
+            }
+        }
+        rows::<Counts>(
+            "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del \
+             FROM pg_stat_xact_user_tables WHERE schemaname = 'sheaf'",
+            &[],
+        )
+        .into_iter()
+        .map(|c| {
+            let counts = [c.inserted, c.updated, c.hot_updated, c.deleted].map(|n| n.unwrap_or(0));
+            (c.relname, counts)
         })
+        .collect()
     }
 
     /// Index entries the task's row in `table` (keyed by `key`) has now:
     /// one per index whose predicate it meets.
     fn entries_of(table: &str, key: &str, task: pgrx::Uuid) -> i64 {
-        let predicates: Vec<Option<String>> = Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indrelid = $1::regclass",
-                    None,
-                    &[format!("sheaf.{table}").into()],
-                )
-                .expect("indexes")
-                .map(|r| r.get::<String>(1).expect("predicate"))
-                .collect()
-        });
+        let predicates: Vec<Option<String>> = values(
+            "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indrelid = $1::regclass",
+            &[format!("sheaf.{table}").into()],
+        );
         predicates
             .iter()
             .map(|p| {
@@ -123,10 +119,10 @@ mod tests {
         )
     }
 
-    fn claim_one(queue: &str) -> (pgrx::Uuid, i64) {
-        let c = claim(queue, 1);
+    fn claim_one(queue: &str) -> Claimed {
+        let mut c = claim(queue, 1);
         assert_eq!(c.len(), 1, "one task to claim");
-        (c[0].0, c[0].1)
+        c.remove(0)
     }
 
     /// Every call of a task's life, and the ones a worker adds, on a queue
@@ -140,14 +136,19 @@ mod tests {
         // (an enqueue to an empty queue also wakes its listeners).
         enqueue(q, json!({}), json!({"priority": 0}));
         let warm = enqueue(q, json!({}), json!({"priority": 1}));
-        let (first, token) = claim_one(q);
-        assert_eq!(first, warm);
-        Spi::run_with_args("SELECT sheaf.complete($1, $2)", &[warm.into(), token.into()]).expect("complete");
+        let first = claim_one(q);
+        assert_eq!(first.id, warm);
+        Spi::run_with_args(
+            "SELECT sheaf.complete($1, $2)",
+            &[warm.into(), first.token.into()],
+        )
+        .expect("complete");
 
         let mut rows = vec![spent("enqueue", || enqueue(q, json!({}), json!({"priority": 1})))];
         let (mut task, mut token) = (pgrx::Uuid::from_bytes([0; 16]), 0);
         rows.push(spent("claim", || {
-            (task, token) = claim_one(q);
+            let claimed = claim_one(q);
+            (task, token) = (claimed.id, claimed.token);
             task
         }));
         let call = |sql: &str, task: pgrx::Uuid, token: i64| {
@@ -160,11 +161,11 @@ mod tests {
         rows.push(spent("snooze (0 s: ready again)", || {
             call("SELECT sheaf.snooze($1, $2, '0 s')", task, token)
         }));
-        token = claim_one(q).1;
+        token = claim_one(q).token;
         rows.push(spent("fail (retried now)", || {
             call("SELECT sheaf.fail($1, $2, 'e', '0 s')", task, token)
         }));
-        token = claim_one(q).1;
+        token = claim_one(q).token;
         rows.push(spent("complete", || {
             call("SELECT sheaf.complete($1, $2)", task, token)
         }));

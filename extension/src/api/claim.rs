@@ -132,35 +132,28 @@ fn claim_args<'a>(
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, count, enqueue, init};
+    use crate::base::rows::row;
+    use crate::testing::{claim, count, enqueue, init, rows};
     use pgrx::prelude::*;
     use serde_json::json;
 
-    /// The rows of one `complete_and_claim`: (task, completed, token).
-    fn complete_and_claim(
-        queue: &str,
-        done: &[(pgrx::Uuid, i64)],
-        batch: i32,
-    ) -> Vec<(pgrx::Uuid, Option<bool>, Option<i64>)> {
-        let ids: Vec<pgrx::Uuid> = done.iter().map(|d| d.0).collect();
-        let tokens: Vec<i64> = done.iter().map(|d| d.1).collect();
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT task_id, completed, token FROM sheaf.complete_and_claim($1, 'w', $2, $3, $4)",
-                    None,
-                    &[queue.into(), ids.into(), tokens.into(), batch.into()],
-                )
-                .expect("complete_and_claim runs")
-                .map(|r| {
-                    (
-                        r.get::<pgrx::Uuid>(1).expect("id").expect("id"),
-                        r.get::<bool>(2).expect("completed"),
-                        r.get::<i64>(3).expect("token"),
-                    )
-                })
-                .collect()
-        })
+    row! {
+        /// A row of `complete_and_claim`: a finished task (`completed`
+        /// set) or a claimed one (`token` set).
+        struct Outcome {
+            task_id: pgrx::Uuid,
+            completed: Option<bool>,
+            token: Option<i64>,
+        }
+    }
+
+    /// `done`: the tasks to complete, by id and token.
+    fn complete_and_claim(queue: &str, done: &[(pgrx::Uuid, i64)], batch: i32) -> Vec<Outcome> {
+        let (ids, tokens): (Vec<pgrx::Uuid>, Vec<i64>) = done.iter().copied().unzip();
+        rows(
+            "SELECT task_id, completed, token FROM sheaf.complete_and_claim($1, 'w', $2, $3, $4)",
+            &[queue.into(), ids.into(), tokens.into(), batch.into()],
+        )
     }
 
     #[pg_test]
@@ -169,8 +162,8 @@ mod tests {
         let a = enqueue("q", json!({}), json!({}));
         let rows = complete_and_claim("q", &[], 5);
         assert_eq!(rows.len(), 1);
-        assert_eq!((rows[0].0, rows[0].1), (a, None));
-        assert!(rows[0].2.is_some(), "a claimed row carries its token");
+        assert_eq!((rows[0].task_id, rows[0].completed), (a, None));
+        assert!(rows[0].token.is_some(), "a claimed row carries its token");
     }
 
     /// Each finished task gets a row in input order, a stale one `false`
@@ -184,10 +177,10 @@ mod tests {
         );
         let first = claim("q", 2);
         let c = enqueue("q", json!({}), json!({}));
-        let done = [(first[1].0, first[1].1), (first[0].0, first[0].1 + 1)];
+        let done = [(first[1].id, first[1].token), (first[0].id, first[0].token + 1)];
         let rows = complete_and_claim("q", &done, 5);
         assert_eq!(
-            rows.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+            rows.iter().map(|r| (r.task_id, r.completed)).collect::<Vec<_>>(),
             vec![(b, Some(true)), (a, Some(false)), (c, None)]
         );
         assert_eq!(

@@ -106,23 +106,44 @@ fn get_execution(
     ),
 > {
     let id = required(execution_id, "execution_id");
-    TableIterator::new(executions::get(id).into_iter().map(|e| {
-        (
-            e.id,
-            e.workflow_name,
-            e.workflow_id,
-            e.state,
-            e.input,
-            e.result,
-            e.error,
-            e.concurrency_key,
-            e.quota_key,
-            e.history_bytes,
-            e.created_at,
-            e.closed_at,
-            e.wake_at,
-        )
-    }))
+    TableIterator::new(executions::get(id).into_iter().map(columns))
+}
+
+/// The columns of `get_execution` and `find_execution`, in the order their
+/// signatures name them (pgrx reads the names from each signature, so only
+/// the filling is shared).
+type ExecutionColumns = (
+    pgrx::Uuid,
+    String,
+    String,
+    String,
+    pgrx::JsonB,
+    Option<pgrx::JsonB>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+    TimestampWithTimeZone,
+    Option<TimestampWithTimeZone>,
+    Option<TimestampWithTimeZone>,
+);
+
+fn columns(e: executions::Row) -> ExecutionColumns {
+    (
+        e.id,
+        e.workflow_name,
+        e.workflow_id,
+        e.state,
+        e.input,
+        e.result,
+        e.error,
+        e.concurrency_key,
+        e.quota_key,
+        e.history_bytes,
+        e.created_at,
+        e.closed_at,
+        e.wake_at,
+    )
 }
 
 /// The execution of (name, workflow_id) on this shard: the active one, else
@@ -152,23 +173,7 @@ fn find_execution(
 > {
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    TableIterator::new(executions::find(name, workflow_id).into_iter().map(|e| {
-        (
-            e.id,
-            e.workflow_name,
-            e.workflow_id,
-            e.state,
-            e.input,
-            e.result,
-            e.error,
-            e.concurrency_key,
-            e.quota_key,
-            e.history_bytes,
-            e.created_at,
-            e.closed_at,
-            e.wake_at,
-        )
-    }))
+    TableIterator::new(executions::find(name, workflow_id).into_iter().map(columns))
 }
 
 /// The pending debounced starts of workflow `name` (every workflow's if

@@ -36,8 +36,19 @@ fn id_timestamp(id: Option<pgrx::Uuid>) -> Option<TimestampWithTimeZone> {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
+    use crate::base::rows::row;
+    use crate::testing::one;
     use pgrx::prelude::*;
     use serde::Deserialize;
+
+    row! {
+        /// What `id_shard` and `id_timestamp` (as Unix milliseconds) read
+        /// from an id.
+        struct Decoded {
+            shard: Option<i32>,
+            ms: Option<i64>,
+        }
+    }
 
     #[derive(Deserialize)]
     struct Vector {
@@ -58,24 +69,30 @@ mod tests {
                  (extract(epoch FROM sheaf.id_timestamp('{0}')) * 1000)::bigint",
                 v.id
             );
-            let (shard, ms) = Spi::get_two::<i32, i64>(&q).expect("query runs");
-            assert_eq!(shard, Some(v.shard), "{}", v.id);
-            assert_eq!(ms, Some(v.unix_ms), "{}", v.id);
+            let decoded: Decoded = one(&q, &[]);
+            assert_eq!(decoded.shard, Some(v.shard), "{}", v.id);
+            assert_eq!(decoded.ms, Some(v.unix_ms), "{}", v.id);
         }
     }
 
     #[pg_test]
     fn minted_ids_carry_this_shard_and_now() {
         Spi::run("SELECT sheaf.init_shard(513)").expect("init");
-        let (shard, skew) = Spi::get_two::<i32, f64>(
+        row! {
+            struct Minted {
+                shard: i32,
+                skew_secs: f64,
+            }
+        }
+        let minted: Minted = one(
             "WITH i AS (SELECT sheaf.new_id() AS id) \
              SELECT sheaf.id_shard(id), \
                     abs(extract(epoch FROM clock_timestamp() - sheaf.id_timestamp(id)))::float8 \
              FROM i",
-        )
-        .expect("query runs");
-        assert_eq!(shard, Some(513));
-        assert!(skew.expect("time") < 5.0);
+            &[],
+        );
+        assert_eq!(minted.shard, 513);
+        assert!(minted.skew_secs < 5.0);
         let distinct =
             Spi::get_one::<i64>("SELECT count(DISTINCT sheaf.new_id()) FROM generate_series(1, 10000)")
                 .expect("query runs");
@@ -84,13 +101,14 @@ mod tests {
 
     #[pg_test]
     fn foreign_uuids_have_no_shard_or_time() {
-        let (shard, ts) = Spi::get_two::<i32, TimestampWithTimeZone>(
-            "SELECT sheaf.id_shard(u), sheaf.id_timestamp(u) \
+        let decoded: Decoded = one(
+            "SELECT sheaf.id_shard(u), \
+                    (extract(epoch FROM sheaf.id_timestamp(u)) * 1000)::bigint \
              FROM (SELECT '0001a2b3-c4d5-4e6f-8a0b-1c2d3e4f5a6b'::uuid AS u) s",
-        )
-        .expect("query runs");
-        assert_eq!(shard, Some(65535));
-        assert_eq!(ts, None);
+            &[],
+        );
+        assert_eq!(decoded.shard, Some(65535));
+        assert_eq!(decoded.ms, None);
     }
 
     #[pg_test(error = "shard not initialized: run SELECT sheaf.init_shard(<shard id>) once in this database")]

@@ -214,36 +214,39 @@ fn list_queues() -> TableIterator<
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{enqueue, init};
+    use crate::base::rows::{Split, row};
+    use crate::testing::{enqueue, init, one, rows};
     use pgrx::prelude::*;
     use serde_json::json;
 
+    row! {
+        #[derive(Clone, Debug, PartialEq)]
+        struct Listed {
+            task_id: String,
+            task_state: String,
+        }
+    }
+
+    row! {
+        /// Where a listing's next page starts.
+        struct Anchor {
+            anchor: pgrx::JsonB,
+        }
+    }
+
     /// Every page of `list_tasks('lq', state)` of `max_rows` rows, to the
-    /// end: (task id, state) in the order listed.
-    fn walk(state: Option<&str>, max_rows: i32) -> Vec<(String, String)> {
+    /// end, in the order listed.
+    fn walk(state: Option<&str>, max_rows: i32) -> Vec<Listed> {
         let mut out = Vec::new();
         let mut after: Option<pgrx::JsonB> = None;
         loop {
-            let page: Vec<(String, String, pgrx::JsonB)> = Spi::connect(|client| {
-                client
-                    .select(
-                        "SELECT task_id::text, task_state, anchor FROM sheaf.list_tasks('lq', $1, $2, $3)",
-                        None,
-                        &[state.into(), after.into(), max_rows.into()],
-                    )
-                    .unwrap()
-                    .map(|r| {
-                        (
-                            r.get::<String>(1).unwrap().unwrap(),
-                            r.get::<String>(2).unwrap().unwrap(),
-                            r.get::<pgrx::JsonB>(3).unwrap().unwrap(),
-                        )
-                    })
-                    .collect()
-            });
+            let page: Vec<Split<Listed, Anchor>> = rows(
+                "SELECT task_id::text, task_state, anchor FROM sheaf.list_tasks('lq', $1, $2, $3)",
+                &[state.into(), after.into(), max_rows.into()],
+            );
             let n = page.len();
-            after = page.last().map(|(_, _, a)| pgrx::JsonB(a.0.clone()));
-            out.extend(page.into_iter().map(|(id, s, _)| (id, s)));
+            after = page.last().map(|p| pgrx::JsonB(p.tail.anchor.0.clone()));
+            out.extend(page.into_iter().map(|p| p.head));
             if n < max_rows as usize {
                 return out;
             }
@@ -272,7 +275,7 @@ mod tests {
         enqueue("other", json!({}), json!({"concurrency_key": "lq-key"}));
         Spi::run("SELECT * FROM sheaf.claim('lq', 'w', 1)").unwrap();
         let all = walk(None, 2);
-        let states: Vec<&str> = all.iter().map(|(_, s)| s.as_str()).collect();
+        let states: Vec<&str> = all.iter().map(|t| t.task_state.as_str()).collect();
         assert_eq!(
             states,
             [
@@ -288,10 +291,10 @@ mod tests {
             ],
             "state by state, every task once: {all:?}"
         );
-        let ids: std::collections::HashSet<_> = all.iter().map(|(id, _)| id.clone()).collect();
+        let ids: std::collections::HashSet<_> = all.iter().map(|t| t.task_id.clone()).collect();
         assert_eq!(ids.len(), 9);
         assert!(ids.contains(&later.to_string()) && ids.contains(&first.to_string()));
-        let waiting_order: Vec<String> = all[6..].iter().map(|(id, _)| id.clone()).collect();
+        let waiting_order: Vec<String> = all[6..].iter().map(|t| t.task_id.clone()).collect();
         let expect: Vec<String> = waiting.iter().rev().map(|u| u.to_string()).collect();
         assert_eq!(waiting_order, expect, "the waiting line: priority descending");
         for size in [1, 3, 1000] {
@@ -324,55 +327,52 @@ mod tests {
         }
         Spi::run("UPDATE sheaf.dead_letters SET dead_at = now() - make_interval(secs => (payload->>'i')::int * 10)")
             .unwrap();
-        let page = |after: Option<pgrx::JsonB>| -> Vec<(String, pgrx::JsonB)> {
-            Spi::connect(|client| {
-                client
-                    .select(
-                        "SELECT task_id::text, anchor FROM sheaf.list_dead_letters('lq', $1, 2)",
-                        None,
-                        &[after.into()],
-                    )
-                    .unwrap()
-                    .map(|r| {
-                        (
-                            r.get::<String>(1).unwrap().unwrap(),
-                            r.get::<pgrx::JsonB>(2).unwrap().unwrap(),
-                        )
-                    })
-                    .collect()
-            })
+        row! {
+            struct Dead {
+                task_id: String,
+                anchor: pgrx::JsonB,
+            }
+        }
+        let page = |after: Option<pgrx::JsonB>| -> Vec<Dead> {
+            rows(
+                "SELECT task_id::text, anchor FROM sheaf.list_dead_letters('lq', $1, 2)",
+                &[after.into()],
+            )
         };
-        let one = page(None);
-        let two = page(Some(pgrx::JsonB(one[1].1.0.clone())));
-        let listed: Vec<&String> = one.iter().chain(two.iter()).map(|(id, _)| id).collect();
+        let first = page(None);
+        let second = page(Some(pgrx::JsonB(first[1].anchor.0.clone())));
+        let listed: Vec<&String> = first.iter().chain(second.iter()).map(|d| &d.task_id).collect();
         assert_eq!(listed, [&dead[0], &dead[1], &dead[2]], "newest first");
         assert_eq!(
             Spi::get_one::<i64>("SELECT count(*) FROM sheaf.list_dead_letters()").unwrap(),
             Some(3)
         );
-        let (state, payload, error) = Spi::connect(|client| {
-            let r = client
-                .select(
-                    "SELECT state, payload, last_error FROM sheaf.get_task($1::uuid)",
-                    None,
-                    &[dead[2].as_str().into()],
-                )
-                .unwrap()
-                .first();
-            (
-                r.get::<String>(1).unwrap().unwrap(),
-                r.get::<pgrx::JsonB>(2).unwrap().unwrap().0,
-                r.get::<String>(3).unwrap().unwrap(),
-            )
-        });
+        row! {
+            struct Task {
+                state: String,
+                payload: pgrx::JsonB,
+                last_error: String,
+            }
+        }
+        let task: Task = one(
+            "SELECT state, payload, last_error FROM sheaf.get_task($1::uuid)",
+            &[dead[2].as_str().into()],
+        );
         assert_eq!(
-            (state.as_str(), payload, error.as_str()),
+            (task.state.as_str(), task.payload.0, task.last_error.as_str()),
             ("dead", json!({"i": 2}), "boom")
         );
-        let counts =
-            Spi::get_two::<i64, i64>("SELECT ready, dead FROM sheaf.list_queues() WHERE queue = 'lq'")
-                .unwrap();
-        assert_eq!(counts, (Some(0), Some(3)));
+        row! {
+            struct Counts {
+                ready: i64,
+                dead: i64,
+            }
+        }
+        let counts: Counts = one(
+            "SELECT ready, dead FROM sheaf.list_queues() WHERE queue = 'lq'",
+            &[],
+        );
+        assert_eq!((counts.ready, counts.dead), (0, 3));
     }
 
     #[pg_test(

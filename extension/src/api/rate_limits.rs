@@ -148,7 +148,7 @@ fn rate_limits() -> TableIterator<
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, count, declare, enqueue, init, start};
+    use crate::testing::{claim, count, declare, enqueue, init, start, values};
     use pgrx::prelude::*;
     use serde_json::json;
 
@@ -163,18 +163,12 @@ mod tests {
     /// Seconds from now to each task's `run_at` on `queue`, in enqueue order
     /// (`None`: waiting in a line).
     fn delays(queue: &str) -> Vec<Option<f64>> {
-        Spi::connect(|c| {
-            c.select(
-                "SELECT CASE WHEN run_at = 'infinity' THEN NULL \
-                        ELSE round(extract(epoch from run_at - now())::numeric, 3)::float8 END \
-                 FROM sheaf.tasks WHERE queue = $1 ORDER BY seq",
-                None,
-                &[queue.into()],
-            )
-            .unwrap()
-            .map(|r| r.get::<f64>(1).unwrap())
-            .collect()
-        })
+        values(
+            "SELECT CASE WHEN run_at = 'infinity' THEN NULL \
+                    ELSE round(extract(epoch from run_at - now())::numeric, 3)::float8 END \
+             FROM sheaf.tasks WHERE queue = $1 ORDER BY seq",
+            &[queue.into()],
+        )
     }
 
     #[pg_test]
@@ -262,7 +256,7 @@ mod tests {
         init();
         declare("w", json!({"throttle": {"rate": 1, "period": "5s", "burst": 1}}));
         for n in 0..3 {
-            let (_, created, _) = start("w", &n.to_string(), json!({}));
+            let created = start("w", &n.to_string(), json!({})).created;
             assert!(created, "an over-rate start still creates its execution");
         }
         assert_eq!(delays("default"), [Some(0.0), Some(5.0), Some(10.0)]);
@@ -286,7 +280,7 @@ mod tests {
             json!({"throttle": {"rate": 1, "period": "1 hour", "burst": 1}}),
         );
         start("slow", "a", json!({}));
-        let (lined, ..) = start("slow", "b", json!({}));
+        let lined = start("slow", "b", json!({})).id;
         let blockers = Spi::get_one_with_args::<Vec<String>>(
             "SELECT blockers FROM sheaf.rebalance_candidates() WHERE execution_id = $1",
             &[lined.into()],

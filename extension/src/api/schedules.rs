@@ -194,7 +194,8 @@ fn schedule_fires(
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{count, declare, init};
+    use crate::base::rows::row;
+    use crate::testing::{count, declare, init, one};
     use pgrx::prelude::*;
     use serde_json::json;
 
@@ -283,11 +284,20 @@ mod tests {
         due("s", 1);
         due("c", 1);
         assert_eq!(fired(), 2);
-        let outcomes = Spi::get_two::<String, String>(
+        row! {
+            struct Outcomes {
+                skip: String,
+                cancel_previous: String,
+            }
+        }
+        let outcomes: Outcomes = one(
             "SELECT (SELECT outcome FROM sheaf.trigger_schedule('s')), (SELECT outcome FROM sheaf.trigger_schedule('c'))",
-        )
-        .unwrap();
-        assert_eq!(outcomes, (Some("skipped_overlap".into()), Some("started".into())));
+            &[],
+        );
+        assert_eq!(
+            (outcomes.skip.as_str(), outcomes.cancel_previous.as_str()),
+            ("skipped_overlap", "started")
+        );
         assert_eq!(
             count(
                 "SELECT count(*) FROM sheaf.schedule_fires WHERE schedule = 's' AND outcome = 'skipped_overlap'"

@@ -109,23 +109,32 @@ pub(crate) fn check_payload(payload: Option<Jsonb>) -> Jsonb {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{count, init};
+    use crate::base::rows::row;
+    use crate::testing::{count, init, one};
     use pgrx::prelude::*;
+
+    row! {
+        struct Started {
+            id: pgrx::Uuid,
+            created: bool,
+        }
+    }
 
     #[pg_test]
     fn signal_with_start_starts_once_and_delivers_every_signal() {
         init();
         let call = |payload: i64| {
-            Spi::get_two_with_args::<pgrx::Uuid, bool>(
+            one::<Started>(
                 "SELECT execution_id, created FROM sheaf.signal_with_start('w', 'one', '{}', 'go', \
                         jsonb_build_object('n', $1), '{\"signal_id\": null, \"queue\": \"wq\"}')",
                 &[payload.into()],
             )
-            .unwrap()
         };
-        let (a, created) = call(1);
-        let (b, again) = call(2);
-        assert_eq!((a, created, again), (b, Some(true), Some(false)));
+        let (first, second) = (call(1), call(2));
+        assert_eq!(
+            (first.id, first.created, second.created),
+            (second.id, true, false)
+        );
         assert_eq!(
             count("SELECT count(*) FROM sheaf.events WHERE event_type = 'SignalReceived'"),
             2

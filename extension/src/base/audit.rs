@@ -73,8 +73,19 @@ pub fn page(before: Option<i64>, max: i64) -> Vec<Entry> {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::init;
+    use crate::base::rows::row;
+    use crate::testing::{init, rows};
     use pgrx::prelude::*;
+
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Entry {
+            actor: String,
+            login: String,
+            action: String,
+            target: String,
+        }
+    }
 
     #[pg_test]
     fn operator_actions_are_recorded_with_their_actor_and_login() {
@@ -84,39 +95,24 @@ mod tests {
         Spi::run("SELECT sheaf.configure_queue('q', '{\"aging_secs\": 5}')").unwrap();
         Spi::run("SELECT set_config('sheaf.actor', '', true)").unwrap();
         Spi::run("SELECT sheaf.declare_workflow('w', '{}')").unwrap();
-        let rows: Vec<(String, String, String, String)> = Spi::connect(|c| {
-            c.select(
-                "SELECT actor, login, action, target FROM sheaf.audit_log(NULL, 10)",
-                None,
-                &[],
-            )
-            .unwrap()
-            .map(|r| {
-                (
-                    r.get(1).unwrap().unwrap(),
-                    r.get(2).unwrap().unwrap(),
-                    r.get(3).unwrap().unwrap(),
-                    r.get(4).unwrap().unwrap(),
-                )
-            })
-            .collect()
-        });
+        let logged: Vec<Entry> = rows(
+            "SELECT actor, login, action, target FROM sheaf.audit_log(NULL, 10)",
+            &[],
+        );
         // The login is the session's whatever actor it declared.
         let session: String = Spi::get_one("SELECT session_user::text").unwrap().unwrap();
-        let row = |actor: &str, action: &str, target: &str| {
-            (
-                actor.to_owned(),
-                session.clone(),
-                action.to_owned(),
-                target.to_owned(),
-            )
+        let entry = |actor: &str, action: &str, target: &str| Entry {
+            actor: actor.to_owned(),
+            login: session.clone(),
+            action: action.to_owned(),
+            target: target.to_owned(),
         };
         assert_eq!(
-            rows,
+            logged,
             [
-                row(&session, "declare_workflow", "w"),
-                row("ann", "configure_queue", "q"),
-                row("ann", "set_concurrency_limit", "tenant-a"),
+                entry(&session, "declare_workflow", "w"),
+                entry("ann", "configure_queue", "q"),
+                entry("ann", "set_concurrency_limit", "tenant-a"),
             ]
         );
         let older: i64 = Spi::get_one(

@@ -222,7 +222,8 @@ impl Drop for PlannerSettings {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, complete, enqueue, init};
+    use crate::base::rows::row;
+    use crate::testing::{claim, complete, enqueue, init, one};
     use pgrx::prelude::*;
     use serde_json::json;
 
@@ -234,18 +235,29 @@ mod tests {
         for n in 0..8 {
             enqueue("q", json!({"n": n}), json!({}));
         }
-        let settings = || {
-            Spi::get_three::<String, String, String>(
+        row! {
+            #[derive(Debug, PartialEq)]
+            struct Settings {
+                enable_seqscan: String,
+                jit: String,
+                plan_cache_mode: String,
+            }
+        }
+        let settings = || -> Settings {
+            one(
                 "SELECT current_setting('enable_seqscan'), current_setting('jit'), \
                         current_setting('plan_cache_mode')",
+                &[],
             )
-            .expect("settings")
         };
         let before = settings();
         for _ in 0..8 {
             let task = claim("q", 1).remove(0);
-            Spi::run_with_args("SELECT sheaf.heartbeat($1, $2)", &[task.0.into(), task.1.into()])
-                .expect("heartbeat");
+            Spi::run_with_args(
+                "SELECT sheaf.heartbeat($1, $2)",
+                &[task.id.into(), task.token.into()],
+            )
+            .expect("heartbeat");
             complete(&task);
         }
         let scans = Spi::get_one::<i64>(
@@ -256,10 +268,6 @@ mod tests {
         .expect("the tables are counted");
         assert_eq!(scans, 0, "sequential scans of tasks and ready");
         assert_eq!(settings(), before);
-        assert_eq!(
-            before.0.as_deref(),
-            Some("on"),
-            "the session's own enable_seqscan"
-        );
+        assert_eq!(before.enable_seqscan, "on", "the session's own enable_seqscan");
     }
 }

@@ -287,7 +287,7 @@ mod tests {
         enqueue("q", json!({"n": 1}), json!({"concurrency_key": "ck"}));
         enqueue("q", json!({"n": 2}), json!({"concurrency_key": "ck"}));
         let t = claim("q", 1);
-        let (id, token) = (t[0].0, t[0].1);
+        let (id, token) = (t[0].id, t[0].token);
         assert!(cancel(id));
         assert!(!cancel(id), "marked once");
         assert_eq!(
@@ -355,7 +355,7 @@ mod tests {
     #[pg_test]
     fn a_workflow_task_and_a_dead_letter_are_refused_an_activity_is_in_the_history() {
         init();
-        let (execution, _, _) = start("wf", "w1", json!({}));
+        let execution = start("wf", "w1", json!({})).id;
         let workflow_task = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT id FROM sheaf.tasks WHERE execution_id = $1 AND kind = 'workflow'",
             &[execution.into()],
@@ -407,7 +407,7 @@ mod tests {
         init();
         enqueue("q", json!({"n": 1}), json!({}));
         let t = claim("q", 1);
-        let (id, token) = (t[0].0, t[0].1);
+        let (id, token) = (t[0].id, t[0].token);
         for p in [json!({"done": 1}), json!({"done": 2})] {
             Spi::run_with_args(
                 "SELECT sheaf.set_progress($1, $2, $3)",

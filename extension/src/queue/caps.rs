@@ -552,28 +552,27 @@ pub fn release_held(tasks: Vec<(TaskState, Option<String>)>) {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, complete, count, enqueue, init, ns};
+    use crate::base::rows::row;
+    use crate::testing::{claim, complete, count, enqueue, init, ns, one, rows};
     use pgrx::prelude::*;
     use serde_json::json;
 
-    fn stats(key: &str) -> (Option<i32>, i64, i64, i64) {
-        Spi::connect(|client| {
-            let row = client
-                .select(
-                    "SELECT max_running, running, ready, waiting FROM sheaf.concurrency_stats() \
-                     WHERE concurrency_key = $1",
-                    None,
-                    &[key.into()],
-                )
-                .expect("stats")
-                .first();
-            (
-                row.get::<i32>(1).unwrap(),
-                row.get::<i64>(2).unwrap().unwrap_or(0),
-                row.get::<i64>(3).unwrap().unwrap_or(0),
-                row.get::<i64>(4).unwrap().unwrap_or(0),
-            )
-        })
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Stats {
+            max_running: Option<i32>,
+            running: i64,
+            ready: i64,
+            waiting: i64,
+        }
+    }
+
+    fn stats(key: &str) -> Stats {
+        one(
+            "SELECT max_running, running, ready, waiting FROM sheaf.concurrency_stats() \
+             WHERE concurrency_key = $1",
+            &[key.into()],
+        )
     }
 
     fn cap(key: &str, max: Option<i32>) {
@@ -591,12 +590,36 @@ mod tests {
         for n in 0..5 {
             enqueue("q", json!({"n": n}), json!({"concurrency_key": "k"}));
         }
-        assert_eq!(stats("k"), (Some(2), 0, 2, 3));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(2),
+                running: 0,
+                ready: 2,
+                waiting: 3
+            }
+        );
         let first = claim("q", 10);
         assert_eq!(ns(&first), vec![0, 1], "only admitted tasks are claimable");
-        assert_eq!(stats("k"), (Some(2), 2, 0, 3));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(2),
+                running: 2,
+                ready: 0,
+                waiting: 3
+            }
+        );
         complete(&first[0]);
-        assert_eq!(stats("k"), (Some(2), 1, 1, 2));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(2),
+                running: 1,
+                ready: 1,
+                waiting: 2
+            }
+        );
         assert_eq!(ns(&claim("q", 10)), vec![2]);
     }
 
@@ -623,12 +646,36 @@ mod tests {
             enqueue("q", json!({"n": n}), json!({"concurrency_key": "k"}));
         }
         let running = claim("q", 1);
-        assert_eq!(stats("k"), (Some(3), 1, 2, 2));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(3),
+                running: 1,
+                ready: 2,
+                waiting: 2
+            }
+        );
         cap("k", Some(1));
-        assert_eq!(stats("k"), (Some(1), 1, 0, 4));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(1),
+                running: 1,
+                ready: 0,
+                waiting: 4
+            }
+        );
         assert!(claim("q", 10).is_empty(), "running already fills the lowered cap");
         complete(&running[0]);
-        assert_eq!(stats("k"), (Some(1), 0, 1, 3));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(1),
+                running: 0,
+                ready: 1,
+                waiting: 3
+            }
+        );
         assert_eq!(ns(&claim("q", 10)), vec![1]);
     }
 
@@ -640,13 +687,29 @@ mod tests {
         }
         let running = claim("q", 2);
         cap("k", Some(2));
-        assert_eq!(stats("k"), (Some(2), 2, 0, 2));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(2),
+                running: 2,
+                ready: 0,
+                waiting: 2
+            }
+        );
         assert_eq!(
             count("SELECT admitted::bigint FROM sheaf.concurrency_slots WHERE key = 'k'"),
             2
         );
         complete(&running[0]);
-        assert_eq!(stats("k"), (Some(2), 1, 1, 1));
+        assert_eq!(
+            stats("k"),
+            Stats {
+                max_running: Some(2),
+                running: 1,
+                ready: 1,
+                waiting: 1
+            }
+        );
     }
 
     #[pg_test]
@@ -678,21 +741,35 @@ mod tests {
         assert_eq!(ns(&claim("q", 10)), vec![1, 0]);
     }
 
-    /// The key's wait floor as (priority, n of the task it is at), if set.
-    fn wait_floor(key: &str) -> Option<(i32, i64)> {
-        Spi::connect(|client| {
-            let row = client
-                .select(
-                    "SELECT c.wait_priority, (SELECT (t.payload->>'n')::bigint FROM sheaf.tasks t \
-                                              WHERE t.concurrency_key = c.key AND t.seq = c.wait_seq) \
-                     FROM sheaf.concurrency_limits c WHERE c.key = $1",
-                    None,
-                    &[key.into()],
-                )
-                .expect("wait floor")
-                .first();
-            row.get::<i32>(1).unwrap().zip(row.get::<i64>(2).unwrap())
-        })
+    row! {
+        /// A key's wait floor: its priority and the `n` of the task it is
+        /// at (both NULL while unset).
+        #[derive(Debug, PartialEq)]
+        struct Floor {
+            priority: Option<i32>,
+            at_n: Option<i64>,
+        }
+    }
+
+    const UNSET: Floor = Floor {
+        priority: None,
+        at_n: None,
+    };
+
+    fn floor_at(priority: i32, at_n: i64) -> Floor {
+        Floor {
+            priority: Some(priority),
+            at_n: Some(at_n),
+        }
+    }
+
+    fn wait_floor(key: &str) -> Floor {
+        one(
+            "SELECT c.wait_priority, (SELECT (t.payload->>'n')::bigint FROM sheaf.tasks t \
+                                      WHERE t.concurrency_key = c.key AND t.seq = c.wait_seq) \
+             FROM sheaf.concurrency_limits c WHERE c.key = $1",
+            &[key.into()],
+        )
     }
 
     #[pg_test]
@@ -702,16 +779,16 @@ mod tests {
         for n in 0..4 {
             enqueue("q", json!({"n": n}), json!({"concurrency_key": "k"}));
         }
-        assert_eq!(wait_floor("k"), None, "read from the head until a promotion");
+        assert_eq!(wait_floor("k"), UNSET, "read from the head until a promotion");
         complete(&claim("q", 1)[0]);
-        assert_eq!(wait_floor("k"), Some((0, 2)), "at the first task still waiting");
+        assert_eq!(wait_floor("k"), floor_at(0, 2), "at the first task still waiting");
         // A task of a higher priority goes before the floor: it lowers it.
         enqueue(
             "q",
             json!({"n": 10}),
             json!({"concurrency_key": "k", "priority": 5}),
         );
-        assert_eq!(wait_floor("k").map(|f| f.0), Some(5));
+        assert_eq!(wait_floor("k").priority, Some(5));
         let running = claim("q", 1);
         assert_eq!(ns(&running), vec![1]);
         complete(&running[0]);
@@ -719,7 +796,7 @@ mod tests {
         assert_eq!(ns(&ten), vec![10], "promoted before the floor it had");
         // The floor moves again after WAIT_FLOOR_EVERY promotions; until
         // then the next promotion steps over task 10, running now.
-        assert_eq!(wait_floor("k"), Some((5, 10)));
+        assert_eq!(wait_floor("k"), floor_at(5, 10));
         complete(&ten[0]);
         assert_eq!(ns(&claim("q", 1)), vec![2]);
     }
@@ -733,39 +810,36 @@ mod tests {
         }
         let running = claim("q", 2);
         complete(&running[0]);
-        assert_eq!(wait_floor("k"), Some((0, 3)));
+        assert_eq!(wait_floor("k"), floor_at(0, 3));
         let second = claim("q", 1);
         assert_eq!(ns(&second), vec![2]);
         cap("k", Some(1));
         // Over the lowered cap, task 2 goes back to the line, before task 3.
         Spi::run_with_args(
             "SELECT sheaf.release($1, $2)",
-            &[second[0].0.into(), second[0].1.into()],
+            &[second[0].id.into(), second[0].token.into()],
         )
         .expect("release");
-        assert_eq!(wait_floor("k"), Some((0, 2)));
+        assert_eq!(wait_floor("k"), floor_at(0, 2));
         complete(&running[1]);
         assert_eq!(ns(&claim("q", 1)), vec![2]);
     }
 
-    /// The key's count rows: (generation, admitted), oldest first.
-    fn slots(key: &str) -> Vec<(i64, i32)> {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT gen, admitted FROM sheaf.concurrency_slots WHERE key = $1 ORDER BY gen",
-                    None,
-                    &[key.into()],
-                )
-                .expect("slots")
-                .map(|row| {
-                    (
-                        row.get::<i64>(1).unwrap().unwrap(),
-                        row.get::<i32>(2).unwrap().unwrap(),
-                    )
-                })
-                .collect()
-        })
+    row! {
+        /// One of a key's count rows.
+        #[derive(Debug, PartialEq)]
+        struct Slot {
+            generation: i64,
+            admitted: i32,
+        }
+    }
+
+    /// The key's count rows, oldest first.
+    fn slots(key: &str) -> Vec<Slot> {
+        rows(
+            "SELECT gen, admitted FROM sheaf.concurrency_slots WHERE key = $1 ORDER BY gen",
+            &[key.into()],
+        )
     }
 
     #[pg_test]
@@ -773,20 +847,20 @@ mod tests {
         init();
         cap("k", Some(2));
         let first = slots("k");
-        assert_eq!(first.iter().map(|s| s.1).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(first.iter().map(|s| s.admitted).collect::<Vec<_>>(), vec![0]);
         enqueue("q", json!({"n": 0}), json!({"concurrency_key": "k"}));
         let admitted = slots("k");
         assert_eq!(admitted.len(), 1, "the row it replaced is deleted");
-        assert!(admitted[0].0 > first[0].0, "a newer generation");
-        assert_eq!(admitted[0].1, 1);
+        assert!(admitted[0].generation > first[0].generation, "a newer generation");
+        assert_eq!(admitted[0].admitted, 1);
         // A change of the cap alone, or a claim, leaves the count's row.
         cap("k", Some(3));
         let t = claim("q", 1);
         assert_eq!(slots("k"), admitted);
         complete(&t[0]);
         let freed = slots("k");
-        assert!(freed[0].0 > admitted[0].0);
-        assert_eq!(freed.iter().map(|s| s.1).collect::<Vec<_>>(), vec![0]);
+        assert!(freed[0].generation > admitted[0].generation);
+        assert_eq!(freed.iter().map(|s| s.admitted).collect::<Vec<_>>(), vec![0]);
     }
 
     #[pg_test(error = "invalid max_running: must be >= 0 (or NULL to remove the cap), got -1")]

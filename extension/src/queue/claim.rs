@@ -657,7 +657,8 @@ mod tests {
     use std::cell::Cell;
     use std::time::{Duration, Instant};
 
-    use crate::testing::{claim, complete, count, enqueue, init, ns};
+    use crate::base::rows::row;
+    use crate::testing::{claim, complete, count, enqueue, init, ns, one};
     use pgrx::prelude::*;
     use serde_json::json;
 
@@ -785,7 +786,7 @@ mod tests {
         clock.advance(Duration::from_millis(1100));
         let again = claim("q", 10);
         assert_eq!(ns(&again), vec![1], "reaped by the next whole read");
-        assert_ne!(again[0].1, first[0].1, "under a new token");
+        assert_ne!(again[0].token, first[0].token, "under a new token");
     }
 
     #[pg_test]
@@ -917,28 +918,24 @@ mod tests {
             json!({"n": 1}),
             json!({"kind": "workflow", "concurrency_key": "k", "execution_id": "00010000-0000-8000-8000-000000000001"}),
         );
-        let (attempt, exec, key, kind) = Spi::connect(|client| {
-            let row = client
-                .select(
-                    "SELECT attempt, execution_id, concurrency_key, kind FROM sheaf.claim('q', 'w')",
-                    None,
-                    &[],
-                )
-                .expect("claim")
-                .first();
-            (
-                row.get::<i32>(1).unwrap(),
-                row.get::<pgrx::Uuid>(2).unwrap(),
-                row.get::<String>(3).unwrap(),
-                row.get::<String>(4).unwrap(),
-            )
-        });
-        assert_eq!(attempt, Some(1));
+        row! {
+            struct Fields {
+                attempt: i32,
+                execution_id: Option<pgrx::Uuid>,
+                concurrency_key: Option<String>,
+                kind: String,
+            }
+        }
+        let task: Fields = one(
+            "SELECT attempt, execution_id, concurrency_key, kind FROM sheaf.claim('q', 'w')",
+            &[],
+        );
+        assert_eq!(task.attempt, 1);
         assert_eq!(
-            exec.map(|e| e.to_string()),
+            task.execution_id.map(|e| e.to_string()),
             Some("00010000-0000-8000-8000-000000000001".into())
         );
-        assert_eq!(key.as_deref(), Some("k"));
-        assert_eq!(kind.as_deref(), Some("workflow"));
+        assert_eq!(task.concurrency_key.as_deref(), Some("k"));
+        assert_eq!(task.kind, "workflow");
     }
 }

@@ -185,7 +185,8 @@ fn record(
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, count, enqueue, init};
+    use crate::base::rows::row;
+    use crate::testing::{Claimed, claim, count, enqueue, init, one, values};
     use pgrx::prelude::*;
     use serde_json::json;
 
@@ -220,8 +221,8 @@ mod tests {
     }
 
     /// Heartbeat, fail, release, complete and complete_batch, on 5 tasks.
-    fn use_each(t: &[(pgrx::Uuid, i64, serde_json::Value)]) {
-        let args = |i: usize| [t[i].0.into(), t[i].1.into()];
+    fn use_each(t: &[Claimed]) {
+        let args = |i: usize| [t[i].id.into(), t[i].token.into()];
         Spi::run_with_args("SELECT sheaf.heartbeat($1, $2)", &args(0)).expect("heartbeat");
         Spi::run_with_args("SELECT * FROM sheaf.fail($1, $2, 'x', '1 hour')", &args(0)).expect("fail");
         Spi::run_with_args("SELECT sheaf.release($1, $2)", &args(1)).expect("release");
@@ -241,24 +242,17 @@ mod tests {
             enqueue("q", json!({"n": n}), json!({}));
         }
         let t = claim("q", 3);
-        let report: Vec<bool> = Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT completed FROM sheaf.complete_batch(ARRAY[$1, $2, $3], ARRAY[$4, $5, $6])",
-                    None,
-                    &[
-                        t[0].0.into(),
-                        t[1].0.into(),
-                        t[2].0.into(),
-                        t[0].1.into(),
-                        (t[1].1 + 1000).into(),
-                        t[2].1.into(),
-                    ],
-                )
-                .unwrap()
-                .map(|r| r.get::<bool>(1).unwrap().unwrap())
-                .collect()
-        });
+        let report: Vec<bool> = values(
+            "SELECT completed FROM sheaf.complete_batch(ARRAY[$1, $2, $3], ARRAY[$4, $5, $6])",
+            &[
+                t[0].id.into(),
+                t[1].id.into(),
+                t[2].id.into(),
+                t[0].token.into(),
+                (t[1].token + 1000).into(),
+                t[2].token.into(),
+            ],
+        );
         assert_eq!(report, vec![true, false, true]);
         assert_eq!(
             count("SELECT count(*) FROM sheaf.tasks"),
@@ -283,15 +277,21 @@ mod tests {
         let t = claim("q", 1);
         Spi::run_with_args(
             "SELECT sheaf.complete($1, $2, '{\"ok\": 42}')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
-        let (kind, result) = Spi::get_two::<String, i64>(
+        row! {
+            struct Event {
+                event_type: String,
+                result_ok: Option<i64>,
+            }
+        }
+        let event: Event = one(
             "SELECT event_type, (payload #>> '{result,ok}')::bigint FROM sheaf.events",
-        )
-        .unwrap();
-        assert_eq!(kind.as_deref(), Some("TaskCompleted"));
-        assert_eq!(result, Some(42));
+            &[],
+        );
+        assert_eq!(event.event_type, "TaskCompleted");
+        assert_eq!(event.result_ok, Some(42));
         assert!(count("SELECT history_bytes FROM sheaf.executions") > 0);
     }
 

@@ -628,9 +628,11 @@ mod tests {
         assert_eq!(ns(&claim("fl-1", 1)), vec![1000]);
         // A released task goes back to its old place below its band's
         // floor, and is next again.
-        let (id, token, _) = &first[0];
-        Spi::run_with_args("SELECT sheaf.release($1, $2)", &[(*id).into(), (*token).into()])
-            .expect("release");
+        Spi::run_with_args(
+            "SELECT sheaf.release($1, $2)",
+            &[first[0].id.into(), first[0].token.into()],
+        )
+        .expect("release");
         assert!(
             floor_seq("fl-1", 0.0) < Some(head),
             "the release lowers the floor"

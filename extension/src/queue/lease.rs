@@ -247,7 +247,11 @@ mod tests {
             enqueue("q", json!({"n": n}), json!({}));
         }
         let t = claim("q", 1);
-        Spi::run_with_args("SELECT sheaf.release($1, $2)", &[t[0].0.into(), t[0].1.into()]).unwrap();
+        Spi::run_with_args(
+            "SELECT sheaf.release($1, $2)",
+            &[t[0].id.into(), t[0].token.into()],
+        )
+        .unwrap();
         assert_eq!(
             count("SELECT attempts::bigint FROM sheaf.tasks WHERE id IS NOT NULL ORDER BY seq LIMIT 1"),
             0
@@ -266,11 +270,11 @@ mod tests {
             Some(1)
         );
         let second = claim("q", 1);
-        assert_eq!(second[0].0, first[0].0);
-        assert_ne!(second[0].1, first[0].1, "a new claim, a new token");
+        assert_eq!(second[0].id, first[0].id);
+        assert_ne!(second[0].token, first[0].token, "a new claim, a new token");
         let stale = Spi::get_one_with_args::<bool>(
             "SELECT completed FROM sheaf.complete_batch(ARRAY[$1], ARRAY[$2])",
-            &[first[0].0.into(), first[0].1.into()],
+            &[first[0].id.into(), first[0].token.into()],
         )
         .unwrap();
         assert_eq!(stale, Some(false));
@@ -290,7 +294,7 @@ mod tests {
         let t = claim("q", 1);
         let secs = Spi::get_one_with_args::<f64>(
             "SELECT extract(epoch FROM sheaf.heartbeat($1, $2, '1 hour') - now())::float8",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap()
         .unwrap();

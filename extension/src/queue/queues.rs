@@ -415,7 +415,7 @@ fn idle_enabled() -> bool {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, count, enqueue, init, ns, start};
+    use crate::testing::{claim, count, enqueue, init, ns, start, values};
 
     /// `maintain()` a few times (each looks at the next 100 queue rows);
     /// how many idle queues it dropped.
@@ -457,16 +457,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(sweep(), 1);
-        let left: Vec<String> = Spi::connect(|c| {
-            c.select(
-                "SELECT name FROM sheaf.queues WHERE name LIKE 'idle-%' ORDER BY name",
-                None,
-                &[],
-            )
-            .unwrap()
-            .map(|r| r.get::<String>(1).unwrap().unwrap())
-            .collect()
-        });
+        let left: Vec<String> = values(
+            "SELECT name FROM sheaf.queues WHERE name LIKE 'idle-%' ORDER BY name",
+            &[],
+        );
         assert_eq!(
             left,
             ["idle-aging", "idle-busy", "idle-waiting"],
@@ -536,7 +530,7 @@ mod tests {
             r#"SELECT sheaf.declare_workflow('qw', '{"quota": {"key": "input.tenant", "max_dead_letters": 5}}')"#,
         )
         .unwrap();
-        let (execution, _, _) = start("qw", "a", json!({"tenant": "t1"}));
+        let execution = start("qw", "a", json!({"tenant": "t1"})).id;
         Spi::run_with_args(
             "SELECT sheaf.enqueue('acts', '{}', jsonb_build_object('execution_id', $1::text, 'max_attempts', 1))",
             &[execution.into()],
@@ -581,7 +575,7 @@ mod tests {
             vec![2],
             "the key's slot passed to the other queue"
         );
-        let (execution, _, _) = start("dw", "a", json!({}));
+        let execution = start("dw", "a", json!({})).id;
         Spi::run_with_args(
             "SELECT sheaf.enqueue('eq', '{}', jsonb_build_object('execution_id', $1::text))",
             &[execution.into()],

@@ -191,25 +191,29 @@ pub fn dead_letter(task_id: pgrx::Uuid, token: i64, error: &str, hooks: &dyn Exe
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, count, enqueue, init, ns};
+    use crate::base::rows::row;
+    use crate::testing::{Claimed, claim, count, enqueue, init, ns, one};
     use pgrx::prelude::*;
     use serde_json::json;
 
-    fn fail(task: &(pgrx::Uuid, i64, serde_json::Value), retry_in: Option<&str>) -> (bool, bool) {
-        Spi::connect(|client| {
-            let row = client
-                .select(
-                    "SELECT retry_at IS NOT NULL, dead_lettered FROM sheaf.fail($1, $2, 'boom', $3::interval)",
-                    None,
-                    &[task.0.into(), task.1.into(), retry_in.into()],
-                )
-                .expect("fail")
-                .first();
-            (
-                row.get::<bool>(1).unwrap().unwrap(),
-                row.get::<bool>(2).unwrap().unwrap(),
-            )
-        })
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Failed {
+            retrying: bool,
+            dead_lettered: bool,
+        }
+    }
+
+    const RETRYING: Failed = Failed {
+        retrying: true,
+        dead_lettered: false,
+    };
+
+    fn fail(task: &Claimed, retry_in: Option<&str>) -> Failed {
+        one(
+            "SELECT retry_at IS NOT NULL, dead_lettered FROM sheaf.fail($1, $2, 'boom', $3::interval)",
+            &[task.id.into(), task.token.into(), retry_in.into()],
+        )
     }
 
     #[pg_test]
@@ -217,7 +221,7 @@ mod tests {
         init();
         enqueue("q", json!({"n": 1}), json!({}));
         let t = claim("q", 1);
-        assert_eq!(fail(&t[0], None), (true, false));
+        assert_eq!(fail(&t[0], None), RETRYING);
         let delay = Spi::get_one::<f64>(
             "SELECT extract(epoch FROM run_at - now())::float8 FROM sheaf.tasks WHERE state = 'scheduled'",
         )
@@ -241,7 +245,7 @@ mod tests {
         init();
         enqueue("q", json!({"n": 1}), json!({}));
         let t = claim("q", 1);
-        assert_eq!(fail(&t[0], Some("0 seconds")), (true, false));
+        assert_eq!(fail(&t[0], Some("0 seconds")), RETRYING);
         let again = claim("q", 1);
         assert_eq!(ns(&again), vec![1]);
         assert_eq!(count("SELECT attempts::bigint FROM sheaf.tasks"), 2);
@@ -259,7 +263,13 @@ mod tests {
         let t = claim("q", 1);
         fail(&t[0], Some("0 seconds"));
         let t = claim("q", 1);
-        assert_eq!(fail(&t[0], None), (false, true));
+        assert_eq!(
+            fail(&t[0], None),
+            Failed {
+                retrying: false,
+                dead_lettered: true
+            }
+        );
         assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 0);
         assert_eq!(count("SELECT dead FROM sheaf.queue_stats('q')"), 1);
         assert_eq!(
@@ -270,7 +280,7 @@ mod tests {
         let moved = Spi::get_one_with_args::<i32>("SELECT sheaf.redrive(ARRAY[$1])", &[id.into()]).unwrap();
         assert_eq!(moved, Some(1));
         let t = claim("q", 1);
-        assert_eq!(t[0].0, id);
+        assert_eq!(t[0].id, id);
         assert_eq!(
             count("SELECT attempts::bigint FROM sheaf.tasks"),
             1,
@@ -287,7 +297,7 @@ mod tests {
         let t = claim("q", 1);
         let secs = Spi::get_one_with_args::<f64>(
             "SELECT extract(epoch FROM sheaf.snooze($1, $2, '1 hour') - now())::float8",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap()
         .unwrap();
@@ -312,7 +322,7 @@ mod tests {
         let t = claim("q", 1);
         Spi::run_with_args(
             "SELECT sheaf.snooze($1, $2, '0 seconds')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
         assert_eq!(ns(&claim("q", 1)), vec![1]);
@@ -326,7 +336,7 @@ mod tests {
         let t = claim("q", 1);
         Spi::run_with_args(
             "SELECT sheaf.snooze($1, $2, '-1 second')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
     }
@@ -344,7 +354,7 @@ mod tests {
         let t = claim("q", 1);
         Spi::run_with_args(
             "SELECT sheaf.dead_letter($1, $2, 'bad input')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
         assert_eq!(count("SELECT dead FROM sheaf.queue_stats('q')"), 1);

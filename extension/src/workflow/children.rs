@@ -294,43 +294,49 @@ pub fn cancel_child(parent: pgrx::Uuid, child: pgrx::Uuid, reason: Option<&str>)
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, complete, count, init, start, state};
+    use crate::base::rows::row;
+    use crate::testing::{claim, complete, count, init, one, start, state, values};
     use pgrx::prelude::*;
     use serde_json::json;
 
-    fn start_child(parent: pgrx::Uuid, wf: &str, opts: serde_json::Value) -> (pgrx::Uuid, i32, bool) {
-        Spi::get_three_with_args::<pgrx::Uuid, i32, bool>(
-            "SELECT * FROM sheaf.start_child($1, 'child', $2, '{\"n\": 1}', $3)",
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Child {
+            child_id: pgrx::Uuid,
+            target_shard: i32,
+            created: bool,
+        }
+    }
+
+    fn start_child(parent: pgrx::Uuid, wf: &str, opts: serde_json::Value) -> Child {
+        one(
+            "SELECT child_id, target_shard, created FROM sheaf.start_child($1, 'child', $2, '{\"n\": 1}', $3)",
             &[parent.into(), wf.into(), pgrx::JsonB(opts).into()],
         )
-        .map(|(a, b, c)| (a.unwrap(), b.unwrap(), c.unwrap()))
-        .unwrap()
     }
 
     fn events(id: pgrx::Uuid) -> Vec<String> {
-        Spi::connect(|c| {
-            c.select(
-                "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
-                None,
-                &[id.into()],
-            )
-            .unwrap()
-            .map(|r| r.get::<String>(1).unwrap().unwrap())
-            .collect()
-        })
+        values(
+            "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
+            &[id.into()],
+        )
     }
 
     #[pg_test]
     fn a_local_child_starts_once_and_reports_its_end_to_its_parent() {
         init();
-        let (parent, ..) = start("p", "p-1", json!({}));
+        let parent = start("p", "p-1", json!({})).id;
         // The parent's workflow task runs, and ends its attempt.
         complete(&claim("default", 1)[0]);
-        let (child, shard, created) = start_child(parent, "c-1", json!({}));
-        assert!(created && shard == 1);
+        let first = start_child(parent, "c-1", json!({}));
+        assert!(first.created && first.target_shard == 1);
+        let child = first.child_id;
         assert_eq!(
             start_child(parent, "c-1", json!({})),
-            (child, 1, false),
+            Child {
+                created: false,
+                ..first
+            },
             "a repeat is the same child"
         );
         assert_eq!(state(child), "RUNNING");
@@ -360,10 +366,10 @@ mod tests {
     #[pg_test]
     fn an_active_run_of_the_childs_key_is_not_adopted() {
         init();
-        let (parent, ..) = start("p", "p-1", json!({}));
-        let (other, ..) = start("child", "taken", json!({}));
-        let (child, _, created) = start_child(parent, "taken", json!({}));
-        assert!(created && child != other);
+        let parent = start("p", "p-1", json!({})).id;
+        let other = start("child", "taken", json!({})).id;
+        let child = start_child(parent, "taken", json!({}));
+        assert!(child.created && child.child_id != other);
         let reason = Spi::get_one_with_args::<String>(
             "SELECT payload->>'error' FROM sheaf.events WHERE execution_id = $1 AND event_type = 'ChildFailed'",
             &[parent.into()],
@@ -380,16 +386,28 @@ mod tests {
     #[pg_test]
     fn a_child_elsewhere_gets_a_lifecycle_row_the_relay_drives() {
         init();
-        let (parent, ..) = start("p", "p-1", json!({}));
-        let (child, shard, _) = start_child(parent, "c-1", json!({"target_shard": 2}));
-        assert_eq!((shard, sheaf_core::id::shard_of(child.as_bytes())), (2, 2));
-        let take = || {
-            Spi::get_two::<i64, String>("SELECT lease_token, state FROM sheaf.relay_take(10, '30 seconds')")
-                .unwrap()
+        let parent = start("p", "p-1", json!({})).id;
+        let started = start_child(parent, "c-1", json!({"target_shard": 2}));
+        let child = started.child_id;
+        assert_eq!(
+            (started.target_shard, sheaf_core::id::shard_of(child.as_bytes())),
+            (2, 2)
+        );
+        row! {
+            struct Taken {
+                lease_token: i64,
+                state: String,
+            }
+        }
+        let take = || -> Taken {
+            one(
+                "SELECT lease_token, state FROM sheaf.relay_take(10, '30 seconds')",
+                &[],
+            )
         };
-        let (token, st) = take();
-        assert_eq!(st.as_deref(), Some("STARTING"));
-        let token = token.unwrap();
+        let taken = take();
+        assert_eq!(taken.state, "STARTING");
+        let token = taken.lease_token;
         let report = |t: i64, outcome: serde_json::Value| {
             Spi::get_one_with_args::<String>(
                 "SELECT sheaf.relay_report($1, $2, $3)",
@@ -401,11 +419,11 @@ mod tests {
         assert_eq!(report(token + 1, json!({"started": true})), "stale");
         assert_eq!(report(token, json!({"started": true})), "held");
         assert_eq!(report(token, json!({"pending": 0})), "released");
-        let (token, st) = take();
-        assert_eq!(st.as_deref(), Some("RUNNING"));
+        let taken = take();
+        assert_eq!(taken.state, "RUNNING");
         let ended = json!({"ended": {"state": "FAILED", "result": null, "error": "boom"}});
-        assert_eq!(report(token.unwrap(), ended.clone()), "settled");
-        assert_eq!(report(token.unwrap(), ended), "stale", "exactly once");
+        assert_eq!(report(taken.lease_token, ended.clone()), "settled");
+        assert_eq!(report(taken.lease_token, ended), "stale", "exactly once");
         let evs = events(parent);
         assert_eq!(evs.iter().filter(|e| *e == "ChildFailed").count(), 1, "{evs:?}");
         assert_eq!(count("SELECT count(*) FROM sheaf.cross_shard_children"), 0);
@@ -414,8 +432,8 @@ mod tests {
     #[pg_test]
     fn a_parents_end_asks_the_relay_to_close_its_children() {
         init();
-        let (parent, ..) = start("p", "p-1", json!({}));
-        let (local, ..) = start_child(parent, "here", json!({}));
+        let parent = start("p", "p-1", json!({})).id;
+        let local = start_child(parent, "here", json!({})).child_id;
         start_child(
             parent,
             "gone",
@@ -459,9 +477,9 @@ mod tests {
     #[pg_test]
     fn a_shard_holding_only_its_parents_seal_lists_its_children() {
         init();
-        let (parent, ..) = start("p", "p-1", json!({}));
+        let parent = start("p", "p-1", json!({})).id;
         complete(&claim("default", 1)[0]);
-        let (child, ..) = start_child(parent, "c-1", json!({}));
+        let child = start_child(parent, "c-1", json!({})).child_id;
         // The parent moved away (its seal forwards to shard 2); the child
         // it started here stays here.
         Spi::run_with_args(

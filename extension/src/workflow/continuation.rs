@@ -165,7 +165,7 @@ mod tests {
             json!({"queue": "wq", "concurrency": {"key": "input.k", "limit": 1},
                    "quota": {"key": "input.k", "max_active_executions": 1}}),
         );
-        let (a, ..) = start("w", "chain", json!({"k": "t", "n": 1}));
+        let a = start("w", "chain", json!({"k": "t", "n": 1})).id;
         let b = continue_as_new(a, json!({"k": "t", "n": 2}));
         assert_ne!(a, b);
         assert_eq!(
@@ -194,22 +194,22 @@ mod tests {
         );
         // Uniqueness passed on: a start attaches to the successor.
         let again = start("w", "chain", json!({"k": "t"}));
-        assert_eq!((again.0, again.1), (b, false));
+        assert_eq!((again.id, again.created), (b, false));
         // The gate's slot and the quota's active count passed on, not doubled.
         assert_eq!(count("SELECT active_executions FROM sheaf.quota_usage('t')"), 1);
         let t = claim("wq", 10);
         assert_eq!(t.len(), 1, "only the successor's workflow task");
-        assert_eq!(t[0].2["input"]["n"], 2);
+        assert_eq!(t[0].payload.0["input"]["n"], 2);
     }
 
     #[pg_test]
     fn a_handler_continues_its_own_run_with_its_task() {
         init();
-        let (a, ..) = start("w", "chain", json!({"n": 1}));
+        let a = start("w", "chain", json!({"n": 1})).id;
         let t = claim("default", 1);
         let b = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT sheaf.complete_task_and_continue_as_new($1, $2, '{\"n\": 2}')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap()
         .unwrap();
@@ -222,7 +222,7 @@ mod tests {
             2
         );
         let next = claim("default", 1);
-        assert_eq!(next[0].2["input"]["n"], 2);
+        assert_eq!(next[0].payload.0["input"]["n"], 2);
         assert_eq!(state(b), "RUNNING");
     }
 

@@ -225,32 +225,30 @@ pub fn prune(max: i64) -> i64 {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{count, init};
+    use crate::testing::{Started, count, init, one};
     use pgrx::prelude::*;
     use serde_json::json;
 
-    fn start(workflow_id: &str, input: serde_json::Value, mode: &str) -> (pgrx::Uuid, bool) {
+    fn start(workflow_id: &str, input: serde_json::Value, mode: &str) -> Started {
         let opts = json!({"debounce": {"key": "doc-1", "window": "2 seconds", "mode": mode}});
-        let row = Spi::get_two_with_args::<pgrx::Uuid, bool>(
-            "SELECT execution_id, created FROM sheaf.start_workflow('edit', $1, $2, $3)",
+        one(
+            "SELECT execution_id, created, superseded FROM sheaf.start_workflow('edit', $1, $2, $3)",
             &[
                 workflow_id.into(),
                 pgrx::JsonB(input).into(),
                 pgrx::JsonB(opts).into(),
             ],
         )
-        .unwrap();
-        (row.0.unwrap(), row.1.unwrap())
     }
 
     #[pg_test]
     fn a_trailing_burst_makes_one_run_with_the_last_input() {
         init();
-        let (a, created) = start("e-1", json!({"rev": 1}), "trailing");
-        let (b, again) = start("e-2", json!({"rev": 2}), "trailing");
-        let (c, _) = start("e-3", json!({"rev": 3}), "trailing");
-        assert!(created && !again);
-        assert_eq!((a, a), (b, c));
+        let a = start("e-1", json!({"rev": 1}), "trailing");
+        let b = start("e-2", json!({"rev": 2}), "trailing");
+        let c = start("e-3", json!({"rev": 3}), "trailing");
+        assert!(a.created && !b.created);
+        assert_eq!((a.id, a.id), (b.id, c.id));
         assert_eq!(count("SELECT count(*) FROM sheaf.executions"), 1);
         assert_eq!(
             count("SELECT (input->>'rev')::bigint FROM sheaf.executions"),
@@ -290,16 +288,19 @@ mod tests {
             count("SELECT count(*) FROM sheaf.executions WHERE state = 'CANCELLED'"),
             1
         );
-        let (d, fresh) = start("e-4", json!({"rev": 4}), "trailing");
-        assert!(fresh && d != a, "a cancelled window makes way for a new one");
+        let d = start("e-4", json!({"rev": 4}), "trailing");
+        assert!(
+            d.created && d.id != a.id,
+            "a cancelled window makes way for a new one"
+        );
     }
 
     #[pg_test]
     fn a_leading_burst_runs_at_once_and_later_starts_join_it() {
         init();
-        let (a, created) = start("e-1", json!({"rev": 1}), "leading");
-        let (b, again) = start("e-2", json!({"rev": 2}), "leading");
-        assert!(created && !again && a == b);
+        let a = start("e-1", json!({"rev": 1}), "leading");
+        let b = start("e-2", json!({"rev": 2}), "leading");
+        assert!(a.created && !b.created && a.id == b.id);
         assert_eq!(
             count("SELECT (input->>'rev')::bigint FROM sheaf.executions"),
             1,

@@ -122,7 +122,7 @@ mod tests {
     fn a_running_run_is_not_erased() {
         init();
         declare("er0", json!({"queue": "er0q"}));
-        let (id, ..) = start("er0", "one", json!({"secret": "s3cret"}));
+        let id = start("er0", "one", json!({"secret": "s3cret"})).id;
         Spi::run_with_args("SELECT sheaf.erase_payloads($1)", &[id.into()]).unwrap();
     }
 
@@ -132,7 +132,7 @@ mod tests {
     fn an_ended_run_is_erased() {
         init();
         declare("er", json!({"queue": "erq"}));
-        let (id, ..) = start("er", "one", json!({"secret": "s3cret"}));
+        let id = start("er", "one", json!({"secret": "s3cret"})).id;
         Spi::run_with_args(
             "SELECT sheaf.append_event($1, 'Note', '{\"secret\": 1}')",
             &[id.into()],

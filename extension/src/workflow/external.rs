@@ -367,9 +367,19 @@ fn only(fits: bool, outcome: &str, what: &str) {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{count, init, start};
+    use crate::base::rows::row;
+    use crate::testing::{count, init, one, rows, start};
     use pgrx::prelude::*;
     use serde_json::json;
+
+    row! {
+        /// A row `outbox_take` leased.
+        struct Taken {
+            outbox_id: pgrx::Uuid,
+            state: String,
+            lease_token: i64,
+        }
+    }
 
     fn signal(sender: pgrx::Uuid, opts: serde_json::Value) -> pgrx::Uuid {
         Spi::get_one_with_args::<pgrx::Uuid>(
@@ -380,23 +390,11 @@ mod tests {
         .unwrap()
     }
 
-    fn take() -> Vec<(pgrx::Uuid, String, i64)> {
-        Spi::connect(|c| {
-            c.select(
-                "SELECT outbox_id, state, lease_token FROM sheaf.outbox_take(10, '30 seconds')",
-                None,
-                &[],
-            )
-            .unwrap()
-            .map(|r| {
-                (
-                    r.get(1).unwrap().unwrap(),
-                    r.get(2).unwrap().unwrap(),
-                    r.get(3).unwrap().unwrap(),
-                )
-            })
-            .collect()
-        })
+    fn take() -> Vec<Taken> {
+        rows(
+            "SELECT outbox_id, state, lease_token FROM sheaf.outbox_take(10, '30 seconds')",
+            &[],
+        )
     }
 
     fn report(id: pgrx::Uuid, token: i64, outcome: serde_json::Value) -> String {
@@ -424,8 +422,8 @@ mod tests {
     #[pg_test]
     fn a_signal_is_requested_once_per_signal_id_and_delivered_once() {
         init();
-        let (sender, ..) = start("s", "s-1", json!({}));
-        let (target, ..) = start("target", "t-1", json!({}));
+        let sender = start("s", "s-1", json!({})).id;
+        let target = start("target", "t-1", json!({})).id;
         let id = signal(sender, json!({"signal_id": "a"}));
         assert_eq!(
             signal(sender, json!({"signal_id": "a"})),
@@ -437,8 +435,9 @@ mod tests {
         let taken = take();
         assert_eq!(taken.len(), 2);
         assert!(take().is_empty(), "leased rows are not taken again");
-        let (_, st, token) = taken.iter().find(|t| t.0 == id).cloned().unwrap();
-        assert_eq!(st, "PENDING");
+        let row = taken.into_iter().find(|t| t.outbox_id == id).unwrap();
+        let token = row.lease_token;
+        assert_eq!(row.state, "PENDING");
         let at = json!({"execution_id": target.to_string(), "shard": 1});
         assert_eq!(report(id, token + 1, json!({"delivered": at})), "stale");
         assert_eq!(report(id, token, json!({"delivered": at})), "settled");
@@ -461,9 +460,9 @@ mod tests {
     #[pg_test]
     fn indeterminate_and_failed_back_off_and_unknown_is_final() {
         init();
-        let (sender, ..) = start("s", "s-1", json!({}));
+        let sender = start("s", "s-1", json!({})).id;
         let id = signal(sender, json!({}));
-        let token = take()[0].2;
+        let token = take()[0].lease_token;
         assert_eq!(
             report(id, token, json!({"indeterminate": "shard 2: down"})),
             "released"
@@ -476,11 +475,11 @@ mod tests {
             1
         );
         make_due();
-        let token = take()[0].2;
+        let token = take()[0].lease_token;
         assert_eq!(report(id, token, json!({"failed": "boom"})), "released");
         assert_eq!(count("SELECT attempts::bigint FROM sheaf.outbox"), 1);
         make_due();
-        let token = take()[0].2;
+        let token = take()[0].lease_token;
         assert_eq!(report(id, token, json!({"unknown": true})), "settled");
         assert_eq!(events(sender, "ExternalTargetUnknown"), 1);
         assert_eq!(count("SELECT count(*) FROM sheaf.outbox_backlog()"), 0);
@@ -489,8 +488,8 @@ mod tests {
     #[pg_test]
     fn a_cancel_that_ends_a_run_is_confirmed_by_a_later_sweep() {
         init();
-        let (sender, ..) = start("s", "s-1", json!({}));
-        let (target, ..) = start("target", "t-1", json!({}));
+        let sender = start("s", "s-1", json!({})).id;
+        let target = start("target", "t-1", json!({})).id;
         let id = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT sheaf.cancel_external($1, 'target', 't-1', 'enough')",
             &[sender.into()],
@@ -498,32 +497,42 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(events(sender, "ExternalCancelRequested"), 1);
-        let token = take()[0].2;
+        let token = take()[0].lease_token;
         // The relay names where the run lives (here: as if it had moved to
         // shard 7), which its id does not say.
         let at = json!({"execution_id": target.to_string(), "shard": 7});
         assert_eq!(report(id, token, json!({"cancelled": at})), "released");
         assert_eq!(events(sender, "ExternalCancelDelivered"), 0, "withheld");
-        let (_, st, token) = take()[0].clone();
-        assert_eq!(st, "CONFIRMING");
+        let row = take().remove(0);
+        let token = row.lease_token;
+        assert_eq!(row.state, "CONFIRMING");
         assert_eq!(report(id, token, json!({"confirmed": true})), "settled");
-        let (cancelled, shard) = Spi::get_two_with_args::<bool, i32>(
+        row! {
+            struct Delivered {
+                cancelled: Option<bool>,
+                shard: Option<i32>,
+            }
+        }
+        let delivered: Delivered = one(
             "SELECT (payload->>'cancelled')::boolean, (payload->>'shard')::int FROM sheaf.events \
              WHERE execution_id = $1 AND event_type = 'ExternalCancelDelivered'",
             &[sender.into()],
-        )
-        .unwrap();
-        assert_eq!(cancelled, Some(true));
-        assert_eq!(shard, Some(7), "the shard the run lived on, not its id's");
+        );
+        assert_eq!(delivered.cancelled, Some(true));
+        assert_eq!(
+            delivered.shard,
+            Some(7),
+            "the shard the run lived on, not its id's"
+        );
     }
 
     #[pg_test]
     #[should_panic(expected = "only for a confirming cancel")]
     fn an_outcome_that_does_not_fit_is_refused() {
         init();
-        let (sender, ..) = start("s", "s-1", json!({}));
+        let sender = start("s", "s-1", json!({})).id;
         let id = signal(sender, json!({}));
-        let token = take()[0].2;
+        let token = take()[0].lease_token;
         report(id, token, json!({"confirmed": true}));
     }
 
@@ -531,7 +540,7 @@ mod tests {
     #[should_panic(expected = "cannot send an external signal")]
     fn an_ended_sender_sends_nothing() {
         init();
-        let (sender, ..) = start("s", "s-1", json!({}));
+        let sender = start("s", "s-1", json!({})).id;
         Spi::run_with_args("SELECT sheaf.cancel_execution($1, 'x')", &[sender.into()]).unwrap();
         signal(sender, json!({}));
     }

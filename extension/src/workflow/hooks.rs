@@ -157,33 +157,26 @@ pub fn close_with_task(task_id: pgrx::Uuid, token: i64, result: Option<serde_jso
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
-    use crate::testing::{claim, count, init, start, state};
+    use crate::testing::{claim, count, init, start, state, values};
     use pgrx::prelude::*;
     use serde_json::json;
 
     /// The events of an execution, in order.
     fn events(id: pgrx::Uuid) -> Vec<String> {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
-                    None,
-                    &[id.into()],
-                )
-                .unwrap()
-                .map(|row| row.get::<String>(1).unwrap().unwrap())
-                .collect()
-        })
+        values(
+            "SELECT event_type FROM sheaf.events WHERE execution_id = $1 ORDER BY seq",
+            &[id.into()],
+        )
     }
 
     #[pg_test]
     fn a_workflow_task_completes_with_its_execution_in_one_call() {
         init();
-        let (a, ..) = start("w", "a", json!({}));
+        let a = start("w", "a", json!({})).id;
         let t = claim("default", 1);
         Spi::run_with_args(
             "SELECT sheaf.complete_task_and_execution($1, $2, '{\"total\": 3}')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
         assert_eq!(state(a), "COMPLETED");
@@ -203,11 +196,11 @@ mod tests {
     #[pg_test]
     fn a_workflow_task_completes_and_fails_its_execution_in_one_call() {
         init();
-        let (a, ..) = start("w", "a", json!({}));
+        let a = start("w", "a", json!({})).id;
         let t = claim("default", 1);
         Spi::run_with_args(
             "SELECT sheaf.complete_task_and_fail_execution($1, $2, 'gave up')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
         assert_eq!(state(a), "FAILED");
@@ -226,7 +219,7 @@ mod tests {
         Spi::run("UPDATE sheaf.tasks SET id = '00010000-0000-8000-8000-000000000001'").unwrap();
         Spi::run_with_args(
             "SELECT sheaf.complete_task_and_execution('00010000-0000-8000-8000-000000000001', $1, NULL)",
-            &[t[0].1.into()],
+            &[t[0].token.into()],
         )
         .unwrap();
     }

@@ -268,7 +268,7 @@ mod tests {
             "SELECT sheaf.start_workflow('w', 'late', '{\"k\": \"k\"}', '{\"execution_timeout\": \"1s\"}')",
         )
         .unwrap();
-        let (other, ..) = start("w", "next", json!({"k": "k"}));
+        let other = start("w", "next", json!({"k": "k"})).id;
         let late = Spi::get_one::<pgrx::Uuid>("SELECT id FROM sheaf.executions WHERE workflow_id = 'late'")
             .unwrap()
             .unwrap();
@@ -309,8 +309,8 @@ mod tests {
             "w",
             json!({"queue": "wq", "concurrency": {"key": "input.k", "limit": 1}}),
         );
-        let (a, ..) = start("w", "a", json!({"k": "k"}));
-        let (b, ..) = start("w", "b", json!({"k": "k"}));
+        let a = start("w", "a", json!({"k": "k"})).id;
+        let b = start("w", "b", json!({"k": "k"})).id;
         let t = claim("wq", 1);
         assert_eq!(t.len(), 1);
         Spi::run_with_args("SELECT * FROM sheaf.mutex_acquire('m', $1)", &[a.into()]).unwrap();
@@ -332,12 +332,12 @@ mod tests {
     #[pg_test]
     fn a_dead_lettered_workflow_task_fails_its_execution() {
         init();
-        let (a, ..) = start("w", "a", json!({}));
+        let a = start("w", "a", json!({})).id;
         Spi::run("UPDATE sheaf.tasks SET max_attempts = 1").unwrap();
         let t = claim("default", 1);
         Spi::run_with_args(
             "SELECT sheaf.fail($1, $2, 'boom')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
         assert_eq!(state(a), "FAILED");
@@ -346,11 +346,11 @@ mod tests {
     #[pg_test]
     fn a_dead_lettered_workflow_task_fails_its_execution_at_once() {
         init();
-        let (a, ..) = start("w", "a", json!({}));
+        let a = start("w", "a", json!({})).id;
         let t = claim("default", 1);
         Spi::run_with_args(
             "SELECT sheaf.dead_letter($1, $2, 'hopeless')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
         assert_eq!(state(a), "FAILED");
@@ -360,7 +360,7 @@ mod tests {
     #[pg_test]
     fn pause_parks_tasks_and_resume_brings_them_back() {
         init();
-        let (a, ..) = start("w", "a", json!({}));
+        let a = start("w", "a", json!({})).id;
         assert!(call("SELECT sheaf.pause_execution($1)", a));
         assert!(!call("SELECT sheaf.pause_execution($1)", a));
         assert!(

@@ -1177,12 +1177,12 @@ mod tests {
     fn a_dry_run_names_each_blocker() {
         init();
         declare("mw", json!({"queue": "mq"}));
-        let (quiet, ..) = start("mw", "quiet", json!({}));
+        let quiet = start("mw", "quiet", json!({})).id;
         assert!(blockers(quiet).is_empty());
-        let (paused, ..) = start("mw", "paused", json!({}));
+        let paused = start("mw", "paused", json!({})).id;
         Spi::run_with_args("SELECT sheaf.pause_execution($1)", &[paused.into()]).unwrap();
         assert_eq!(blockers(paused), ["not_running"]);
-        let (busy, ..) = start("mw", "busy", json!({}));
+        let busy = start("mw", "busy", json!({})).id;
         // Claims every ready workflow task of the queue: the quiet one too.
         claim("mq", 10);
         assert_eq!(blockers(busy), ["task_claimed"]);
@@ -1217,7 +1217,7 @@ mod tests {
     fn a_move_to_this_shard_is_refused() {
         init();
         declare("mb", json!({"queue": "mbq"}));
-        let (id, ..) = start("mb", "one", json!({}));
+        let id = start("mb", "one", json!({})).id;
         Spi::run_with_args("SELECT sheaf.migration_begin($1, sheaf.shard_id())", &[id.into()]).unwrap();
     }
 
@@ -1227,7 +1227,7 @@ mod tests {
     fn a_busy_run_is_refused() {
         init();
         declare("mc", json!({"queue": "mcq"}));
-        let (id, ..) = start("mc", "one", json!({}));
+        let id = start("mc", "one", json!({})).id;
         claim("mcq", 1);
         Spi::run_with_args("SELECT sheaf.migration_begin($1, 9)", &[id.into()]).unwrap();
     }
@@ -1253,7 +1253,7 @@ mod tests {
     fn an_export_row_that_does_not_fit_is_refused() {
         init();
         declare("mf", json!({"queue": "mfq"}));
-        let (id, ..) = start("mf", "one", json!({}));
+        let id = start("mf", "one", json!({})).id;
         Spi::run_with_args(
             "SELECT sheaf.migration_stage(jsonb_set(replace(replace(sheaf.migration_begin($1, 9)::text, $1::text, \
              'b0000000-0000-8000-8000-0000000000bb'), '\"one\"', '\"one-f\"')::jsonb || '{\"source_shard\": 9}', \
@@ -1270,7 +1270,7 @@ mod tests {
     fn a_staged_copy_is_claimable_only_once_activated() {
         init();
         declare("ms", json!({"queue": "msq"}));
-        let (id, ..) = start("ms", "one", json!({}));
+        let id = start("ms", "one", json!({})).id;
         let staged = "b0000000-0000-8000-8000-0000000000aa";
         Spi::run_with_args(
             "SELECT sheaf.migration_stage(replace(replace(sheaf.migration_begin($1, 9)::text, $1::text, $2), \
@@ -1304,7 +1304,7 @@ mod tests {
     #[pg_test]
     fn a_move_has_one_holder() {
         init();
-        let (id, ..) = start("ml", "one", json!({}));
+        let id = start("ml", "one", json!({})).id;
         let export =
             Spi::get_one_with_args::<pgrx::JsonB>("SELECT sheaf.migration_begin($1, 9)", &[id.into()])
                 .unwrap()
@@ -1342,7 +1342,7 @@ mod tests {
     )]
     fn a_step_under_another_token_is_refused() {
         init();
-        let (id, ..) = start("ml", "two", json!({}));
+        let id = start("ml", "two", json!({})).id;
         Spi::run("ALTER TABLE sheaf.migrations ALTER COLUMN id RESTART WITH 4242").unwrap();
         Spi::run_with_args("SELECT sheaf.migration_begin($1, 9)", &[id.into()]).unwrap();
         Spi::run("SELECT sheaf.migration_cutover(4242, 0)").unwrap();

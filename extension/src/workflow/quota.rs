@@ -140,19 +140,22 @@ pub fn recompute(key: &str) -> Usage {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, declare, init, start};
+    use crate::base::rows::row;
+    use crate::testing::{claim, declare, init, one, start};
     use pgrx::prelude::*;
     use serde_json::json;
 
-    fn usage(sql: &str) -> (i64, i64, i64) {
-        Spi::connect(|client| {
-            let row = client.select(sql, None, &[]).unwrap().first();
-            (
-                row.get::<i64>(1).unwrap().unwrap(),
-                row.get::<i64>(2).unwrap().unwrap(),
-                row.get::<i64>(3).unwrap().unwrap(),
-            )
-        })
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Usage {
+            active_executions: i64,
+            history_bytes: i64,
+            dead_letters: i64,
+        }
+    }
+
+    fn usage(sql: &str) -> Usage {
+        one(sql, &[])
     }
 
     #[pg_test]
@@ -162,8 +165,8 @@ mod tests {
             "w",
             json!({"quota": {"key": "input.t", "max_active_executions": 10}}),
         );
-        let (a, ..) = start("w", "a", json!({"t": "acme"}));
-        let (b, ..) = start("w", "b", json!({"t": "acme"}));
+        let a = start("w", "a", json!({"t": "acme"})).id;
+        let b = start("w", "b", json!({"t": "acme"})).id;
         Spi::run_with_args("SELECT sheaf.append_event($1, 'Note', '{\"x\": 1}')", &[a.into()]).unwrap();
         let id = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT sheaf.enqueue('acts', '{}', jsonb_build_object('execution_id', $1::text, 'max_attempts', 1))",
@@ -174,12 +177,12 @@ mod tests {
         let t = claim("acts", 1);
         Spi::run_with_args(
             "SELECT sheaf.fail($1, $2, 'boom')",
-            &[t[0].0.into(), t[0].1.into()],
+            &[t[0].id.into(), t[0].token.into()],
         )
         .unwrap();
         Spi::run_with_args("SELECT sheaf.cancel_execution($1, 'done')", &[b.into()]).unwrap();
         let counted = usage("SELECT * FROM sheaf.quota_usage('acme')");
-        assert_eq!((counted.0, counted.2), (1, 1));
+        assert_eq!((counted.active_executions, counted.dead_letters), (1, 1));
         assert_eq!(counted, usage("SELECT * FROM sheaf.quota_recompute('acme')"));
     }
 

@@ -275,13 +275,14 @@ pub fn pulled(id: pgrx::Uuid) -> bool {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{count, init, start};
+    use crate::base::rows::row;
+    use crate::testing::{count, init, one, start};
     use pgrx::prelude::*;
     use serde_json::json;
 
     /// Starts `name`/`id` and completes it `days_ago` days ago.
     fn ended(name: &str, id: &str, days_ago: i32) -> pgrx::Uuid {
-        let (execution, _, _) = start(name, id, json!({"tenant": "t1"}));
+        let execution = start(name, id, json!({"tenant": "t1"})).id;
         Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[execution.into()]).unwrap();
         Spi::run_with_args(
             "UPDATE sheaf.executions SET closed_at = now() - make_interval(days => $2) WHERE id = $1",
@@ -316,7 +317,7 @@ mod tests {
         let old = ended("rw", "old", 40);
         let recent = ended("rw", "recent", 10);
         let kept_longer = ended("rw-keep", "old", 40);
-        let (active, _, _) = start("rw", "active", json!({"tenant": "t1"}));
+        let active = start("rw", "active", json!({"tenant": "t1"})).id;
         Spi::run_with_args(
             "UPDATE sheaf.executions SET created_at = now() - interval '90 days' WHERE id = $1",
             &[active.into()],
@@ -355,13 +356,19 @@ mod tests {
             ),
             0
         );
-        let (counted, recounted) = Spi::get_two::<i64, i64>(
+        row! {
+            struct DeadLetters {
+                counted: i64,
+                recounted: i64,
+            }
+        }
+        let dead: DeadLetters = one(
             "SELECT (SELECT dead_letters FROM sheaf.quota_usage('t1')), (SELECT dead_letters FROM sheaf.quota_recompute('t1'))",
-        )
-        .unwrap();
+            &[],
+        );
         assert_eq!(
-            (counted, recounted),
-            (Some(0), Some(0)),
+            (dead.counted, dead.recounted),
+            (0, 0),
             "the counter equals a recount"
         );
         assert_eq!(
@@ -395,7 +402,7 @@ mod tests {
     #[pg_test]
     fn a_parent_here_and_its_local_child_wait_for_each_other_by_residence() {
         init();
-        let (parent, ..) = start("rp", "parent", json!({}));
+        let parent = start("rp", "parent", json!({})).id;
         let child = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT child_id FROM sheaf.start_child($1, 'rk', 'kid', '{}', '{\"parent_close\": \"abandon\"}')",
             &[parent.into()],

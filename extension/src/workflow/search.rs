@@ -122,31 +122,36 @@ pub fn timestamp(option: &str, text: &str) -> TimestampWithTimeZone {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{init, start};
+    use crate::base::rows::row;
+    use crate::testing::{init, rows, start};
     use pgrx::prelude::*;
     use serde_json::{Value, json};
 
-    fn list(filter: Value, after: Option<Value>, max_rows: i32, order: &str) -> Vec<(pgrx::Uuid, Value)> {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT execution_id, search_attrs FROM sheaf.list_executions($1, $2, $3, $4)",
-                    None,
-                    &[
-                        pgrx::JsonB(filter).into(),
-                        after.map(pgrx::JsonB).into(),
-                        max_rows.into(),
-                        order.into(),
-                    ],
-                )
-                .expect("list")
-                .map(|row| {
-                    let id = row.get::<pgrx::Uuid>(1).expect("id").expect("not null");
-                    let attrs = row.get::<pgrx::JsonB>(2).expect("attrs").expect("not null").0;
-                    (id, attrs)
-                })
-                .collect()
-        })
+    row! {
+        struct Listed {
+            execution_id: pgrx::Uuid,
+            search_attrs: pgrx::JsonB,
+        }
+    }
+
+    fn list(filter: Value, after: Option<Value>, max_rows: i32, order: &str) -> Vec<Listed> {
+        rows(
+            "SELECT execution_id, search_attrs FROM sheaf.list_executions($1, $2, $3, $4)",
+            &[
+                pgrx::JsonB(filter).into(),
+                after.map(pgrx::JsonB).into(),
+                max_rows.into(),
+                order.into(),
+            ],
+        )
+    }
+
+    /// The ids `list` returns, in its order.
+    fn listed_ids(filter: Value, after: Option<Value>, max_rows: i32, order: &str) -> Vec<pgrx::Uuid> {
+        list(filter, after, max_rows, order)
+            .into_iter()
+            .map(|r| r.execution_id)
+            .collect()
     }
 
     fn start_with(name: &str, key: &str, attrs: Value) -> pgrx::Uuid {
@@ -166,9 +171,13 @@ mod tests {
     fn attrs_set_at_start_are_listed_and_merged_by_upsert() {
         init();
         let id = start_with("w", "a", json!({"tenant": "acme", "n": 1}));
+        let listed = list(json!({}), None, 10, "desc");
         assert_eq!(
-            list(json!({}), None, 10, "desc"),
-            vec![(id, json!({"tenant": "acme", "n": 1}))]
+            listed
+                .iter()
+                .map(|r| (r.execution_id, &r.search_attrs.0))
+                .collect::<Vec<_>>(),
+            vec![(id, &json!({"tenant": "acme", "n": 1}))]
         );
         let merged = Spi::get_one_with_args::<pgrx::JsonB>(
             "SELECT sheaf.upsert_search_attrs($1, $2)",
@@ -189,12 +198,9 @@ mod tests {
     fn pages_follow_the_keyset_in_both_orders() {
         init();
         let ids: Vec<pgrx::Uuid> = (0..5)
-            .map(|i| start("w", &format!("k{i}"), json!({})).0)
+            .map(|i| start("w", &format!("k{i}"), json!({})).id)
             .collect();
-        let all: Vec<pgrx::Uuid> = list(json!({}), None, 10, "asc")
-            .into_iter()
-            .map(|r| r.0)
-            .collect();
+        let all = listed_ids(json!({}), None, 10, "asc");
         assert_eq!(all.len(), 5);
         let mut sorted = ids.clone();
         sorted.sort_by_key(|id| all.iter().position(|x| x == id));
@@ -209,15 +215,9 @@ mod tests {
             .expect("a time");
             json!({"created_at": at, "execution_id": id.to_string()})
         };
-        let next: Vec<_> = list(json!({}), Some(anchor(all[1])), 2, "asc")
-            .into_iter()
-            .map(|r| r.0)
-            .collect();
+        let next = listed_ids(json!({}), Some(anchor(all[1])), 2, "asc");
         assert_eq!(next, all[2..4].to_vec());
-        let back: Vec<_> = list(json!({}), Some(anchor(all[3])), 10, "desc")
-            .into_iter()
-            .map(|r| r.0)
-            .collect();
+        let back = listed_ids(json!({}), Some(anchor(all[3])), 10, "desc");
         assert_eq!(back, vec![all[2], all[1], all[0]]);
     }
 
@@ -227,7 +227,7 @@ mod tests {
         let five = start_with("w", "a", json!({"n": 5, "s": "5"}));
         let text = start_with("w", "b", json!({"n": "5", "s": "b"}));
         let ids = |filter: Value| -> Vec<pgrx::Uuid> {
-            let mut ids: Vec<_> = list(filter, None, 10, "desc").into_iter().map(|r| r.0).collect();
+            let mut ids = listed_ids(filter, None, 10, "desc");
             ids.sort_by_key(|id| *id.as_bytes());
             ids
         };

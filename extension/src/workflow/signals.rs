@@ -117,7 +117,7 @@ mod tests {
     #[pg_test]
     fn a_signal_id_is_seen_across_a_continue_as_new_chain_and_an_end() {
         init();
-        let first = start("w", "chain", json!({})).0;
+        let first = start("w", "chain", json!({})).id;
         assert!(signal(first, json!({"signal_id": "once"})));
         let next =
             Spi::get_one_with_args::<pgrx::Uuid>("SELECT sheaf.continue_as_new($1, '{}')", &[first.into()])
@@ -129,7 +129,7 @@ mod tests {
         );
         assert_eq!(events(next, "SignalReceived"), 0, "and appends nothing");
         Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[next.into()]).unwrap();
-        let other = start("w", "ended", json!({})).0;
+        let other = start("w", "ended", json!({})).id;
         assert!(signal(other, json!({"signal_id": "got-it"})));
         Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[other.into()]).unwrap();
         assert!(
@@ -145,7 +145,7 @@ mod tests {
     #[pg_test]
     fn a_signal_is_delivered_once_per_id_and_wakes_a_suspended_run() {
         init();
-        let id = start("w", "a", json!({})).0;
+        let id = start("w", "a", json!({})).id;
         Spi::run_with_args("SELECT sheaf.suspend_execution($1)", &[id.into()]).expect("suspend");
         assert!(signal(id, json!({"signal_id": "s-1"})));
         assert!(
@@ -176,7 +176,7 @@ mod tests {
     #[pg_test]
     fn an_ended_run_takes_no_signal() {
         init();
-        let id = start("w", "a", json!({})).0;
+        let id = start("w", "a", json!({})).id;
         Spi::run_with_args("SELECT sheaf.cancel_execution($1, 'x')", &[id.into()]).expect("cancel");
         assert!(!signal(id, json!({"signal_id": "late"})));
         assert_eq!(events(id, "SignalReceived"), 0);
@@ -186,7 +186,7 @@ mod tests {
     #[should_panic(expected = "invalid opts")]
     fn unknown_options_are_refused() {
         init();
-        let id = start("w", "a", json!({})).0;
+        let id = start("w", "a", json!({})).id;
         signal(id, json!({"dedupe": "x"}));
     }
 }

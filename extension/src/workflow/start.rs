@@ -409,8 +409,9 @@ mod tests {
     #[pg_test]
     fn a_start_writes_the_execution_its_event_and_its_workflow_task() {
         init();
-        let (id, created, superseded) = start("order", "o-1", json!({"sku": 7}));
-        assert!(created && superseded.is_empty());
+        let started = start("order", "o-1", json!({"sku": 7}));
+        assert!(started.created && started.superseded.is_empty());
+        let id = started.id;
         assert_eq!(state(id), "RUNNING");
         assert_eq!(
             Spi::get_one::<String>("SELECT event_type FROM sheaf.events WHERE seq = 1")
@@ -419,7 +420,7 @@ mod tests {
             Some("WorkflowStarted")
         );
         let t = claim("default", 1);
-        assert_eq!(t[0].2["input"]["sku"], 7);
+        assert_eq!(t[0].payload.0["input"]["sku"], 7);
         assert_eq!(
             count("SELECT count(*) FROM sheaf.tasks WHERE kind = 'workflow' AND execution_id IS NOT NULL"),
             1
@@ -429,20 +430,23 @@ mod tests {
     #[pg_test]
     fn restarting_an_active_workflow_attaches_and_changes_nothing() {
         init();
-        let (id, ..) = start("order", "o-1", json!({}));
+        let id = start("order", "o-1", json!({})).id;
         let again = start("order", "o-1", json!({"other": true}));
-        assert_eq!((again.0, again.1), (id, false));
+        assert_eq!((again.id, again.created), (id, false));
         assert_eq!(count("SELECT count(*) FROM sheaf.events"), 1);
         assert_eq!(count("SELECT count(*) FROM sheaf.tasks"), 1);
         Spi::run_with_args("SELECT sheaf.complete_execution($1, NULL)", &[id.into()]).unwrap();
         let fresh = start("order", "o-1", json!({}));
-        assert!(fresh.1 && fresh.0 != id, "a finished run frees its workflow id");
+        assert!(
+            fresh.created && fresh.id != id,
+            "a finished run frees its workflow id"
+        );
         let found = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT execution_id FROM sheaf.find_execution('order', 'o-1')",
             &[],
         )
         .unwrap();
-        assert_eq!(found, Some(fresh.0), "the active run is found first");
+        assert_eq!(found, Some(fresh.id), "the active run is found first");
     }
 
     #[pg_test]
@@ -452,10 +456,11 @@ mod tests {
             "doc",
             json!({"concurrency": {"key": "input.doc", "limit": 1, "on_conflict": "cancel_running"}}),
         );
-        let (other, ..) = start("other", "x", json!({"doc": "d"}));
-        let (first, ..) = start("doc", "a", json!({"doc": "d"}));
-        let (second, _, superseded) = start("doc", "b", json!({"doc": "d"}));
-        assert_eq!(superseded, vec![first]);
+        let other = start("other", "x", json!({"doc": "d"})).id;
+        let first = start("doc", "a", json!({"doc": "d"})).id;
+        let second = start("doc", "b", json!({"doc": "d"}));
+        assert_eq!(second.superseded, vec![first]);
+        let second = second.id;
         assert_eq!(state(first), "CANCELLED");
         assert_eq!(
             (state(second), state(other)),
@@ -499,7 +504,7 @@ mod tests {
                              "quota": {"key": "input.k", "max_active_executions": 1}}),
         );
         start("job", "1", json!({}));
-        let (_, created, _) = start("job", "2", json!({"k": null}));
+        let created = start("job", "2", json!({"k": null})).created;
         assert!(created);
     }
 

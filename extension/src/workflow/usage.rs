@@ -163,37 +163,32 @@ pub fn record(id: pgrx::Uuid, metrics: Jsonb) {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{claim, init, start};
+    use crate::base::rows::row;
+    use crate::testing::{claim, init, rows, start};
     use pgrx::prelude::*;
     use serde_json::json;
 
-    type Row = (String, i64, i64, i64, i64, i64, i64, i64, f64, serde_json::Value);
+    row! {
+        #[derive(Debug)]
+        struct Report {
+            grp: String,
+            workflow_starts: i64,
+            completed: i64,
+            cancelled: i64,
+            activity_executions: i64,
+            activity_executions_failed: i64,
+            activity_compute_seconds: f64,
+            metered: pgrx::JsonB,
+        }
+    }
 
-    fn report(group_by: &str) -> Vec<Row> {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT * FROM sheaf.usage_report(now() - interval '1 hour', now() + interval '1 hour', $1)",
-                    None,
-                    &[group_by.into()],
-                )
-                .expect("report")
-                .map(|r| {
-                    (
-                        r.get::<String>(1).unwrap().unwrap(),
-                        r.get::<i64>(2).unwrap().unwrap(),
-                        r.get::<i64>(3).unwrap().unwrap(),
-                        r.get::<i64>(4).unwrap().unwrap(),
-                        r.get::<i64>(5).unwrap().unwrap(),
-                        r.get::<i64>(6).unwrap().unwrap(),
-                        r.get::<i64>(7).unwrap().unwrap(),
-                        r.get::<i64>(8).unwrap().unwrap(),
-                        r.get::<f64>(9).unwrap().unwrap(),
-                        r.get::<pgrx::JsonB>(10).unwrap().unwrap().0,
-                    )
-                })
-                .collect()
-        })
+    fn report(group_by: &str) -> Vec<Report> {
+        rows(
+            "SELECT grp, workflow_starts, completed, cancelled, activity_executions, \
+                    activity_executions_failed, activity_compute_seconds, metered \
+             FROM sheaf.usage_report(now() - interval '1 hour', now() + interval '1 hour', $1)",
+            &[group_by.into()],
+        )
     }
 
     #[pg_test]
@@ -204,14 +199,18 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let b = start("w", "b", json!({})).0;
+        let b = start("w", "b", json!({})).id;
         Spi::run_with_args(
             "SELECT sheaf.enqueue('acts', '{}', jsonb_build_object('execution_id', $1::text))",
             &[a.into()],
         )
         .unwrap();
         let t = claim("acts", 1).remove(0);
-        Spi::run_with_args("SELECT sheaf.complete($1, $2, '{}')", &[t.0.into(), t.1.into()]).unwrap();
+        Spi::run_with_args(
+            "SELECT sheaf.complete($1, $2, '{}')",
+            &[t.id.into(), t.token.into()],
+        )
+        .unwrap();
         Spi::run_with_args(
             "SELECT sheaf.record_usage($1, '{\"llm_calls\": 2, \"tokens\": 10}')",
             &[a.into()],
@@ -221,16 +220,23 @@ mod tests {
         Spi::run_with_args("SELECT sheaf.cancel_execution($1, 'x')", &[b.into()]).unwrap();
         let rows = report("workflow_name");
         assert_eq!(rows.len(), 1, "{rows:?}");
-        let (grp, starts, completed, _, cancelled, _, attempts, failed, secs, metered) = rows[0].clone();
+        let r = &rows[0];
         assert_eq!(
-            (grp.as_str(), starts, completed, cancelled, attempts, failed),
+            (
+                r.grp.as_str(),
+                r.workflow_starts,
+                r.completed,
+                r.cancelled,
+                r.activity_executions,
+                r.activity_executions_failed
+            ),
             ("w", 2, 0, 1, 1, 0)
         );
-        assert!(secs >= 0.0);
-        assert_eq!(metered, json!({"llm_calls": 2, "tokens": 15}));
+        assert!(r.activity_compute_seconds >= 0.0);
+        assert_eq!(r.metered.0, json!({"llm_calls": 2, "tokens": 15}));
         let by_tenant: Vec<(String, i64)> = report("search_attr:tenant")
             .into_iter()
-            .map(|r| (r.0, r.1))
+            .map(|r| (r.grp, r.workflow_starts))
             .collect();
         assert_eq!(
             by_tenant,
@@ -249,7 +255,7 @@ mod tests {
     #[should_panic(expected = "must be a finite number")]
     fn a_metric_must_be_a_number() {
         init();
-        let b = start("w", "b", json!({})).0;
+        let b = start("w", "b", json!({})).id;
         Spi::run_with_args("SELECT sheaf.record_usage($1, '{\"x\": \"1\"}')", &[b.into()]).unwrap();
     }
 
@@ -257,7 +263,7 @@ mod tests {
     #[should_panic(expected = "is one of sheaf's own event types")]
     fn sheafs_own_event_types_are_reserved() {
         init();
-        let b = start("w", "b", json!({})).0;
+        let b = start("w", "b", json!({})).id;
         Spi::run_with_args(
             "SELECT sheaf.append_event($1, 'TaskCompleted', '{\"secs\": \"x\"}')",
             &[b.into()],

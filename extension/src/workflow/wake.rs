@@ -109,7 +109,7 @@ mod tests {
     #[pg_test]
     fn suspend_and_wake_enqueue_a_new_workflow_task() {
         init();
-        let (a, ..) = start("w", "a", json!({}));
+        let a = start("w", "a", json!({})).id;
         let t = claim("default", 1);
         crate::testing::complete(&t[0]);
         assert_eq!(
