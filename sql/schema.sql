@@ -591,6 +591,19 @@ CREATE TABLE topology_digest (
     published_at    timestamptz NOT NULL DEFAULT now()
 );
 
+-- The projections of the accepted topology digests (since 0.3.0): what
+-- sheaf.publish_topology was given (ids, readable, writable, reserved,
+-- default, residency map, forwards; never connection strings), in its
+-- canonical form, keyed by the digest computed from it. Only the current
+-- and the previous digest keep theirs (a publish deletes the rest), so the
+-- table holds at most two rows. The placement functions (place_start,
+-- place_task, place_mutex, locate_id) answer from the current one.
+CREATE TABLE topology_projections (
+    digest          text PRIMARY KEY CHECK (digest ~ '^sha256:[0-9a-f]{64}$'),
+    projection      jsonb NOT NULL,
+    published_at    timestamptz NOT NULL DEFAULT now()
+);
+
 -- Signals and cancels addressed by business key (sheaf.signal_external,
 -- sheaf.cancel_external), written in the sender's transaction and delivered
 -- by the driver's relay (sheaf.outbox_take, sheaf.outbox_report). The

@@ -8,5 +8,73 @@
 -- A changed function signature is DROP FUNCTION + CREATE FUNCTION here
 -- (CREATE OR REPLACE with a new argument list adds a second function), and
 -- a released C symbol keeps its argument and return types.
---
--- No changes yet.
+
+-- Placement (issue 37): the projections of the accepted topology digests
+-- (see topology_projections in sql/schema.sql). A digest published before
+-- this update has none: publish the topology again to place by it.
+CREATE TABLE topology_projections (
+    digest          text PRIMARY KEY CHECK (digest ~ '^sha256:[0-9a-f]{64}$'),
+    projection      jsonb NOT NULL,
+    published_at    timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON topology_projections FROM PUBLIC;
+
+-- publish_topology takes the projection, and computes the digest from it
+-- (0.2.0 took the digest alone). The 0.2.0 C symbol stays in the library
+-- for a 0.2.0 catalog; this one is new.
+DROP FUNCTION publish_topology(text, boolean);
+CREATE FUNCTION "publish_topology"(
+	"projection" jsonb,
+	"keep_previous" bool DEFAULT true
+) RETURNS TABLE (
+	"digest" TEXT,
+	"previous" TEXT
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'publish_topology_projection_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.publish_topology(jsonb, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.publish_topology(jsonb, boolean) TO sheaf_admin;
+
+-- Who owns a start, a keyed task, a mutex key or an id, under the
+-- published projection.
+CREATE FUNCTION "place_start"(
+	"name" TEXT,
+	"workflow_id" TEXT,
+	"opts" jsonb DEFAULT '{}'
+) RETURNS INT
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'place_start_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.place_start(text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.place_start(text, text, jsonb) TO sheaf_worker;
+CREATE FUNCTION "place_task"(
+	"queue" TEXT,
+	"opts" jsonb DEFAULT '{}'
+) RETURNS INT
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'place_task_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.place_task(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.place_task(text, jsonb) TO sheaf_worker;
+CREATE FUNCTION "place_mutex"(
+	"mutex_key" TEXT
+) RETURNS INT
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'place_mutex_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.place_mutex(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.place_mutex(text) TO sheaf_worker;
+CREATE FUNCTION "locate_id"(
+	"id" uuid
+) RETURNS INT
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'locate_id_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.locate_id(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.locate_id(uuid) TO sheaf_worker;

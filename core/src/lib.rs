@@ -16,6 +16,7 @@ pub mod nesting;
 pub mod options;
 pub mod ordering;
 pub mod page;
+pub mod placement;
 #[cfg(feature = "exact-json")]
 pub mod policy;
 #[cfg(feature = "exact-json")]

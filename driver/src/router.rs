@@ -1,6 +1,7 @@
 //! Placement; the rules are on [`Placement`].
 
 use sheaf_core::hrw;
+use sheaf_core::placement::{Pin, PlaceError};
 
 use crate::topology::{ShardId, Topology};
 
@@ -94,26 +95,39 @@ impl RouteError {
     }
 }
 
-/// The bytes a hashed placement scores shards by; `None` for a pin.
-fn hashed_key(
-    workflow_name: &str,
-    workflow_id: &str,
-    placement: &Placement,
-    tenant: Option<&str>,
-) -> Option<Vec<u8>> {
-    match placement {
-        Placement::RoutingKey(key) => Some(hrw::routing_key(key)),
-        Placement::Auto => Some(match tenant.filter(|t| !t.trim().is_empty()) {
-            Some(t) => hrw::routing_key(&tenant_routing_key(t, workflow_name)),
-            None => hrw::workflow_key(workflow_name, workflow_id),
-        }),
-        Placement::Shard(_) | Placement::ResidencyKey(_) => None,
+impl Placement {
+    fn pin(&self) -> Pin {
+        match self {
+            Placement::Auto => Pin::Auto,
+            Placement::RoutingKey(k) => Pin::RoutingKey(k.clone()),
+            Placement::Shard(s) => Pin::Shard(s.get()),
+            Placement::ResidencyKey(k) => Pin::ResidencyKey(k.clone()),
+        }
     }
 }
 
-/// The routing key an ambient tenant implies (the second seed's convention).
-pub(crate) fn tenant_routing_key(tenant: &str, workflow_name: &str) -> String {
-    format!("tenant__{tenant}__{workflow_name}")
+impl From<PlaceError> for RouteError {
+    fn from(e: PlaceError) -> RouteError {
+        match e {
+            PlaceError::TwoPins => RouteError::TwoPins,
+            PlaceError::UnknownShard(s) => {
+                ShardId::new(u32::from(s)).map_or(RouteError::NoWritableShard, RouteError::UnknownShard)
+            }
+            PlaceError::ShardNotWritable(s) => {
+                ShardId::new(u32::from(s)).map_or(RouteError::NoWritableShard, RouteError::ShardNotWritable)
+            }
+            PlaceError::BlankResidencyKey => RouteError::BlankResidencyKey,
+            PlaceError::UndeclaredResidencyKey(k) => RouteError::UndeclaredResidencyKey(k),
+            PlaceError::BlankRoutingKey => RouteError::BlankRoutingKey,
+            // The driver refuses a debounced start's placement before
+            // placing it; any other refusal means no shard takes work.
+            _ => RouteError::NoWritableShard,
+        }
+    }
+}
+
+fn shard(id: u16) -> Result<ShardId, RouteError> {
+    ShardId::new(u32::from(id)).map_err(|_| RouteError::NoWritableShard)
 }
 
 impl Topology {
@@ -139,29 +153,10 @@ impl Topology {
         placement: &Placement,
         tenant: Option<&str>,
     ) -> Result<ShardId, RouteError> {
-        match placement {
-            Placement::Shard(id) => {
-                if self.get(*id).is_none() {
-                    return Err(RouteError::UnknownShard(*id));
-                }
-                self.writable_or_refuse(*id)
-            }
-            Placement::ResidencyKey(key) => {
-                if key.trim().is_empty() {
-                    return Err(RouteError::BlankResidencyKey);
-                }
-                let id = self
-                    .residency(key)
-                    .ok_or_else(|| RouteError::UndeclaredResidencyKey(key.clone()))?;
-                self.writable_or_refuse(id)
-            }
-            Placement::RoutingKey(key) if key.trim().is_empty() => Err(RouteError::BlankRoutingKey),
-            Placement::RoutingKey(_) | Placement::Auto => {
-                let key = hashed_key(workflow_name, workflow_id, placement, tenant)
-                    .ok_or(RouteError::BlankRoutingKey)?;
-                self.hash(&key)
-            }
-        }
+        shard(
+            self.placement
+                .place(workflow_name, workflow_id, &placement.pin(), tenant)?,
+        )
     }
 
     /// Where a hashed key lived before its home stopped taking work: its
@@ -178,11 +173,10 @@ impl Topology {
         placement: &Placement,
         tenant: Option<&str>,
     ) -> Option<ShardId> {
-        let key = hashed_key(workflow_name, workflow_id, placement, tenant)?;
-        let winner = hrw::pick(hrw::key_hash(&key), self.shards().map(|s| s.id.get()))?;
-        let winner = ShardId::new(u32::from(winner)).ok()?;
-        let now = self.hash(&key).ok()?;
-        (winner != now && !self.is_writable(winner) && self.is_readable(winner)).then_some(winner)
+        let former = self
+            .placement
+            .former_home(workflow_name, workflow_id, &placement.pin(), tenant)?;
+        shard(former).ok()
     }
 
     /// Where a drain of `leaving` sends an execution of (`workflow_name`,
@@ -211,26 +205,10 @@ impl Topology {
         ShardId::new(u32::from(winner)).map_err(|_| RouteError::NoWritableShard)
     }
 
-    fn writable_or_refuse(&self, id: ShardId) -> Result<ShardId, RouteError> {
-        if self.is_writable(id) {
-            Ok(id)
-        } else {
-            Err(RouteError::ShardNotWritable(id))
-        }
-    }
-
-    /// HRW over every shard; a winner that is not placeable re-hashes among
-    /// the placeable ones, so adding a read-only shard moves nothing. Starts
-    /// and hashed mutex keys are placed by it.
-    pub(crate) fn hash(&self, key: &[u8]) -> Result<ShardId, RouteError> {
-        let h = hrw::key_hash(key);
-        let winner = hrw::pick(h, self.shards().map(|s| s.id.get())).ok_or(RouteError::NoWritableShard)?;
-        let winner = ShardId::new(winner as u32).map_err(|_| RouteError::NoWritableShard)?;
-        if self.is_writable(winner) && !self.is_reserved(winner) {
-            return Ok(winner);
-        }
-        let fallback = hrw::pick(h, self.placeable().map(|s| s.get())).ok_or(RouteError::NoWritableShard)?;
-        ShardId::new(fallback as u32).map_err(|_| RouteError::NoWritableShard)
+    /// The shard a hashed mutex key lives on: its rendezvous placement
+    /// (the default shard when none is placeable), followed through forwards.
+    pub(crate) fn mutex_home(&self, key: &str) -> ShardId {
+        shard(self.placement.place_mutex(key)).unwrap_or_else(|_| self.default_shard())
     }
 }
 
@@ -367,7 +345,7 @@ mod tests {
             .place(
                 "wf",
                 "2",
-                &Placement::RoutingKey(tenant_routing_key("acme", "wf")),
+                &Placement::RoutingKey(sheaf_core::placement::keys::tenant_routing_key("acme", "wf")),
                 None,
             )
             .unwrap();
@@ -433,5 +411,147 @@ mod tests {
         let e = t.place("wf", "1", &Placement::Auto, None).unwrap_err();
         assert_eq!(e, RouteError::NoWritableShard);
         assert!(e.is_retryable());
+    }
+}
+
+/// The shared placement vectors (`core/testdata/placement_vectors.json`),
+/// answered by this router: what the shards' placement functions answer
+/// (`tests/tests/placement.rs`) is the same.
+#[cfg(test)]
+mod vectors {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::id::ExecutionId;
+
+    fn topology(projection: &Value) -> Topology {
+        let ids = |name: &str| -> Vec<u32> {
+            projection[name]
+                .as_array()
+                .map(|a| a.iter().map(|v| v.as_u64().unwrap() as u32).collect())
+                .unwrap_or_default()
+        };
+        let mut b = ids("shards").into_iter().fold(Topology::builder(), |b, i| {
+            b.shard(i, format!("postgres://h{i}/d"))
+        });
+        if projection.get("readable").is_some() {
+            b = b.readable(ids("readable"));
+        }
+        if projection.get("writable").is_some() {
+            b = b.writable(ids("writable"));
+        }
+        b = b.reserved(ids("reserved"));
+        if let Some(d) = projection["default"].as_u64() {
+            b = b.default_shard(d as u32);
+        }
+        for (k, v) in projection["residency"].as_object().into_iter().flatten() {
+            b = b.residency(k.clone(), v.as_u64().unwrap() as u32);
+        }
+        for (k, v) in projection["forwards"].as_object().into_iter().flatten() {
+            b = b.forward(k.parse().unwrap(), v.as_u64().unwrap() as u32);
+        }
+        b.build().unwrap()
+    }
+
+    fn placement(v: &Value) -> Result<(Placement, Option<String>), RouteError> {
+        let text = |name: &str| v.get(name).and_then(Value::as_str).map(str::to_owned);
+        let shard = v
+            .get("shard")
+            .and_then(Value::as_u64)
+            .map(|s| ShardId::new(s as u32).unwrap());
+        Ok((
+            Placement::from_parts(shard, text("residency_key"), text("routing_key"))?,
+            text("tenant"),
+        ))
+    }
+
+    fn code(e: &RouteError) -> &'static str {
+        match e {
+            RouteError::TwoPins => "two_pins",
+            RouteError::UnknownShard(_) => "unknown_shard",
+            RouteError::ShardNotWritable(_) => "shard_not_writable",
+            RouteError::BlankResidencyKey => "blank_residency_key",
+            RouteError::UndeclaredResidencyKey(_) => "undeclared_residency_key",
+            RouteError::BlankRoutingKey => "blank_routing_key",
+            RouteError::NoWritableShard => "no_writable_shard",
+        }
+    }
+
+    fn answer(result: Result<Option<ShardId>, &'static str>) -> Value {
+        match result {
+            Ok(owner) => serde_json::json!({"owner": owner.map(ShardId::get)}),
+            Err(e) => serde_json::json!({"error": e}),
+        }
+    }
+
+    fn expected(v: &Value) -> Value {
+        match v.get("error") {
+            Some(e) => serde_json::json!({"error": e}),
+            None => serde_json::json!({"owner": v["owner"]}),
+        }
+    }
+
+    #[test]
+    fn the_router_answers_every_vector() {
+        let vectors: Value =
+            serde_json::from_str(include_str!("../../core/testdata/placement_vectors.json")).unwrap();
+        let mut tops = std::collections::BTreeMap::new();
+        for t in vectors["topologies"].as_array().unwrap() {
+            let top = topology(&t["projection"]);
+            assert_eq!(top.projection(), t["canonical"].as_str().unwrap());
+            assert_eq!(top.digest(), t["digest"].as_str().unwrap());
+            tops.insert(t["name"].as_str().unwrap().to_owned(), top);
+        }
+        let text = |v: &Value, name: &str| v.get(name).and_then(Value::as_str).map(str::to_owned);
+        for v in vectors["starts"].as_array().unwrap() {
+            let top = &tops[v["topology"].as_str().unwrap()];
+            let (name, id) = (text(v, "workflow_name").unwrap(), text(v, "workflow_id").unwrap());
+            let got = match placement(&v["placement"]) {
+                Err(e) => Err(code(&e)),
+                Ok((p, tenant)) => match text(v, "debounce_key") {
+                    // As Client::start_workflow refuses it.
+                    Some(_) if p != Placement::Auto || tenant.is_some() => Err("debounce_takes_no_placement"),
+                    Some(key) => top
+                        .place(&format!("debounce:{name}"), &key, &Placement::Auto, None)
+                        .map_err(|e| code(&e)),
+                    None => top.place(&name, &id, &p, tenant.as_deref()).map_err(|e| code(&e)),
+                },
+            };
+            assert_eq!(answer(got.map(Some)), expected(v), "{v}");
+        }
+        for v in vectors["tasks"].as_array().unwrap() {
+            let top = &tops[v["topology"].as_str().unwrap()];
+            let queue = text(v, "queue").unwrap();
+            let got = placement(&v["placement"])
+                .map_err(|e| code(&e))
+                .and_then(|(p, _)| {
+                    let affinity = match (
+                        text(v, "idempotency_key"),
+                        text(v, "rate_limit"),
+                        text(v, "rate_key"),
+                    ) {
+                        (Some(k), _, _) => Some((queue.clone(), k)),
+                        (None, Some(l), Some(k)) => Some((format!("rate:{l}"), k)),
+                        _ => None,
+                    };
+                    let placed = match affinity {
+                        Some((name, key)) => top.place(&name, &key, &p, None).map(Some),
+                        None if p == Placement::Auto => Ok(None),
+                        None => top.place(&queue, "", &p, None).map(Some),
+                    };
+                    placed.map_err(|e| code(&e))
+                });
+            assert_eq!(answer(got), expected(v), "{v}");
+        }
+        for v in vectors["mutexes"].as_array().unwrap() {
+            let top = &tops[v["topology"].as_str().unwrap()];
+            let shard = top.mutex_home(&text(v, "mutex_key").unwrap());
+            assert_eq!(Some(u64::from(shard.get())), v["owner"].as_u64(), "{v}");
+        }
+        for v in vectors["ids"].as_array().unwrap() {
+            let top = &tops[v["topology"].as_str().unwrap()];
+            let id: ExecutionId = text(v, "id").unwrap().parse().unwrap();
+            assert_eq!(Some(u64::from(id.route(top).get())), v["owner"].as_u64(), "{v}");
+        }
     }
 }

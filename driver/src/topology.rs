@@ -5,6 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 use sheaf_core::id::MAX_SHARD_ID;
+use sheaf_core::placement::{Parts, Projection};
 
 /// A shard's id: the value its database holds in `sheaf.shard_id()` and the
 /// prefix of every id it mints.
@@ -137,6 +138,10 @@ pub enum TopologyError {
         /// Where it forwards.
         to: u16,
     },
+    /// The topology's projection was refused by `sheaf_core::placement`
+    /// after the driver's own checks passed (a bug: please report it).
+    #[error("the topology's projection is invalid: {0}")]
+    Projection(String),
     /// A pinned digest (`SHEAF_TOPOLOGY_DIGEST`, [`TopologyBuilder::expect_digest`])
     /// that is not of the form `sha256:<64 hex digits>`.
     #[error("the pinned topology digest is not of the form sha256:<64 lowercase hex digits>")]
@@ -185,6 +190,9 @@ pub enum TopologyError {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
+    /// The projection placement is computed over (`sheaf_core::placement`,
+    /// shared with the shards' placement functions).
+    pub(crate) placement: Projection,
     shards: BTreeMap<ShardId, Shard>,
     readable: BTreeSet<ShardId>,
     writable: BTreeSet<ShardId>,
@@ -329,7 +337,27 @@ impl TopologyBuilder {
         let default = pick_default(&shards, self.default, &readable, &reserved)?;
         let residency = collect_residency(self.residency, &readable)?;
         let forwards = collect_forwards(self.forwards, &shards, &readable)?;
+        let raw = |set: &BTreeSet<ShardId>| set.iter().map(|s| u64::from(s.get())).collect::<Vec<_>>();
+        // Validated above with the driver's own errors; core checks the
+        // same rules, so a refusal here would be a bug, reported as one.
+        let placement = Projection::build(Parts {
+            shards: shards.keys().map(|s| u64::from(s.get())).collect(),
+            readable: Some(raw(&readable)),
+            writable: Some(raw(&writable)),
+            reserved: raw(&reserved),
+            default: Some(u64::from(default.get())),
+            residency: residency
+                .iter()
+                .map(|(k, v)| (k.clone(), u64::from(v.get())))
+                .collect(),
+            forwards: forwards
+                .iter()
+                .map(|(k, v)| (u64::from(k.get()), u64::from(v.get())))
+                .collect(),
+        })
+        .map_err(|e| TopologyError::Projection(e.to_string()))?;
         Ok(Topology {
+            placement,
             shards,
             readable,
             writable,
@@ -602,51 +630,23 @@ impl Topology {
     }
 
     /// The shard that serves id-routed calls for `id`: its forward chain's end.
-    pub fn serving(&self, mut id: ShardId) -> ShardId {
-        for _ in 0..=self.forwards.len() {
-            match self.forwards.get(&id) {
-                Some(next) => id = *next,
-                None => break,
-            }
-        }
-        id
+    pub fn serving(&self, id: ShardId) -> ShardId {
+        ShardId(self.placement.serving(id.get()))
     }
 
     /// The admin projection: sorted, byte-stable JSON without connection
-    /// strings, so two replicas' topologies can be diffed.
+    /// strings, so two replicas' topologies can be diffed: the canonical
+    /// form of `sheaf_core::placement::Projection`, what
+    /// `sheaf.publish_topology` takes and hashes.
     pub fn projection(&self) -> String {
-        #[derive(Serialize)]
-        struct Projection<'a> {
-            shards: Vec<u16>,
-            readable: Vec<u16>,
-            writable: Vec<u16>,
-            reserved: Vec<u16>,
-            default: u16,
-            residency: BTreeMap<&'a str, u16>,
-            forwards: BTreeMap<u16, u16>,
-        }
-        let ids = |set: &BTreeSet<ShardId>| set.iter().map(|s| s.get()).collect::<Vec<_>>();
-        let projection = Projection {
-            shards: self.shards.keys().map(|s| s.get()).collect(),
-            readable: ids(&self.readable),
-            writable: ids(&self.writable),
-            reserved: ids(&self.reserved),
-            default: self.default.get(),
-            residency: self
-                .residency
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.get()))
-                .collect(),
-            forwards: self.forwards.iter().map(|(k, v)| (k.get(), v.get())).collect(),
-        };
-        serde_json::to_string(&projection).expect("a projection of plain values serializes")
+        self.placement.canonical()
     }
 
     /// `sha256:` and the hex SHA-256 of [`Topology::projection`]: equal
     /// exactly when two topologies route alike (connection strings and the
     /// order of configuration play no part).
     pub fn digest(&self) -> String {
-        sheaf_core::digest::of(self.projection().as_bytes())
+        self.placement.digest()
     }
 }
 

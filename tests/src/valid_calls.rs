@@ -601,14 +601,28 @@ pub const VALID_CALLS: &[ValidCall] = &[
     // The topology digest. These calls declare none, so a published one
     // checks nothing they do.
     call(
-        "sheaf.publish_topology(text, boolean)",
+        "sheaf.publish_topology(jsonb, boolean)",
         &[],
-        &[
-            "'sha256:0000000000000000000000000000000000000000000000000000000000000000'",
-            "true",
-        ],
+        &["'{\"shards\": [7]}'", "true"],
     ),
     call("sheaf.published_topology()", &[], &[]),
+    // Placement under the projection just published.
+    call(
+        "sheaf.place_start(text, text, jsonb)",
+        &[],
+        &[
+            "'vc_wf'",
+            "'vc-placed'",
+            "'{\"placement\": {\"tenant\": \"acme\"}}'",
+        ],
+    ),
+    call(
+        "sheaf.place_task(text, jsonb)",
+        &[],
+        &["'vc_q'", "'{\"idempotency_key\": \"vc-key\"}'"],
+    ),
+    call("sheaf.place_mutex(text)", &[], &["'vc-lock'"]),
+    call("sheaf.locate_id(uuid)", &[], &["sheaf.new_id()"]),
     call("sheaf.fleet_config()", &[], &[]),
     call("sheaf.audit_log(bigint, integer)", &[], &["NULL", "10"]),
     call("sheaf.rebalance_candidates(uuid, integer)", &[], &["NULL", "100"]),

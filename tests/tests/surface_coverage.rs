@@ -21,6 +21,14 @@ const NO_METHOD: &[(&str, &str)] = &[
     ("new_id", "ExecutionId::mint / TaskId::mint"),
     ("id_shard", "ExecutionId::shard / TaskId::shard"),
     ("id_timestamp", "ExecutionId::timestamp / TaskId::timestamp"),
+    // Placement is answered locally by the router, with no round trip,
+    // over the same sheaf_core::placement code; core/testdata/
+    // placement_vectors.json and tests/tests/placement.rs keep the two in
+    // agreement. The functions serve clients in other languages.
+    ("place_start", "Topology::place (router)"),
+    ("place_task", "the router's task placement (Client::enqueue)"),
+    ("place_mutex", "Client::mutex_shard"),
+    ("locate_id", "ExecutionId::route / TaskId::route"),
 ];
 
 /// Every `.rs` file under `dir`, as its code: comment lines are left out,

@@ -23,7 +23,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use sheaf_core::hrw;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::{Admin, Call, Client, ClientError, Owned, first_column, single};
@@ -37,9 +36,6 @@ const RENEW: &str = "SELECT sheaf.mutex_renew($1, $2, $3, make_interval(secs => 
 const LEAVE: &str = "SELECT sheaf.mutex_leave($1, $2)";
 const STATUS: &str = "SELECT holder, token, lease_expires_at, waiters FROM sheaf.mutex_status($1)";
 const RECLAIM: &str = "SELECT sheaf.mutex_reclaim($1)";
-
-/// The prefix that makes a mutex key's routing key (`mutex__<key>`).
-const ROUTING_PREFIX: &str = "mutex__";
 
 /// A mutex key and the shard it lives on (see the module's "Routing").
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -140,14 +136,7 @@ impl Client {
             // Origin, not residence: the one shard every contender computes
             // from the id alone, whatever moves the run made.
             Route::Execution(id) => id.route(&self.topology),
-            Route::Hashed => {
-                let routing = hrw::routing_key(&format!("{ROUTING_PREFIX}{}", key.key));
-                let winner = self
-                    .topology
-                    .hash(&routing)
-                    .unwrap_or_else(|_| self.topology.default_shard());
-                self.topology.serving(winner)
-            }
+            Route::Hashed => self.topology.mutex_home(&key.key),
         }
     }
 
@@ -631,6 +620,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..64 {
             let key = format!("k{i}");
+            use sheaf_core::hrw;
             let h = hrw::key_hash(&hrw::routing_key(&format!("mutex__{key}")));
             let expected = hrw::pick(h, 0..4u16).unwrap();
             let shard = c.mutex_shard(&MutexKey::new(key.as_str()));

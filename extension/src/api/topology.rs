@@ -1,20 +1,27 @@
-//! The fleet's topology digest on this shard: published by an operator,
-//! read back for status.
+//! The fleet's topology on this shard: published by an operator (its
+//! projection, and the digest computed from it), read back for status, and
+//! asked where work belongs (`place_start`, `place_task`, `place_mutex`,
+//! `locate_id`: `sheaf_core::placement` over the published projection).
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
-use crate::base::args::required;
-use crate::base::audit;
-use crate::base::errors::bad_argument;
-use crate::base::topology;
+use sheaf_core::options::EnqueueOptions;
+use sheaf_core::placement::{Pin, PlaceError, Projection, placement_from_json};
 
-/// Publishes the fleet's topology digest (`sha256:` and 64 hex digits, as
-/// `sheaf topology digest` prints it) on this shard: from now on placed
-/// work (starts, enqueues, children) from a client that declares another
-/// digest is refused (55000). The digest it replaces stays accepted as
-/// `previous` while a change rolls out, unless `keep_previous` is false.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+use crate::api::executions::{check_workflow_id, start_options};
+use crate::base::args::{self, required};
+use crate::base::audit;
+use crate::base::errors::{bad_argument, not_ready};
+use crate::base::jsonb::Jsonb;
+use crate::base::{shard, topology};
+use crate::queue::queues;
+use crate::workflow::{executions, policy};
+
+/// 0.2.0's `publish_topology(text, boolean)`, a digest alone: kept for a
+/// 0.2.0 catalog served by this library until `ALTER EXTENSION sheaf
+/// UPDATE` (no SQL of its own: a fresh install has the projection's).
+#[pg_extern(sql = false, volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn publish_topology(
     topology_digest: Option<&str>,
@@ -44,6 +51,151 @@ fn publish_topology(
     TableIterator::once((now, previous))
 }
 
+/// Publishes the fleet's topology on this shard, as its projection (ids,
+/// readable, writable, reserved, default, residency map, forwards: what
+/// `sheaf topology show` prints; never connection strings). The digest is
+/// computed here from the projection's canonical form; the projection is
+/// kept beside it, and placement answers from it. From now on placed work
+/// from a client that declares another digest is refused (55000). The
+/// digest it replaces stays accepted, with its projection, as `previous`
+/// while a change rolls out, unless `keep_previous` is false. A projection
+/// that does not list this shard is refused.
+#[pg_extern(name = "publish_topology", volatile, parallel_unsafe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn publish_topology_projection(
+    projection: Option<Jsonb>,
+    keep_previous: default!(Option<bool>, true),
+) -> TableIterator<'static, (name!(digest, String), name!(previous, Option<String>))> {
+    let value = required(projection, "projection").parse("projection");
+    let projection = Projection::from_json(&value).unwrap_or_else(|e| bad_argument("projection", e));
+    let here = shard::current();
+    let listed = u16::try_from(here).is_ok_and(|id| projection.contains(id));
+    if !listed {
+        bad_argument(
+            "projection",
+            format!("does not list this shard ({here}): publish a shard's own fleet on it"),
+        );
+    }
+    let keep = required(keep_previous, "keep_previous");
+    let topology::Accepted {
+        digest: now,
+        previous,
+    } = topology::publish_projection(&projection, keep);
+    audit::record(
+        "publish_topology",
+        &now,
+        "ok",
+        serde_json::json!({"previous": previous}),
+    );
+    TableIterator::once((now, previous))
+}
+
+/// The published topology's projection, or 55000 naming what to do.
+fn current() -> Projection {
+    match topology::fleet() {
+        Some(fleet) => fleet.current,
+        None => not_ready(
+            "no topology projection is published on this shard: publish one (sheaf topology publish) to ask it for placement",
+        ),
+    }
+}
+
+/// A placement refused by the topology: 22023 on `arg`, naming why but
+/// no shard or residency key.
+fn refused(arg: &str, e: PlaceError) -> ! {
+    bad_argument(arg, e)
+}
+
+/// The `placement` of an `opts`, taken out of it (the rest is the call's).
+fn take_placement(opts: &mut serde_json::Value) -> (Pin, Option<String>) {
+    let placement = opts
+        .as_object_mut()
+        .and_then(|m| m.remove("placement"))
+        .unwrap_or(serde_json::Value::Null);
+    placement_from_json(&placement).unwrap_or_else(|why| bad_argument("opts.placement", why))
+}
+
+/// The shard that owns a start of workflow `name` with `workflow_id` under
+/// the published topology: `opts` as `start_workflow` takes them, with
+/// `placement` (`shard`, `residency_key`, `routing_key`, `tenant`) and
+/// `debounce` (its `key` places it). Any shard answers alike.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn place_start(name: Option<&str>, workflow_id: Option<&str>, opts: default!(Option<Jsonb>, "'{}'")) -> i32 {
+    let name = policy::check_name(name);
+    let workflow_id = check_workflow_id(workflow_id);
+    let mut opts = required(opts, "opts").parse("opts");
+    let (pin, tenant) = take_placement(&mut opts);
+    let o = start_options(&opts);
+    let debounce_key = o.debounce.as_ref().map(|d| d.key.as_str());
+    let owner = current()
+        .place_start(name, workflow_id, &pin, tenant.as_deref(), debounce_key)
+        .unwrap_or_else(|e| refused("opts.placement", e));
+    i32::from(owner)
+}
+
+/// The shard that owns a task of `queue` with no execution under the
+/// published topology: `opts` as `enqueue` takes them, with `placement`
+/// (`shard`, `residency_key`, `routing_key`). By its `idempotency_key`,
+/// else its `rate_key` under its `rate_limit`, else its placement; NULL
+/// when nothing places it (any writable, unreserved shard takes it).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn place_task(queue: Option<&str>, opts: default!(Option<Jsonb>, "'{}'")) -> Option<i32> {
+    let queue = queues::check_name(queue);
+    let mut opts = required(opts, "opts").parse("opts");
+    let (pin, tenant) = take_placement(&mut opts);
+    if tenant.is_some() {
+        bad_argument("opts.placement", "a task takes no tenant (only a start does)");
+    }
+    let o = EnqueueOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
+    if o.execution_id.is_some() {
+        bad_argument(
+            "opts.execution_id",
+            "a task of an execution goes where its execution lives: ask sheaf.locate_id",
+        );
+    }
+    current()
+        .place_task(
+            queue,
+            o.idempotency_key.as_deref(),
+            o.rate_limit.as_deref(),
+            o.rate_key.as_deref(),
+            &pin,
+        )
+        .unwrap_or_else(|e| refused("opts.placement", e))
+        .map(i32::from)
+}
+
+/// The shard a mutex key lives on under the published topology (a key
+/// placed by hashing; a key pinned to a shard or to a run lives there).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn place_mutex(mutex_key: Option<&str>) -> i32 {
+    let key = args::key(mutex_key, "mutex_key");
+    i32::from(current().place_mutex(key))
+}
+
+/// Where id `id` (an execution's or a task's) lives, as far as this shard
+/// knows: its origin shard (the first two bytes; the default shard for an
+/// unencoded id), through the topology's forwards of retired shards, then,
+/// when that is this shard and the run moved away, its seal's forward. An
+/// answer naming another shard may be followed further there.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn locate_id(id: Option<pgrx::Uuid>) -> i32 {
+    let id = required(id, "id");
+    let p = current();
+    let first = p.route_origin(sheaf_core::id::shard_of(id.as_bytes()));
+    if i32::from(first) != shard::current() {
+        return i32::from(first);
+    }
+    match executions::moved_to(id) {
+        Some(to) => u16::try_from(to).map_or(to, |to| i32::from(p.serving(to))),
+        None => i32::from(first),
+    }
+}
+
 /// The digest published on this shard, the previous one still accepted,
 /// and when; no row if none was published.
 #[pg_extern(stable, parallel_safe, security_definer)]
@@ -57,4 +209,164 @@ fn published_topology() -> TableIterator<
     ),
 > {
     TableIterator::new(topology::published().map(|p| (p.digest, p.previous, p.at)))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::base::subxact::attempt;
+    use crate::testing::init;
+    use pgrx::prelude::*;
+    use serde_json::{Value, json};
+
+    fn publish(projection: &Value) {
+        Spi::run_with_args(
+            "SELECT sheaf.publish_topology($1, false)",
+            &[pgrx::JsonB(projection.clone()).into()],
+        )
+        .unwrap();
+    }
+
+    /// What a placement call answers: `{"owner": ..}`, or `{"error": ..}`
+    /// for a refusal (22023: the vectors' codes are not SQLSTATEs).
+    fn ask(sql: &str, args: Vec<pgrx::datum::DatumWithOid<'static>>) -> Value {
+        let args = std::cell::RefCell::new(Some(args));
+        match attempt(|| Spi::get_one_with_args::<i32>(sql, &args.borrow_mut().take().unwrap())) {
+            Ok(owner) => json!({ "owner": owner.unwrap() }),
+            Err(failed) => {
+                assert_eq!(failed.sqlstate, "22023", "{sql}: {}", failed.message);
+                json!({ "error": true })
+            }
+        }
+    }
+
+    fn expected(v: &Value) -> Value {
+        match v.get("error") {
+            Some(_) => json!({ "error": true }),
+            None => json!({ "owner": v["owner"] }),
+        }
+    }
+
+    /// The shared vectors (core/testdata/placement_vectors.json), every
+    /// one answered by this shard's placement functions as by the driver's
+    /// router (driver/src/router.rs, `vectors`). Every vector topology
+    /// lists shard 1, this one.
+    #[pg_test]
+    fn the_placement_functions_answer_every_vector() {
+        init();
+        let vectors: Value =
+            serde_json::from_str(include_str!("../../../core/testdata/placement_vectors.json")).unwrap();
+        for t in vectors["topologies"].as_array().unwrap() {
+            let name = t["name"].as_str().unwrap();
+            publish(&t["projection"]);
+            let digest = Spi::get_one::<String>("SELECT digest FROM sheaf.published_topology()").unwrap();
+            assert_eq!(digest.as_deref(), t["digest"].as_str());
+            let of = |list: &str| {
+                vectors[list]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|v| v["topology"] == name)
+                    .cloned()
+                    .collect::<Vec<Value>>()
+            };
+            for v in of("starts") {
+                let mut opts = json!({ "placement": v["placement"] });
+                if let Some(key) = v["debounce_key"].as_str() {
+                    opts["debounce"] = json!({ "key": key, "window": "1s" });
+                }
+                let got = ask(
+                    "SELECT sheaf.place_start($1, $2, $3)",
+                    vec![
+                        v["workflow_name"].as_str().unwrap().to_owned().into(),
+                        v["workflow_id"].as_str().unwrap().to_owned().into(),
+                        pgrx::JsonB(opts).into(),
+                    ],
+                );
+                assert_eq!(got, expected(&v), "{v}");
+            }
+            for v in of("tasks") {
+                let mut opts = json!({ "placement": v["placement"] });
+                for k in ["idempotency_key", "rate_limit", "rate_key"] {
+                    if !v[k].is_null() {
+                        opts[k] = v[k].clone();
+                    }
+                }
+                let sql = "SELECT coalesce(sheaf.place_task($1, $2), -1)";
+                let got = ask(sql, vec!["emails".to_owned().into(), pgrx::JsonB(opts).into()]);
+                let want = match expected(&v) {
+                    w if w["owner"].is_null() && w.get("error").is_none() => json!({ "owner": -1 }),
+                    w => w,
+                };
+                assert_eq!(got, want, "{v}");
+            }
+            for v in of("mutexes") {
+                let key = v["mutex_key"].as_str().unwrap().to_owned();
+                let got = ask("SELECT sheaf.place_mutex($1)", vec![key.into()]);
+                assert_eq!(got, expected(&v), "{v}");
+            }
+            for v in of("ids") {
+                let id = pgrx::Uuid::from_bytes(
+                    *uuid::Uuid::parse_str(v["id"].as_str().unwrap())
+                        .unwrap()
+                        .as_bytes(),
+                );
+                let got = ask("SELECT sheaf.locate_id($1)", vec![id.into()]);
+                assert_eq!(got, expected(&v), "{v}");
+            }
+        }
+    }
+
+    #[pg_test]
+    fn an_id_follows_its_seal_and_the_forwards() {
+        init();
+        publish(&json!({"shards": [1, 2, 3], "forwards": {"7": 3}}));
+        let (id, ..) = crate::testing::start("wf", "moved", json!({}));
+        let locate = |id: pgrx::Uuid| {
+            Spi::get_one_with_args::<i32>("SELECT sheaf.locate_id($1)", &[id.into()])
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(locate(id), 1, "it lives here");
+        Spi::run_with_args(
+            "UPDATE sheaf.executions SET state = 'MIGRATED', migrated_to_shard = 2 WHERE id = $1",
+            &[id.into()],
+        )
+        .unwrap();
+        assert_eq!(locate(id), 2, "its seal's forward");
+        let retired = sheaf_core::id::compose(7, 1_767_225_600_000, 42).unwrap();
+        assert_eq!(
+            locate(pgrx::Uuid::from_bytes(retired)),
+            3,
+            "a retired shard's forward"
+        );
+        let unencoded = pgrx::Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
+        assert_eq!(locate(unencoded), 1, "the default shard");
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "no topology projection is published on this shard")]
+    fn placement_needs_a_published_topology() {
+        init();
+        Spi::run("SELECT sheaf.place_mutex('k')").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "invalid opts.placement: unknown field")]
+    fn a_bad_placement_is_named() {
+        init();
+        publish(&json!({"shards": [1]}));
+        Spi::run(r#"SELECT sheaf.place_start('wf', 'x', '{"placement": {"region": "eu"}}')"#).unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "a task of an execution goes where its execution lives")]
+    fn a_task_of_an_execution_is_located_by_id() {
+        init();
+        publish(&json!({"shards": [1]}));
+        Spi::run(
+            r#"SELECT sheaf.place_task('q', '{"execution_id": "00010000-0000-8000-8000-000000000000"}')"#,
+        )
+        .unwrap();
+    }
 }

@@ -20,11 +20,15 @@ use pgrx::prelude::*;
 pub enum Release {
     V0_1_0,
     V0_2_0,
+    V0_3_0,
 }
 
 /// A relation each release after the first added, newest release first:
 /// the first one found names the catalog's release.
-const MARKERS: &[(Release, &CStr)] = &[(Release::V0_2_0, c"ready_floors")];
+const MARKERS: &[(Release, &CStr)] = &[
+    (Release::V0_3_0, c"topology_projections"),
+    (Release::V0_2_0, c"ready_floors"),
+];
 
 /// What the library does only with a catalog that has its tables, columns
 /// or functions.
@@ -56,6 +60,8 @@ pub enum Feature {
     Schedules,
     /// `mutex_waiters.expires_at`.
     WaiterLeases,
+    /// `topology_projections` (placement, `base::topology`).
+    TopologyProjections,
 }
 
 impl Feature {
@@ -75,6 +81,7 @@ impl Feature {
             | Feature::Debounce
             | Feature::Schedules
             | Feature::WaiterLeases => Release::V0_2_0,
+            Feature::TopologyProjections => Release::V0_3_0,
         }
     }
 }
@@ -134,10 +141,15 @@ mod tests {
     fn the_release_follows_the_catalog() {
         // As in every sheaf function.
         Spi::run("SET LOCAL search_path = sheaf").expect("search path");
+        assert_eq!(release(), Release::V0_3_0);
+        Spi::run("ALTER TABLE sheaf.topology_projections RENAME TO topology_projections_gone")
+            .expect("rename");
         assert_eq!(release(), Release::V0_2_0);
         Spi::run("ALTER TABLE sheaf.ready_floors RENAME TO ready_floors_gone").expect("rename");
         assert_eq!(release(), Release::V0_1_0);
         Spi::run("ALTER TABLE sheaf.ready_floors_gone RENAME TO ready_floors").expect("rename back");
-        assert_eq!(release(), Release::V0_2_0);
+        Spi::run("ALTER TABLE sheaf.topology_projections_gone RENAME TO topology_projections")
+            .expect("rename back");
+        assert_eq!(release(), Release::V0_3_0);
     }
 }

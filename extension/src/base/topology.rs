@@ -3,11 +3,19 @@
 //! client declares for its session (`sheaf.topology_digest`) by every
 //! function that accepts placed work. A client that declares nothing (a
 //! plain SQL caller) is not checked.
+//!
+//! Since 0.3.0 a publish carries the topology's projection (ids, roles,
+//! residency, forwards; never URLs), kept by digest in
+//! `topology_projections`: the digest is computed here from it, and
+//! placement (`sheaf_core::placement`) answers from it.
 
 use pgrx::prelude::*;
 
 use crate::base::catalog::{self, Feature};
-use crate::base::errors::topology_mismatch;
+use sheaf_core::placement::Projection;
+
+use crate::base::errors::{internal, topology_mismatch};
+use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
 use crate::base::rows::row;
 
@@ -41,8 +49,70 @@ row! {
     }
 }
 
+const KEEP_PROJECTION: Stmt = Stmt::write(
+    "INSERT INTO topology_projections (digest, projection) VALUES ($1, $2) \
+     ON CONFLICT (digest) DO UPDATE SET published_at = now()",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::JSONBOID],
+);
+// Only the digests still accepted keep their projection.
+const FORGET_PROJECTIONS: Stmt = Stmt::write(
+    "DELETE FROM topology_projections p USING topology_digest t \
+     WHERE p.digest <> t.digest AND p.digest IS DISTINCT FROM t.previous",
+    &[],
+);
+const READ_PROJECTIONS: Stmt = Stmt::read(
+    "SELECT p.projection FROM topology_digest t \
+     LEFT JOIN topology_projections p ON p.digest = t.digest",
+    &[],
+);
+
+row! {
+    /// The published digest's projection (none: published before 0.3.0).
+    struct Stored {
+        projection: Option<pgrx::JsonB>,
+    }
+}
+
+/// The topology this shard places by: the published projection.
+pub struct Fleet {
+    pub current: Projection,
+}
+
 fn enabled() -> bool {
     catalog::has(Feature::TopologyDigest)
+}
+
+fn projections_enabled() -> bool {
+    catalog::has(Feature::TopologyProjections)
+}
+
+/// The projections this shard places by; `None` when none was published
+/// (nothing published, or only a digest, before 0.3.0: publish again).
+pub fn fleet() -> Option<Fleet> {
+    if !projections_enabled() {
+        return None;
+    }
+    let stored: Stored = READ_PROJECTIONS.first(&[], "reading the topology projections")?;
+    let parse = |p: Option<pgrx::JsonB>| {
+        p.map(|j| {
+            Projection::from_json(&j.0)
+                .unwrap_or_else(|e| internal(format!("reading a stored topology projection: {e}")))
+        })
+    };
+    let current = parse(stored.projection)?;
+    Some(Fleet { current })
+}
+
+/// Publishes the topology whose projection is `projection` (validated):
+/// its digest is computed from it, and the projection kept beside it.
+pub fn publish_projection(projection: &Projection, keep_previous: bool) -> Accepted {
+    let digest = projection.digest();
+    let json: serde_json::Value = serde_json::from_str(&projection.canonical())
+        .unwrap_or_else(|e| internal(format!("reading a canonical projection back: {e}")));
+    KEEP_PROJECTION.exec(&[digest.as_str().into(), Jsonb::from_value(json).into()]);
+    let accepted = publish(&digest, keep_previous);
+    FORGET_PROJECTIONS.exec(&[]);
+    accepted
 }
 
 /// The digest this session's client declared, if any.
@@ -100,15 +170,24 @@ pub fn publish(digest: &str, keep_previous: bool) -> Accepted {
 mod tests {
     use crate::testing::init;
     use pgrx::prelude::*;
+    use serde_json::{Value, json};
+    use sheaf_core::placement::Projection;
 
-    fn d(c: char) -> String {
-        format!("sha256:{}", c.to_string().repeat(64))
+    /// A fleet of this shard (1) and `others`.
+    fn fleet(others: &[u16]) -> Value {
+        let mut shards = vec![1];
+        shards.extend_from_slice(others);
+        json!({ "shards": shards })
     }
 
-    fn publish(digest: &str, keep: bool) -> (Option<String>, Option<String>) {
+    fn digest(projection: &Value) -> String {
+        Projection::from_json(projection).unwrap().digest()
+    }
+
+    fn publish(projection: &Value, keep: bool) -> (Option<String>, Option<String>) {
         Spi::get_two_with_args::<String, String>(
             "SELECT * FROM sheaf.publish_topology($1, $2)",
-            &[digest.into(), keep.into()],
+            &[pgrx::JsonB(projection.clone()).into(), keep.into()],
         )
         .unwrap()
     }
@@ -127,38 +206,85 @@ mod tests {
             .unwrap_or(false)
     }
 
+    fn kept() -> i64 {
+        Spi::get_one::<i64>("SELECT count(*) FROM sheaf.topology_projections")
+            .unwrap()
+            .unwrap()
+    }
+
     #[pg_test]
     fn a_published_digest_and_its_previous_are_accepted() {
         init();
-        declare(&d('a'));
+        let (a, b) = (fleet(&[]), fleet(&[2]));
+        declare(&digest(&a));
         assert!(enqueue(), "nothing published: nothing checked");
-        assert_eq!(publish(&d('a'), true), (Some(d('a')), None));
+        assert_eq!(publish(&a, true), (Some(digest(&a)), None));
         assert!(enqueue());
-        assert_eq!(publish(&d('b'), true), (Some(d('b')), Some(d('a'))));
+        assert_eq!(publish(&b, true), (Some(digest(&b)), Some(digest(&a))));
         assert!(enqueue(), "the previous digest, during a rollout");
         assert_eq!(
-            publish(&d('b'), true),
-            (Some(d('b')), Some(d('a'))),
+            publish(&b, true),
+            (Some(digest(&b)), Some(digest(&a))),
             "a repeat keeps it"
         );
+        assert_eq!(kept(), 2, "the current and the previous projection");
         declare("");
         assert!(enqueue(), "a caller that declares nothing is not checked");
+        assert_eq!(publish(&fleet(&[3]), true).1, Some(digest(&b)));
+        assert_eq!(kept(), 2, "older projections are forgotten");
+        publish(&fleet(&[3]), false);
+        assert_eq!(kept(), 1);
+    }
+
+    #[pg_test]
+    fn the_digest_is_the_projections_whatever_its_spelling() {
+        init();
+        // Unsorted, defaults left out: the canonical form is hashed.
+        let short = json!({"shards": [2, 1]});
+        let long = json!({"shards": [1, 2], "readable": [1, 2], "writable": [2, 1], "reserved": [],
+                          "default": 1, "residency": {}, "forwards": {}});
+        let (d, _) = publish(&short, true);
+        assert_eq!(d, publish(&long, true).0);
+        assert_eq!(
+            d.unwrap(),
+            sheaf_core::digest::of(br#"{"shards":[1,2],"readable":[1,2],"writable":[1,2],"reserved":[],"default":1,"residency":{},"forwards":{}}"#)
+        );
     }
 
     #[pg_test]
     #[should_panic(expected = "placed work refused")]
     fn another_digest_is_refused() {
         init();
-        publish(&d('b'), true);
-        publish(&d('c'), false);
-        declare(&d('b'));
+        publish(&fleet(&[2]), true);
+        publish(&fleet(&[3]), false);
+        declare(&digest(&fleet(&[2])));
         enqueue();
     }
 
     #[pg_test]
-    #[should_panic(expected = "must be sha256: and 64 lowercase hex digits")]
-    fn a_malformed_digest_is_refused() {
+    #[should_panic(expected = "invalid projection: writable shard 2 is not readable")]
+    fn a_bad_projection_is_refused() {
         init();
-        publish("sha256:ABC", true);
+        publish(
+            &json!({"shards": [1, 2], "readable": [1], "writable": [1, 2]}),
+            true,
+        );
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "invalid projection: unknown field \"urls\"")]
+    fn a_projection_never_carries_urls() {
+        init();
+        publish(
+            &json!({"shards": [1], "urls": {"1": "postgres://u:secret@h/d"}}),
+            true,
+        );
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "does not list this shard (1)")]
+    fn a_projection_without_this_shard_is_refused() {
+        init();
+        publish(&json!({"shards": [0, 2]}), true);
     }
 }

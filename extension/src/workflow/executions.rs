@@ -268,6 +268,21 @@ const POINTER: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
+const SEALED_TO: Stmt = Stmt::read(
+    "SELECT migrated_to_shard FROM executions WHERE id = $1 AND state = 'MIGRATED'",
+    &[PgBuiltInOids::UUIDOID],
+);
+
+/// The shard execution `id` moved to, if this shard holds its seal.
+pub fn moved_to(id: pgrx::Uuid) -> Option<i32> {
+    if !moves_enabled() {
+        return None;
+    }
+    SEALED_TO
+        .value::<Option<i32>>(&[id.into()], "reading a seal's forward")
+        .flatten()
+}
+
 /// Whether this shard's catalog has rebalancing (0.2.0 on).
 pub fn moves_enabled() -> bool {
     catalog::has(Feature::Moves)
