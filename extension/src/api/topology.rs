@@ -321,7 +321,7 @@ mod tests {
     fn an_id_follows_its_seal_and_the_forwards() {
         init();
         publish(&json!({"shards": [1, 2, 3], "forwards": {"7": 3}}));
-        let (id, ..) = crate::testing::start("wf", "moved", json!({}));
+        let id = crate::testing::start("wf", "moved", json!({})).id;
         let locate = |id: pgrx::Uuid| {
             Spi::get_one_with_args::<i32>("SELECT sheaf.locate_id($1)", &[id.into()])
                 .unwrap()

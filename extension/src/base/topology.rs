@@ -168,7 +168,8 @@ pub fn publish(digest: &str, keep_previous: bool) -> Accepted {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::init;
+    use crate::base::rows::row;
+    use crate::testing::{init, one};
     use pgrx::prelude::*;
     use serde_json::{Value, json};
     use sheaf_core::placement::Projection;
@@ -184,12 +185,20 @@ mod tests {
         Projection::from_json(projection).unwrap().digest()
     }
 
+    row! {
+        struct Published {
+            digest: Option<String>,
+            previous: Option<String>,
+        }
+    }
+
+    /// The digest published and the one kept as previous.
     fn publish(projection: &Value, keep: bool) -> (Option<String>, Option<String>) {
-        Spi::get_two_with_args::<String, String>(
-            "SELECT * FROM sheaf.publish_topology($1, $2)",
+        let p: Published = one(
+            "SELECT digest, previous FROM sheaf.publish_topology($1, $2)",
             &[pgrx::JsonB(projection.clone()).into(), keep.into()],
-        )
-        .unwrap()
+        );
+        (p.digest, p.previous)
     }
 
     fn declare(digest: &str) {
