@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use serde_json::{Value, json};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::code;
+use crate::{Rng, code};
 
 #[derive(Default)]
 pub struct Ledger {
@@ -149,4 +150,65 @@ impl Ledger {
         );
         assert_eq!(self.completed.len(), self.enqueued.len(), "seed {seed}");
     }
+}
+
+/// How an enqueuer varies its enqueues: a batch of `batch` tasks in one roll
+/// of ten, else one; one roll in ten due up to `later_ms` from now (promoted
+/// by a claim's sweep); 15 rolls in 100 held in an open transaction for up
+/// to `hold_us`, so claims meet tasks not yet committed.
+pub struct EnqueueMix {
+    pub batch: usize,
+    pub later_ms: u64,
+    pub hold_us: u64,
+}
+
+/// One enqueue of `mix` into `queue` with `opts`, booked in `rec`.
+pub async fn enqueue<R: Books>(
+    db: &Client,
+    rec: &Mutex<R>,
+    rng: &mut Rng,
+    queue: &str,
+    opts: &Value,
+    mix: &EnqueueMix,
+) {
+    const OPTS: &str = "CASE WHEN $4::float8 > 0 THEN $3::jsonb || jsonb_build_object('run_at', \
+                          now() + make_interval(secs => $4::float8 / 1000)) ELSE $3::jsonb END";
+    let later_ms = if rng.below(10) == 0 {
+        rng.below(mix.later_ms) as f64
+    } else {
+        0.0
+    };
+    let n = rng.next_u64();
+    let roll = rng.below(100);
+    let held = roll < 15;
+    if held {
+        db.batch_execute("BEGIN").await.unwrap();
+    }
+    let ids: Vec<Uuid> = if roll >= 90 {
+        let payloads: Vec<Value> = (0..mix.batch).map(|i| json!({"n": n, "i": i})).collect();
+        db.query(
+            &format!("SELECT * FROM sheaf.enqueue_batch($1, $2::jsonb[], {OPTS})"),
+            &[&queue, &payloads, opts, &later_ms],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("enqueue_batch: {e}"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    } else {
+        vec![
+            db.query_one(
+                &format!("SELECT sheaf.enqueue($1, $2, {OPTS})"),
+                &[&queue, &json!({"n": n}), opts, &later_ms],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("enqueue: {e}"))
+            .get(0),
+        ]
+    };
+    if held {
+        tokio::time::sleep(Duration::from_micros(rng.below(mix.hold_us))).await;
+        db.batch_execute("COMMIT").await.unwrap();
+    }
+    rec.lock().await.ledger().enqueued.extend(ids);
 }

@@ -8,9 +8,11 @@
 pub mod catalog;
 pub mod hostile;
 pub mod ledger;
+pub mod own_database;
 pub mod proxy;
 pub mod source_check;
 pub mod valid_calls;
+pub mod workflows;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -84,12 +86,22 @@ pub fn cli_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
 /// 15), ports from `base_port + 10 * major`. Its stdout (for `up`, the
 /// `SHEAF_SHARDS` lines); fails the test when the script does.
 pub fn own_shards(name: &str, base_port: u32, args: &[&str]) -> String {
-    let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
-    let port = (base_port + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string();
-    let dir = format!("/tmp/sheaf-test-{name}/pg{major}");
+    let major = test_pg();
+    let port = base_port + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number");
+    shards_script(&major, &format!("/tmp/sheaf-test-{name}/pg{major}"), port, args)
+}
+
+/// The PostgreSQL major the tests run on: `SHEAF_TEST_PG`, default 15.
+pub fn test_pg() -> String {
+    std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into())
+}
+
+/// `scripts/shards <args> --pg major --dir dir --base-port port`: its stdout;
+/// fails the test when the script does.
+pub fn shards_script(major: &str, dir: &str, port: u32, args: &[&str]) -> String {
     let out = Command::new(repo_root().join("scripts/shards"))
         .args(args)
-        .args(["--pg", &major, "--dir", &dir, "--base-port", &port])
+        .args(["--pg", major, "--dir", dir, "--base-port", &port.to_string()])
         .output()
         .expect("scripts/shards runs");
     assert!(
@@ -110,30 +122,10 @@ pub fn repo_root() -> PathBuf {
 }
 
 fn start_shards() -> String {
-    let root = repo_root();
-    let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
-    let out = Command::new(root.join("scripts/shards"))
-        .args([
-            "up",
-            "--count",
-            "3",
-            "--pg",
-            &major,
-            "--dir",
-            &format!("/tmp/sheaf-test-shards/pg{major}"),
-        ])
-        .args([
-            "--base-port",
-            &(25000 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number")).to_string(),
-        ])
-        .output()
-        .expect("scripts/shards runs");
-    assert!(
-        out.status.success(),
-        "scripts/shards up failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("shard list is UTF-8")
+    let major = test_pg();
+    let port = 25000 + 10 * major.parse::<u32>().expect("SHEAF_TEST_PG is a number");
+    let dir = format!("/tmp/sheaf-test-shards/pg{major}");
+    shards_script(&major, &dir, port, &["up", "--count", "3"])
 }
 
 /// A fresh connection to one shard; the connection task runs in the background.
@@ -211,10 +203,13 @@ impl Rng {
     }
 }
 
-/// A name no other test run uses, for queues and keys.
+/// A name no other test run uses, for queues and keys. The counter keeps
+/// two calls in the same nanosecond (tests run side by side) apart.
 pub fn unique(prefix: &str) -> String {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let (mut rng, _) = Rng::from_time();
-    format!("{prefix}-{:x}", rng.next_u64())
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}-{:x}{call:x}", rng.next_u64())
 }
 
 /// A connection whose notifications (LISTEN) arrive on the returned channel.

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
-use sheaf_tests::ledger::{self, Books, Ledger, OnDeadlock};
+use sheaf_tests::ledger::{self, Books, EnqueueMix, Ledger, OnDeadlock};
 use sheaf_tests::{Rng, code, connect, fleet, unique};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
@@ -199,54 +199,17 @@ async fn next(
 }
 
 async fn enqueuer(queue: String, rec: Shared, stop: Arc<AtomicBool>, seed: u64) {
+    const MIX: EnqueueMix = EnqueueMix {
+        batch: 5,
+        later_ms: 300,
+        hold_us: 5000,
+    };
     let shard = fleet().shards().next().unwrap();
     let db = connect(shard).await;
     let mut rng = Rng::new(seed);
-    let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let priority = rng.below(6) as i32;
-        // Some due a little later: promoted by a claim's sweep.
-        let later_ms = if rng.below(10) == 0 {
-            rng.below(300) as f64
-        } else {
-            0.0
-        };
-        let opts = json!({"priority": priority, "max_attempts": 1000});
-        let roll = rng.below(100);
-        let held = roll < 15;
-        if held {
-            db.batch_execute("BEGIN").await.unwrap();
-        }
-        const OPTS: &str = "CASE WHEN $4::float8 > 0 THEN $3::jsonb || jsonb_build_object('run_at', \
-                              now() + make_interval(secs => $4::float8 / 1000)) ELSE $3::jsonb END";
-        let ids: Vec<Uuid> = if roll >= 90 {
-            let payloads: Vec<serde_json::Value> = (0..5).map(|i| json!({"n": n, "i": i})).collect();
-            db.query(
-                &format!("SELECT * FROM sheaf.enqueue_batch($1, $2::jsonb[], {OPTS})"),
-                &[&queue, &payloads, &opts, &later_ms],
-            )
-            .await
-            .unwrap_or_else(|e| panic!("enqueue_batch: {e}"))
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-        } else {
-            vec![
-                db.query_one(
-                    &format!("SELECT sheaf.enqueue($1, $2, {OPTS})"),
-                    &[&queue, &json!({"n": n}), &opts, &later_ms],
-                )
-                .await
-                .unwrap_or_else(|e| panic!("enqueue: {e}"))
-                .get(0),
-            ]
-        };
-        if held {
-            tokio::time::sleep(Duration::from_micros(rng.below(5000))).await;
-            db.batch_execute("COMMIT").await.unwrap();
-        }
-        rec.lock().await.ledger.enqueued.extend(ids);
+        let opts = json!({"priority": rng.below(6) as i32, "max_attempts": 1000});
+        ledger::enqueue(&db, &*rec, &mut rng, &queue, &opts, &MIX).await;
         tokio::time::sleep(Duration::from_micros(rng.below(1500))).await;
     }
 }

@@ -1,7 +1,9 @@
 //! Bad input to every claim-engine function: the documented SQLSTATE, a
 //! message naming what was wrong, and nothing written.
 
-use sheaf_tests::{code, connect, fleet};
+use sheaf_tests::{code, connect, fleet, own_database};
+
+const DB: &str = "sheaf_claim_inputs";
 
 const TABLES: &str = "SELECT (SELECT count(*) FROM sheaf.tasks), (SELECT count(*) FROM sheaf.ready), \
     (SELECT count(*) FROM sheaf.queues), (SELECT count(*) FROM sheaf.dead_letters), \
@@ -12,8 +14,10 @@ const TABLES: &str = "SELECT (SELECT count(*) FROM sheaf.tasks), (SELECT count(*
 #[allow(clippy::too_many_lines)]
 #[tokio::test]
 async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing() {
+    // Its own database: the counts below cover whole tables, which the
+    // other tests write to in the shared one.
     let shard = fleet().shards().next().unwrap();
-    let db = connect(shard).await;
+    let db = own_database::shard(&shard.url, DB, shard.id.get().into()).await;
     let stranger = "'00000000-0000-8000-8000-00000000abcd'";
     let cases: Vec<(String, &str, &str)> = vec![
         ("SELECT sheaf.enqueue(NULL, '{}')".into(), "22004", "queue"),
@@ -340,6 +344,8 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
             "table {i} changed"
         );
     }
+    drop(db);
+    own_database::drop(&shard.url, DB).await;
 }
 
 #[tokio::test]

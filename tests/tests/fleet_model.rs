@@ -1409,12 +1409,7 @@ async fn bump_quota(db: &tokio_postgres::Client) {
 /// A damaged fleet goes: the next run starts it afresh.
 fn retire(f: Fleet) {
     f.own(&["down"]);
-    std::fs::remove_dir_all(format!(
-        "/tmp/sheaf-test-{}/pg{}",
-        f.name,
-        std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into())
-    ))
-    .ok();
+    std::fs::remove_dir_all(format!("/tmp/sheaf-test-{}/pg{}", f.name, sheaf_tests::test_pg())).ok();
 }
 
 /// Copies run `id`'s row from one shard to another, live, from outside.

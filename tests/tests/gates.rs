@@ -4,10 +4,6 @@
 //! without writing and whose counters match a recount after a random
 //! concurrent workload, a re-start of a running workflow id attaching to it,
 //! and bad input to every function of the executions API.
-//!
-//! Every test here except the bad-input one runs on shard 0 or 1: the
-//! bad-input test counts whole tables on shard 2, so nothing else may write
-//! there while it runs.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -15,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use sheaf_driver::Shard;
-use sheaf_tests::{Rng, code, connect, fleet, query_retrying, sqlstate, unique};
+use sheaf_tests::workflows::{Started, start, start_new};
+use sheaf_tests::{Rng, code, connect, fleet, own_database, query_retrying, sqlstate, unique};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Error};
 use uuid::Uuid;
@@ -24,6 +21,8 @@ use uuid::Uuid;
 const ACTIVE: &str = "state IN ('RUNNING', 'SUSPENDED', 'PAUSED')";
 /// What one admission may cancel under cancel_running.
 const SUPERSEDE_BATCH: usize = 32;
+/// The bad-input test's own database.
+const DB: &str = "sheaf_gates_bad_input";
 
 fn shard(n: usize) -> &'static Shard {
     fleet().shards().nth(n).unwrap()
@@ -33,40 +32,6 @@ async fn declare(db: &Client, name: &str, policy: Value) {
     db.execute("SELECT sheaf.declare_workflow($1, $2)", &[&name, &policy])
         .await
         .unwrap_or_else(|e| panic!("declare_workflow {name} {policy}: {e}"));
-}
-
-#[derive(Debug)]
-struct Started {
-    id: Uuid,
-    created: bool,
-    superseded: Vec<Uuid>,
-}
-
-async fn start(db: &Client, name: &str, workflow_id: &str, input: &Value) -> Result<Started, Error> {
-    let rows = query_retrying(
-        db,
-        "SELECT execution_id, created, superseded FROM sheaf.start_workflow($1, $2, $3)",
-        &[&name, &workflow_id, input],
-    )
-    .await?;
-    assert_eq!(rows.len(), 1, "start_workflow returns one row");
-    Ok(Started {
-        id: rows[0].get(0),
-        created: rows[0].get(1),
-        superseded: rows[0].get(2),
-    })
-}
-
-/// A start the test expects to create a new execution.
-async fn start_new(db: &Client, name: &str, workflow_id: &str, input: &Value) -> Started {
-    let s = start(db, name, workflow_id, input)
-        .await
-        .unwrap_or_else(|e| panic!("start {name}/{workflow_id} {input}: {e}"));
-    assert!(
-        s.created,
-        "start {name}/{workflow_id} attached instead of creating: {s:?}"
-    );
-    s
 }
 
 async fn count(db: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> i64 {
@@ -1171,7 +1136,9 @@ const BAD_CALLS: &[(&str, &str, &str)] = &[
 
 #[tokio::test]
 async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing() {
-    let db = connect(shard(2)).await;
+    // Its own database: the counts below cover whole tables, which the
+    // other tests write to in the shared one.
+    let db = own_database::shard(&shard(2).url, DB, shard(2).id.get().into()).await;
     let name = unique("bad");
     declare(
         &db,
@@ -1251,4 +1218,6 @@ async fn every_function_refuses_bad_input_with_its_sqlstate_and_writes_nothing()
     assert_eq!(state_of(&db, running).await, "RUNNING");
 
     assert_eq!(table_counts(&db).await, before, "a refused call wrote");
+    drop(db);
+    own_database::drop(&shard(2).url, DB).await;
 }

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use sheaf_tests::hostile::{default_arg, random_value, values};
 use sheaf_tests::valid_calls::{VALID_CALLS, ValidCall};
-use sheaf_tests::{Rng, fleet, repo_root};
-use tokio_postgres::{Client, Config, NoTls};
+use sheaf_tests::{Rng, fleet, own_database, repo_root};
+use tokio_postgres::Client;
 
 const DB: &str = "sheaf_hostile";
 const LIMIT: Duration = Duration::from_secs(2);
@@ -265,17 +265,6 @@ impl Run {
     }
 }
 
-async fn connect_db(url: &str, db: &str) -> Client {
-    let mut config: Config = url.parse().expect("a shard URL parses");
-    config.dbname(db);
-    let (client, connection) = config
-        .connect(NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {db}: {e}"));
-    tokio::spawn(connection);
-    client
-}
-
 /// The server log of a shard started by `scripts/shards` (`<dir>/log`
 /// beside `<dir>/data`), and its length now.
 async fn server_log(db: &Client) -> Option<(std::path::PathBuf, u64)> {
@@ -325,17 +314,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 /// A fresh database on the shard's cluster, made by the valid calls' rules.
 async fn fresh_database(url: &str) -> Client {
-    let admin = connect_db(url, "postgres").await;
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"),
-        format!("CREATE DATABASE {DB}"),
-    ] {
-        admin
-            .batch_execute(&sql)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-    let db = connect_db(url, DB).await;
+    let db = own_database::recreate(url, DB).await;
     db.batch_execute("CREATE EXTENSION sheaf; SET statement_timeout = '2s'")
         .await
         .expect("CREATE EXTENSION sheaf");
@@ -433,10 +412,7 @@ async fn every_function_survives_hostile_arguments() {
             .map(|s| s.url.clone());
         drop(run.db);
         if let Some(url) = url {
-            let admin = connect_db(&url, "postgres").await;
-            let _ = admin
-                .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
-                .await;
+            own_database::drop(&url, DB).await;
         }
     }
     eprintln!("hostile: done in {:?}", started.elapsed());

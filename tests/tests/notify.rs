@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use sheaf_tests::{connect, connect_listening, fleet, unique};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_postgres::{Client, Notification};
 
 #[tokio::test]
 async fn notifications_are_coalesced_per_transaction_and_can_be_turned_off() {
@@ -34,12 +36,7 @@ async fn notifications_are_coalesced_per_transaction_and_can_be_turned_off() {
     ))
     .await
     .unwrap();
-    let mut got = Vec::new();
-    while let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(500), notes.recv()).await {
-        if n.payload() == queue {
-            got.push(n);
-        }
-    }
+    let got = notified_until_marker(&db, &mut notes, &queue).await;
     assert_eq!(
         got.len(),
         2,
@@ -59,15 +56,34 @@ async fn notifications_are_coalesced_per_transaction_and_can_be_turned_off() {
     db.execute("SELECT sheaf.enqueue($1, '{}')", &[&queue])
         .await
         .unwrap();
-    let quiet = tokio::time::timeout(Duration::from_millis(500), async {
-        loop {
-            match notes.recv().await {
-                Some(n) if n.payload() == queue => return true,
-                Some(_) => continue,
-                None => return false,
-            }
+    let got = notified_until_marker(&db, &mut notes, &queue).await;
+    assert!(got.is_empty(), "no notification once notify is off: {got:?}");
+}
+
+/// The notifications about `queue` that arrived before a marker the test
+/// sends after them: Postgres delivers notifications in commit order, so
+/// nothing about what came before can arrive after it. No fixed wait, and
+/// the other tests' notifications on the channel do not matter.
+async fn notified_until_marker(
+    db: &Client,
+    notes: &mut UnboundedReceiver<Notification>,
+    queue: &str,
+) -> Vec<Notification> {
+    let marker = format!("{queue}-marker");
+    db.execute("SELECT pg_notify('sheaf_ready', $1)", &[&marker])
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), notes.recv())
+            .await
+            .expect("the marker notification within 30 s")
+            .expect("the listening connection is open");
+        if n.payload() == marker {
+            return got;
         }
-    })
-    .await;
-    assert!(quiet.is_err(), "no notification once notify is off");
+        if n.payload() == queue {
+            got.push(n);
+        }
+    }
 }

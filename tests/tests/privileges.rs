@@ -37,9 +37,10 @@ async fn as_login(url: &str, login: &str) -> Client {
     client
 }
 
-/// On every shard: `login`, a login role granted `role` alone (made anew).
-async fn make_login(login: &str, role: &str) {
-    for shard in fleet().shards() {
+/// On every shard of `fleet`: `login`, a login role granted `role` alone
+/// (made anew).
+async fn make_login(fleet: &Topology, login: &str, role: &str) {
+    for shard in fleet.shards() {
         connect(shard)
             .await
             .batch_execute(&format!(
@@ -50,8 +51,8 @@ async fn make_login(login: &str, role: &str) {
     }
 }
 
-async fn drop_login(login: &str) {
-    for shard in fleet().shards() {
+async fn drop_login(fleet: &Topology, login: &str) {
+    for shard in fleet.shards() {
         connect(shard)
             .await
             .batch_execute(&format!("DROP ROLE {login}"))
@@ -67,18 +68,18 @@ fn url_as(url: &str, login: &str) -> String {
     format!("{scheme}://{login}@{host}")
 }
 
-/// The test fleet's shards, connecting as `login`, in the SHEAF_SHARDS format.
-fn spec_as(login: &str) -> String {
-    fleet()
+/// `fleet`'s shards, connecting as `login`, in the SHEAF_SHARDS format.
+fn spec_as(fleet: &Topology, login: &str) -> String {
+    fleet
         .shards()
         .map(|s| format!("{}={}", s.id, url_as(&s.url, login)))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// A client of the test fleet connecting as `login`.
-fn client_as(login: &str, actor: Option<&str>) -> Arc<sheaf_driver::Client> {
-    let topology = Topology::parse(&spec_as(login)).expect("the fleet as another login");
+/// A client of `fleet` connecting as `login`.
+fn client_as(fleet: &Topology, login: &str, actor: Option<&str>) -> Arc<sheaf_driver::Client> {
+    let topology = Topology::parse(&spec_as(fleet, login)).expect("the fleet as another login");
     let options = PoolOptions::default().actor(actor.map(str::to_owned));
     Arc::new(sheaf_driver::Client::new(topology, options).expect("a client"))
 }
@@ -263,6 +264,16 @@ async fn a_worker_login_cannot_call_admin_functions_touch_tables_or_create_objec
 /// children too.
 static RELAYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The relay tests' own shards: any `Worker` of the other tests relays the
+/// shared fleet's children, and these tests must be the only relay there is.
+fn relay_fleet() -> &'static Topology {
+    static FLEET: std::sync::OnceLock<Topology> = std::sync::OnceLock::new();
+    FLEET.get_or_init(|| {
+        let spec = sheaf_tests::own_shards("privileges", 24800, &["up", "--count", "2", "--no-install"]);
+        Topology::parse(&spec).expect("own shards")
+    })
+}
+
 /// The protocol's steps (docs/reference/roles.md): granted to `sheaf_relay` (and so
 /// to `sheaf_admin`), never to `sheaf_worker`.
 const PROTOCOL: [&str; 13] = [
@@ -369,9 +380,9 @@ async fn the_protocol_steps_are_the_relay_roles_alone() {
     const WORKER: &str = "sheaf_test_proto_worker";
     const RELAY: &str = "sheaf_test_proto_relay";
     const ADMIN: &str = "sheaf_test_proto_admin";
-    make_login(WORKER, "sheaf_worker").await;
-    make_login(RELAY, "sheaf_relay").await;
-    make_login(ADMIN, "sheaf_admin").await;
+    make_login(fleet(), WORKER, "sheaf_worker").await;
+    make_login(fleet(), RELAY, "sheaf_relay").await;
+    make_login(fleet(), ADMIN, "sheaf_admin").await;
     let mut problems = Vec::new();
     for shard in fleet().shards() {
         let owner = connect(shard).await;
@@ -440,15 +451,15 @@ async fn the_protocol_steps_are_the_relay_roles_alone() {
             }
         }
     }
-    drop_login(WORKER).await;
-    drop_login(RELAY).await;
-    drop_login(ADMIN).await;
+    drop_login(fleet(), WORKER).await;
+    drop_login(fleet(), RELAY).await;
+    drop_login(fleet(), ADMIN).await;
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 /// Waits until the parent `p` has its child's end in its history.
-async fn child_completed(p: ExecutionId) -> bool {
-    let shard = fleet().get(p.route(fleet())).expect("its shard");
+async fn child_completed(fleet: &Topology, p: ExecutionId) -> bool {
+    let shard = fleet.get(p.route(fleet)).expect("its shard");
     let db = connect(shard).await;
     let n: i64 = db
         .query_one(
@@ -466,11 +477,11 @@ async fn a_worker_login_works_without_the_protocol_and_a_relay_login_drives_a_ch
     const WORKER: &str = "sheaf_test_proto_worker_w";
     const RELAY: &str = "sheaf_test_proto_relay_w";
     let _relaying = RELAYING.lock().await;
-    make_login(WORKER, "sheaf_worker").await;
-    make_login(RELAY, "sheaf_relay").await;
-    let shards: Vec<ShardId> = fleet().shards().map(|s| s.id).collect();
-    let owner =
-        Arc::new(sheaf_driver::Client::new(fleet().clone(), PoolOptions::default()).expect("a client"));
+    let fleet = relay_fleet();
+    make_login(fleet, WORKER, "sheaf_worker").await;
+    make_login(fleet, RELAY, "sheaf_relay").await;
+    let shards: Vec<ShardId> = fleet.shards().map(|s| s.id).collect();
+    let owner = Arc::new(sheaf_driver::Client::new(fleet.clone(), PoolOptions::default()).expect("a client"));
     // A child on another shard than its parent's: the relay's to start.
     let parent = owner
         .start_workflow(
@@ -495,8 +506,8 @@ async fn a_worker_login_works_without_the_protocol_and_a_relay_login_drives_a_ch
         .child_id;
     a_worker_login_runs_no_relay(&owner, child, &shards, WORKER).await;
     a_relay_login_drives_the_child(&owner, parent, child, &shards, RELAY).await;
-    drop_login(WORKER).await;
-    drop_login(RELAY).await;
+    drop_login(fleet, WORKER).await;
+    drop_login(fleet, RELAY).await;
 }
 
 /// A worker under `login` (sheaf_worker alone) claims and completes, and
@@ -507,7 +518,7 @@ async fn a_worker_login_runs_no_relay(
     shards: &[ShardId],
     login: &str,
 ) {
-    let worker = client_as(login, None);
+    let worker = client_as(relay_fleet(), login, None);
     let queue = unique("proto-q");
     for &s in shards {
         for i in 0..3 {
@@ -575,7 +586,7 @@ async fn a_relay_login_drives_the_child(
     shards: &[ShardId],
     login: &str,
 ) {
-    let relay = client_as(login, None);
+    let relay = client_as(relay_fleet(), login, None);
     let r = Worker::start(
         relay.clone(),
         WorkerOptions::new(unique("proto-r"), [unique("proto-none")]),
@@ -609,7 +620,7 @@ async fn a_relay_login_drives_the_child(
     until(
         "the parent has the child's end",
         Duration::from_secs(20),
-        async || child_completed(parent).await,
+        async || child_completed(relay_fleet(), parent).await,
     )
     .await;
     r.shutdown().await;
@@ -620,11 +631,12 @@ async fn sheaf_relay_needs_the_relay_role_and_says_so() {
     const WORKER: &str = "sheaf_test_proto_worker_cli";
     const RELAY: &str = "sheaf_test_proto_relay_cli";
     let _relaying = RELAYING.lock().await;
-    make_login(WORKER, "sheaf_worker").await;
-    make_login(RELAY, "sheaf_relay").await;
+    let fleet = relay_fleet();
+    make_login(fleet, WORKER, "sheaf_worker").await;
+    make_login(fleet, RELAY, "sheaf_relay").await;
     let refused = tokio::process::Command::new(cli_binary())
         .args(["relay", "--report-every", "1s"])
-        .env("SHEAF_SHARDS", spec_as(WORKER))
+        .env("SHEAF_SHARDS", spec_as(fleet, WORKER))
         .env_remove("SHEAF_TOPOLOGY_DIGEST")
         .kill_on_drop(true)
         .output();
@@ -638,7 +650,7 @@ async fn sheaf_relay_needs_the_relay_role_and_says_so() {
         stderr.contains("sheaf_relay") && stderr.contains(WORKER) && stderr.contains("GRANT"),
         "{stderr}"
     );
-    for shard in fleet().shards() {
+    for shard in fleet.shards() {
         let host = url_as(&shard.url, "x");
         let host = host.split_once('@').map_or("", |(_, h)| h);
         assert!(
@@ -649,7 +661,7 @@ async fn sheaf_relay_needs_the_relay_role_and_says_so() {
 
     let mut running = tokio::process::Command::new(cli_binary())
         .args(["relay", "--report-every", "1s"])
-        .env("SHEAF_SHARDS", spec_as(RELAY))
+        .env("SHEAF_SHARDS", spec_as(fleet, RELAY))
         .env_remove("SHEAF_TOPOLOGY_DIGEST")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -657,7 +669,7 @@ async fn sheaf_relay_needs_the_relay_role_and_says_so() {
         .expect("the CLI starts");
     let mut lines = tokio::io::BufReader::new(running.stdout.take().expect("stdout"));
     // Its start, then one report of every shard's backlog.
-    for _ in 0..=fleet().shards().count() {
+    for _ in 0..=fleet.shards().count() {
         let mut line = String::new();
         tokio::time::timeout(
             Duration::from_secs(20),
@@ -672,15 +684,15 @@ async fn sheaf_relay_needs_the_relay_role_and_says_so() {
         );
     }
     running.kill().await.expect("stopped");
-    drop_login(WORKER).await;
-    drop_login(RELAY).await;
+    drop_login(fleet, WORKER).await;
+    drop_login(fleet, RELAY).await;
 }
 
 #[tokio::test]
 async fn audit_rows_carry_the_login_beside_the_declared_actor() {
     const ADMIN: &str = "sheaf_test_audit_login";
-    make_login(ADMIN, "sheaf_admin").await;
-    let c = client_as(ADMIN, Some("ann"));
+    make_login(fleet(), ADMIN, "sheaf_admin").await;
+    let c = client_as(fleet(), ADMIN, Some("ann"));
     let key = unique("audit-login");
     let set = c.admin().set_concurrency_limit(&key, Some(3)).await;
     assert!(set.failed.is_empty(), "{:?}", set.failed);
@@ -699,7 +711,7 @@ async fn audit_rows_carry_the_login_beside_the_declared_actor() {
         );
     }
     drop(c);
-    drop_login(ADMIN).await;
+    drop_login(fleet(), ADMIN).await;
 }
 
 #[tokio::test]

@@ -5,27 +5,19 @@
 use std::time::Duration;
 
 use sheaf_driver::{Client, ClientError, PoolOptions, ShardError, ShardId, Topology};
-use sheaf_tests::{connect, fleet, unique};
+use sheaf_tests::{fleet, own_database, unique};
 
 /// A scratch database on shard 0's cluster, its URL, and a topology that
 /// calls it shard 7.
 async fn scratch(with_extension: bool) -> (String, String, Topology) {
     let shard = fleet().shards().next().expect("a shard");
-    let admin = connect(shard).await;
     let db = unique("schema").replace('-', "_");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .expect("create a scratch database");
+    let c = own_database::recreate(&shard.url, &db).await;
     let url = format!(
         "{}/{db}",
         shard.url.rsplit_once('/').expect("a database in the URL").0
     );
     if with_extension {
-        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(conn);
         c.batch_execute(
             "CREATE EXTENSION sheaf; SELECT sheaf.init_shard(7); \
              UPDATE pg_extension SET extversion = '9.9.9' WHERE extname = 'sheaf'",
@@ -38,11 +30,7 @@ async fn scratch(with_extension: bool) -> (String, String, Topology) {
 }
 
 async fn drop_db(db: &str) {
-    let admin = connect(fleet().shards().next().expect("a shard")).await;
-    admin
-        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .await
-        .expect("drop the scratch database");
+    own_database::drop(&fleet().shards().next().expect("a shard").url, db).await;
 }
 
 #[tokio::test]

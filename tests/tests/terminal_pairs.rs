@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sheaf_tests::{Rng, code, connect, fleet, unique};
+use sheaf_tests::{Rng, code, connect, fleet, unique, workflows};
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
@@ -112,14 +112,7 @@ async fn fixture(db: &Client, s: &Setup) -> Fixture {
     )
     .await;
     one(db, "SELECT sheaf.set_concurrency_limit($1, 3)", &[&key]).await;
-    let execution: Uuid = db
-        .query_one(
-            "SELECT execution_id FROM sheaf.start_workflow($1, 'w', '{}')",
-            &[&name],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let execution = workflows::start_new(db, &name, "w", &json!({})).await.id;
     one(
         db,
         "UPDATE sheaf.tasks SET max_attempts = $2 WHERE execution_id = $1",

@@ -16,11 +16,7 @@ use serde_json::json;
 use sheaf_driver::{
     Client, ClientError, EnqueueOptions, PoolOptions, TaskContext, TaskDone, Topology, Worker, WorkerOptions,
 };
-use sheaf_tests::unique;
-
-fn major() -> String {
-    std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into())
-}
+use sheaf_tests::{test_pg, unique};
 
 /// A plain connection to the shard behind `url` (its TLS settings dropped).
 async fn plain(url: &str) -> tokio_postgres::Client {
@@ -45,10 +41,10 @@ async fn tls_backends(db: &tokio_postgres::Client) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_that_requires_tls_is_reached_over_tls_and_verified() {
-    if major() != "15" {
+    if test_pg() != "15" {
         eprintln!(
             "skipped: the PostgreSQL {} build here has no OpenSSL (only the Debian PostgreSQL 15 serves TLS)",
-            major()
+            test_pg()
         );
         return;
     }

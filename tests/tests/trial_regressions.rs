@@ -5,12 +5,17 @@ use std::time::Duration;
 
 use sheaf_core::nesting::MAX_DEPTH;
 use sheaf_driver::{Client as Driver, PoolOptions};
-use sheaf_tests::{code, connect, fleet, unique};
+use sheaf_tests::{code, connect, fleet, unique, workflows};
 use tokio_postgres::Client;
 
-/// `levels` nested arrays around a number, as SQL text for a jsonb literal.
+/// `levels` nested arrays around a number, as JSON text.
+fn nested_json(levels: usize) -> String {
+    format!("{}1{}", "[".repeat(levels), "]".repeat(levels))
+}
+
+/// [`nested_json`] as SQL text for a jsonb literal.
 fn nested(levels: usize) -> String {
-    format!("'{}1{}'::jsonb", "[".repeat(levels), "]".repeat(levels))
+    format!("'{}'::jsonb", nested_json(levels))
 }
 
 async fn refused(db: &Client, sql: &str) -> tokio_postgres::error::DbError {
@@ -28,17 +33,13 @@ async fn first_shard() -> (Client, sheaf_driver::Shard) {
     (connect(&shard).await, shard)
 }
 
-/// Starts an execution of a fresh workflow name; its id.
-async fn start(db: &Client, input: &str) -> String {
-    let name = unique("wf");
-    let row = db
-        .query_one(
-            &format!("SELECT execution_id::text FROM sheaf.start_workflow('{name}', 'w1', {input})"),
-            &[],
-        )
+/// Starts an execution of a fresh workflow name with input `json`; its id.
+async fn start(db: &Client, json: &str) -> String {
+    let input = serde_json::from_str(json).expect("JSON");
+    workflows::start_new(db, &unique("wf"), "w1", &input)
         .await
-        .expect("start_workflow");
-    row.get(0)
+        .id
+        .to_string()
 }
 
 /// Every jsonb argument follows one nesting rule: 100 levels are accepted
@@ -52,7 +53,7 @@ async fn every_jsonb_argument_follows_one_nesting_rule() {
     let queue = unique("deep");
 
     // Accepted at the limit, and readable afterwards.
-    let execution = start(&db, &ok).await;
+    let execution = start(&db, &nested_json(MAX_DEPTH)).await;
     db.batch_execute(&format!(
         "SELECT sheaf.append_event('{execution}', 'Note', {ok}); \
          SELECT sheaf.complete_execution('{execution}', {ok});"
@@ -79,7 +80,7 @@ async fn every_jsonb_argument_follows_one_nesting_rule() {
 
     for levels in [MAX_DEPTH + 1, 128, 300] {
         let deep = nested(levels);
-        let execution = start(&db, "'{}'").await;
+        let execution = start(&db, "{}").await;
         let wf = unique("wf");
         let cases = [
             (format!("SELECT sheaf.enqueue('{queue}', '{{}}', {deep})"), "opts"),

@@ -3,6 +3,8 @@
 //! beside sheaf's in each shard database.
 
 use std::process::Command;
+
+use sheaf_tests::shards_script;
 use std::time::Duration;
 
 use sheaf_driver::Topology;
@@ -18,11 +20,11 @@ pub struct Fleet {
 impl Fleet {
     /// Starts (or reuses) the clusters and recreates their `sheaf` databases.
     pub fn up() -> Fleet {
-        let major = std::env::var("SHEAF_TEST_PG").unwrap_or_else(|_| "15".into());
+        let major = sheaf_tests::test_pg();
         let n: u32 = major.parse().expect("SHEAF_TEST_PG is a number");
         let dir = format!("/tmp/sheaf-soak/pg{major}");
         let port = 27750 + 10 * n.saturating_sub(15);
-        let spec = run_shards(&major, &dir, port, &["up", "--count", "3", "--no-install"]);
+        let spec = shards_script(&major, &dir, port, &["up", "--count", "3", "--no-install"]);
         let topology = Topology::parse(&spec).expect("scripts/shards prints a shard list");
         Fleet {
             major,
@@ -35,7 +37,7 @@ impl Fleet {
 
     /// `scripts/shards <args>` on the soak's clusters; its stdout.
     pub fn shards(&self, args: &[&str]) -> String {
-        run_shards(&self.major, &self.dir, self.port, args)
+        shards_script(&self.major, &self.dir, self.port, args)
     }
 
     /// A crash: `pg_ctl restart -m immediate` (no checkpoint, every backend
@@ -67,20 +69,6 @@ impl Fleet {
     pub fn down(&self) {
         self.shards(&["down"]);
     }
-}
-
-fn run_shards(major: &str, dir: &str, port: u32, args: &[&str]) -> String {
-    let out = Command::new(sheaf_tests::repo_root().join("scripts/shards"))
-        .args(args)
-        .args(["--pg", major, "--dir", dir, "--base-port", &port.to_string()])
-        .output()
-        .expect("scripts/shards runs");
-    assert!(
-        out.status.success(),
-        "scripts/shards {args:?}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
 }
 
 /// What the soak records beside sheaf's tables, in each shard's database:
