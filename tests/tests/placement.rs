@@ -14,7 +14,7 @@ use sheaf_driver::{
 };
 
 fn own(args: &[&str]) -> String {
-    sheaf_tests::own_shards("placement", 25800, args)
+    sheaf_tests::own_shards("placement", 23700, args)
 }
 
 fn client(builder: TopologyBuilder) -> Arc<Client> {

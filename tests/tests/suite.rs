@@ -21,6 +21,7 @@ mod notify;
 mod operator_actions;
 mod operator_reads;
 mod outage;
+mod placement;
 mod privileges;
 mod queue_config;
 mod rate_limits;
