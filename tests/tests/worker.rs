@@ -158,8 +158,10 @@ async fn shutdown_waits_for_tasks_in_hand_or_releases_them_unspent() {
     .await;
     let started = tokio::time::Instant::now();
     let report = worker.shutdown().await;
+    // Well under the handler's 30 s, whatever the machine's load: the
+    // drain gave up after its 200 ms instead of waiting for the handler.
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(20),
         "{:?}",
         started.elapsed()
     );
