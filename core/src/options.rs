@@ -5,6 +5,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use crate::placement::{Pin, placement_from_json};
 use crate::state::TaskKind;
 
 use crate::excerpt::{excerpt, quoted};
@@ -61,6 +62,9 @@ pub struct EnqueueOptions {
     pub rate_limit: Option<String>,
     /// Its bucket's key, over the limit's key path.
     pub rate_key: Option<String>,
+    /// How the caller placed it (`opts.placement`): what a shard with a
+    /// published topology checks a keyed or pinned task against.
+    pub placement: Pin,
 }
 
 impl Default for EnqueueOptions {
@@ -77,6 +81,7 @@ impl Default for EnqueueOptions {
             idempotency_key: None,
             rate_limit: None,
             rate_key: None,
+            placement: Pin::Auto,
         }
     }
 }
@@ -93,6 +98,7 @@ const ENQUEUE_OPTIONS: &[&str] = &[
     "idempotency_key",
     "rate_limit",
     "rate_key",
+    "placement",
 ];
 
 impl EnqueueOptions {
@@ -149,8 +155,21 @@ impl EnqueueOptions {
                 "idempotency_key" => o.idempotency_key = Some(key(&opt, value)?),
                 "rate_limit" => o.rate_limit = Some(string(&opt, value, MAX_KEY_BYTES)?),
                 "rate_key" => o.rate_key = Some(key(&opt, value)?),
+                "placement" => {
+                    let (pin, tenant) = placement_from_json(value).map_err(|why| err(&opt, why))?;
+                    if tenant.is_some() {
+                        return Err(err(&opt, "a task takes no tenant (only a start does)"));
+                    }
+                    o.placement = pin;
+                }
                 _ => unreachable!("object() refuses unknown options"),
             }
+        }
+        if o.execution_id.is_some() && o.placement != Pin::Auto {
+            return Err(err(
+                "opts.placement",
+                "a task of an execution goes where its execution lives: it takes no placement",
+            ));
         }
         if o.rate_key.is_some() && o.rate_limit.is_none() {
             return Err(err(
@@ -343,6 +362,8 @@ mod tests {
         assert_eq!(o.kind, TaskKind::Workflow);
         assert_eq!(o.execution_id.unwrap()[0..2], [0, 1]);
         assert_eq!(o.idempotency_key.as_deref(), Some("once"));
+        let o = EnqueueOptions::parse(&json!({"placement": {"routing_key": "acme"}})).unwrap();
+        assert_eq!(o.placement, Pin::RoutingKey("acme".into()));
     }
 
     #[test]
@@ -367,6 +388,16 @@ mod tests {
             (json!({"kind": "job"}), "opts.kind"),
             (json!({"execution_id": "nope"}), "opts.execution_id"),
             (json!({"run_at": 5}), "opts.run_at"),
+            (json!({"placement": {"tenant": "acme"}}), "opts.placement"),
+            (
+                json!({"placement": {"shard": 1, "residency_key": "eu"}}),
+                "opts.placement",
+            ),
+            (json!({"placement": "shard 1"}), "opts.placement"),
+            (
+                json!({"placement": {"shard": 1}, "execution_id": "000118bc-fe56-8800-9234-56789abcdef0"}),
+                "opts.placement",
+            ),
         ];
         for (opts, option) in cases {
             let e = EnqueueOptions::parse(&opts).unwrap_err();

@@ -195,10 +195,11 @@ impl PlaceError {
 /// How a start (or a task) asks to be placed, strongest first: a shard or
 /// residency pin, else a routing key used verbatim, else automatic (the
 /// tenant's routing key for a start with a tenant, else the default key).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Pin {
     /// By the default key (or the tenant, for a start).
+    #[default]
     Auto,
     /// Exactly this shard.
     Shard(u16),
@@ -718,6 +719,40 @@ impl Projection {
         } else {
             Err(PlaceError::ShardNotWritable(id))
         }
+    }
+}
+
+/// What a shard does with work that `place` places under the projections
+/// it accepts: the published one first, then the previous one kept while
+/// a change rolls out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// An accepted projection places it here, or nothing places it.
+    Here,
+    /// The published projection places it on this other shard.
+    Elsewhere(u16),
+    /// The published projection refuses the placement itself.
+    Refused(PlaceError),
+}
+
+/// Whether shard `here` takes work placed by `place` (`Ok(None)`: any
+/// shard takes it) under `current` or `previous`: the first that places
+/// it here wins; else the published projection's answer is the refusal.
+pub fn admit(
+    here: u16,
+    current: &Projection,
+    previous: Option<&Projection>,
+    place: impl Fn(&Projection) -> Result<Option<u16>, PlaceError>,
+) -> Admission {
+    let verdict = place(current);
+    let here_under = |v: &Result<Option<u16>, PlaceError>| matches!(v, Ok(None)) || *v == Ok(Some(here));
+    if here_under(&verdict) || previous.is_some_and(|p| here_under(&place(p))) {
+        return Admission::Here;
+    }
+    match verdict {
+        Ok(Some(owner)) => Admission::Elsewhere(owner),
+        Ok(None) => Admission::Here,
+        Err(e) => Admission::Refused(e),
     }
 }
 

@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::excerpt::{excerpt, quoted};
 use crate::options::{MAX_KEY_BYTES, OptionError, check_queue_name};
+use crate::placement::{Pin, placement_from_json};
 
 /// The queue of a workflow's tasks when its policy names none.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -380,6 +381,10 @@ pub struct StartOptions {
     pub execution_timeout: Option<std::time::Duration>,
     /// Collapses a burst of starts with one key into one run.
     pub debounce: Option<Debounce>,
+    /// How the caller placed it (`opts.placement`, a tenant included):
+    /// what a shard with a published topology checks the start against.
+    pub placement: Pin,
+    pub tenant: Option<String>,
 }
 
 /// Which start of a burst a debounce keeps.
@@ -467,6 +472,7 @@ impl StartOptions {
                 "search_attrs",
                 "execution_timeout",
                 "debounce",
+                "placement",
             ],
         )?;
         let mut o = StartOptions::default();
@@ -515,8 +521,17 @@ impl StartOptions {
                     o.execution_timeout = Some(d);
                 }
                 "debounce" => o.debounce = Some(Debounce::parse(value)?),
+                "placement" => {
+                    (o.placement, o.tenant) = placement_from_json(value).map_err(|why| err(&opt, why))?;
+                }
                 _ => unreachable!("object() refuses unknown options"),
             }
+        }
+        if o.debounce.is_some() && (o.placement != Pin::Auto || o.tenant.is_some()) {
+            return Err(err(
+                "opts.placement",
+                "a debounced start is placed by its debounce key: it takes no placement or tenant",
+            ));
         }
         Ok(o)
     }
@@ -705,9 +720,17 @@ mod tests {
             json!({"debounce": {"key": "k", "window": "2s", "mode": "middle"}}),
             json!({"debounce": {"key": "k", "window": "2s", "mode": 1}}),
             json!({"debounce": "k"}),
+            json!({"debounce": {"key": "k", "window": "2s"}, "placement": {"tenant": "acme"}}),
+            json!({"debounce": {"key": "k", "window": "2s"}, "placement": {"shard": 1}}),
         ] {
             assert!(StartOptions::parse(&bad).is_err(), "{bad}");
         }
+        let o =
+            StartOptions::parse(&json!({"placement": {"residency_key": "eu", "tenant": "acme"}})).unwrap();
+        assert_eq!(
+            (o.placement, o.tenant.as_deref()),
+            (Pin::ResidencyKey("eu".into()), Some("acme"))
+        );
         let o = StartOptions::parse(&json!({"execution_timeout": "1 hour"})).unwrap();
         assert_eq!(o.execution_timeout, Some(std::time::Duration::from_secs(3600)));
         for bad in [
@@ -715,6 +738,8 @@ mod tests {
             json!({"queue": ""}),
             json!({"priority": 1.5}),
             json!({"shard": 1}),
+            json!({"placement": {"shard": "one"}}),
+            json!({"placement": {"zone": "eu"}}),
             json!({"run_at": 1}),
             json!({"execution_timeout": "0s"}),
             json!({"execution_timeout": "forever"}),

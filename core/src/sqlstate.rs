@@ -38,6 +38,9 @@ pub const OPERATOR_INTERVENTION: &str = "57000";
 pub const DEADLOCK_DETECTED: &str = "40P01";
 /// The caller's role may not call this function (raised by Postgres).
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
+/// The start or keyed task belongs to another shard under the topology
+/// published here (the partition-constraint code); the DETAIL names it.
+pub const CHECK_VIOLATION: &str = "23514";
 /// A bug in sheaf's own SQL; never a caller's mistake. Please report it.
 pub const INTERNAL_ERROR: &str = "XX000";
 
@@ -56,6 +59,11 @@ pub const ALL: &[Code] = &[
         code: INVALID_PARAMETER_VALUE,
         name: "invalid_parameter_value",
         meaning: "an argument is out of range or malformed; the message names it and the accepted range",
+    },
+    Code {
+        code: CHECK_VIOLATION,
+        name: "check_violation",
+        meaning: "a start, or a task with an idempotency key, rate key or placement, belongs to another shard under the topology published here: the message and the DETAIL ({\"owner_shard\"}) name it; nothing was written",
     },
     Code {
         code: DEADLOCK_DETECTED,

@@ -419,6 +419,13 @@ impl ShardPools {
         }
     }
 
+    /// `shard`'s schema version as last read (`None`: not read yet; the
+    /// inner `None`: no extension).
+    pub fn schema_version(&self, shard: ShardId) -> Option<Option<String>> {
+        let entry = self.pools.get(&shard)?;
+        lock(&entry.schema).as_ref().map(|(v, _)| v.clone())
+    }
+
     /// Forgets what `shard`'s schema version was, so the next call reads it
     /// (a call found a function missing).
     pub fn recheck_schema(&self, shard: ShardId) {

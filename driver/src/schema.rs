@@ -17,6 +17,16 @@ pub(crate) fn is_compatible(version: &str) -> bool {
     COMPATIBLE_SCHEMAS.contains(&version)
 }
 
+/// The first schema whose starts and enqueues take `opts.placement` (older
+/// ones refuse it as an unknown option, and check no placement).
+const PLACEMENT_SINCE: &str = "0.3.0";
+
+/// Whether a shard on schema `version` takes `opts.placement`.
+pub(crate) fn takes_placement(version: &str) -> bool {
+    let at = |v: &str| COMPATIBLE_SCHEMAS.iter().position(|c| *c == v);
+    matches!((at(version), at(PLACEMENT_SINCE)), (Some(v), Some(since)) if v >= since)
+}
+
 /// The refusal for a shard on `version` (`None`: no extension installed).
 pub(crate) fn incompatibility(version: Option<&str>) -> String {
     match version {
@@ -41,6 +51,13 @@ mod tests {
     #[test]
     fn the_driver_works_with_its_own_release() {
         assert!(is_compatible(env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
+    fn placement_is_sent_to_the_schemas_that_take_it() {
+        assert!(!takes_placement("0.1.0") && !takes_placement("0.2.0"));
+        assert!(takes_placement("0.3.0"));
+        assert!(!takes_placement("9.9.9"));
     }
 
     #[test]

@@ -142,3 +142,199 @@ async fn same_answers(db: &tokio_postgres::Client, cl: &Client, placements: &[(P
         assert_eq!(sql, Ok(Some(i32::from(id.route(topology).get()))), "{origin}");
     }
 }
+
+fn own_pair(args: &[&str]) -> String {
+    sheaf_tests::own_shards("enforcement", 23800, args)
+}
+
+/// A workflow id of `wf` that `topology` places on `shard`.
+fn id_owned_by(topology: &Topology, wf: &str, shard: ShardId) -> String {
+    (0..10_000)
+        .map(|n| format!("order-{n}"))
+        .find(|id| topology.place(wf, id, &Placement::Auto, None) == Ok(shard))
+        .expect("a key for every shard")
+}
+
+/// The SQLSTATE and the owner a DETAIL names, of a refusal.
+fn refusal(e: &tokio_postgres::Error) -> (String, Option<u64>) {
+    let db = e.as_db_error().expect("a refusal from the shard");
+    let owner = db
+        .detail()
+        .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .and_then(|d| d["owner_shard"].as_u64());
+    (db.code().code().to_owned(), owner)
+}
+
+/// Live runs of (`wf`, `id`) on `db`.
+async fn live_runs(db: &tokio_postgres::Client, wf: &str, id: &str) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM sheaf.executions WHERE workflow_name = $1 AND workflow_id = $2 \
+           AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED')",
+        &[&wf, &id],
+    )
+    .await
+    .expect("counting runs")
+    .get(0)
+}
+
+/// Issue 37's first "done when": on a published two-shard topology, a start
+/// sent by plain SQL to the shard that does not own its key is refused
+/// naming the owner, the owner takes it, and no second live run can be made
+/// without explicit placement; keyed tasks likewise. The driver's starts,
+/// placed or pinned, and its starts in a transaction are taken; a rollout
+/// (the previous projection kept) takes both projections' placements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_refuse_work_their_topology_places_elsewhere() {
+    let spec = own_pair(&["up", "--count", "2", "--no-install"]);
+    let fleet = || TopologyBuilder::from_spec(&spec).expect("own shards");
+    let cl = client(fleet());
+    let report = cl.admin().publish_topology(false).await;
+    assert!(report.is_complete(), "{:?}", report.failed);
+    let topology = cl.topology().clone();
+    let ids: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
+    let (a, b) = (ids[0], ids[1]);
+    let (db_a, db_b) = (
+        sheaf_tests::connect(topology.get(a).unwrap()).await,
+        sheaf_tests::connect(topology.get(b).unwrap()).await,
+    );
+    let key = plain_sql_is_checked(&topology, (a, &db_a), (b, &db_b)).await;
+    the_driver_says_where_it_places(&cl, a, b, &key).await;
+
+    // A rollout: b stops taking new work, the previous projection kept.
+    let drained = client(fleet().writable([u32::from(a.get())]));
+    let report = drained.admin().publish_topology(true).await;
+    assert!(report.is_complete(), "{:?}", report.failed);
+    let later = id_owned_by(&topology, "later", b);
+    db_b.query_one(START, &[&"later", &later, &json!({})])
+        .await
+        .expect("the previous projection still places it on b");
+    let report = drained.admin().publish_topology(false).await;
+    assert!(report.is_complete(), "{:?}", report.failed);
+    let again = id_owned_by(&topology, "again", b);
+    let e = db_b
+        .query_one(START, &[&"again", &again, &json!({})])
+        .await
+        .expect_err("once replaced, only the new projection counts");
+    assert_eq!(refusal(&e), ("23514".into(), Some(u64::from(a.get()))));
+    own_pair(&["down"]);
+}
+
+const START: &str = "SELECT execution_id FROM sheaf.start_workflow($1, $2, '{}', $3)";
+
+/// Starts and keyed tasks sent by plain SQL: the owner takes them, the
+/// other shard names it. The idempotency key of a task `b` owns.
+async fn plain_sql_is_checked(
+    topology: &Topology,
+    (a, db_a): (ShardId, &tokio_postgres::Client),
+    (b, db_b): (ShardId, &tokio_postgres::Client),
+) -> String {
+    let wf = "enforced";
+    let theirs = id_owned_by(topology, wf, b);
+
+    // Plain SQL to the wrong shard: refused, naming the owner.
+    let e = db_a
+        .query_one(START, &[&wf, &theirs, &json!({})])
+        .await
+        .expect_err("a misplaced start");
+    assert_eq!(refusal(&e), ("23514".into(), Some(u64::from(b.get()))), "{e}");
+    let message = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains(&format!("belongs to shard {b} ")), "{message}");
+    let e = db_a
+        .query_one(
+            "SELECT sheaf.signal_with_start($1, $2, '{}', 'go', '{}')",
+            &[&wf, &theirs],
+        )
+        .await
+        .expect_err("a misplaced signal-with-start");
+    assert_eq!(refusal(&e).0, "23514");
+    // The owner takes it; the other shard still refuses a second run.
+    db_b.query_one(START, &[&wf, &theirs, &json!({})])
+        .await
+        .expect("the owner takes it");
+    assert!(db_a.query_one(START, &[&wf, &theirs, &json!({})]).await.is_err());
+    assert_eq!(
+        (
+            live_runs(db_a, wf, &theirs).await,
+            live_runs(db_b, wf, &theirs).await
+        ),
+        (0, 1)
+    );
+    // Explicit placement is the caller's word: it is taken.
+    let pinned = json!({"placement": {"shard": a.get()}});
+    db_a.query_one(START, &[&wf, &theirs, &pinned])
+        .await
+        .expect("a start placed here in so many words");
+    assert_eq!(live_runs(db_a, wf, &theirs).await, 1);
+
+    // Keyed tasks: by (queue, idempotency key).
+    let key = (0..10_000)
+        .map(|n| format!("mail-{n}"))
+        .find(|k| topology.place("mail", k, &Placement::Auto, None) == Ok(b))
+        .unwrap();
+    let e = db_a
+        .query_one(
+            "SELECT sheaf.enqueue('mail', '{}', $1)",
+            &[&json!({"idempotency_key": key})],
+        )
+        .await
+        .expect_err("a misplaced keyed task");
+    assert_eq!(refusal(&e), ("23514".into(), Some(u64::from(b.get()))));
+    db_a.query_one("SELECT sheaf.enqueue('mail', '{}', '{}')", &[])
+        .await
+        .expect("an unkeyed task goes anywhere");
+    key
+}
+
+/// The driver places as the shards do, and says so when it pins (a pinned
+/// start, a start and a keyed task in a transaction on `a` that `b` owns).
+async fn the_driver_says_where_it_places(cl: &Client, a: ShardId, b: ShardId, key: &str) {
+    let topology = cl.topology();
+    let wf = "enforced";
+    for n in 0..30 {
+        let id = format!("driven-{n}");
+        let started = cl
+            .start_workflow(wf, &id, json!({}), sheaf_driver::StartOptions::new())
+            .await
+            .expect("a routed start");
+        assert_eq!(
+            started.shard,
+            topology.place(wf, &id, &Placement::Auto, None).unwrap()
+        );
+        cl.enqueue(
+            "mail",
+            json!({}),
+            sheaf_driver::EnqueueOptions::new().idempotency_key(format!("driven-{n}")),
+        )
+        .await
+        .expect("a routed keyed task");
+    }
+    let theirs_too = id_owned_by(topology, "pinned", b);
+    let started = cl
+        .start_workflow(
+            "pinned",
+            &theirs_too,
+            json!({}),
+            sheaf_driver::StartOptions::new().placement(Placement::Shard(a)),
+        )
+        .await
+        .expect("a pinned start");
+    assert_eq!(started.shard, a);
+    let mut conn = cl.shard_connection(a).await.expect("a connection");
+    let tx = conn.transaction().await.expect("a transaction");
+    let on = sheaf_driver::OnShard::verify(&tx, a).await.expect("shard a");
+    let in_tx = id_owned_by(topology, "in-tx", b);
+    on.start_workflow("in-tx", &in_tx, json!({}), sheaf_driver::StartOptions::new())
+        .await
+        .expect("a start in a transaction is placed on its shard");
+    on.enqueue(
+        "mail",
+        json!({}),
+        sheaf_driver::EnqueueOptions::new().idempotency_key(key),
+    )
+    .await
+    .expect("a keyed task in a transaction is placed on its shard");
+    tx.commit().await.expect("commit");
+}

@@ -239,3 +239,46 @@ fn a_retired_shard_forwards_its_ids_and_mutexes() {
     assert_eq!(p.route_origin(0), 0);
     assert_eq!(p.route_origin(UNENCODED_SHARD), 0, "the default shard");
 }
+
+fn projection(v: Value) -> Projection {
+    Projection::from_json(&v).unwrap()
+}
+
+/// A shard takes what a projection it accepts places on it, or what
+/// nothing places; else it names the published projection's owner, or
+/// that projection's refusal.
+#[test]
+fn a_shard_admits_what_an_accepted_projection_places_on_it() {
+    let two = projection(json!({"shards": [1, 2]}));
+    let one = projection(json!({"shards": [1]}));
+    // A workflow id owned by each of the two shards.
+    let owned_by = |id: u16| {
+        (0..1000)
+            .map(|n| format!("w{n}"))
+            .find(|w| two.place("order", w, &Pin::Auto, None) == Ok(id))
+            .unwrap()
+    };
+    let (on1, on2) = (owned_by(1), owned_by(2));
+    fn start(w: &str) -> impl Fn(&Projection) -> Result<Option<u16>, PlaceError> + '_ {
+        move |p| p.place("order", w, &Pin::Auto, None).map(Some)
+    }
+    assert_eq!(admit(1, &two, None, start(&on1)), Admission::Here);
+    assert_eq!(admit(1, &two, None, start(&on2)), Admission::Elsewhere(2));
+    assert_eq!(admit(2, &two, None, start(&on2)), Admission::Here);
+    // While a change rolls out, the previous projection's owner still takes it.
+    assert_eq!(admit(1, &two, Some(&one), start(&on2)), Admission::Here);
+    assert_eq!(admit(2, &one, Some(&two), start(&on2)), Admission::Here);
+    // A pin is placement the call says: the pinned shard takes it.
+    let pinned = |p: &Projection| p.place("order", &on2, &Pin::Shard(1), None).map(Some);
+    assert_eq!(admit(1, &two, None, pinned), Admission::Here);
+    assert_eq!(admit(2, &two, None, pinned), Admission::Elsewhere(1));
+    // A placement the published projection refuses is refused as such.
+    let unknown = |p: &Projection| p.place("order", &on1, &Pin::Shard(7), None).map(Some);
+    assert_eq!(
+        admit(1, &two, None, unknown),
+        Admission::Refused(PlaceError::UnknownShard(7))
+    );
+    // Nothing places an unkeyed task: any shard takes it.
+    let unkeyed = |p: &Projection| p.place_task("q", None, None, None, &Pin::Auto);
+    assert_eq!(admit(2, &two, None, unkeyed), Admission::Here);
+}

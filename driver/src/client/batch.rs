@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::options::placement_opt;
 use super::{Call, Client, ClientError, EnqueueOptions, Owned, unavailable_outcome};
 use crate::id::TaskId;
 use crate::json::Json;
@@ -68,6 +69,9 @@ impl Client {
             },
         };
         let opts = options.to_sql_opts();
+        let opts = self
+            .with_placement(shard, opts, placement_opt(options.placement.as_ref(), None))
+            .await;
         // Where the run lives, for a task of an execution that moved.
         let (shard, rows) = self
             .query_followed(&call, ENQUEUE_BATCH, &[&queue, &payloads, &opts, &options.run_at])

@@ -201,6 +201,20 @@ pub enum ClientError {
         /// The digests the shard accepts.
         accepted_digests: Vec<String>,
     },
+    /// 23514: the topology published on `shard` places the start or keyed
+    /// task on shard `owner`; nothing was written. The driver places work
+    /// by the topology it declares, which the shard accepts, so this means
+    /// a placement the two disagree on (an older shard library, or work
+    /// sent to one shard by hand): it is not re-sent anywhere.
+    #[error("misplaced: {message}")]
+    Misplaced {
+        /// The shard that refused.
+        shard: ShardId,
+        /// The shard the published topology places the work on.
+        owner: ShardId,
+        /// The shard's message.
+        message: String,
+    },
     /// The execution was rebalanced off `shard`, which keeps its seal; it
     /// lives on `to` now. `Client` calls about an execution follow this
     /// themselves (up to [`MAX_FORWARDS`] hops); a caller sees it only from
@@ -297,6 +311,16 @@ fn missing_role(shard: ShardId, role: &str, login: &str, defined: bool) -> Strin
 /// ([`ClientError::Moved`]) before it gives up.
 pub const MAX_FORWARDS: usize = 4;
 
+/// A misplacement's DETAIL (`{"owner_shard"}`).
+fn owner_detail(detail: &str) -> Option<ShardId> {
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        owner_shard: u32,
+    }
+    let d: Detail = serde_json::from_str(detail).ok()?;
+    ShardId::new(d.owner_shard).ok()
+}
+
 /// A forwarding refusal's DETAIL (`{"execution_id", "moved_to"}`).
 fn moved_detail(detail: &str) -> Option<ShardId> {
     #[derive(serde::Deserialize)]
@@ -365,6 +389,13 @@ impl ClientError {
                     None => ClientError::WrongState { shard, message },
                 }
             }
+            sqlstate::CHECK_VIOLATION if let Some(owner) = detail.and_then(owner_detail) => {
+                ClientError::Misplaced {
+                    shard,
+                    owner,
+                    message,
+                }
+            }
             c if is_transient(c) => ClientError::Conflict {
                 shard,
                 attempts,
@@ -416,6 +447,7 @@ impl ClientError {
             | ClientError::WrongState { shard, .. }
             | ClientError::Conflict { shard, .. }
             | ClientError::Moved { shard, .. }
+            | ClientError::Misplaced { shard, .. }
             | ClientError::TooManyForwards { shard, .. }
             | ClientError::Database { shard, .. }
             | ClientError::MissingRole { shard, .. } => Some(*shard),
@@ -503,6 +535,21 @@ mod tests {
         assert!(matches!(
             ClientError::refusal(shard(1), &Owned::Shard, "55000", "m".into(), None, 1),
             ClientError::WrongState { .. }
+        ));
+    }
+
+    #[test]
+    fn a_misplacement_names_its_owner_and_another_23514_is_not_one() {
+        let detail = r#"{"owner_shard": 2}"#;
+        let e = ClientError::refusal(shard(1), &Owned::Shard, "23514", "m".into(), Some(detail), 1);
+        assert!(
+            matches!(e, ClientError::Misplaced { shard: s, owner, .. } if s == shard(1) && owner == shard(2)),
+            "{e:?}"
+        );
+        assert!(!e.is_retryable());
+        assert!(matches!(
+            ClientError::refusal(shard(1), &Owned::Shard, "23514", "m".into(), None, 1),
+            ClientError::Database { .. }
         ));
     }
 

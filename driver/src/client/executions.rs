@@ -4,6 +4,7 @@ use std::time::SystemTime;
 
 use sheaf_core::state::ExecutionState;
 
+use super::options::placement_opt;
 use super::{Call, Client, ClientError, Owned, StartOptions, first_column, single};
 use crate::id::ExecutionId;
 use crate::json::Json;
@@ -91,7 +92,7 @@ impl Client {
         if let Some(window) = self.window_elsewhere(name, &options).await? {
             shard = window;
         }
-        let (call, opts) = self.start_call_on(shard, name, workflow_id, &options)?;
+        let (call, opts) = self.start_call_on(shard, name, workflow_id, &options).await?;
         let rows = self
             .query(
                 &call,
@@ -123,17 +124,17 @@ impl Client {
 
     /// A start's call (its shard, placed by `start_shard`) and its `opts`,
     /// with the execution id minted for that shard.
-    fn start_call(
+    async fn start_call(
         &self,
         name: &str,
         workflow_id: &str,
         options: &StartOptions,
     ) -> Result<(Call, serde_json::Value), ClientError> {
         let shard = self.start_shard(name, workflow_id, options)?;
-        self.start_call_on(shard, name, workflow_id, options)
+        self.start_call_on(shard, name, workflow_id, options).await
     }
 
-    fn start_call_on(
+    async fn start_call_on(
         &self,
         shard: ShardId,
         name: &str,
@@ -141,6 +142,8 @@ impl Client {
         options: &StartOptions,
     ) -> Result<(Call, serde_json::Value), ClientError> {
         let opts = options.to_sql_opts(ExecutionId::mint(shard)?);
+        let placement = placement_opt(options.placement.as_ref(), options.tenant.as_deref());
+        let opts = self.with_placement(shard, opts, placement).await;
         let call = Call {
             shard,
             owned: Owned::Workflow {
@@ -242,7 +245,7 @@ impl Client {
                 "a signal-with-start is not debounced: its signal needs the run now".into(),
             ));
         }
-        let (call, opts) = self.start_call(name, workflow_id, &options)?;
+        let (call, opts) = self.start_call(name, workflow_id, &options).await?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
             &name,
             &workflow_id,

@@ -234,6 +234,31 @@ impl Client {
         })
     }
 
+    /// `opts` with `placement` (`options::placement_opt`) added when
+    /// `shard` takes it (schema 0.3.0 on), so a shard with a published
+    /// topology checks the work against what the router did.
+    pub(crate) async fn with_placement(
+        &self,
+        shard: ShardId,
+        mut opts: serde_json::Value,
+        placement: Option<serde_json::Value>,
+    ) -> serde_json::Value {
+        let Some(placement) = placement else {
+            return opts;
+        };
+        if self.pools.schema_version(shard).is_none() {
+            // The first call to the shard: a connection's checkout reads its
+            // schema. A shard that cannot give one fails the call itself next.
+            drop(self.pools.get(shard).await);
+        }
+        let takes =
+            matches!(self.pools.schema_version(shard), Some(Some(v)) if crate::schema::takes_placement(&v));
+        if let (true, serde_json::Value::Object(m)) = (takes, &mut opts) {
+            m.insert("placement".into(), placement);
+        }
+        opts
+    }
+
     /// This client's metrics (also rendered by [`Client::metrics_text`]).
     pub fn metrics(&self) -> &Metrics {
         &self.metrics

@@ -278,6 +278,27 @@ impl StartOptions {
     }
 }
 
+/// `opts.placement` as shards since 0.3.0 read it and check (`shard`,
+/// `residency_key`, `routing_key`, `tenant`); `None` for an automatic
+/// placement without a tenant, the shard's own default.
+pub(crate) fn placement_opt(placement: Option<&Placement>, tenant: Option<&str>) -> Option<Value> {
+    let mut m = Map::new();
+    match placement {
+        None | Some(Placement::Auto) => {}
+        Some(Placement::Shard(id)) => {
+            m.insert("shard".into(), id.get().into());
+        }
+        Some(Placement::ResidencyKey(k)) => {
+            m.insert("residency_key".into(), k.as_str().into());
+        }
+        Some(Placement::RoutingKey(k)) => {
+            m.insert("routing_key".into(), k.as_str().into());
+        }
+    }
+    put(&mut m, "tenant", tenant);
+    (!m.is_empty()).then_some(Value::Object(m))
+}
+
 fn put(m: &mut Map<String, Value>, name: &str, value: Option<impl Into<Value>>) {
     if let Some(v) = value {
         m.insert(name.to_owned(), v.into());
@@ -288,6 +309,29 @@ fn put(m: &mut Map<String, Value>, name: &str, value: Option<impl Into<Value>>) 
 mod tests {
     use super::*;
     use crate::topology::ShardId;
+
+    #[test]
+    fn a_placement_is_sent_as_the_shards_read_it() {
+        assert_eq!(placement_opt(None, None), None);
+        assert_eq!(placement_opt(Some(&Placement::Auto), None), None);
+        assert_eq!(
+            placement_opt(Some(&Placement::Auto), Some("acme")),
+            Some(serde_json::json!({"tenant": "acme"}))
+        );
+        let shard = ShardId::new(3).unwrap();
+        assert_eq!(
+            placement_opt(Some(&Placement::Shard(shard)), None),
+            Some(serde_json::json!({"shard": 3}))
+        );
+        assert_eq!(
+            placement_opt(Some(&Placement::RoutingKey("k".into())), Some("t")),
+            Some(serde_json::json!({"routing_key": "k", "tenant": "t"}))
+        );
+        assert_eq!(
+            placement_opt(Some(&Placement::ResidencyKey("eu".into())), None),
+            Some(serde_json::json!({"residency_key": "eu"}))
+        );
+    }
 
     #[test]
     fn empty_options_are_the_shard_defaults() {

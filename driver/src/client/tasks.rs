@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use sheaf_core::state::TaskKind;
 
+use super::options::placement_opt;
 use super::{Call, Client, ClientError, EnqueueOptions, Owned, first_column, single, unavailable_outcome};
 use crate::id::{ExecutionId, TaskId};
 use crate::json::Json;
@@ -165,6 +166,9 @@ impl Client {
             },
         };
         let opts = options.to_sql_opts();
+        let opts = self
+            .with_placement(shard, opts, placement_opt(options.placement.as_ref(), None))
+            .await;
         // A task of an execution that moved is enqueued where the run
         // lives, after its seals' forwards: `shard` is that shard.
         let (shard, rows) = self

@@ -28,13 +28,15 @@ use std::ops::{Deref, DerefMut};
 use tokio_postgres::GenericClient;
 
 use super::batch::{EnqueuedBatch, MAX_BATCH};
+use super::options::placement_opt;
 use super::{Call, Client, ClientError, EnqueueOptions, Enqueued, Owned, StartOptions, Started};
 use crate::id::{ExecutionId, TaskId};
 use crate::json::Json;
 use crate::router::Placement;
 use crate::topology::ShardId;
 
-const SHARD_ID: &str = "SELECT sheaf.shard_id()";
+const SHARD_ID: &str = "SELECT sheaf.shard_id(), \
+     (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'sheaf')";
 const ENQUEUE_BATCH: &str =
     "SELECT sheaf.enqueue_batch($1, $2, $3 || jsonb_build_object('run_at', $4::timestamptz))";
 const START: &str = "SELECT execution_id, created, superseded \
@@ -106,6 +108,9 @@ impl Client {
 pub struct OnShard<'c, C> {
     conn: &'c C,
     shard: ShardId,
+    /// Whether its schema takes `opts.placement` (0.3.0 on): keyed work
+    /// and starts then say they are placed here, as the shard checks.
+    takes_placement: bool,
 }
 
 impl<C> std::fmt::Debug for OnShard<'_, C> {
@@ -131,6 +136,7 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
             .await
             .map_err(|e| call.error(e, 1))?;
         let reported: i32 = row.try_get(0).map_err(|e| call.error(e, 1))?;
+        let schema: Option<String> = row.try_get(1).map_err(|e| call.error(e, 1))?;
         if reported != i32::from(shard.get()) {
             return Err(ClientError::WrongState {
                 shard,
@@ -139,7 +145,11 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
                 ),
             });
         }
-        Ok(OnShard { conn, shard })
+        Ok(OnShard {
+            conn,
+            shard,
+            takes_placement: schema.is_some_and(|v| crate::schema::takes_placement(&v)),
+        })
     }
 
     /// The shard the connection is.
@@ -197,7 +207,13 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
                 None => Owned::Queue(queue.to_owned()),
             },
         };
-        let opts = options.to_sql_opts();
+        let mut opts = options.to_sql_opts();
+        // A keyed task here is placed here in so many words: the shard
+        // checks its key's home otherwise.
+        let keyed = options.idempotency_key.is_some() || options.rate_key.is_some();
+        if keyed && options.execution.is_none() {
+            self.place_here(&mut opts);
+        }
         let rows = self
             .conn
             .query(ENQUEUE_BATCH, &[&queue, &payloads, &opts, &options.run_at])
@@ -234,7 +250,8 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
         }
         let input = input.into();
         let execution_id = ExecutionId::mint(self.shard)?;
-        let opts = options.to_sql_opts(execution_id);
+        let mut opts = options.to_sql_opts(execution_id);
+        self.place_here(&mut opts);
         let call = Call {
             shard: self.shard,
             owned: Owned::Workflow {
@@ -248,6 +265,15 @@ impl<'c, C: GenericClient + Sync> OnShard<'c, C> {
             .await
             .map_err(|e| call.error(e, 1))?;
         super::executions::started_from_rows(&call, &rows)
+    }
+
+    /// Says in `opts` that the work is placed on this shard (a shard whose
+    /// topology places it elsewhere takes it so).
+    fn place_here(&self, opts: &mut serde_json::Value) {
+        let placement = placement_opt(Some(&Placement::Shard(self.shard)), None);
+        if let (true, serde_json::Value::Object(m), Some(p)) = (self.takes_placement, opts, placement) {
+            m.insert("placement".into(), p);
+        }
     }
 
     fn check_placement(&self, placement: Option<&Placement>) -> Result<(), ClientError> {

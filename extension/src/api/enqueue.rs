@@ -2,9 +2,10 @@
 
 use pgrx::prelude::*;
 use sheaf_core::options::EnqueueOptions;
+use sheaf_core::placement::{Admission, Pin, Projection};
 
 use crate::base::args::required;
-use crate::base::errors::{bad_argument, internal};
+use crate::base::errors::{bad_argument, internal, misplaced};
 use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
 use crate::base::topology;
@@ -66,6 +67,31 @@ fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<Jsonb>) 
     // A task of an execution goes where its execution is: routed by id.
     if o.execution_id.is_none() {
         topology::check_declared();
+        check_placement(name, &o);
     }
     enqueue::insert(name, payloads, &o, &INTAKE)
+}
+
+/// Refuses (23514) a task with an idempotency or rate key, or a placement,
+/// that the topology published here places on another shard; one with none
+/// of them goes anywhere, unchecked (and unread: the hot path).
+fn check_placement(queue: &str, o: &EnqueueOptions) {
+    let keyed = o.idempotency_key.is_some() || o.rate_key.is_some();
+    if !keyed && o.placement == Pin::Auto {
+        return;
+    }
+    let place = |p: &Projection| {
+        p.place_task(
+            queue,
+            o.idempotency_key.as_deref(),
+            o.rate_limit.as_deref(),
+            o.rate_key.as_deref(),
+            &o.placement,
+        )
+    };
+    match topology::admit(place) {
+        Admission::Here => {}
+        Admission::Elsewhere(owner) => misplaced("this task", owner),
+        Admission::Refused(e) => bad_argument("opts.placement", e),
+    }
 }

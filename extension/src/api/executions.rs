@@ -3,10 +3,11 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::excerpt::quoted;
+use sheaf_core::placement::{Admission, Projection};
 use sheaf_core::policy::StartOptions;
 
 use crate::base::args::required;
-use crate::base::errors::{bad_argument, require_read_committed};
+use crate::base::errors::{bad_argument, misplaced, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::base::topology;
 use crate::workflow::{debounce, executions, policy, start};
@@ -53,10 +54,38 @@ fn start_workflow(
     let opts = required(opts, "opts").parse("opts");
     let o = start_options(&opts);
     topology::check_declared();
+    let owner = owner_elsewhere(name, workflow_id, &o);
     TableIterator::once(match &o.debounce {
-        Some(d) => debounce::start(name, workflow_id, input, &o, d),
-        None => start::start(name, workflow_id, input, &o),
+        // A debounced start sent where its window is open joins it, even
+        // when its key's home has moved on (the driver sends it there).
+        Some(d) => debounce::start(name, workflow_id, input, &o, d, || {
+            if let Some(owner) = owner {
+                misplaced("this debounced start", owner);
+            }
+        }),
+        None => {
+            if let Some(owner) = owner {
+                misplaced("this start", owner);
+            }
+            start::start(name, workflow_id, input, &o)
+        }
     })
+}
+
+/// The shard that owns a start, when the topology published here places it
+/// on another one; 22023 for a placement it refuses. `None` with no
+/// projection published.
+pub(crate) fn owner_elsewhere(name: &str, workflow_id: &str, o: &StartOptions) -> Option<u16> {
+    let debounce_key = o.debounce.as_ref().map(|d| d.key.as_str());
+    let place = |p: &Projection| {
+        p.place_start(name, workflow_id, &o.placement, o.tenant.as_deref(), debounce_key)
+            .map(Some)
+    };
+    match topology::admit(place) {
+        Admission::Here => None,
+        Admission::Elsewhere(owner) => Some(owner),
+        Admission::Refused(e) => bad_argument("opts.placement", e),
+    }
 }
 
 /// A start's `opts`, checked (`run_at` a finite timestamp).

@@ -4,9 +4,9 @@ use pgrx::prelude::*;
 
 use sheaf_core::options::SignalOptions;
 
-use crate::api::executions::{check_workflow_id, start_options};
+use crate::api::executions::{check_workflow_id, owner_elsewhere, start_options};
 use crate::base::args::required;
-use crate::base::errors::{bad_argument, require_read_committed};
+use crate::base::errors::{bad_argument, misplaced, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::base::topology;
 use crate::workflow::history::MAX_EVENT_BYTES;
@@ -79,6 +79,9 @@ fn signal_with_start(
         );
     }
     topology::check_declared();
+    if let Some(owner) = owner_elsewhere(name, workflow_id, &o) {
+        misplaced("this signal-with-start", owner);
+    }
     let (id, created, superseded) = start::start(name, workflow_id, input, &o);
     signals::signal(id, signal, payload, signal_id.as_deref());
     TableIterator::once((id, created, superseded))
@@ -152,7 +155,7 @@ mod tests {
     }
 
     #[pg_test(
-        error = "invalid opts: unknown field \"shard\" (accepted: execution_id, queue, priority, run_at, search_attrs, execution_timeout, debounce)"
+        error = "invalid opts: unknown field \"shard\" (accepted: execution_id, queue, priority, run_at, search_attrs, execution_timeout, debounce, placement)"
     )]
     fn signal_with_start_refuses_an_unknown_option() {
         init();

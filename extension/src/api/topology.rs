@@ -7,7 +7,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
 use sheaf_core::options::EnqueueOptions;
-use sheaf_core::placement::{Pin, PlaceError, Projection, placement_from_json};
+use sheaf_core::placement::{PlaceError, Projection};
 
 use crate::api::executions::{check_workflow_id, start_options};
 use crate::base::args::{self, required};
@@ -106,15 +106,6 @@ fn refused(arg: &str, e: PlaceError) -> ! {
     bad_argument(arg, e)
 }
 
-/// The `placement` of an `opts`, taken out of it (the rest is the call's).
-fn take_placement(opts: &mut serde_json::Value) -> (Pin, Option<String>) {
-    let placement = opts
-        .as_object_mut()
-        .and_then(|m| m.remove("placement"))
-        .unwrap_or(serde_json::Value::Null);
-    placement_from_json(&placement).unwrap_or_else(|why| bad_argument("opts.placement", why))
-}
-
 /// The shard that owns a start of workflow `name` with `workflow_id` under
 /// the published topology: `opts` as `start_workflow` takes them, with
 /// `placement` (`shard`, `residency_key`, `routing_key`, `tenant`) and
@@ -124,12 +115,11 @@ fn take_placement(opts: &mut serde_json::Value) -> (Pin, Option<String>) {
 fn place_start(name: Option<&str>, workflow_id: Option<&str>, opts: default!(Option<Jsonb>, "'{}'")) -> i32 {
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    let mut opts = required(opts, "opts").parse("opts");
-    let (pin, tenant) = take_placement(&mut opts);
+    let opts = required(opts, "opts").parse("opts");
     let o = start_options(&opts);
     let debounce_key = o.debounce.as_ref().map(|d| d.key.as_str());
     let owner = current()
-        .place_start(name, workflow_id, &pin, tenant.as_deref(), debounce_key)
+        .place_start(name, workflow_id, &o.placement, o.tenant.as_deref(), debounce_key)
         .unwrap_or_else(|e| refused("opts.placement", e));
     i32::from(owner)
 }
@@ -143,11 +133,7 @@ fn place_start(name: Option<&str>, workflow_id: Option<&str>, opts: default!(Opt
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn place_task(queue: Option<&str>, opts: default!(Option<Jsonb>, "'{}'")) -> Option<i32> {
     let queue = queues::check_name(queue);
-    let mut opts = required(opts, "opts").parse("opts");
-    let (pin, tenant) = take_placement(&mut opts);
-    if tenant.is_some() {
-        bad_argument("opts.placement", "a task takes no tenant (only a start does)");
-    }
+    let opts = required(opts, "opts").parse("opts");
     let o = EnqueueOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
     if o.execution_id.is_some() {
         bad_argument(
@@ -161,7 +147,7 @@ fn place_task(queue: Option<&str>, opts: default!(Option<Jsonb>, "'{}'")) -> Opt
             o.idempotency_key.as_deref(),
             o.rate_limit.as_deref(),
             o.rate_key.as_deref(),
-            &pin,
+            &o.placement,
         )
         .unwrap_or_else(|e| refused("opts.placement", e))
         .map(i32::from)
@@ -321,7 +307,10 @@ mod tests {
     fn an_id_follows_its_seal_and_the_forwards() {
         init();
         publish(&json!({"shards": [1, 2, 3], "forwards": {"7": 3}}));
-        let id = crate::testing::start("wf", "moved", json!({})).id;
+        let id = crate::testing::values::<pgrx::Uuid>(
+            r#"SELECT execution_id FROM sheaf.start_workflow('wf', 'moved', '{}', '{"placement": {"shard": 1}}')"#,
+            &[],
+        )[0];
         let locate = |id: pgrx::Uuid| {
             Spi::get_one_with_args::<i32>("SELECT sheaf.locate_id($1)", &[id.into()])
                 .unwrap()
@@ -368,5 +357,167 @@ mod tests {
             r#"SELECT sheaf.place_task('q', '{"execution_id": "00010000-0000-8000-8000-000000000000"}')"#,
         )
         .unwrap();
+    }
+
+    /// The first `n` keys `<prefix><number>` that placement call `sql`
+    /// (the key its one text argument) answers `shard` for.
+    fn keys_on(sql: &str, prefix: &str, shard: i32, n: usize) -> Vec<String> {
+        (0..1000)
+            .map(|i| format!("{prefix}{i}"))
+            .filter(|k| Spi::get_one_with_args::<i32>(sql, &[k.clone().into()]).unwrap() == Some(shard))
+            .take(n)
+            .collect()
+    }
+
+    /// A workflow id of workflow `wf` whose start the published topology
+    /// places on `shard`.
+    fn owned_by(shard: i32) -> String {
+        keys_on("SELECT sheaf.place_start('wf', $1)", "w", shard, 1).remove(0)
+    }
+
+    /// The SQLSTATE and message of `sql` with `args`, or `None` if it ran.
+    fn refusal(sql: &str, args: Vec<pgrx::datum::DatumWithOid<'static>>) -> Option<(String, String)> {
+        let args = std::cell::RefCell::new(Some(args));
+        attempt(|| Spi::run_with_args(sql, &args.borrow_mut().take().unwrap()))
+            .err()
+            .map(|f| (f.sqlstate, f.message))
+    }
+
+    fn start(workflow_id: &str, opts: Value) -> Option<(String, String)> {
+        refusal(
+            "SELECT sheaf.start_workflow('wf', $1, '{}', $2)",
+            vec![workflow_id.to_owned().into(), pgrx::JsonB(opts).into()],
+        )
+    }
+
+    fn assert_misplaced(refused: Option<(String, String)>, owner: u16) {
+        let (code, message) = refused.expect("refused");
+        assert_eq!(code, "23514", "{message}");
+        assert!(
+            message.contains(&format!("belongs to shard {owner} ")),
+            "{message}"
+        );
+    }
+
+    /// With a topology published, a start its key places on another shard
+    /// is refused naming the owner; the owner's, and a start placed here
+    /// in so many words, are taken.
+    #[pg_test]
+    fn a_start_placed_elsewhere_is_refused_naming_its_owner() {
+        init();
+        publish(&json!({"shards": [1, 2]}));
+        let (mine, theirs) = (owned_by(1), owned_by(2));
+        assert_eq!(start(&mine, json!({})), None);
+        assert_misplaced(start(&theirs, json!({})), 2);
+        assert_misplaced(
+            refusal(
+                "SELECT sheaf.signal_with_start('wf', $1, '{}', 'go', '{}')",
+                vec![theirs.clone().into()],
+            ),
+            2,
+        );
+        assert_eq!(
+            start(&theirs, json!({"placement": {"shard": 1}})),
+            None,
+            "pinned here"
+        );
+        let (code, message) = start("x", json!({"placement": {"shard": 7}})).unwrap();
+        assert_eq!(
+            (code.as_str(), message.contains("opts.placement")),
+            ("22023", true),
+            "{message}"
+        );
+        // A routing key or tenant places it by that key instead.
+        let sql = "SELECT sheaf.place_start('wf', 'any', \
+                   jsonb_build_object('placement', jsonb_build_object('routing_key', $1::text)))";
+        let key_here = keys_on(sql, "k", 1, 1).remove(0);
+        assert_eq!(
+            start(&theirs, json!({"placement": {"routing_key": key_here}})),
+            None
+        );
+    }
+
+    /// While a change rolls out (the previous projection kept), a start
+    /// either projection places here is taken; once it is replaced, only
+    /// the new one counts.
+    #[pg_test]
+    fn a_rollout_accepts_the_previous_projections_placement() {
+        init();
+        publish(&json!({"shards": [1, 2]}));
+        let theirs = owned_by(2);
+        publish(&json!({"shards": [1]}));
+        Spi::run_with_args(
+            "SELECT sheaf.publish_topology($1, true)",
+            &[pgrx::JsonB(json!({"shards": [1, 2]})).into()],
+        )
+        .unwrap();
+        assert_eq!(
+            start(&theirs, json!({})),
+            None,
+            "the previous projection places it here"
+        );
+        publish(&json!({"shards": [1, 2]}));
+        assert_misplaced(start(&theirs, json!({})), 2);
+    }
+
+    /// A keyed task (idempotency or rate key) or a placed one is checked
+    /// like a start; a task with neither goes anywhere, and a task of an
+    /// execution goes where its execution lives.
+    #[pg_test]
+    fn a_keyed_task_placed_elsewhere_is_refused() {
+        init();
+        publish(&json!({"shards": [1, 2]}));
+        let key_on = |shard: i32| {
+            let sql = "SELECT sheaf.place_task('q', jsonb_build_object('idempotency_key', $1::text))";
+            keys_on(sql, "k", shard, 1).remove(0)
+        };
+        let enqueue = |opts: Value| {
+            refusal(
+                "SELECT sheaf.enqueue('q', '{}', $1)",
+                vec![pgrx::JsonB(opts).into()],
+            )
+        };
+        assert_eq!(enqueue(json!({"idempotency_key": key_on(1)})), None);
+        assert_misplaced(enqueue(json!({"idempotency_key": key_on(2)})), 2);
+        assert_misplaced(
+            refusal(
+                "SELECT sheaf.enqueue_batch('q', ARRAY['{}'::jsonb], $1)",
+                vec![pgrx::JsonB(json!({"idempotency_key": key_on(2)})).into()],
+            ),
+            2,
+        );
+        assert_eq!(
+            enqueue(json!({"idempotency_key": key_on(2), "placement": {"shard": 1}})),
+            None
+        );
+        assert_misplaced(enqueue(json!({"placement": {"shard": 2}})), 2);
+        assert_eq!(enqueue(json!({})), None, "an unkeyed task goes anywhere");
+        let run = crate::testing::start("wf", &owned_by(1), json!({})).id;
+        assert_eq!(
+            enqueue(json!({"idempotency_key": key_on(2), "execution_id": run.to_string()})),
+            None,
+            "a task of an execution is not placed by its key"
+        );
+    }
+
+    /// A debounced start sent where its window is open joins it, even when
+    /// its key's home is now another shard; it makes no new run there.
+    #[pg_test]
+    fn a_debounced_start_joins_its_open_window_but_opens_none_elsewhere() {
+        init();
+        publish(&json!({"shards": [1, 2]}));
+        let sql = "SELECT sheaf.place_start('wf', 'x', jsonb_build_object('debounce', \
+                   jsonb_build_object('key', $1::text, 'window', '1h')))";
+        let [open, closed] = <[String; 2]>::try_from(keys_on(sql, "d", 2, 2)).unwrap();
+        let debounced = |key: &str| json!({"debounce": {"key": key, "window": "1h"}});
+        publish(&json!({"shards": [1]}));
+        assert_eq!(
+            start("a", debounced(&open)),
+            None,
+            "opened while this shard owned it"
+        );
+        publish(&json!({"shards": [1, 2]}));
+        assert_eq!(start("b", debounced(&open)), None, "joins the open window");
+        assert_misplaced(start("c", debounced(&closed)), 2);
     }
 }

@@ -20,6 +20,7 @@ pub const RAISED: &[PgSqlErrorCode] = &[
     PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
     PgSqlErrorCode::ERRCODE_OPERATOR_INTERVENTION,
+    PgSqlErrorCode::ERRCODE_CHECK_VIOLATION,
 ];
 
 /// 22023: an argument has a value sheaf cannot accept. `arg` names it.
@@ -132,6 +133,23 @@ pub fn moved(id: pgrx::Uuid, to: i32) -> ! {
         ERROR,
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         format!("execution {id} has moved to another shard: the driver follows it there"),
+        detail.to_string()
+    );
+}
+
+/// 23514: `what` (a start, a task) belongs to shard `owner` under the
+/// topology published here, as a row outside a partition's bounds does.
+/// The DETAIL names the owner as JSON (`{"owner_shard"}`), so a client
+/// can send it there; never a connection string.
+pub fn misplaced(what: &str, owner: u16) -> ! {
+    let detail = serde_json::json!({ "owner_shard": owner });
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_CHECK_VIOLATION,
+        format!(
+            "{what} belongs to shard {owner} under the published topology, not this one: send it there \
+             (sheaf.place_start and sheaf.place_task name the owner), or say its placement in opts.placement"
+        ),
         detail.to_string()
     );
 }

@@ -12,12 +12,13 @@
 use pgrx::prelude::*;
 
 use crate::base::catalog::{self, Feature};
-use sheaf_core::placement::Projection;
+use sheaf_core::placement::{self, Admission, PlaceError, Projection};
 
 use crate::base::errors::{internal, topology_mismatch};
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
 use crate::base::rows::row;
+use crate::base::shard;
 
 /// The session setting a client declares its digest in.
 const SETTING: &std::ffi::CStr = c"sheaf.topology_digest";
@@ -61,21 +62,26 @@ const FORGET_PROJECTIONS: Stmt = Stmt::write(
     &[],
 );
 const READ_PROJECTIONS: Stmt = Stmt::read(
-    "SELECT p.projection FROM topology_digest t \
-     LEFT JOIN topology_projections p ON p.digest = t.digest",
+    "SELECT c.projection AS current, p.projection AS previous FROM topology_digest t \
+     LEFT JOIN topology_projections c ON c.digest = t.digest \
+     LEFT JOIN topology_projections p ON p.digest = t.previous",
     &[],
 );
 
 row! {
-    /// The published digest's projection (none: published before 0.3.0).
+    /// The published digest's projection and the previous one's (none:
+    /// published before 0.3.0, or no previous kept).
     struct Stored {
-        projection: Option<pgrx::JsonB>,
+        current: Option<pgrx::JsonB>,
+        previous: Option<pgrx::JsonB>,
     }
 }
 
-/// The topology this shard places by: the published projection.
+/// The topology this shard places by: the published projection, and the
+/// one it replaced while that is still accepted (a rolling change).
 pub struct Fleet {
     pub current: Projection,
+    pub previous: Option<Projection>,
 }
 
 fn enabled() -> bool {
@@ -99,8 +105,24 @@ pub fn fleet() -> Option<Fleet> {
                 .unwrap_or_else(|e| internal(format!("reading a stored topology projection: {e}")))
         })
     };
-    let current = parse(stored.projection)?;
-    Some(Fleet { current })
+    let current = parse(stored.current)?;
+    Some(Fleet {
+        current,
+        previous: parse(stored.previous),
+    })
+}
+
+/// Whether this shard takes work that `place` places (see
+/// [`sheaf_core::placement::admit`]); with no projection published,
+/// everything (a lone database checks nothing).
+pub fn admit(place: impl Fn(&Projection) -> Result<Option<u16>, PlaceError>) -> Admission {
+    let Some(fleet) = fleet() else {
+        return Admission::Here;
+    };
+    // Publish refuses a projection that does not list this shard.
+    let here = u16::try_from(shard::current())
+        .unwrap_or_else(|_| internal("a topology is published on a shard whose id is not a shard id"));
+    placement::admit(here, &fleet.current, fleet.previous.as_ref(), place)
 }
 
 /// Publishes the topology whose projection is `projection` (validated):

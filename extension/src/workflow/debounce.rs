@@ -113,7 +113,16 @@ row! {
 
 /// A debounced start of `name` (see the module). `o.run_at` is not given
 /// (the caller refused it): a trailing window sets the first task's time.
-pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions, d: &Debounce) -> Started {
+/// `before_new_run` runs when the start makes a run rather than joining a
+/// pending one (a start misplaced here may only join, and it raises).
+pub fn start(
+    name: &str,
+    workflow_id: &str,
+    input: Jsonb,
+    o: &StartOptions,
+    d: &Debounce,
+    before_new_run: impl FnOnce(),
+) -> Started {
     if !enabled() {
         crate::base::errors::not_ready(
             "this shard's schema has no debounced starts: ALTER EXTENSION sheaf UPDATE first",
@@ -130,6 +139,7 @@ pub fn start(name: &str, workflow_id: &str, input: Jsonb, o: &StartOptions, d: &
         EXTEND.exec(&[name.into(), d.key.as_str().into(), window.into()]);
         return (id, false, Vec::new());
     }
+    before_new_run();
     let run_at = match d.mode {
         DebounceMode::Trailing => Some(clock::from_us(clock::now_us() + d.window.as_micros() as i64)),
         DebounceMode::Leading => None,
