@@ -102,6 +102,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.place_task(text, jsonb),
     @extschema@.place_mutex(text),
     @extschema@.locate_id(uuid),
+    @extschema@.topology_projections(),
+    @extschema@.misplaced_runs(integer),
     @extschema@.fleet_config(),
     @extschema@.complete_execution(uuid, jsonb),
     @extschema@.fail_execution(uuid, text),

@@ -440,7 +440,13 @@ CREATE TABLE executions (
     -- On a MIGRATED seal: when the relay found its run ended where it
     -- lives (sheaf.seal_run_ended). A seal is the only forward for ids of
     -- this shard, so retention deletes none before.
-    seal_released_at timestamptz
+    seal_released_at timestamptz,
+    -- How an application's start placed the run (since 0.3.0): its
+    -- opts.placement ({} automatic; shard, residency_key, routing_key,
+    -- tenant), what sheaf.misplaced_runs checks against the published
+    -- topology. NULL for sheaf's own starts (children, schedule fires,
+    -- continue-as-new), debounced starts, and runs started before 0.3.0.
+    placement       jsonb
 );
 -- Active uniqueness: one non-terminal (or MIGRATED) run per (name, workflow_id).
 CREATE UNIQUE INDEX executions_active ON executions (workflow_name, workflow_id)

@@ -78,3 +78,38 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'locate_id_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.locate_id(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.locate_id(uuid) TO sheaf_worker;
+
+-- How an application's start placed each run from now on (see
+-- executions.placement in sql/schema.sql); runs started before keep NULL.
+ALTER TABLE executions ADD COLUMN placement jsonb;
+
+-- The accepted projections, for any client to route by; the live runs the
+-- published topology places on another shard.
+CREATE FUNCTION "topology_projections"() RETURNS TABLE (
+	"digest" TEXT,
+	"accepted_as" TEXT,
+	"projection" jsonb,
+	"published_at" timestamp with time zone
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'topology_projections_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.topology_projections() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.topology_projections() TO sheaf_worker;
+CREATE FUNCTION "misplaced_runs"(
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"execution_id" uuid,
+	"workflow_name" TEXT,
+	"workflow_id" TEXT,
+	"owner_shard" INT,
+	"placement" jsonb,
+	"created_at" timestamp with time zone
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'misplaced_runs_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.misplaced_runs(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.misplaced_runs(integer) TO sheaf_worker;

@@ -263,6 +263,28 @@ pub fn placement_from_json(value: &Value) -> Result<(Pin, Option<String>), Strin
     Ok((pin, text("tenant")?))
 }
 
+/// A placement as [`placement_from_json`] reads it: `{}` for an automatic
+/// one without a tenant.
+pub fn placement_to_json(pin: &Pin, tenant: Option<&str>) -> Value {
+    let mut m = serde_json::Map::new();
+    match pin {
+        Pin::Auto => {}
+        Pin::Shard(id) => {
+            m.insert("shard".into(), (*id).into());
+        }
+        Pin::ResidencyKey(k) => {
+            m.insert("residency_key".into(), k.as_str().into());
+        }
+        Pin::RoutingKey(k) => {
+            m.insert("routing_key".into(), k.as_str().into());
+        }
+    }
+    if let Some(t) = tenant {
+        m.insert("tenant".into(), t.into());
+    }
+    Value::Object(m)
+}
+
 /// The key bytes of every placement (see `docs/reference/placement.md`).
 pub mod keys {
     use crate::hrw;

@@ -385,6 +385,12 @@ pub struct StartOptions {
     /// what a shard with a published topology checks the start against.
     pub placement: Pin,
     pub tenant: Option<String>,
+    /// Set by the SQL entry points, never by `parse`: the run keeps how
+    /// its caller placed it (`executions.placement`), so its shard can
+    /// tell when the topology places it elsewhere. sheaf's own starts
+    /// (children, schedule fires, continue-as-new) and debounced ones keep
+    /// none.
+    pub record_placement: bool,
 }
 
 /// Which start of a burst a debounce keeps.

@@ -32,6 +32,11 @@ pub enum HealthReason {
     /// Its workflow policies, queue options or caps differ from what most
     /// shards hold (`sheaf config diff`).
     ConfigDrift,
+    /// It has live runs its published topology places on another shard
+    /// (`Admin::misplaced_runs`): reported, but it does not by itself
+    /// hold the shard back (rebalancing moves them, and new work is placed
+    /// right).
+    MisplacedRuns,
 }
 
 impl HealthReason {
@@ -46,7 +51,14 @@ impl HealthReason {
             HealthReason::StrandedWork => "stranded_work",
             HealthReason::TopologyDigestMismatch => "topology_digest_mismatch",
             HealthReason::ConfigDrift => "config_drift",
+            HealthReason::MisplacedRuns => "misplaced_runs",
         }
+    }
+
+    /// Whether it makes the shard not ready (every reason but
+    /// [`HealthReason::MisplacedRuns`], which is only reported).
+    pub fn holds_back(self) -> bool {
+        !matches!(self, HealthReason::MisplacedRuns)
     }
 }
 
@@ -63,9 +75,9 @@ impl HealthReason {
 pub struct Readiness {
     /// The shard.
     pub shard: ShardId,
-    /// `true` when no reason holds it back.
+    /// `true` when no reason holds it back ([`HealthReason::holds_back`]).
     pub ready: bool,
-    /// Every reason it is not ready, at once.
+    /// Every reason it is not ready, at once, and what is only reported.
     pub reason_codes: Vec<HealthReason>,
     /// What the probe said about each, for people.
     pub details: Vec<String>,
@@ -139,13 +151,29 @@ pub(crate) fn readiness(shard: &ShardHealth, client_digest: &str, drift: Option<
                 format!("against most shards: {}", d.join("; ")),
             );
         }
+        if let Some(n) = p.misplaced_runs.filter(|n| *n > 0) {
+            because(HealthReason::MisplacedRuns, misplaced(n));
+        }
     }
     Readiness {
         shard: p.shard,
-        ready: reasons.is_empty(),
+        ready: reasons.iter().all(|r| !r.holds_back()),
         reason_codes: reasons,
         details,
     }
+}
+
+/// What `n` misplaced runs read as (the probe counts up to a bound).
+fn misplaced(n: i64) -> String {
+    let at_least = if n >= i64::from(crate::status::MISPLACED_COUNTED) {
+        "at least "
+    } else {
+        ""
+    };
+    format!(
+        "{at_least}{n} live run(s) the published topology places on another shard \
+         (reported only: sheaf.misplaced_runs lists them)"
+    )
 }
 
 /// Every shard's verdict (or only `candidate`'s); `drift` as
@@ -201,6 +229,7 @@ mod tests {
                 stranded: Vec::new(),
                 relay: None,
                 accepted_digests: vec!["sha256:me".into()],
+                misplaced_runs: Some(0),
                 problem: None,
             },
             breaker: BreakerState::Closed,
@@ -262,5 +291,19 @@ mod tests {
             Some(ShardId::new(1).unwrap()),
         );
         assert_eq!((only.len(), only[0].shard.get()), (1, 1));
+    }
+
+    #[test]
+    fn misplaced_runs_are_reported_but_hold_no_shard_back() {
+        let mut s = shard(1);
+        s.probe.misplaced_runs = Some(3);
+        let r = readiness(&s, "sha256:me", None);
+        assert!(r.ready);
+        assert_eq!(r.reason_codes, [HealthReason::MisplacedRuns]);
+        assert!(r.details[0].starts_with("3 live run(s)"), "{:?}", r.details);
+        s.probe.misplaced_runs = Some(i64::from(crate::status::MISPLACED_COUNTED));
+        assert!(readiness(&s, "sha256:me", None).details[0].starts_with("at least"));
+        s.probe.live_workers.clear();
+        assert!(!readiness(&s, "sha256:me", None).ready, "other reasons still do");
     }
 }

@@ -114,13 +114,13 @@ pub use client::{
     ExternalAction, FailOutcome, Fire, FireOutcome, FleetConfig, FleetError, FleetReport, GroupBy,
     HistoryPage, KeyConcurrency, ListPage, ListedDeadLetter, ListedExecution, ListedTask, LockOptions,
     MAX_BATCH, MAX_CHILDREN, MAX_FIRES_PAGE, MAX_FORWARDS, MAX_HISTORY_PAGE, MAX_LIST_PAGE, MAX_TASK_PAGE,
-    MIN_STALL_AFTER, Migration, MoveOutcome, MovePhase, MoveReport, MutexGuard, MutexKey, MutexStatus,
-    OnShard, Orphan, Orphans, OutboxBacklog, OutboxState, OverrideReport, Owned, PageStatus, ParentClose,
-    PendingStart, Phase, PhaseHook, Progress, PublishedTopology, QueueConfig, QueueCounts, QueueListing,
-    QueueOptions, QueueStats, QueueSummary, QuotaDetail, QuotaUsage, RateLimitInfo, RebalanceOptions,
-    RegisteredWorker, RelayBacklog, Report, Resolution, STALL_AFTER, Schedule, ShardConnection, ShardInfo,
-    SortOrder, StartOptions, Started, StartedChild, StrandedWork, TaskInfo, TaskStatus, Tree, TreeNode,
-    Unsettled, Usage, attr_equality, config_drift,
+    MIN_STALL_AFTER, Migration, MisplacedRun, MoveOutcome, MovePhase, MoveReport, MutexGuard, MutexKey,
+    MutexStatus, OnShard, Orphan, Orphans, OutboxBacklog, OutboxState, OverrideReport, Owned, PageStatus,
+    ParentClose, PendingStart, Phase, PhaseHook, Progress, PublishedTopology, QueueConfig, QueueCounts,
+    QueueListing, QueueOptions, QueueStats, QueueSummary, QuotaDetail, QuotaUsage, RateLimitInfo,
+    RebalanceOptions, RegisteredWorker, RelayBacklog, Report, Resolution, STALL_AFTER, Schedule,
+    ShardConnection, ShardInfo, SortOrder, StartOptions, Started, StartedChild, StrandedWork, TaskInfo,
+    TaskStatus, Tree, TreeNode, Unsettled, Usage, attr_equality, config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
 pub use health::{HealthReason, Readiness};

@@ -189,6 +189,9 @@ impl RelayMetrics {
 ///   tasks claimed and completed through this client.
 /// - `sheaf_shard_stranded_ready{shard}`: ready tasks on queues with no live
 ///   worker, as the last `topology_status()` or worker refresh found them.
+/// - `sheaf_shard_misplaced_runs{shard}`: live runs the shard's published
+///   topology places on another shard (counted up to 1,000), as the last
+///   `topology_status()` found them.
 /// - `sheaf_tasks_total{shard,queue,outcome}`: what this process's workers
 ///   did with the tasks they claimed (`completed`, `failed`, `dead_lettered`,
 ///   `released`, `snoozed`, `lost`, `cancelled`).
@@ -225,6 +228,7 @@ pub struct Metrics {
     claimed: IntCounterVec,
     completed: IntCounterVec,
     stranded: IntGaugeVec,
+    misplaced: IntGaugeVec,
     tasks: IntCounterVec,
     claim_seconds: HistogramVec,
     task_seconds: HistogramVec,
@@ -309,6 +313,11 @@ impl Metrics {
             "Ready tasks on queues no live worker serves, at the last status probe",
             &["shard"],
         );
+        let misplaced = gauge(
+            "sheaf_shard_misplaced_runs",
+            "Live runs the shard's published topology places on another shard, at the last status probe (counted up to 1000)",
+            &["shard"],
+        );
         let tasks = counter(
             "sheaf_tasks_total",
             "Claimed tasks by what became of them: completed, failed, dead_lettered, released, snoozed, lost, cancelled",
@@ -349,6 +358,7 @@ impl Metrics {
             claimed,
             completed,
             stranded,
+            misplaced,
             tasks,
             claim_seconds,
             task_seconds,
@@ -555,6 +565,10 @@ impl Metrics {
         if let Some(n) = stranded_ready {
             self.stranded.with_label_values(&[&label]).set(n);
         }
+    }
+
+    pub(crate) fn misplaced(&self, shard: ShardId, runs: i64) {
+        self.misplaced.with_label_values(&[&shard.to_string()]).set(runs);
     }
 
     pub(crate) fn breaker(&self, shard: ShardId, state: BreakerState) {

@@ -581,7 +581,7 @@ async fn outbox_outcome(client: &Client, row: &OutboxRow) -> OutboxOutcome {
     let kind = row.kind.as_str();
     for _ in 0..TRIES {
         let (best, failed) = match client.resolve_key(&row.workflow_name, &row.workflow_id).await {
-            Ok(r) => r,
+            Ok((best, failed)) => (best.map(|(run, _)| run), failed),
             Err(e) => return OutboxOutcome::Failed(e.to_string()),
         };
         for uninspected in failed.keys() {

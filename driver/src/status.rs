@@ -142,9 +142,16 @@ pub struct ShardStatus {
     /// The topology digests the shard accepts (`sheaf.published_topology()`:
     /// the published one, then the previous one); empty if none was published.
     pub accepted_digests: Vec<String>,
+    /// Live runs the shard's published topology places on another shard
+    /// (`sheaf.misplaced_runs`), counted up to 1,000;
+    /// `None` on a schema before 0.3.0.
+    pub misplaced_runs: Option<i64>,
     /// Why the probe failed or what is wrong with the shard, if anything.
     pub problem: Option<String>,
 }
+
+/// The most misplaced runs a status probe counts on one shard.
+pub const MISPLACED_COUNTED: i32 = 1_000;
 
 /// What the relay has yet to carry from one shard (`sheaf.relay_backlog()`
 /// and `sheaf.outbox_backlog()`, added up).
@@ -203,6 +210,7 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
         stranded: Vec::new(),
         relay: None,
         accepted_digests: Vec::new(),
+        misplaced_runs: None,
         problem: None,
     };
     match tokio::time::timeout(timeout, read_identity(&shard.url, timeout)).await {
@@ -218,6 +226,7 @@ pub async fn probe_shard(shard: &Shard, timeout: Duration) -> ShardStatus {
             status.stranded = identity.stranded;
             status.relay = identity.relay;
             status.accepted_digests = identity.accepted_digests;
+            status.misplaced_runs = identity.misplaced_runs;
             status.schema_compatible = status
                 .schema_version
                 .as_deref()
@@ -247,6 +256,7 @@ struct Identity {
     stranded: Vec<StrandedQueue>,
     relay: Option<RelayBacklogSummary>,
     accepted_digests: Vec<String>,
+    misplaced_runs: Option<i64>,
 }
 
 /// The relay's backlog, added up; nothing before schema 0.2.0.
@@ -328,6 +338,20 @@ async fn read_work(client: &tokio_postgres::Client, identity: &mut Identity) -> 
         identity.relay = Some(read_relay_backlog(client).await?);
         identity.accepted_digests = read_accepted_digests(client).await?;
     }
+    if identity
+        .schema_version
+        .as_deref()
+        .is_some_and(crate::schema::takes_placement)
+    {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM sheaf.misplaced_runs($1)",
+                &[&MISPLACED_COUNTED],
+            )
+            .await
+            .map_err(|e| format!("sheaf.misplaced_runs() failed: {e}"))?;
+        identity.misplaced_runs = Some(row.try_get(0).map_err(unreadable)?);
+    }
     Ok(())
 }
 
@@ -357,6 +381,7 @@ async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String>
         stranded: Vec::new(),
         relay: None,
         accepted_digests: Vec::new(),
+        misplaced_runs: None,
     };
     // sheaf's functions are called only on a schema this driver knows has them.
     if identity
@@ -415,6 +440,7 @@ mod tests {
             live_workers: Vec::new(),
             relay: None,
             accepted_digests: Vec::new(),
+            misplaced_runs: None,
             stranded: vec![
                 StrandedQueue {
                     queue: "a".into(),

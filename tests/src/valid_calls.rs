@@ -623,6 +623,8 @@ pub const VALID_CALLS: &[ValidCall] = &[
     ),
     call("sheaf.place_mutex(text)", &[], &["'vc-lock'"]),
     call("sheaf.locate_id(uuid)", &[], &["sheaf.new_id()"]),
+    call("sheaf.topology_projections()", &[], &[]),
+    call("sheaf.misplaced_runs(integer)", &[], &["10"]),
     call("sheaf.fleet_config()", &[], &[]),
     call("sheaf.audit_log(bigint, integer)", &[], &["NULL", "10"]),
     call("sheaf.rebalance_candidates(uuid, integer)", &[], &["NULL", "100"]),

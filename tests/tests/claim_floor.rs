@@ -45,6 +45,10 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 const CHAOS: Duration = Duration::from_secs(8);
+/// The reference claims a run needs before its order is worth checking.
+const MIN_REFERENCE_CLAIMS: u64 = 100;
+/// The floor moves a run needs to have tested anything.
+const MIN_FLOOR_MOVES: u64 = 10;
 
 #[derive(Default)]
 struct Record {
@@ -415,7 +419,19 @@ async fn the_claim_order_holds_while_the_floor_moves() {
     )));
     tasks.push(tokio::spawn(watcher(queue.clone(), rec.clone(), stop.clone())));
     tasks.push(tokio::spawn(rekeyer(queue.clone(), stop.clone())));
+    // At least CHAOS, and on until the reference has claimed enough to
+    // compare with, however slow the machine (bounded: a stalled run fails
+    // in `check`).
+    let began = std::time::Instant::now();
     tokio::time::sleep(CHAOS).await;
+    while began.elapsed() < CHAOS * 15 {
+        let r = rec.lock().await;
+        if r.reference_claims > MIN_REFERENCE_CLAIMS && r.floor_moves > MIN_FLOOR_MOVES {
+            break;
+        }
+        drop(r);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
@@ -440,13 +456,13 @@ fn check(rec: &Record, seed: u64) {
         rec.below_floor.len()
     );
     assert!(
-        rec.reference_claims > 100,
+        rec.reference_claims > MIN_REFERENCE_CLAIMS,
         "only {} reference claims",
         rec.reference_claims
     );
     let moves = rec.floor_moves;
     assert!(
-        moves > 10,
+        moves > MIN_FLOOR_MOVES,
         "the floor moved only {moves} time(s): the test proves nothing"
     );
     rec.ledger.check_exactly_once(seed);

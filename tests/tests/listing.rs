@@ -424,7 +424,7 @@ async fn listing_and_finding_across_four_shards() {
         .start_workflow("orders", "order-42", json!({}), on(2))
         .await
         .expect("start");
-    let Resolution::Found { execution, shard } =
+    let Resolution::Found { execution, shard, .. } =
         client.find_execution("orders", "order-42").await.expect("find")
     else {
         panic!("order-42 not found");

@@ -188,8 +188,6 @@ async fn shards_refuse_work_their_topology_places_elsewhere() {
     let spec = own_pair(&["up", "--count", "2", "--no-install"]);
     let fleet = || TopologyBuilder::from_spec(&spec).expect("own shards");
     let cl = client(fleet());
-    let report = cl.admin().publish_topology(false).await;
-    assert!(report.is_complete(), "{:?}", report.failed);
     let topology = cl.topology().clone();
     let ids: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
     let (a, b) = (ids[0], ids[1]);
@@ -197,8 +195,51 @@ async fn shards_refuse_work_their_topology_places_elsewhere() {
         sheaf_tests::connect(topology.get(a).unwrap()).await,
         sheaf_tests::connect(topology.get(b).unwrap()).await,
     );
+    // Before anything is published, a shard takes what it is sent.
+    let early = id_owned_by(&topology, "early", b);
+    db_a.query_one(START, &[&"early", &early, &json!({})])
+        .await
+        .expect("nothing is checked before a topology is published");
+    let report = cl.admin().publish_topology(false).await;
+    assert!(report.is_complete(), "{:?}", report.failed);
     let key = plain_sql_is_checked(&topology, (a, &db_a), (b, &db_b)).await;
     the_driver_says_where_it_places(&cl, a, b, &key).await;
+
+    // The run made before enforcement is misplaced, and named with its
+    // owner; the runs pinned to a shard are not.
+    let misplaced = cl.admin().misplaced_runs(100).await;
+    assert!(misplaced.is_complete(), "{:?}", misplaced.failed);
+    let listed: Vec<(ShardId, String, Option<ShardId>)> = misplaced
+        .ok
+        .values()
+        .flatten()
+        .map(|m| (m.shard, m.workflow_id.clone(), m.owner))
+        .collect();
+    assert_eq!(listed, vec![(a, early.clone(), Some(b))]);
+    // Two live runs of one key (the owner's, and one pinned elsewhere):
+    // find names both.
+    let theirs = id_owned_by(&topology, "enforced", b);
+    match cl.find_execution("enforced", &theirs).await.expect("find") {
+        sheaf_driver::Resolution::Found { shard, also_live, .. } => {
+            let mut shards: Vec<ShardId> = also_live.iter().map(|e| e.shard).chain([shard]).collect();
+            shards.sort();
+            assert_eq!(shards, vec![a, b], "every live run of the key");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Shard health reports it (health.rs's unit test: without holding the
+    // shard back for it), and the probe's gauge counts it.
+    let health = cl
+        .admin()
+        .shard_health(Some(a), std::time::Duration::from_secs(10))
+        .await;
+    let reasons = &health[0].reason_codes;
+    assert!(
+        reasons.contains(&sheaf_driver::HealthReason::MisplacedRuns),
+        "{health:?}"
+    );
+    let gauge = format!("sheaf_shard_misplaced_runs{{shard=\"{a}\"}} 1");
+    assert!(cl.metrics_text().contains(&gauge), "{}", cl.metrics_text());
 
     // A rollout: b stops taking new work, the previous projection kept.
     let drained = client(fleet().writable([u32::from(a.get())]));

@@ -345,7 +345,7 @@ async fn counted_once(c: &Client, f: &Fleet, b: ShardId) {
         .await
         .expect("a lookup")
     {
-        Resolution::Found { shard, execution } => {
+        Resolution::Found { shard, execution, .. } => {
             assert_eq!((shard, execution.execution_id), (b, f.parked));
         }
         other => panic!("{other:?}"),

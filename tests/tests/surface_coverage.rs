@@ -29,6 +29,9 @@ const NO_METHOD: &[(&str, &str)] = &[
     ("place_task", "the router's task placement (Client::enqueue)"),
     ("place_mutex", "Client::mutex_shard"),
     ("locate_id", "ExecutionId::route / TaskId::route"),
+    // The driver holds its topology itself (Admin::published_topology
+    // compares digests); the projections serve other languages' routers.
+    ("topology_projections", "Topology (the driver's own)"),
 ];
 
 /// Every `.rs` file under `dir`, as its code: comment lines are left out,

@@ -149,7 +149,7 @@ async fn find_execution_asks_every_shard() {
         .start_workflow(&name, "order-7", json!({}), options.clone())
         .await
         .expect("start");
-    let Resolution::Found { execution, shard } = c.find_execution(&name, "order-7").await.expect("find")
+    let Resolution::Found { execution, shard, .. } = c.find_execution(&name, "order-7").await.expect("find")
     else {
         panic!("not found");
     };

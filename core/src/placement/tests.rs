@@ -282,3 +282,15 @@ fn a_shard_admits_what_an_accepted_projection_places_on_it() {
     let unkeyed = |p: &Projection| p.place_task("q", None, None, None, &Pin::Auto);
     assert_eq!(admit(2, &two, None, unkeyed), Admission::Here);
 }
+
+#[test]
+fn a_placement_reads_back_as_written() {
+    for v in placements() {
+        let Ok((pin, tenant)) = placement_from_json(&v) else {
+            continue;
+        };
+        let written = placement_to_json(&pin, tenant.as_deref());
+        assert_eq!(placement_from_json(&written), Ok((pin, tenant)), "{v}");
+    }
+    assert_eq!(placement_to_json(&Pin::Auto, None), json!({}));
+}

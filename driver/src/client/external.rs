@@ -370,6 +370,7 @@ impl Client {
         loop {
             attempt += 1;
             let (best, failed) = self.resolve_key(name, workflow_id).await?;
+            let best = best.map(|(run, _)| run);
             match best {
                 Some(e) if e.state.is_migrating() => {
                     moving += 1;

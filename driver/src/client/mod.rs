@@ -82,7 +82,7 @@ pub use search::{
     AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution,
     SortOrder, attr_equality,
 };
-pub use topology::PublishedTopology;
+pub use topology::{MisplacedRun, PublishedTopology};
 pub use tx::{OnShard, ShardConnection};
 
 use crate::id::{ExecutionId, TaskId};
@@ -459,7 +459,9 @@ impl Client {
 impl<'c> Admin<'c> {
     /// Probes every shard at once (a fresh connection each, bounded by
     /// `timeout`): reachability, identity, versions, roles, breaker, live
-    /// workers and stranded work. Also refreshes `sheaf_shard_up`.
+    /// workers, stranded work and misplaced runs. Also refreshes
+    /// `sheaf_shard_up`, `sheaf_shard_stranded_ready` and
+    /// `sheaf_shard_misplaced_runs`.
     pub async fn topology_status(self, timeout: Duration) -> TopologyStatus {
         let status = topology_status(&self.client.topology, &self.client.pools, timeout).await;
         for shard in &status.shards {
@@ -469,6 +471,9 @@ impl<'c> Admin<'c> {
                 shard.probe.reachable.then(|| shard.stranded_ready()),
             );
             self.client.metrics.breaker(shard.probe.shard, shard.breaker);
+            if let Some(n) = shard.probe.misplaced_runs {
+                self.client.metrics.misplaced(shard.probe.shard, n);
+            }
         }
         status
     }

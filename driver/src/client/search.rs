@@ -214,6 +214,11 @@ pub enum Resolution {
         execution: Box<Execution>,
         /// Its shard.
         shard: ShardId,
+        /// Every other live run of the key, on other shards (each names its
+        /// shard): a duplicate made by a misplaced start (see
+        /// [`Admin::misplaced_runs`](crate::Admin::misplaced_runs)).
+        /// Normally empty.
+        also_live: Vec<Execution>,
     },
     /// Every readable shard answered, and none has it.
     Absent,
@@ -310,26 +315,33 @@ impl Client {
     pub async fn find_execution(&self, name: &str, workflow_id: &str) -> Result<Resolution, ClientError> {
         let (best, failed) = self.resolve_key(name, workflow_id).await?;
         Ok(match best {
-            Some(e) if e.state.is_active() || failed.is_empty() => Resolution::Found {
+            Some((e, also_live)) if e.state.is_active() || failed.is_empty() => Resolution::Found {
                 shard: e.shard,
                 execution: Box::new(e),
+                also_live,
             },
             None if failed.is_empty() => Resolution::Absent,
             ended => Resolution::Indeterminate {
-                ended: ended.map(Box::new),
+                ended: ended.map(|(e, _)| Box::new(e)),
                 unavailable_shards: failed,
             },
         })
     }
 
     /// The best run of (`name`, `workflow_id`) the readable shards hold
-    /// (active first, then the most recently started), and the shards that
-    /// could not answer.
+    /// (active first, then the most recently started) with every other
+    /// live run of the key elsewhere, and the shards that could not answer.
     pub(crate) async fn resolve_key(
         &self,
         name: &str,
         workflow_id: &str,
-    ) -> Result<(Option<Execution>, BTreeMap<ShardId, ClientError>), ClientError> {
+    ) -> Result<
+        (
+            Option<(Execution, Vec<Execution>)>,
+            BTreeMap<ShardId, ClientError>,
+        ),
+        ClientError,
+    > {
         let report = self
             .fan_out(self.readable_shards(), |shard| async move {
                 let call = Call {
@@ -344,19 +356,24 @@ impl Client {
             })
             .await;
         refused_argument(&report.failed)?;
-        let best = report
-            .ok
-            .into_values()
-            .flatten()
-            // A moved run's live copy outranks its seal and its staged copy.
-            .max_by_key(|e| {
-                (
-                    e.state.is_active(),
-                    !e.state.is_migrating(),
-                    e.created_at,
-                    e.execution_id.as_uuid(),
-                )
-            });
+        let mut found: Vec<Execution> = report.ok.into_values().flatten().collect();
+        // A moved run's live copy outranks its seal and its staged copy.
+        found.sort_by_key(|e| {
+            std::cmp::Reverse((
+                e.state.is_active(),
+                !e.state.is_migrating(),
+                e.created_at,
+                e.execution_id.as_uuid(),
+            ))
+        });
+        let mut runs = found.into_iter();
+        let best = runs.next().map(|best| {
+            let also_live = runs
+                .filter(|e| e.state.is_active() && !e.state.is_migrating())
+                .filter(|e| e.execution_id != best.execution_id)
+                .collect();
+            (best, also_live)
+        });
         Ok((best, report.failed))
     }
 }

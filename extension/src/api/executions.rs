@@ -52,7 +52,9 @@ fn start_workflow(
     let workflow_id = check_workflow_id(workflow_id);
     let input = required(input, "input").checked("input");
     let opts = required(opts, "opts").parse("opts");
-    let o = start_options(&opts);
+    let mut o = start_options(&opts);
+    // A debounced start is placed by its key, and not listed as misplaced.
+    o.record_placement = o.debounce.is_none();
     topology::check_declared();
     let owner = owner_elsewhere(name, workflow_id, &o);
     TableIterator::once(match &o.debounce {

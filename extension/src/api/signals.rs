@@ -71,7 +71,8 @@ fn signal_with_start(
         }
         None => None,
     };
-    let o = start_options(&opts);
+    let mut o = start_options(&opts);
+    o.record_placement = true;
     if o.debounce.is_some() {
         bad_argument(
             "opts.debounce",

@@ -7,7 +7,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
 use sheaf_core::options::EnqueueOptions;
-use sheaf_core::placement::{PlaceError, Projection};
+use sheaf_core::placement::{PlaceError, Projection, placement_from_json};
 
 use crate::api::executions::{check_workflow_id, start_options};
 use crate::base::args::{self, required};
@@ -182,6 +182,93 @@ fn locate_id(id: Option<pgrx::Uuid>) -> i32 {
     }
 }
 
+/// The projections this shard accepts: the published one (`accepted_as`
+/// `current`), then the one it replaced while a change rolls out
+/// (`previous`), each as published (canonical form) with its digest; no
+/// row when none was published. Any client can route by it
+/// (docs/reference/placement.md).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn topology_projections() -> TableIterator<
+    'static,
+    (
+        name!(digest, String),
+        name!(accepted_as, String),
+        name!(projection, pgrx::JsonB),
+        name!(published_at, TimestampWithTimeZone),
+    ),
+> {
+    TableIterator::new(
+        topology::projections()
+            .into_iter()
+            .map(|p| (p.digest, p.accepted_as, p.projection, p.published_at)),
+    )
+}
+
+/// Live runs on this shard that the published topology places on another
+/// shard (`owner_shard`; NULL when it refuses the run's placement, e.g. a
+/// residency key no longer declared), by id, at most `max_rows` (1 to 10,000):
+/// started here before the topology changed or was published, or sent by
+/// hand. Runs that arrived by a move, children, schedule and debounced
+/// runs, runs pinned to a shard, and runs started before 0.3.0 are not
+/// listed. No row when no projection is published. Reads every live run an
+/// application placed here (a scan, as `count(*)` is).
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn misplaced_runs(
+    max_rows: default!(Option<i32>, 100),
+) -> TableIterator<
+    'static,
+    (
+        name!(execution_id, pgrx::Uuid),
+        name!(workflow_name, String),
+        name!(workflow_id, String),
+        name!(owner_shard, Option<i32>),
+        name!(placement, pgrx::JsonB),
+        name!(created_at, TimestampWithTimeZone),
+    ),
+> {
+    let max = args::page_rows(max_rows, 10_000) as usize;
+    let Some(fleet) = topology::fleet() else {
+        return TableIterator::new(Vec::new());
+    };
+    let here = shard::current();
+    let mut found = Vec::new();
+    let mut after = None;
+    loop {
+        let page = executions::placed_live(after, 1_000);
+        let last = page.last().map(|r| r.id);
+        for run in page {
+            let owner = match placement_from_json(&run.placement.0) {
+                Ok((pin, tenant)) => fleet
+                    .current
+                    .place(&run.workflow_name, &run.workflow_id, &pin, tenant.as_deref())
+                    .ok(),
+                // Written by this library's own start: unreadable only if
+                // the row was edited by hand; listed, with no owner.
+                Err(_) => None,
+            };
+            if owner.map(i32::from) != Some(here) {
+                found.push((
+                    run.id,
+                    run.workflow_name,
+                    run.workflow_id,
+                    owner.map(i32::from),
+                    run.placement,
+                    run.created_at,
+                ));
+                if found.len() >= max {
+                    return TableIterator::new(found);
+                }
+            }
+        }
+        match last {
+            Some(id) => after = Some(id),
+            None => return TableIterator::new(found),
+        }
+    }
+}
+
 /// The digest published on this shard, the previous one still accepted,
 /// and when; no row if none was published.
 #[pg_extern(stable, parallel_safe, security_definer)]
@@ -200,6 +287,7 @@ fn published_topology() -> TableIterator<
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
+    use crate::base::rows::row;
     use crate::base::subxact::attempt;
     use crate::testing::init;
     use pgrx::prelude::*;
@@ -519,5 +607,71 @@ mod tests {
         publish(&json!({"shards": [1, 2]}));
         assert_eq!(start("b", debounced(&open)), None, "joins the open window");
         assert_misplaced(start("c", debounced(&closed)), 2);
+    }
+
+    row! {
+        struct Misplaced {
+            workflow_id: String,
+            owner_shard: Option<i32>,
+        }
+    }
+
+    row! {
+        struct Accepted {
+            digest: String,
+            accepted_as: String,
+        }
+    }
+
+    /// A run started before the topology placed its key elsewhere is
+    /// listed with its owner; runs owned here, pinned here, or placed by a
+    /// residency key the topology no longer has (owner unknown) are told
+    /// apart.
+    #[pg_test]
+    fn misplaced_runs_lists_live_runs_the_topology_places_elsewhere() {
+        init();
+        publish(&json!({"shards": [1, 2]}));
+        let (mine, theirs) = (owned_by(1), owned_by(2));
+        publish(&json!({"shards": [1], "residency": {"eu": 1}}));
+        for (id, opts) in [
+            (&mine, json!({})),
+            (&theirs, json!({})),
+            (&"pinned".to_owned(), json!({"placement": {"shard": 1}})),
+            (
+                &"resident".to_owned(),
+                json!({"placement": {"residency_key": "eu"}}),
+            ),
+        ] {
+            assert_eq!(start(id, opts), None);
+        }
+        let listed = || {
+            crate::testing::rows::<Misplaced>(
+                "SELECT workflow_id, owner_shard FROM sheaf.misplaced_runs(10) ORDER BY workflow_id",
+                &[],
+            )
+            .into_iter()
+            .map(|m| (m.workflow_id, m.owner_shard))
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(), vec![], "one shard owns everything");
+        publish(&json!({"shards": [1, 2]}));
+        assert_eq!(
+            listed(),
+            vec![("resident".to_owned(), None), (theirs.clone(), Some(2))]
+        );
+        // Ended runs are not misplaced.
+        Spi::run_with_args(
+            "SELECT sheaf.cancel_execution(id, 'done') FROM sheaf.executions WHERE workflow_id = $1",
+            &[theirs.clone().into()],
+        )
+        .unwrap();
+        assert_eq!(listed(), vec![("resident".to_owned(), None)]);
+        let accepted = crate::testing::rows::<Accepted>(
+            "SELECT digest, accepted_as FROM sheaf.topology_projections()",
+            &[],
+        );
+        assert_eq!(accepted.len(), 1);
+        assert_eq!(accepted[0].accepted_as, "current");
+        assert!(accepted[0].digest.starts_with("sha256:"));
     }
 }

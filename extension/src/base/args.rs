@@ -38,7 +38,6 @@ pub fn key<'a>(value: Option<&'a str>, arg: &str) -> &'a str {
     value
 }
 
-/// Validates a lease-like interval argument; returns it in seconds.
 /// `max_rows` of a page or a take: required, 1 to `max`.
 pub fn page_rows(max_rows: Option<i32>, max: i32) -> i64 {
     let n = required(max_rows, "max_rows");
@@ -48,6 +47,7 @@ pub fn page_rows(max_rows: Option<i32>, max: i32) -> i64 {
     i64::from(n)
 }
 
+/// Validates a lease-like interval argument; returns it in seconds.
 pub fn lease_secs(arg: &str, lease: Interval) -> f64 {
     let secs = lease.as_micros() as f64 / 1e6;
     if !(MIN_LEASE_SECS..=MAX_LEASE_SECS).contains(&secs) {

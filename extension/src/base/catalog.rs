@@ -62,6 +62,8 @@ pub enum Feature {
     WaiterLeases,
     /// `topology_projections` (placement, `base::topology`).
     TopologyProjections,
+    /// `executions.placement` (how a caller placed a run: misplaced runs).
+    PlacedRuns,
 }
 
 impl Feature {
@@ -81,7 +83,7 @@ impl Feature {
             | Feature::Debounce
             | Feature::Schedules
             | Feature::WaiterLeases => Release::V0_2_0,
-            Feature::TopologyProjections => Release::V0_3_0,
+            Feature::TopologyProjections | Feature::PlacedRuns => Release::V0_3_0,
         }
     }
 }

@@ -68,6 +68,33 @@ const READ_PROJECTIONS: Stmt = Stmt::read(
     &[],
 );
 
+const LIST_PROJECTIONS: Stmt = Stmt::read(
+    "SELECT p.digest, CASE WHEN p.digest = t.digest THEN 'current' ELSE 'previous' END AS accepted_as, \
+            p.projection, p.published_at \
+     FROM topology_projections p JOIN topology_digest t ON p.digest IN (t.digest, t.previous) \
+     ORDER BY p.digest <> t.digest",
+    &[],
+);
+
+row! {
+    /// A projection this shard accepts, as `topology_projections` lists it.
+    pub struct Listed {
+        pub digest: String,
+        pub accepted_as: String,
+        pub projection: pgrx::JsonB,
+        pub published_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
+
+/// The projections this shard accepts: the published one, then the
+/// previous one while it is kept.
+pub fn projections() -> Vec<Listed> {
+    if !projections_enabled() {
+        return Vec::new();
+    }
+    LIST_PROJECTIONS.all(&[], "listing the topology projections")
+}
+
 row! {
     /// The published digest's projection and the previous one's (none:
     /// published before 0.3.0, or no previous kept).

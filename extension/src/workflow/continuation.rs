@@ -100,6 +100,7 @@ fn begin_successor(
             search_attrs: p.search_attrs,
             timeout: Timeout::Inherited(p.timeout_at),
             continued_from: Some(prior_id),
+            placement: None,
         },
     );
     successor

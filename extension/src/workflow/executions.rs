@@ -288,6 +288,43 @@ pub fn moves_enabled() -> bool {
     catalog::has(Feature::Moves)
 }
 
+// Live runs an application started here (not moved here, not children),
+// but for those it pinned to a shard: the runs a topology may place
+// elsewhere, by id from `after` (the seek of the primary key).
+const PLACED_LIVE: Stmt = Stmt::read(
+    "SELECT id, workflow_name, workflow_id, placement, created_at FROM executions \
+     WHERE id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid) \
+       AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED') AND placement IS NOT NULL \
+       AND NOT placement ? 'shard' AND parent_id IS NULL AND migrated_from_shards = '{}' \
+     ORDER BY id LIMIT $2",
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::INT8OID],
+);
+
+row! {
+    /// A live run and how its caller placed it.
+    pub struct Placed {
+        pub id: pgrx::Uuid,
+        pub workflow_name: String,
+        pub workflow_id: String,
+        pub placement: pgrx::JsonB,
+        pub created_at: pgrx::datum::TimestampWithTimeZone,
+    }
+}
+
+/// Up to `max` live runs an application placed (see `PLACED_LIVE`), after
+/// id `after`, by id; none on a catalog that does not record placement.
+pub fn placed_live(after: Option<pgrx::Uuid>, max: i64) -> Vec<Placed> {
+    if !placed_runs_enabled() {
+        return Vec::new();
+    }
+    PLACED_LIVE.all(&[after.into(), max.into()], "listing placed runs")
+}
+
+/// Whether this shard's catalog records how a run was placed (0.3.0 on).
+pub fn placed_runs_enabled() -> bool {
+    catalog::has(Feature::PlacedRuns)
+}
+
 /// Whether this shard's catalog has execution timeouts (0.2.0 on).
 pub fn timeouts_enabled() -> bool {
     catalog::has(Feature::Timeouts)

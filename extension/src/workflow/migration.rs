@@ -980,6 +980,10 @@ macro_rules! replaced_columns {
          migrated_to_shard, migrated_from_shards, replaced_seal, result_pulled_at, timeout_at, staged_by, \
          seal_released_at"
     };
+    // A 0.3.0 catalog's, with how the run was placed.
+    (placed) => {
+        concat!(replaced_columns!(), ", placement")
+    };
 }
 const REPLACE_ROW: Stmt = Stmt::write(
     concat!(
@@ -987,6 +991,16 @@ const REPLACE_ROW: Stmt = Stmt::write(
         replaced_columns!(),
         ") = (SELECT ",
         replaced_columns!(),
+        " FROM jsonb_populate_record(NULL::executions, $2)) WHERE id = $1"
+    ),
+    &[PgBuiltInOids::UUIDOID, PgBuiltInOids::JSONBOID],
+);
+const REPLACE_PLACED_ROW: Stmt = Stmt::write(
+    concat!(
+        "UPDATE executions SET (",
+        replaced_columns!(placed),
+        ") = (SELECT ",
+        replaced_columns!(placed),
         " FROM jsonb_populate_record(NULL::executions, $2)) WHERE id = $1"
     ),
     &[PgBuiltInOids::UUIDOID, PgBuiltInOids::JSONBOID],
@@ -1005,7 +1019,11 @@ const STAGED_ROW: Stmt = Stmt::write(
 /// Overwrites execution `id`'s row in place with `row` (a document of
 /// every column), keeping the rows that reference it.
 fn replace_row(id: pgrx::Uuid, row: Jsonb) {
-    REPLACE_ROW.exec(&[id.into(), row.into()]);
+    if executions::placed_runs_enabled() {
+        REPLACE_PLACED_ROW.exec(&[id.into(), row.into()]);
+    } else {
+        REPLACE_ROW.exec(&[id.into(), row.into()]);
+    }
 }
 
 /// Makes a staged copy live: its state back, its tasks admitted (a timer
@@ -1206,7 +1224,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let mut listed: Vec<&str> = replaced_columns!().split(',').map(str::trim).collect();
+        let mut listed: Vec<&str> = replaced_columns!(placed).split(',').map(str::trim).collect();
         listed.sort_unstable();
         assert_eq!(catalog, listed.join(","));
     }

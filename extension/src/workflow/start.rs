@@ -8,6 +8,7 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::id;
+use sheaf_core::placement::placement_to_json;
 use sheaf_core::policy::{
     ConcurrencyPolicy, OnConflict, QuotaPolicy, StartOptions, WorkflowPolicy, resolve_key,
 };
@@ -22,7 +23,9 @@ use crate::base::rows::row;
 use crate::base::{clock, ids, shard};
 use crate::queue::caps;
 use crate::queue::rate::{self, Admission};
-use crate::workflow::executions::{Locked, enqueue_workflow_task, task_key, timeouts_enabled};
+use crate::workflow::executions::{
+    Locked, enqueue_workflow_task, placed_runs_enabled, task_key, timeouts_enabled,
+};
 use crate::workflow::{gates, history, policy, quota};
 
 // Write statements read with a fresh snapshot: they must see what the
@@ -87,6 +90,28 @@ const INSERT_TIMED: Stmt = Stmt::write(
         PgBuiltInOids::UUIDOID,
         PgBuiltInOids::FLOAT8OID,
         PgBuiltInOids::TIMESTAMPTZOID,
+    ],
+);
+// A 0.3.0 catalog's: every column a start writes, the deadline (NULL:
+// none) and how the caller placed it (NULL: sheaf's own start).
+const INSERT_PLACED: Stmt = Stmt::write(
+    "INSERT INTO executions (id, workflow_name, workflow_id, state, seq, queue, input, concurrency_key, quota_key, \
+                             search_attrs, parent_id, timeout_at, placement) \
+     VALUES ($1, $2, $3, 'RUNNING', nextval('execution_seq'), $4, $5, $6, $7, $8, $9, \
+             coalesce($11, now() + $10 * interval '1 second'), $12)",
+    &[
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::JSONBOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::FLOAT8OID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::JSONBOID,
     ],
 );
 
@@ -270,6 +295,9 @@ pub fn start_at(
         search_attrs: pgrx::JsonB(o.search_attrs.clone().unwrap_or_else(|| serde_json::json!({}))),
         timeout: Timeout::After(o.execution_timeout.map(|d| d.as_secs_f64())),
         continued_from: None,
+        placement: o
+            .record_placement
+            .then(|| placement_to_json(&o.placement, o.tenant.as_deref())),
     };
     let task = insert(&started, input, begin);
     if let Some((bucket, key)) = line {
@@ -325,6 +353,9 @@ pub struct Begin {
     pub timeout: Timeout,
     /// The run it continues (continue-as-new), named by its first event.
     pub continued_from: Option<pgrx::Uuid>,
+    /// How its caller placed it (`executions.placement`); `None` for
+    /// sheaf's own starts.
+    pub placement: Option<serde_json::Value>,
 }
 
 /// Writes a new execution, its `WorkflowStarted` event and its first
@@ -365,7 +396,11 @@ pub fn insert(e: &Locked, input: Jsonb, b: Begin) -> pgrx::Uuid {
         b.search_attrs.into(),
         e.parent_id.into(),
     ];
-    if timed {
+    if placed_runs_enabled() {
+        let placement = b.placement.map(Jsonb::from_value);
+        args.extend([after.into(), inherited.into(), placement.into()]);
+        INSERT_PLACED.exec(&args);
+    } else if timed {
         args.extend([after.into(), inherited.into()]);
         INSERT_TIMED.exec(&args);
     } else {
