@@ -105,11 +105,6 @@ impl Exit {
             _ => Exit::Failed,
         }
     }
-
-    /// 0 when `ok`, else `otherwise`.
-    pub fn unless(ok: bool, otherwise: Exit) -> Exit {
-        if ok { Exit::Done } else { otherwise }
-    }
 }
 
 impl From<Exit> for ExitCode {

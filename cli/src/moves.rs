@@ -133,8 +133,9 @@ pub fn print_table(reports: &[(MoveReport, ShardId)], dry_run: bool) {
 }
 
 pub fn exit_for(reports: &[(MoveReport, ShardId)]) -> Exit {
-    if reports.iter().any(|(r, _)| r.outcome.is_err()) {
-        Exit::Failed
+    let failed = reports.iter().filter(|(r, _)| r.outcome.is_err()).count();
+    if failed > 0 {
+        exit::fail(Exit::Failed, format!("{failed} move(s) failed: see the report"))
     } else {
         Exit::Done
     }

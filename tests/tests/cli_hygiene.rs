@@ -224,6 +224,56 @@ fn every_command_exits_as_the_table_says() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// A shard that does not answer: `status` fails (1) and a listing is
+/// partial (3), each saying so as a JSON error naming the shard, and the
+/// connection error says each cause once.
+#[test]
+fn a_silent_shard_is_said_once_as_json() {
+    // Port 1: nothing listens there.
+    let spec = format!(
+        "{}\n9=postgres://postgres@127.0.0.1:1/sheaf",
+        fleet_spec().trim_end()
+    );
+    let run = |args: &[&str]| {
+        Command::new(cli_binary())
+            .args(args)
+            .env("SHEAF_SHARDS", &spec)
+            .env_remove("SHEAF_TOPOLOGY_DIGEST")
+            .env_remove("SHEAF_DATABASE_URL")
+            .output()
+            .expect("the CLI runs")
+    };
+    let error = |out: &Output| -> Value {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().last().unwrap_or_default();
+        serde_json::from_str::<Value>(last).unwrap_or_else(|e| panic!("{e}: {stderr}"))["error"].clone()
+    };
+    let out = run(&["--json", "status"]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = error(&out);
+    assert_eq!(
+        (e["code"].as_str(), e["exit"].as_u64()),
+        (Some("failed"), Some(1)),
+        "{e}"
+    );
+    assert!(e["message"].as_str().is_some_and(|m| m.contains('9')), "{e}");
+
+    let out = run(&["--json", "list"]);
+    assert_eq!(out.status.code(), Some(3));
+    let page: Value = serde_json::from_slice(&out.stdout).expect("the partial page");
+    assert_eq!(page["status"], "partial", "{page}");
+    let e = error(&out);
+    assert_eq!(
+        (e["code"].as_str(), e["exit"].as_u64()),
+        (Some("partial"), Some(3)),
+        "{e}"
+    );
+    let why = e["shards"]["9"].as_str().unwrap_or_default();
+    assert!(why.contains("unreachable"), "{e}");
+    let cause = "error connecting to server";
+    assert_eq!(why.matches(cause).count(), 1, "each cause once: {why}");
+}
+
 /// A clear that finds no override says so (4), and leaves no audit entry.
 #[test]
 fn clearing_no_override_is_not_found_and_not_audited() {

@@ -62,7 +62,9 @@ enum Action {
         /// The schedule's name.
         name: String,
         /// How many (1 to 1000).
-        #[arg(long, default_value_t = 20)]
+        // Checked here, so that the refusal names --limit (the driver's
+        // names its own argument, max_rows).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i32).range(1..=1000))]
         limit: i32,
     },
 }
@@ -365,7 +367,8 @@ async fn trigger(client: &Client, name: &str, as_json: bool) -> Exit {
                 }
             }
             if f.outcome == "failed" {
-                Exit::Failed
+                let why = f.error.as_deref().unwrap_or("no reason given");
+                exit::fail(Exit::Failed, format!("schedule {name}: its start failed: {why}"))
             } else {
                 Exit::Done
             }

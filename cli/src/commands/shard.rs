@@ -138,8 +138,9 @@ async fn drain(
             );
         }
     }
-    if drain.moves.iter().any(|(r, _)| r.outcome.is_err()) {
-        Exit::Failed
+    let failed = drain.moves.iter().filter(|(r, _)| r.outcome.is_err()).count();
+    if failed > 0 {
+        exit::fail(Exit::Failed, format!("{failed} move(s) failed: see the report"))
     } else if stragglers > 0 || unsettled > 0 {
         Exit::Found
     } else {

@@ -33,10 +33,23 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     } else {
         print_table(&client, &status);
     }
-    Exit::unless(
-        status.shards.iter().all(|s| s.probe.healthy() && s.schema_parity),
-        Exit::Failed,
-    )
+    let failing: Vec<String> = status
+        .shards
+        .iter()
+        .filter(|s| !(s.probe.healthy() && s.schema_parity))
+        .map(|s| s.probe.shard.to_string())
+        .collect();
+    if failing.is_empty() {
+        Exit::Done
+    } else {
+        exit::fail(
+            Exit::Failed,
+            format!(
+                "shard(s) {} unreachable, misidentified or behind the fleet's schema",
+                failing.join(", ")
+            ),
+        )
+    }
 }
 
 fn print_table(client: &Client, status: &TopologyStatus) {
