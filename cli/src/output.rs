@@ -139,6 +139,17 @@ pub fn print_json_line(value: &Value) {
     }
 }
 
+/// The address a server listens on, its first line: `serving URL`, or
+/// `{"serving": URL}` under `--json` (a script that asked for port 0
+/// learns it).
+pub fn serving(url: &str, as_json: bool) {
+    if as_json {
+        print_json_line(&json!({ "serving": url }));
+    } else {
+        say!("serving {url}");
+    }
+}
+
 /// Each failed shard and why: what a fan-out call reports.
 pub type Failures = BTreeMap<ShardId, ClientError>;
 

@@ -274,6 +274,34 @@ fn a_silent_shard_is_said_once_as_json() {
     assert_eq!(why.matches(cause).count(), 1, "each cause once: {why}");
 }
 
+/// Under --json even a server's first line, its address, is JSON.
+#[test]
+fn a_server_says_where_it_listens_in_json() {
+    use std::io::BufRead;
+    for args in [["metrics", "serve"].as_slice(), ["ui"].as_slice()] {
+        let mut server = Command::new(cli_binary())
+            .arg("--json")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("SHEAF_SHARDS", fleet_spec())
+            .env_remove("SHEAF_TOPOLOGY_DIGEST")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the CLI starts");
+        let mut first = String::new();
+        let stdout = server.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("its first line");
+        let _ = server.kill();
+        let _ = server.wait();
+        let line: Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first}"));
+        let url = line["serving"].as_str().unwrap_or_default();
+        assert!(url.starts_with("http://127.0.0.1:"), "sheaf {args:?}: {first}");
+    }
+}
+
 /// A clear that finds no override says so (4), and leaves no audit entry.
 #[test]
 fn clearing_no_override_is_not_found_and_not_audited() {

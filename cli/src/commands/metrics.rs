@@ -8,7 +8,7 @@ use sheaf_driver::{MetricsServer, MetricsServerOptions};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::say;
+use crate::output::serving;
 
 /// Serve the fleet's metrics over HTTP (`/metrics`, Prometheus text):
 /// per shard reachability, breaker and requests, and per shard and
@@ -48,7 +48,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         }
     };
     // The address first, so a script that asked for port 0 learns it.
-    say!("serving http://{}/metrics", server.local_addr());
+    serving(&format!("http://{}/metrics", server.local_addr()), ctx.json);
     super::stopped().await;
     server.shutdown().await;
     Exit::Done

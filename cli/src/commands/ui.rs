@@ -9,7 +9,7 @@ use sheaf_driver::{UiOptions, UiServer};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::say;
+use crate::output::serving;
 
 /// Serve the fleet dashboard in the browser (shards, queues,
 /// executions, dead letters, tasks, usage, rebalancing) until SIGINT or
@@ -54,7 +54,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         }
     };
     // The address first, so a script that asked for port 0 learns it.
-    say!("serving http://{}/", server.local_addr());
+    serving(&format!("http://{}/", server.local_addr()), ctx.json);
     if !acting {
         exit::warn("read-only: set SHEAF_UI_TOKEN to allow redrive, purge and cancel");
     }
