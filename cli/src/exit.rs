@@ -3,8 +3,12 @@
 
 use std::fmt::Display;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use sheaf_driver::ClientError;
+use serde_json::{Value, json};
+use sheaf_driver::{ClientError, ShardId};
+
+use crate::output::{escape, json_line};
 
 /// How a command ended. The values are fixed: scripts test them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +41,20 @@ impl Exit {
         self as u8
     }
 
+    /// Its name in a JSON error's `code`: the table's name in snake case.
+    pub fn name(self) -> &'static str {
+        match self {
+            Exit::Done => "done",
+            Exit::Failed => "failed",
+            Exit::BadInput => "bad_input",
+            Exit::Partial => "partial",
+            Exit::NotFound => "not_found",
+            Exit::Found => "found",
+            Exit::NotReady => "not_ready",
+            Exit::NoRole => "no_role",
+        }
+    }
+
     /// When a command exits with it: the table's text, word for word.
     pub fn meaning(self) -> &'static str {
         match self {
@@ -58,7 +76,7 @@ impl Exit {
             }
             Exit::NotFound => {
                 "not found: no such execution, task, schedule or queue where its id routes \
-                 (`find`: on any shard)"
+                 (`find`: on any shard), or no live override to clear (`rate-limits clear`)"
             }
             Exit::Found => {
                 "an audit found what it looks for: `orphans` some, `topology diff` or `config diff` \
@@ -87,11 +105,6 @@ impl Exit {
             _ => Exit::Failed,
         }
     }
-
-    /// 0 when `ok`, else `otherwise`.
-    pub fn unless(ok: bool, otherwise: Exit) -> Exit {
-        if ok { Exit::Done } else { otherwise }
-    }
 }
 
 impl From<Exit> for ExitCode {
@@ -100,27 +113,107 @@ impl From<Exit> for ExitCode {
     }
 }
 
+/// `--json`: set once, before any command runs, so that every complaint
+/// (from any depth of any command) takes the same form.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Complaints as JSON from now on (`--json`).
+pub fn set_json(on: bool) {
+    JSON.store(on, Ordering::Relaxed);
+}
+
+/// The SQLSTATE a shard raised, when the error keeps it (a 22023 and a
+/// 22004 are one variant: neither is claimed).
+fn sqlstate(e: &ClientError) -> Option<&str> {
+    Some(match e {
+        ClientError::Database { code, .. } => return code.as_deref(),
+        ClientError::QuotaExceeded { .. } => "53400",
+        ClientError::GateRejected { .. } => "55006",
+        ClientError::StaleToken { .. } => "55P03",
+        ClientError::UnknownExecution { .. }
+        | ClientError::UnknownTask { .. }
+        | ClientError::UnknownQueue { .. }
+        | ClientError::UnknownSchedule { .. } => "P0002",
+        ClientError::TaskCancelled { .. } => "57000",
+        ClientError::WrongState { .. } | ClientError::TopologyMismatch { .. } | ClientError::Moved { .. } => {
+            "55000"
+        }
+        _ => return None,
+    })
+}
+
+/// One complaint on stderr: `sheaf: MESSAGE` ([`escape`]d), or under
+/// `--json` one line holding `{"error": {"code", "exit", "message",
+/// "sqlstate", "shard"}}` (`warning` instead of `error` for a note that
+/// does not decide the exit code; `extra`'s fields beside them).
+fn complain(kind: &str, exit: Option<Exit>, message: &str, extra: Value) {
+    if JSON.load(Ordering::Relaxed) {
+        let mut body = json!({"message": message});
+        if let Some(exit) = exit {
+            body["code"] = json!(exit.name());
+            body["exit"] = json!(exit.code());
+        }
+        if let (Value::Object(body), Value::Object(extra)) = (&mut body, extra) {
+            body.extend(extra);
+        }
+        match json_line(&json!({ kind: body })) {
+            Ok(line) => eprintln!("{line}"),
+            Err(_) => eprintln!("sheaf: {}", escape(message)),
+        }
+    } else {
+        eprintln!("sheaf: {}", escape(message));
+    }
+}
+
 /// Says why on stderr; exits 2.
 pub fn bad_input(why: impl Display) -> Exit {
-    eprintln!("sheaf: {why}");
-    Exit::BadInput
+    fail(Exit::BadInput, why)
+}
+
+/// Says why on stderr; exits with `exit`.
+pub fn fail(exit: Exit, why: impl Display) -> Exit {
+    complain(
+        "error",
+        Some(exit),
+        &why.to_string(),
+        json!({"sqlstate": null, "shard": null}),
+    );
+    exit
 }
 
 /// Says what failed on stderr; exits with the code [`Exit::of`] gives it.
 pub fn failed(e: &ClientError) -> Exit {
-    eprintln!("sheaf: {e}");
-    Exit::of(e)
+    let exit = Exit::of(e);
+    complain(
+        "error",
+        Some(exit),
+        &e.to_string(),
+        json!({"sqlstate": sqlstate(e), "shard": e.shard().map(ShardId::get)}),
+    );
+    exit
 }
 
-/// clap's own errors (a usage error: exit 2) and its help and version
-/// output (exit 0), printed where clap prints them.
+/// A note on stderr that does not change the exit code.
+pub fn warn(why: impl Display) {
+    complain("warning", None, &why.to_string(), json!({}));
+}
+
+/// clap's own errors (a usage error: exit 2, its text as the message under
+/// `--json`) and its help and version output (exit 0), printed where clap
+/// prints them. Parsing failed, so `--json` is looked for in the arguments.
 pub fn clap(e: &clap::Error) -> Exit {
-    let _ = e.print();
-    if e.use_stderr() {
-        Exit::BadInput
-    } else {
-        Exit::Done
+    if !e.use_stderr() {
+        let _ = e.print();
+        return Exit::Done;
     }
+    if std::env::args_os().skip(1).any(|a| a == "--json") {
+        set_json(true);
+        let text = e.render().to_string();
+        let message = text.trim().strip_prefix("error: ").unwrap_or(text.trim());
+        return fail(Exit::BadInput, message);
+    }
+    let _ = e.print();
+    Exit::BadInput
 }
 
 /// Exit 3 (saying so on stderr, naming each shard) when the answer is
@@ -129,12 +222,23 @@ pub fn partial_if(failures: &crate::output::Failures, partial: bool) -> Exit {
     if !partial {
         return Exit::Done;
     }
-    eprintln!(
-        "sheaf: partial answer: {} shard(s) did not answer",
-        failures.len()
-    );
-    for (shard, e) in failures {
-        eprintln!("  shard {shard}: {e}");
+    let message = format!("partial answer: {} shard(s) did not answer", failures.len());
+    if JSON.load(Ordering::Relaxed) {
+        let shards: serde_json::Map<String, Value> = failures
+            .iter()
+            .map(|(shard, e)| (shard.to_string(), json!(e.to_string())))
+            .collect();
+        complain(
+            "error",
+            Some(Exit::Partial),
+            &message,
+            json!({ "shards": shards }),
+        );
+    } else {
+        complain("error", Some(Exit::Partial), &message, json!({}));
+        for (shard, e) in failures {
+            eprintln!("  shard {shard}: {}", escape(&e.to_string()));
+        }
     }
     Exit::Partial
 }

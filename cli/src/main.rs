@@ -86,6 +86,7 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return exit::clap(&e).into(),
     };
+    exit::set_json(cli.json);
     let ctx = Context::new(cli.json, cli.actor);
     let done = match cli.command {
         Command::Status(args) => status::run(args, &ctx).await,

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use sheaf_driver::{Blocker, Client, MoveOutcome, MoveReport, Progress, RebalanceOptions, ShardId};
 
 use crate::exit::{self, Exit};
+use crate::output::say;
 
 pub fn shard_arg(client: &Client, n: u32, flag: &str) -> Result<ShardId, Exit> {
     match ShardId::new(n) {
@@ -69,7 +70,7 @@ pub fn print_table(reports: &[(MoveReport, ShardId)], dry_run: bool) {
         .iter()
         .filter(|(r, _)| matches!(r.outcome, Ok(MoveOutcome::Moved { .. })))
         .count();
-    println!(
+    say!(
         "{} {moved} execution(s); {} left in place",
         if dry_run { "would move" } else { "moved" },
         reports.len() - moved
@@ -88,12 +89,12 @@ pub fn print_table(reports: &[(MoveReport, ShardId)], dry_run: bool) {
         }
     }
     if !why.is_empty() {
-        println!("{:<24} executions", "left because");
+        say!("{:<24} executions", "left because");
         for (code, n) in &why {
-            println!("{code:<24} {n}");
+            say!("{code:<24} {n}");
         }
     }
-    println!("{:<38} {:<24} {:<8} detail", "execution", "workflow", "outcome");
+    say!("{:<38} {:<24} {:<8} detail", "execution", "workflow", "outcome");
     // The first rows of each kind; --json lists every one.
     let mut shown = [0usize; 2];
     let mut hidden = 0;
@@ -120,20 +121,21 @@ pub fn print_table(reports: &[(MoveReport, ShardId)], dry_run: bool) {
             Ok(_) => ("other", String::new()),
             Err(e) => ("FAILED", e.clone()),
         };
-        println!(
+        say!(
             "{:<38} {:<24} {outcome:<8} {detail}",
             r.id.to_string(),
             r.workflow_name
         );
     }
     if hidden > 0 {
-        println!("... and {hidden} more (--json lists every one)");
+        say!("... and {hidden} more (--json lists every one)");
     }
 }
 
 pub fn exit_for(reports: &[(MoveReport, ShardId)]) -> Exit {
-    if reports.iter().any(|(r, _)| r.outcome.is_err()) {
-        Exit::Failed
+    let failed = reports.iter().filter(|(r, _)| r.outcome.is_err()).count();
+    if failed > 0 {
+        exit::fail(Exit::Failed, format!("{failed} move(s) failed: see the report"))
     } else {
         Exit::Done
     }

@@ -410,22 +410,83 @@ async fn read_identity(url: &str, timeout: Duration) -> Result<Identity, String>
     Ok(identity)
 }
 
-/// An error and its chain of causes: tokio-postgres puts the useful part
-/// ("connection refused") in the source.
+/// An error and its chain of causes, each said once: tokio-postgres puts
+/// the useful part ("connection refused") in the source, and an error that
+/// already shows its source (deadpool's, tokio-postgres' own) is not made
+/// to repeat it ("error connecting to server: error connecting to server").
 pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        next = err.source();
+        // What this error says of its own: its text less the source's,
+        // when it ends with it.
+        let own = match next.map(|s| s.to_string()) {
+            Some(source) => text
+                .strip_suffix(source.as_str())
+                .map(|head| head.trim_end_matches([':', ' ']).to_owned())
+                .unwrap_or(text),
+            None => text,
+        };
+        // A part already said, whole (an error that shows its source's
+        // text), or a repeat of the one before, is not said again.
+        let said = parts.join(": ");
+        if !own.is_empty() && !said.contains(own.as_str()) {
+            parts.push(own);
+        }
     }
-    text
+    parts.join(": ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error whose text may show its source's, as deadpool's and
+    /// tokio-postgres' do.
+    #[derive(Debug)]
+    struct Chained(&'static str, bool, Option<Box<Chained>>);
+
+    impl std::fmt::Display for Chained {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)?;
+            match &self.2 {
+                Some(source) if self.1 => write!(f, ": {source}"),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    impl std::error::Error for Chained {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.2.as_deref().map(|s| s as _)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let refused = Chained("Connection refused (os error 111)", false, None);
+        let inner = Chained("error connecting to server", true, Some(Box::new(refused)));
+        let outer = Chained("error connecting to server", true, Some(Box::new(inner)));
+        let pool = Chained(
+            "Error occurred while creating a new object",
+            true,
+            Some(Box::new(outer)),
+        );
+        assert_eq!(
+            with_causes(&pool),
+            "Error occurred while creating a new object: error connecting to server: \
+             Connection refused (os error 111)"
+        );
+        // A source its error does not show is still said.
+        let quiet = Chained(
+            "TLS handshake failed",
+            false,
+            Some(Box::new(Chained("bad certificate", false, None))),
+        );
+        assert_eq!(with_causes(&quiet), "TLS handshake failed: bad certificate");
+    }
 
     #[test]
     fn roles_and_stranded_work_summarize_a_shard() {

@@ -6,6 +6,7 @@ mod children;
 mod claim_concurrency;
 mod claim_floor;
 mod claim_inputs;
+mod cli_hygiene;
 mod client;
 mod debounce;
 mod docs_links;

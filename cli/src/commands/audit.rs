@@ -4,7 +4,7 @@ use serde_json::json;
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// What operators did, newest first, from every shard's audit log
 /// (configuration, topology digests, redrives, terminations), each with
@@ -43,12 +43,17 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             .collect();
         print_json(&json!({"items": items, "failed": failures_json(&report.failed)}));
     } else {
-        println!(
+        say!(
             "{:<27} {:<6} {:<16} {:<16} {:<22} {:<10} target",
-            "at", "shard", "actor", "login", "action", "outcome"
+            "at",
+            "shard",
+            "actor",
+            "login",
+            "action",
+            "outcome"
         );
         for e in entries {
-            println!(
+            say!(
                 "{:<27} {:<6} {:<16} {:<16} {:<22} {:<10} {}",
                 humantime::format_rfc3339_seconds(e.at).to_string(),
                 e.shard,

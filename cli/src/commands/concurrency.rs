@@ -5,7 +5,7 @@ use sheaf_driver::PageStatus;
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// Every concurrency key of every shard: running, ready and waiting
 /// tasks added up, and each shard's cap. Exits 3 when partial.
@@ -28,13 +28,16 @@ pub async fn run(_args: Args, ctx: &Context) -> Exit {
             "unavailable_shards": failures_json(&report.unavailable_shards),
         }));
     } else {
-        println!(
+        say!(
             "{:<32} {:>8} {:>8} {:>8}  caps per shard",
-            "key", "running", "ready", "waiting"
+            "key",
+            "running",
+            "ready",
+            "waiting"
         );
         for (key, k) in &report.groups {
             let caps: Vec<String> = k.caps.iter().map(|(s, c)| format!("{s}:{c}")).collect();
-            println!(
+            say!(
                 "{:<32} {:>8} {:>8} {:>8}  {}",
                 key,
                 k.running,

@@ -7,7 +7,7 @@ use sheaf_driver::{Client, FleetConfig, config_drift};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// The fleet's workflow policies, queue options and caps, declared once
 /// in a JSON file ({"workflows": {...}, "queues": {...}, "caps": {...}}).
@@ -63,7 +63,7 @@ async fn apply(client: &Client, path: &str, as_json: bool) -> Exit {
     if as_json {
         print_json(&json!({"applied": applied, "failed": failures_json(&report.failed)}));
     } else {
-        println!(
+        say!(
             "{} workflow(s), {} queue(s), {} cap(s) applied on shard(s) {}",
             config.workflows.len(),
             config.queues.len(),
@@ -93,10 +93,7 @@ async fn show(client: &Client, shard: u32) -> Exit {
                 print_json(&v);
                 Exit::Done
             }
-            Err(e) => {
-                eprintln!("sheaf: cannot encode the configuration: {e}");
-                Exit::Failed
-            }
+            Err(e) => exit::fail(Exit::Failed, format!("cannot encode the configuration: {e}")),
         },
         Err(e) => exit::failed(&e),
     }
@@ -114,12 +111,12 @@ async fn diff(client: &Client, as_json: bool) -> Exit {
             .collect();
         print_json(&json!({"drift": d, "failed": failures_json(&report.failed)}));
     } else if drift.is_empty() {
-        println!("{} shard(s) hold the same configuration", report.ok.len());
+        say!("{} shard(s) hold the same configuration", report.ok.len());
     } else {
         for (shard, lines) in &drift {
-            println!("shard {shard} differs from most shards:");
+            say!("shard {shard} differs from most shards:");
             for l in lines {
-                println!("  {l}");
+                say!("  {l}");
             }
         }
     }

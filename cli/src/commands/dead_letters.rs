@@ -11,7 +11,7 @@ use sheaf_driver::{Client, ClientError, ListedDeadLetter, ShardId};
 use super::Context;
 use super::tasks::parse_id;
 use crate::exit::{self, Exit};
-use crate::output::{Column, cut, failures_json, print_json, print_page, table, time};
+use crate::output::{Column, cut, failures_json, print_json, print_page, say, table, time};
 
 /// Dead letters across every shard, newest first, a page at a time.
 #[derive(clap::Args)]
@@ -178,11 +178,11 @@ fn per_shard(
             "failed_shards": failures_json(failed),
         }));
     } else {
-        println!("{:<6} {:>10}", "shard", what);
+        say!("{:<6} {:>10}", "shard", what);
         for (shard, n) in counts {
-            println!("{:<6} {:>10}", shard, n);
+            say!("{:<6} {:>10}", shard, n);
         }
-        println!("{:<6} {:>10}", "total", total);
+        say!("{:<6} {:>10}", "total", total);
     }
     exit::partial_if(failed, !failed.is_empty())
 }

@@ -6,7 +6,7 @@ use sheaf_driver::{Client, ClientError, ExecutionId};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{cut, print_json, time};
+use crate::output::{cut, print_json, say, time};
 
 /// One execution by id, on the shard it lives on: read it, its
 /// history, or act on it. Exits 4 when no such execution.
@@ -143,9 +143,9 @@ fn changed(result: Result<bool, ClientError>, id: ExecutionId, what: &str, as_js
     if as_json {
         print_json(&json!({"execution_id": id.to_string(), what: done}));
     } else if done {
-        println!("execution {id} {what}");
+        say!("execution {id} {what}");
     } else {
-        println!("execution {id}: nothing to do (not {what}: see `sheaf executions get`)");
+        say!("execution {id}: nothing to do (not {what}: see `sheaf executions get`)");
     }
     Exit::Done
 }
@@ -154,8 +154,10 @@ async fn get(client: &Client, id: ExecutionId, as_json: bool) -> Exit {
     let e = match client.get_execution(id).await {
         Ok(Some(e)) => e,
         Ok(None) => {
-            eprintln!("sheaf: no execution {id} on the shard it routes to");
-            return Exit::NotFound;
+            return exit::fail(
+                Exit::NotFound,
+                format!("no execution {id} on the shard it routes to"),
+            );
         }
         Err(e) => return exit::failed(&e),
     };
@@ -186,7 +188,7 @@ async fn get(client: &Client, id: ExecutionId, as_json: bool) -> Exit {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
-            println!("{k:<16} {}", cut(&text, 100));
+            say!("{k:<16} {}", cut(&text, 100));
         }
     }
     Exit::Done
@@ -209,10 +211,10 @@ async fn history(client: &Client, id: ExecutionId, after: i64, page_size: usize,
         }));
         return Exit::Done;
     }
-    println!("{:>6} {:<28} {:<28} payload", "seq", "event", "at");
+    say!("{:>6} {:<28} {:<28} payload", "seq", "event", "at");
     for e in &page.events {
         let payload = e.payload.to_value().map(|v| v.to_string()).unwrap_or_default();
-        println!(
+        say!(
             "{:>6} {:<28} {:<28} {}",
             e.seq,
             cut(e.event_type.as_str(), 28),
@@ -221,7 +223,7 @@ async fn history(client: &Client, id: ExecutionId, after: i64, page_size: usize,
         );
     }
     if let Some(next) = page.next_after {
-        println!("more: --after {next}");
+        say!("more: --after {next}");
     }
     Exit::Done
 }

@@ -5,7 +5,7 @@ use sheaf_driver::{Execution, Resolution};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json, time};
+use crate::output::{failures_json, print_json, say, time};
 
 /// Find an execution by its business key on whichever shard holds it:
 /// its active run, else its latest ended one. Exits 4 when no shard has
@@ -38,12 +38,14 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             Exit::Done
         }
         Resolution::Absent => {
+            // The answer (under --json) and, as for every not found, why.
             if ctx.json {
                 print_json(&json!({"status": "absent"}));
-            } else {
-                println!("no execution of {name:?} with id {workflow_id:?} on any shard");
             }
-            Exit::NotFound
+            exit::fail(
+                Exit::NotFound,
+                format!("no execution of {name:?} with id {workflow_id:?} on any shard"),
+            )
         }
         Resolution::Indeterminate {
             ended,
@@ -56,10 +58,10 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
                     "unavailable_shards": failures_json(&unavailable_shards),
                 }));
             } else if let Some(e) = &ended {
-                println!("an ended run (a shard that did not answer may hold an active one):");
+                say!("an ended run (a shard that did not answer may hold an active one):");
                 print_execution(e);
             } else {
-                println!("not found on the shards that answered");
+                say!("not found on the shards that answered");
             }
             exit::partial_if(&unavailable_shards, true)
         }
@@ -80,12 +82,12 @@ fn execution_json(e: &Execution) -> Value {
 }
 
 fn print_execution(e: &Execution) {
-    println!("execution_id  {}", e.execution_id);
-    println!("shard         {}", e.shard);
-    println!("workflow      {} / {}", e.workflow_name, e.workflow_id);
-    println!("state         {}", e.state.as_str());
-    println!("created_at    {}", time(e.created_at));
+    say!("execution_id  {}", e.execution_id);
+    say!("shard         {}", e.shard);
+    say!("workflow      {} / {}", e.workflow_name, e.workflow_id);
+    say!("state         {}", e.state.as_str());
+    say!("created_at    {}", time(e.created_at));
     if let Some(at) = e.closed_at {
-        println!("closed_at     {}", time(at));
+        say!("closed_at     {}", time(at));
     }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use sheaf_driver::{MetricsServer, MetricsServerOptions};
 
 use super::Context;
-use crate::exit::Exit;
+use crate::exit::{self, Exit};
+use crate::output::serving;
 
 /// Serve the fleet's metrics over HTTP (`/metrics`, Prometheus text):
 /// per shard reachability, breaker and requests, and per shard and
@@ -43,12 +44,11 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     let server = match MetricsServer::start(Arc::new(client), listen, options).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("sheaf: cannot listen on {listen}: {e}");
-            return Exit::Failed;
+            return exit::fail(Exit::Failed, format!("cannot listen on {listen}: {e}"));
         }
     };
     // The address first, so a script that asked for port 0 learns it.
-    println!("serving http://{}/metrics", server.local_addr());
+    serving(&format!("http://{}/metrics", server.local_addr()), ctx.json);
     super::stopped().await;
     server.shutdown().await;
     Exit::Done

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// Children whose parent's shard has no record of them (shards restored
 /// to different instants: see docs/concepts/across-shards.md). Exits 5 when it finds any,
@@ -44,14 +44,17 @@ pub async fn run(_args: Args, ctx: &Context) -> Exit {
             "unavailable_shards": failures_json(&found.unavailable_shards),
         }));
     } else if found.items.is_empty() {
-        println!("no orphaned children");
+        say!("no orphaned children");
     } else {
-        println!(
+        say!(
             "{:<38} {:<6} {:<38} {:<10} workflow",
-            "child", "shard", "parent", "state"
+            "child",
+            "shard",
+            "parent",
+            "state"
         );
         for o in &found.items {
-            println!(
+            say!(
                 "{:<38} {:<6} {:<38} {:<10} {}/{}",
                 o.execution_id.to_string(),
                 o.shard,

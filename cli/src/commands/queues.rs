@@ -5,7 +5,7 @@ use sheaf_driver::{PageStatus, QueueListing};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{cut, failures_json, print_json};
+use crate::output::{cut, failures_json, print_json, say};
 
 /// Every queue of every shard: its tasks by state and dead letters,
 /// per shard and in total, and its oldest ready task's age. Exits 3
@@ -54,14 +54,22 @@ fn listing_json(listing: &QueueListing) -> Value {
 }
 
 fn print_table(listing: &QueueListing) {
-    println!(
+    say!(
         "{:<24} {:<6} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7} {:>12}",
-        "queue", "shard", "ready", "scheduled", "running", "waiting", "paused", "dead", "oldest_ready"
+        "queue",
+        "shard",
+        "ready",
+        "scheduled",
+        "running",
+        "waiting",
+        "paused",
+        "dead",
+        "oldest_ready"
     );
     for q in &listing.queues {
         let rows = q.per_shard.iter().map(|(s, c)| (s.to_string(), c));
         for (shard, c) in rows.chain(std::iter::once(("total".to_owned(), &q.total))) {
-            println!(
+            say!(
                 "{:<24} {:<6} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7} {:>12}",
                 cut(&q.queue, 24),
                 shard,

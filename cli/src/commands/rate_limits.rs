@@ -8,7 +8,7 @@ use sheaf_driver::{Client, ClientError, OverrideReport, RateLimitInfo};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json, time};
+use crate::output::{Column, failures_json, print_json, say, table, time};
 
 /// Rate limits on every shard (each shard paces its own buckets) and
 /// pacing overrides, fanned out to every readable shard. Exits 3 when
@@ -111,35 +111,44 @@ async fn list(client: &Client, as_json: bool) -> Exit {
             "failed_shards": failures_json(&report.failed),
         }));
     } else {
-        println!(
-            "{:<5} {:<24} {:<28} {:<34} {:>8} {:>8}",
-            "shard", "name", "pace", "override", "buckets", "waiting"
-        );
-        for (shard, l) in &rows {
-            let spec = l.spec.to_value().unwrap_or(Value::Null);
-            let pace = format!(
-                "{}/{} burst {}{}",
-                spec["rate"],
-                spec["period"].as_str().unwrap_or("?"),
-                spec["burst"],
-                spec["key"]
-                    .as_str()
-                    .map(|k| format!(" by {k}"))
-                    .unwrap_or_default()
-            );
-            let o = l
-                .override_pace
-                .map(|(rate, period, until)| {
-                    format!("{rate}/{}s until {}", period.as_secs_f64(), time(until))
-                })
-                .unwrap_or_else(|| "-".into());
-            println!(
-                "{:<5} {:<24} {:<28} {:<34} {:>8} {:>8}",
-                shard, l.name, pace, o, l.buckets, l.waiting
-            );
-        }
+        const COLUMNS: &[Column] = &[
+            Column::left("shard", 5),
+            Column::left("name", 24),
+            Column::left("pace", 28),
+            Column::left("override", 34),
+            Column::right("buckets", 8),
+            Column::right("waiting", 8),
+        ];
+        table(COLUMNS, rows.iter().map(|(shard, l)| limit_row(shard, l)));
     }
     exit::partial_if(&report.failed, !report.failed.is_empty())
+}
+
+/// A limit's line of `sheaf rate-limits list`.
+fn limit_row(shard: &str, l: &RateLimitInfo) -> Vec<String> {
+    let spec = l.spec.to_value().unwrap_or(Value::Null);
+    let pace = format!(
+        "{}/{} burst {}{}",
+        spec["rate"],
+        spec["period"].as_str().unwrap_or("?"),
+        spec["burst"],
+        spec["key"]
+            .as_str()
+            .map(|k| format!(" by {k}"))
+            .unwrap_or_default()
+    );
+    let o = l
+        .override_pace
+        .map(|(rate, period, until)| format!("{rate}/{}s until {}", period.as_secs_f64(), time(until)))
+        .unwrap_or_else(|| "-".into());
+    vec![
+        shard.to_owned(),
+        l.name.clone(),
+        pace,
+        o,
+        l.buckets.to_string(),
+        l.waiting.to_string(),
+    ]
 }
 
 /// `sheaf rate-limits declare NAME --rate R [--period P] [--burst B] [--key K]`.
@@ -177,26 +186,24 @@ async fn declare(
             "failed_shards": failures_json(&report.failed),
         }));
     } else {
-        println!("declared rate limit {name} on {} shard(s)", report.ok.len());
+        say!("declared rate limit {name} on {} shard(s)", report.ok.len());
     }
     exit::partial_if(&report.failed, !report.failed.is_empty())
 }
 
-fn settled(what: &str, name: &str, report: Result<OverrideReport, ClientError>, as_json: bool) -> Exit {
-    match report {
-        Ok(r) => {
-            if as_json {
-                print_json(&json!({
-                    "applied": r.applied.iter().map(|s| s.get()).collect::<Vec<_>>(),
-                    "shard_errors": failures_json(&r.shard_errors),
-                }));
-            } else {
-                println!("{what} {name} on {} shard(s)", r.applied.len());
-            }
-            exit::partial_if(&r.shard_errors, !r.is_complete())
-        }
-        Err(e) => exit::failed(&e),
+/// Prints what a set or clear did: `changed` the shards it changed
+/// (`applied` those that answered); exit 3 when a shard did not.
+fn settled(what: &str, name: &str, r: &OverrideReport, as_json: bool) -> Exit {
+    if as_json {
+        print_json(&json!({
+            "applied": r.applied.iter().map(|s| s.get()).collect::<Vec<_>>(),
+            "changed": r.changed.iter().map(|s| s.get()).collect::<Vec<_>>(),
+            "shard_errors": failures_json(&r.shard_errors),
+        }));
+    } else {
+        say!("{what} {name} on {} shard(s)", r.changed.len());
     }
+    exit::partial_if(&r.shard_errors, !r.is_complete())
 }
 
 /// `sheaf rate-limits override NAME --rate R --period P --ttl D`: on every
@@ -210,12 +217,39 @@ async fn override_pace(
     as_json: bool,
 ) -> Exit {
     let until = SystemTime::now() + ttl;
-    let report = client.admin().set_rate_override(name, rate, period, until).await;
-    settled("overrode", name, report, as_json)
+    match client.admin().set_rate_override(name, rate, period, until).await {
+        Ok(r) => settled("overrode", name, &r, as_json),
+        Err(e) => exit::failed(&e),
+    }
 }
 
-/// `sheaf rate-limits clear NAME`.
+/// `sheaf rate-limits clear NAME`: exit 4 when no shard had a live
+/// override of it (3 wins when a shard did not answer: it may have one).
 async fn clear(client: &Client, name: &str, as_json: bool) -> Exit {
-    let report = client.admin().clear_rate_override(name).await;
-    settled("cleared the override of", name, report, as_json)
+    let none = || {
+        exit::fail(
+            Exit::NotFound,
+            format!("no shard has a live override of {name}: nothing to clear"),
+        )
+    };
+    // A limit's live override is listed: when every shard answers that it
+    // has none, the clear is not sent, so no shard audits a no-op. A start
+    // throttle's (`workflow:NAME`) is not listed: its clear is sent, and
+    // each shard's audit entry says whether it cleared one.
+    if !name.starts_with("workflow:") {
+        let limits = client.admin().rate_limits().await;
+        let live = limits
+            .ok
+            .values()
+            .flatten()
+            .any(|l| l.name == name && l.override_pace.is_some());
+        if limits.failed.is_empty() && !live {
+            return none();
+        }
+    }
+    match client.admin().clear_rate_override(name).await {
+        Ok(r) if r.changed.is_empty() && r.is_complete() => none(),
+        Ok(r) => settled("cleared the override of", name, &r, as_json),
+        Err(e) => exit::failed(&e),
+    }
 }

@@ -9,7 +9,7 @@ use sheaf_driver::{MoveReport, ShardId};
 use super::Context;
 use crate::exit::{self, Exit};
 use crate::moves::{exit_for, print_table, report_json, shard_arg};
-use crate::output::print_json;
+use crate::output::{print_json, say};
 
 /// Finish the moves a crash or an interruption left on a shard: before
 /// the cutover, discard the staged copy and move it again; after it,
@@ -54,7 +54,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         let rows: Vec<Value> = reports.iter().map(|(r, t)| report_json(r, *t)).collect();
         print_json(&json!({"from": from.get(), "executions": rows}));
     } else if reports.is_empty() {
-        println!("no unfinished moves on shard {from}");
+        say!("no unfinished moves on shard {from}");
     } else {
         print_table(&reports, false);
     }

@@ -9,6 +9,7 @@ use sheaf_driver::{Client, ClientError, Relay, RelayOptions, ShardId};
 
 use super::Context;
 use crate::exit::{self, Exit};
+use crate::output::{print_json_line, say};
 
 /// Run the relay alone (every Worker runs one for its shards): child
 /// workflows across shards and the outbox of signals and cancels by
@@ -50,17 +51,18 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         match client.protocol().check_protocol_role(shard).await {
             Ok(()) => {}
             Err(e @ ClientError::MissingRole { .. }) => {
-                eprintln!("sheaf: the relay needs role sheaf_relay: {e}");
-                return Exit::NoRole;
+                return exit::fail(Exit::NoRole, format!("the relay needs role sheaf_relay: {e}"));
             }
-            Err(e) => eprintln!("sheaf: shard {shard} did not answer ({e}); relayed once it does"),
+            Err(e) => exit::warn(format!(
+                "shard {shard} did not answer ({e}); relayed once it does"
+            )),
         }
     }
     let client = Arc::new(client);
     let relay = Relay::start(client.clone(), chosen.clone(), RelayOptions::default());
     if !as_json {
         let names: Vec<String> = chosen.iter().map(ToString::to_string).collect();
-        println!("relay running for shard(s) {}; Ctrl-C stops it", names.join(", "));
+        say!("relay running for shard(s) {}; Ctrl-C stops it", names.join(", "));
     }
     let stop = super::stopped();
     tokio::pin!(stop);
@@ -74,7 +76,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     }
     relay.shutdown().await;
     if !as_json {
-        println!("relay stopped");
+        say!("relay stopped");
     }
     Exit::Done
 }
@@ -91,18 +93,17 @@ async fn report(client: &Client, shards: &[ShardId], as_json: bool) {
                     .iter()
                     .fold((0, 0), |a, b| (a.0 + b.rows, a.1 + b.indeterminate));
                 if as_json {
-                    println!(
-                        "{}",
-                        json!({"shard": shard.get(), "children": rows, "children_failing": failing,
-                               "outbox": pending, "outbox_indeterminate": stuck})
+                    print_json_line(
+                        &json!({"shard": shard.get(), "children": rows, "children_failing": failing,
+                               "outbox": pending, "outbox_indeterminate": stuck}),
                     );
                 } else {
-                    println!(
+                    say!(
                         "shard {shard}: {rows} child row(s) ({failing} failing), {pending} outbox row(s) ({stuck} indeterminate)"
                     );
                 }
             }
-            (Err(e), _) | (_, Err(e)) => eprintln!("sheaf: shard {shard}: {e}"),
+            (Err(e), _) | (_, Err(e)) => exit::warn(format!("shard {shard}: {e}")),
         }
     }
 }

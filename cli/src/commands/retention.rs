@@ -7,7 +7,7 @@ use sheaf_driver::{Client, FleetReport};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// How long every shard keeps what has ended (ended executions with
 /// their history, dead letters, seals of moved runs); `sheaf.maintain`,
@@ -112,9 +112,12 @@ fn show(report: &FleetReport<Value>, as_json: bool) -> Exit {
             "failed_shards": failures_json(&report.failed),
         }));
     } else {
-        println!(
+        say!(
             "{:<6} {:<12} {:<12} {:<12} workflows",
-            "shard", "executions", "dead_letters", "seals"
+            "shard",
+            "executions",
+            "dead_letters",
+            "seals"
         );
         for (shard, p) in &report.ok {
             let text = |k: &str| p[k].as_str().unwrap_or("-").to_owned();
@@ -127,7 +130,7 @@ fn show(report: &FleetReport<Value>, as_json: bool) -> Exit {
                 })
                 .unwrap_or_default();
             let workflows: Vec<String> = workflows.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!(
+            say!(
                 "{:<6} {:<12} {:<12} {:<12} {:<12} {}",
                 shard,
                 text("executions"),

@@ -8,7 +8,7 @@ use sheaf_driver::{Client, Fire, FireOutcome, Schedule};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json, time};
+use crate::output::{Column, failures_json, print_json, say, table, time};
 
 /// Schedules: cron timings (or @every) that start a workflow or enqueue
 /// a task, created on the fleet's default shard, whose maintain fires
@@ -62,7 +62,9 @@ enum Action {
         /// The schedule's name.
         name: String,
         /// How many (1 to 1000).
-        #[arg(long, default_value_t = 20)]
+        // Checked here, so that the refusal names --limit (the driver's
+        // names its own argument, max_rows).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i32).range(1..=1000))]
         limit: i32,
     },
 }
@@ -237,24 +239,35 @@ async fn list(client: &Client, as_json: bool) -> Exit {
             "failed_shards": failures_json(&report.failed),
         }));
     } else {
-        println!(
-            "{:<5} {:<24} {:<18} {:<20} {:<7} {:<27} {:<16} fires",
-            "shard", "name", "cron", "starts", "state", "next fire", "last"
+        const COLUMNS: &[Column] = &[
+            Column::left("shard", 5),
+            Column::left("name", 24),
+            Column::left("cron", 18),
+            Column::left("starts", 20),
+            Column::left("state", 7),
+            Column::left("next fire", 27),
+            Column::left("last", 16),
+            Column::left("fires", 0),
+        ];
+        table(
+            COLUMNS,
+            all.iter().map(|s| {
+                let spec = s.spec.to_value().unwrap_or(Value::Null);
+                vec![
+                    s.shard.to_string(),
+                    s.name.clone(),
+                    spec["cron"].as_str().unwrap_or("-").to_owned(),
+                    action(&spec),
+                    if s.paused { "paused" } else { "active" }.to_owned(),
+                    maybe_time(s.next_fire_at),
+                    s.last_outcome
+                        .as_ref()
+                        .map_or("-", FireOutcome::as_str)
+                        .to_owned(),
+                    s.fires.to_string(),
+                ]
+            }),
         );
-        for s in &all {
-            let spec = s.spec.to_value().unwrap_or(Value::Null);
-            println!(
-                "{:<5} {:<24} {:<18} {:<20} {:<7} {:<27} {:<16} {}",
-                s.shard,
-                s.name,
-                spec["cron"].as_str().unwrap_or("-"),
-                action(&spec),
-                if s.paused { "paused" } else { "active" },
-                maybe_time(s.next_fire_at),
-                s.last_outcome.as_ref().map_or("-", FireOutcome::as_str),
-                s.fires
-            );
-        }
     }
     exit::partial_if(&report.failed, !report.failed.is_empty())
 }
@@ -271,7 +284,7 @@ async fn create(client: &Client, args: &CreateArgs, as_json: bool) -> Exit {
             if as_json {
                 print_json(&json!({"name": name, "next_fire_at": time(next)}));
             } else {
-                println!("created schedule {name}: next fire at {}", time(next));
+                say!("created schedule {name}: next fire at {}", time(next));
             }
             Exit::Done
         }
@@ -290,7 +303,7 @@ async fn update(client: &Client, name: &str, patch: &str, as_json: bool) -> Exit
             if as_json {
                 print_json(&json!({"name": name, "next_fire_at": time(next)}));
             } else {
-                println!("updated schedule {name}: next fire at {}", time(next));
+                say!("updated schedule {name}: next fire at {}", time(next));
             }
             Exit::Done
         }
@@ -313,13 +326,18 @@ async fn change(client: &Client, name: &str, what: Change, as_json: bool) -> Exi
         Change::Delete => (client.admin().delete_schedule(name).await, "deleted"),
     };
     match done {
+        // Deleting returns false only when there was none to delete.
+        Ok(false) if matches!(what, Change::Delete) => exit::fail(
+            Exit::NotFound,
+            format!("no schedule {name:?} on the default shard (deleted already, or never made)"),
+        ),
         Ok(changed) => {
             if as_json {
                 print_json(&json!({"name": name, "changed": changed}));
             } else if changed {
-                println!("{verb} schedule {name}");
+                say!("{verb} schedule {name}");
             } else {
-                println!("schedule {name}: nothing to do (already {verb}, or none)");
+                say!("schedule {name}: nothing to do (already {verb})");
             }
             Exit::Done
         }
@@ -339,17 +357,18 @@ async fn trigger(client: &Client, name: &str, as_json: bool) -> Exit {
                     .map(|id| format!(" execution {id}"))
                     .or_else(|| f.task_id.map(|id| format!(" task {id}")))
                     .unwrap_or_default();
-                println!(
+                say!(
                     "schedule {name} fired at {}: {}{what}",
                     time(f.fire_at),
                     f.outcome
                 );
                 if let Some(e) = &f.error {
-                    println!("  {e}");
+                    say!("  {e}");
                 }
             }
             if f.outcome == "failed" {
-                Exit::Failed
+                let why = f.error.as_deref().unwrap_or("no reason given");
+                exit::fail(Exit::Failed, format!("schedule {name}: its start failed: {why}"))
             } else {
                 Exit::Done
             }
@@ -358,14 +377,35 @@ async fn trigger(client: &Client, name: &str, as_json: bool) -> Exit {
     }
 }
 
-/// `sheaf schedules fires NAME`: its latest fire records.
+/// `sheaf schedules fires NAME`: its latest fire records; exit 4 for an
+/// unknown schedule.
 async fn fires(client: &Client, name: &str, limit: i32, as_json: bool) -> Exit {
-    match client.admin().schedule_fires(name, None, limit).await {
+    let fires = client.admin().schedule_fires(name, None, limit).await;
+    // A shard answers an unknown name as a schedule that never fired: with
+    // no fires. Its list of schedules tells the two apart.
+    if let Ok([]) = fires.as_deref() {
+        let home = client.topology().default_shard();
+        let mut listed = client.admin().list_schedules().await;
+        if let Some(e) = listed.failed.remove(&home) {
+            return exit::failed(&e);
+        }
+        if listed
+            .ok
+            .get(&home)
+            .is_some_and(|all| all.iter().all(|s| s.name != name))
+        {
+            return exit::fail(
+                Exit::NotFound,
+                format!("no schedule {name:?} on the default shard ({home})"),
+            );
+        }
+    }
+    match fires {
         Ok(fires) => {
             if as_json {
                 print_json(&json!({"fires": fires.iter().map(fire_json).collect::<Vec<_>>()}));
             } else {
-                println!("{:<27} {:<16} {:<6} started", "fire time", "outcome", "manual");
+                say!("{:<27} {:<16} {:<6} started", "fire time", "outcome", "manual");
                 for f in &fires {
                     let started = f
                         .execution_id
@@ -373,7 +413,7 @@ async fn fires(client: &Client, name: &str, limit: i32, as_json: bool) -> Exit {
                         .or_else(|| f.task_id.map(|id| id.to_string()))
                         .or_else(|| f.error.clone())
                         .unwrap_or_else(|| "-".into());
-                    println!(
+                    say!(
                         "{:<27} {:<16} {:<6} {}",
                         time(f.fire_at),
                         f.outcome,

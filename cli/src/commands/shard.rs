@@ -8,7 +8,7 @@ use sheaf_driver::Client;
 use super::Context;
 use crate::exit::{self, Exit};
 use crate::moves::{bar, options, print_table, report_json, shard_arg, show};
-use crate::output::print_json;
+use crate::output::{print_json, say};
 
 /// A shard's lifecycle: its readiness (the pre-flip checklist).
 #[derive(clap::Args)]
@@ -115,16 +115,16 @@ async fn drain(
     } else {
         print_table(&drain.moves, dry_run);
         for u in &drain.unsettled {
-            println!("unsettled (shard {}): {}", u.shard, u.reason);
+            say!("unsettled (shard {}): {}", u.shard, u.reason);
         }
         if unsettled > 0 {
-            println!(
+            say!(
                 "{unsettled} relay obligation(s) on or to shard {leaving} would be lost with it: let the relay run, then \
                  drain again"
             );
         }
         if stragglers == 0 && unsettled == 0 {
-            println!(
+            say!(
                 "shard {leaving} holds no unfinished execution{}; to retire it, remove {leaving} from SHEAF_SHARDS (and \
                  SHEAF_WRITABLE) and add SHEAF_FORWARDS entry {forwards} in the same change ({} seal(s) handed to shard {})",
                 if dry_run { " that could not move" } else { "" },
@@ -132,14 +132,15 @@ async fn drain(
                 drain.forward_to
             );
         } else if stragglers > 0 {
-            println!(
+            say!(
                 "{stragglers} execution(s) stay on shard {leaving} (see their blockers); drain again once they are \
                  quiescent or ended. The forwards entry to add when it leaves SHEAF_SHARDS: {forwards}"
             );
         }
     }
-    if drain.moves.iter().any(|(r, _)| r.outcome.is_err()) {
-        Exit::Failed
+    let failed = drain.moves.iter().filter(|(r, _)| r.outcome.is_err()).count();
+    if failed > 0 {
+        exit::fail(Exit::Failed, format!("{failed} move(s) failed: see the report"))
     } else if stragglers > 0 || unsettled > 0 {
         Exit::Found
     } else {
@@ -178,17 +179,17 @@ async fn health(
             .collect();
         print_json(&json!({"shards": shards}));
     } else {
-        println!("{:<6} {:<9} reasons", "shard", "readiness");
+        say!("{:<6} {:<9} reasons", "shard", "readiness");
         for r in &verdicts {
             let codes: Vec<&str> = r.reason_codes.iter().map(|c| c.code()).collect();
-            println!(
+            say!(
                 "{:<6} {:<9} {}",
                 r.shard,
                 if r.ready { "ready" } else { "degraded" },
                 codes.join(", ")
             );
             for d in &r.details {
-                println!("         {d}");
+                say!("         {d}");
             }
         }
     }

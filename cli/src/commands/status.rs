@@ -5,7 +5,8 @@ use std::time::Duration;
 use sheaf_driver::{Client, TopologyStatus};
 
 use super::Context;
-use crate::exit::Exit;
+use crate::exit::{self, Exit};
+use crate::output::{print_json, say};
 
 /// Probe every shard: reachable, its id, versions and schema parity, its
 /// roles, live workers and stranded work (ready tasks no live worker serves).
@@ -25,24 +26,34 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     };
     let status = client.admin().topology_status(args.timeout).await;
     if ctx.json {
-        match serde_json::to_string_pretty(&status) {
-            Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("sheaf: cannot encode status: {e}");
-                return Exit::Failed;
-            }
+        match serde_json::to_value(&status) {
+            Ok(v) => print_json(&v),
+            Err(e) => return exit::fail(Exit::Failed, format!("cannot encode status: {e}")),
         }
     } else {
         print_table(&client, &status);
     }
-    Exit::unless(
-        status.shards.iter().all(|s| s.probe.healthy() && s.schema_parity),
-        Exit::Failed,
-    )
+    let failing: Vec<String> = status
+        .shards
+        .iter()
+        .filter(|s| !(s.probe.healthy() && s.schema_parity))
+        .map(|s| s.probe.shard.to_string())
+        .collect();
+    if failing.is_empty() {
+        Exit::Done
+    } else {
+        exit::fail(
+            Exit::Failed,
+            format!(
+                "shard(s) {} unreachable, misidentified or behind the fleet's schema",
+                failing.join(", ")
+            ),
+        )
+    }
 }
 
 fn print_table(client: &Client, status: &TopologyStatus) {
-    println!(
+    say!(
         "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} {:<12} {:<7} problem",
         "shard",
         "reachable",
@@ -78,7 +89,7 @@ fn print_table(client: &Client, status: &TopologyStatus) {
             Some(_) => "prev",
             None => "OTHER",
         };
-        println!(
+        say!(
             "{:<6} {:<10} {:<8} {:<8} {:<8} {:<7} {:<9} {:<6} {:<8} {:<8} {:<12} {:<7} {}",
             p.shard,
             if p.reachable { "yes" } else { "NO" },
@@ -99,7 +110,7 @@ fn print_table(client: &Client, status: &TopologyStatus) {
             .as_ref()
             .filter(|r| r.children_failing > 0 || r.outbox_indeterminate > 0)
         {
-            println!(
+            say!(
                 "         relay: {} child row(s) failing, {} outbox row(s) waiting on a shard that cannot be read{}",
                 r.children_failing,
                 r.outbox_indeterminate,
@@ -108,13 +119,12 @@ fn print_table(client: &Client, status: &TopologyStatus) {
             );
         }
         for q in &p.stranded {
-            println!(
+            say!(
                 "         stranded: queue {:?} has {} ready tasks and no live worker",
-                q.queue, q.ready
+                q.queue,
+                q.ready
             );
         }
     }
-    println!(
-        "roles: r readable, w writable, R reserved, d default; relay: child rows + outbox rows to carry"
-    );
+    say!("roles: r readable, w writable, R reserved, d default; relay: child rows + outbox rows to carry");
 }

@@ -6,7 +6,7 @@ use sheaf_driver::{Client, ListedTask, TaskId, TaskState};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{Column, cut, print_json, print_page, table, time};
+use crate::output::{Column, cut, print_json, print_page, say, table, time};
 
 /// A queue's tasks across every shard, state by state (running, ready,
 /// scheduled, waiting, paused), a page at a time; one task by id.
@@ -191,7 +191,7 @@ async fn get(client: &Client, id: &str, as_json: bool) -> Exit {
                 Value::String(s) => s,
                 other => other.to_string(),
             };
-            println!("{k:<16} {}", cut(&text, 200));
+            say!("{k:<16} {}", cut(&text, 200));
         }
     }
     Exit::Done
@@ -211,11 +211,11 @@ async fn cancel(client: &Client, id: &str, reason: Option<&str>, as_json: bool) 
     if as_json {
         print_json(&json!({"task_id": task_id.to_string(), "cancelled": cancelled}));
     } else if cancelled {
-        println!(
+        say!(
             "task {task_id} cancelled (a running task ends when its worker hears of it, or at its lease's end)"
         );
     } else {
-        println!("task {task_id} was cancelled already");
+        say!("task {task_id} was cancelled already");
     }
     Exit::Done
 }

@@ -8,7 +8,7 @@ use sheaf_driver::Topology;
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// The topology's digest (what to pin in SHEAF_TOPOLOGY_DIGEST) and
 /// comparing two deployments' topologies.
@@ -64,7 +64,7 @@ fn digest(topology: &Topology, as_json: bool) -> Exit {
         let projection: Value = serde_json::from_str(&topology.projection()).unwrap_or(Value::Null);
         print_json(&json!({"digest": topology.digest(), "projection": projection}));
     } else {
-        println!("{}", topology.digest());
+        say!("{}", topology.digest());
     }
     Exit::Done
 }
@@ -82,8 +82,8 @@ async fn publish(client: &sheaf_driver::Client, keep_previous: bool, as_json: bo
     } else {
         for (shard, (digest, previous)) in &report.ok {
             match previous {
-                Some(p) => println!("shard {shard}: {digest} (still accepting {p})"),
-                None => println!("shard {shard}: {digest}"),
+                Some(p) => say!("shard {shard}: {digest} (still accepting {p})"),
+                None => say!("shard {shard}: {digest}"),
             }
         }
     }
@@ -158,12 +158,13 @@ fn diff(a: &str, b: &str, as_json: bool) -> Exit {
         print_json(&json!({"a": left.digest, "b": right.digest, "same": d.is_empty(), "differing": d}));
     } else {
         let show = |d: &Option<String>| d.clone().unwrap_or_else(|| "(no digest in the file)".into());
-        println!("a: {}\nb: {}", show(&left.digest), show(&right.digest));
+        say!("a: {}", show(&left.digest));
+        say!("b: {}", show(&right.digest));
         if differing.is_empty() {
-            println!("the same topology");
+            say!("the same topology");
         }
         for (f, l, r) in &differing {
-            println!("{f}: {l} (a) vs {r} (b)");
+            say!("{f}: {l} (a) vs {r} (b)");
         }
     }
     if differing.is_empty() {

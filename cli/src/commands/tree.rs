@@ -7,7 +7,7 @@ use sheaf_driver::{Child, ExecutionId, Tree};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// Every descendant of an execution, across every shard, indented under
 /// its parent with the shard it runs on. Exits 3 when partial.
@@ -43,6 +43,9 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Ok(t) => t,
         Err(e) => return exit::failed(&e),
     };
+    if tree.root_shard.is_none() && tree.nodes.is_empty() && tree.unavailable_shards.is_empty() {
+        return exit::fail(Exit::NotFound, format!("no execution {root} where its id routes"));
+    }
     if as_json {
         let nodes: Vec<Value> = tree
             .nodes
@@ -72,7 +75,7 @@ fn print_tree(tree: &Tree) {
         under.entry(n.parent).or_default().push(&n.child);
     }
     let root_shard = tree.root_shard.map_or("?".into(), |s| s.to_string());
-    println!("{} (shard {root_shard})", tree.root);
+    say!("{} (shard {root_shard})", tree.root);
     // Depth first, children in the order the tree has them.
     fn push_children<'a>(
         stack: &mut Vec<(&'a Child, String, bool)>,
@@ -89,7 +92,7 @@ fn print_tree(tree: &Tree) {
     let mut stack: Vec<(&Child, String, bool)> = Vec::new();
     push_children(&mut stack, &under, tree.root, "");
     while let Some((c, prefix, last)) = stack.pop() {
-        println!(
+        say!(
             "{prefix}{} {}  {}/{}  shard {}  {}",
             if last { "└─" } else { "├─" },
             c.execution_id,
@@ -101,5 +104,5 @@ fn print_tree(tree: &Tree) {
         let deeper = format!("{prefix}{}", if last { "   " } else { "│  " });
         push_children(&mut stack, &under, c.execution_id, &deeper);
     }
-    println!("{} descendant(s)", tree.nodes.len());
+    say!("{} descendant(s)", tree.nodes.len());
 }

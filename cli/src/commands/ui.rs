@@ -9,6 +9,7 @@ use sheaf_driver::{UiOptions, UiServer};
 
 use super::Context;
 use crate::exit::{self, Exit};
+use crate::output::serving;
 
 /// Serve the fleet dashboard in the browser (shards, queues,
 /// executions, dead letters, tasks, usage, rebalancing) until SIGINT or
@@ -49,14 +50,13 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     let server = match UiServer::start(Arc::new(client), listen, options).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("sheaf: cannot listen on {listen}: {e}");
-            return Exit::Failed;
+            return exit::fail(Exit::Failed, format!("cannot listen on {listen}: {e}"));
         }
     };
     // The address first, so a script that asked for port 0 learns it.
-    println!("serving http://{}/", server.local_addr());
+    serving(&format!("http://{}/", server.local_addr()), ctx.json);
     if !acting {
-        eprintln!("sheaf: read-only: set SHEAF_UI_TOKEN to allow redrive, purge and cancel");
+        exit::warn("read-only: set SHEAF_UI_TOKEN to allow redrive, purge and cancel");
     }
     super::stopped().await;
     server.shutdown().await;

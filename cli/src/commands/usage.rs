@@ -5,7 +5,7 @@ use sheaf_driver::{GroupBy, PageStatus};
 
 use super::Context;
 use crate::exit::{self, Exit};
-use crate::output::{failures_json, print_json};
+use crate::output::{failures_json, print_json, say};
 
 /// What the executions of every shard used in a window (at most 90
 /// days), per workflow or per search attribute: starts, ends, activity
@@ -63,7 +63,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             "unavailable_shards": failures_json(&report.unavailable_shards),
         }));
     } else {
-        println!(
+        say!(
             "{:<24} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>8} {:>11}  metered",
             "group",
             "starts",
@@ -77,7 +77,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         );
         for (group, u) in &report.groups {
             let metered: Vec<String> = u.metered.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!(
+            say!(
                 "{:<24} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>8} {:>11.1}  {}",
                 group,
                 u.workflow_starts,

@@ -45,6 +45,9 @@ pub struct OverrideReport {
     pub applied: Vec<ShardId>,
     /// The shards that did not, with why: they keep their pace.
     pub shard_errors: BTreeMap<ShardId, ClientError>,
+    /// For a clear, the shards of `applied` that had a live override and
+    /// ended it (the others had none to end); for a set, every one of them.
+    pub changed: Vec<ShardId>,
 }
 
 impl OverrideReport {
@@ -62,9 +65,10 @@ impl Client {
         &self,
         action: &str,
         name: &str,
-        report: FleetReport<()>,
+        report: FleetReport<bool>,
     ) -> Result<OverrideReport, ClientError> {
         let FleetReport { ok, mut failed } = report;
+        let changed: Vec<ShardId> = ok.iter().filter(|(_, c)| **c).map(|(s, _)| *s).collect();
         let applied: Vec<ShardId> = ok.into_keys().collect();
         if applied.is_empty()
             && let Some((_, first)) = failed.pop_first()
@@ -92,6 +96,7 @@ impl Client {
         Ok(OverrideReport {
             applied,
             shard_errors: failed,
+            changed,
         })
     }
 }
@@ -141,7 +146,7 @@ impl Admin<'_> {
                         &[&name, &rate, &secs, &expires_at],
                     )
                     .await
-                    .map(drop)
+                    .map(|_| true)
             })
             .await;
         self.client
@@ -151,15 +156,17 @@ impl Admin<'_> {
 
     /// Removes `name`'s pacing override on every readable shard (those
     /// without one answer as well); reported as
-    /// [`set_rate_override`](Self::set_rate_override) is.
+    /// [`set_rate_override`](Self::set_rate_override) is, with the shards
+    /// that had a live one in [`OverrideReport::changed`].
     pub async fn clear_rate_override(self, name: &str) -> Result<OverrideReport, ClientError> {
         let report = self
             .client
             .fan_out(self.client.readable_shards(), |shard| async move {
-                self.client
+                let (call, rows) = self
+                    .client
                     .on_shard(shard, Owned::Shard, CLEAR_OVERRIDE, &[&name])
-                    .await
-                    .map(drop)
+                    .await?;
+                first_column(&call, &rows)
             })
             .await;
         self.client

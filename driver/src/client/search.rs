@@ -381,11 +381,13 @@ impl Client {
 /// A fan-out read's argument that a shard refused (22023, 22004) is the
 /// caller's mistake, the same on every shard: an error, not a missing shard.
 pub(crate) fn refused_argument(failed: &BTreeMap<ShardId, ClientError>) -> Result<(), ClientError> {
-    match failed
-        .values()
-        .find(|e| matches!(e, ClientError::InvalidArgument { .. }))
-    {
-        Some(e) => Err(ClientError::BadRequest(e.to_string())),
+    // The shard's message alone: "invalid request: invalid argument: ..."
+    // would say one thing twice.
+    match failed.values().find_map(|e| match e {
+        ClientError::InvalidArgument { message, .. } => Some(message),
+        _ => None,
+    }) {
+        Some(message) => Err(ClientError::BadRequest(message.clone())),
         None => Ok(()),
     }
 }
