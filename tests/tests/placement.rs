@@ -227,6 +227,19 @@ async fn shards_refuse_work_their_topology_places_elsewhere() {
         }
         other => panic!("{other:?}"),
     }
+    let out = std::process::Command::new(sheaf_tests::cli_binary())
+        .args(["--json", "find", "enforced", &theirs])
+        .env("SHEAF_SHARDS", spec.trim().replace('\n', ","))
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .output()
+        .expect("the CLI runs");
+    let found: serde_json::Value = serde_json::from_slice(&out.stdout).expect("find's JSON");
+    assert_eq!(found["also_live"].as_array().map(Vec::len), Some(1), "{found}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 more live run(s)"),
+        "sheaf find warns: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Shard health reports it (health.rs's unit test: without holding the
     // shard back for it), and the probe's gauge counts it.
     let health = cl

@@ -8,8 +8,9 @@ use crate::exit::{self, Exit};
 use crate::output::{failures_json, print_json, say, time};
 
 /// Find an execution by its business key on whichever shard holds it:
-/// its active run, else its latest ended one. Exits 4 when no shard has
-/// it, 3 when a shard that may have it did not answer.
+/// its active run, else its latest ended one, and every other live run of
+/// the key on another shard (a duplicate, with a warning). Exits 4 when no
+/// shard has it, 3 when a shard that may have it did not answer.
 #[derive(clap::Args)]
 pub struct Args {
     /// The workflow's name.
@@ -29,11 +30,31 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Err(e) => return exit::failed(&e),
     };
     match resolution {
-        Resolution::Found { execution, .. } => {
+        Resolution::Found {
+            execution,
+            also_live,
+            ..
+        } => {
             if ctx.json {
-                print_json(&json!({"status": "found", "execution": execution_json(&execution)}));
+                print_json(&json!({
+                    "status": "found",
+                    "execution": execution_json(&execution),
+                    "also_live": also_live.iter().map(execution_json).collect::<Vec<_>>(),
+                }));
             } else {
                 print_execution(&execution);
+                for other in &also_live {
+                    say!("");
+                    say!("also live (another run of the key, on another shard):");
+                    print_execution(other);
+                }
+            }
+            if !also_live.is_empty() {
+                exit::warn(format!(
+                    "{} more live run(s) of {name:?} / {workflow_id:?} on other shards: a key should have one \
+                     (see sheaf shard health, misplaced_runs)",
+                    also_live.len()
+                ));
             }
             Exit::Done
         }
