@@ -299,6 +299,12 @@ pub mod keys {
         format!("tenant__{tenant}__{workflow_name}")
     }
 
+    /// The routing key a start's tenant implies when a topology keeps a
+    /// tenant's runs together (`tenants: together`): `tenant__<tenant>`.
+    pub fn tenant_key(tenant: &str) -> String {
+        format!("tenant__{tenant}")
+    }
+
     /// A debounced start's key: the workflow key of (`debounce:<name>`, key).
     pub fn debounce(workflow_name: &str, key: &str) -> Vec<u8> {
         hrw::workflow_key(&format!("debounce:{workflow_name}"), key)
@@ -320,6 +326,39 @@ pub mod keys {
     }
 }
 
+/// How a start's tenant places it when nothing else does: a topology
+/// option, in the projection (and so in the digest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TenantPlacement {
+    /// By `tenant__<tenant>__<workflow name>`: a tenant's runs of one
+    /// workflow share a shard, its workflows spread over shards (a
+    /// per-tenant quota counts per workflow). The default.
+    #[default]
+    PerWorkflow,
+    /// By `tenant__<tenant>`: all of a tenant's runs, of every workflow,
+    /// on one shard (a per-tenant quota counts the tenant's whole load).
+    Together,
+}
+
+impl TenantPlacement {
+    /// Its name in a projection (`tenants`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TenantPlacement::PerWorkflow => "per_workflow",
+            TenantPlacement::Together => "together",
+        }
+    }
+
+    /// The option named `name`.
+    pub fn parse(name: &str) -> Option<TenantPlacement> {
+        match name {
+            "per_workflow" => Some(TenantPlacement::PerWorkflow),
+            "together" => Some(TenantPlacement::Together),
+            _ => None,
+        }
+    }
+}
+
 /// A topology's projection: what placement depends on. Built validated
 /// ([`Projection::build`], [`Projection::from_json`]); sets are sorted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,6 +370,7 @@ pub struct Projection {
     default: u16,
     residency: BTreeMap<String, u16>,
     forwards: BTreeMap<u16, u16>,
+    tenants: TenantPlacement,
 }
 
 /// The parts of a projection, before validation. `None` sets take their
@@ -352,6 +392,8 @@ pub struct Parts {
     pub residency: Vec<(String, u64)>,
     /// Retired shard → the shard serving its ids.
     pub forwards: Vec<(u64, u64)>,
+    /// How a start's tenant places it.
+    pub tenants: TenantPlacement,
 }
 
 fn shard_id(raw: u64) -> Result<u16, ProjectionError> {
@@ -454,6 +496,7 @@ impl Projection {
             default,
             residency,
             forwards,
+            tenants: parts.tenants,
         })
     }
 
@@ -489,6 +532,15 @@ impl Projection {
                         })
                         .collect::<Result<_, _>>()?;
                 }
+                "tenants" => {
+                    parts.tenants =
+                        v.as_str()
+                            .and_then(TenantPlacement::parse)
+                            .ok_or(ProjectionError::BadField {
+                                field: "tenants",
+                                why: "\"per_workflow\" or \"together\"",
+                            })?;
+                }
                 other => return Err(ProjectionError::UnknownField(other.to_owned())),
             }
         }
@@ -498,7 +550,9 @@ impl Projection {
     /// The canonical form: JSON with no whitespace, the fields in this
     /// order, sets as ascending arrays, the residency map by key (byte
     /// order), forwards by retired shard id (numeric order, keys as decimal
-    /// text); strings escaped as serde_json writes them.
+    /// text); strings escaped as serde_json writes them; `tenants` last,
+    /// and only when it is not the default (so a fleet that never set it
+    /// keeps its digest).
     pub fn canonical(&self) -> String {
         fn set(out: &mut String, name: &str, ids: &BTreeSet<u16>) {
             let list: Vec<String> = ids.iter().map(u16::to_string).collect();
@@ -521,8 +575,17 @@ impl Projection {
             .iter()
             .map(|(k, v)| format!("\"{k}\":{v}"))
             .collect();
-        out.push_str(&format!("\"forwards\":{{{}}}}}", forwards.join(",")));
+        out.push_str(&format!("\"forwards\":{{{}}}", forwards.join(",")));
+        if self.tenants != TenantPlacement::PerWorkflow {
+            out.push_str(&format!(",\"tenants\":\"{}\"", self.tenants.as_str()));
+        }
+        out.push('}');
         out
+    }
+
+    /// How a start's tenant places it.
+    pub fn tenants(&self) -> TenantPlacement {
+        self.tenants
     }
 
     /// The topology digest: `sha256:` and the hex SHA-256 of [`Self::canonical`].
@@ -605,11 +668,20 @@ impl Projection {
     }
 
     /// The key bytes a hashed start is scored by; `None` for a pin.
-    fn start_key(workflow_name: &str, workflow_id: &str, pin: &Pin, tenant: Option<&str>) -> Option<Vec<u8>> {
+    fn start_key(
+        &self,
+        workflow_name: &str,
+        workflow_id: &str,
+        pin: &Pin,
+        tenant: Option<&str>,
+    ) -> Option<Vec<u8>> {
         match pin {
             Pin::RoutingKey(key) => Some(hrw::routing_key(key)),
             Pin::Auto => Some(match tenant.filter(|t| !t.trim().is_empty()) {
-                Some(t) => hrw::routing_key(&keys::tenant_routing_key(t, workflow_name)),
+                Some(t) => hrw::routing_key(&match self.tenants {
+                    TenantPlacement::PerWorkflow => keys::tenant_routing_key(t, workflow_name),
+                    TenantPlacement::Together => keys::tenant_key(t),
+                }),
                 None => keys::start(workflow_name, workflow_id),
             }),
             Pin::Shard(_) | Pin::ResidencyKey(_) => None,
@@ -643,7 +715,8 @@ impl Projection {
             }
             Pin::RoutingKey(key) if key.trim().is_empty() => Err(PlaceError::BlankRoutingKey),
             Pin::RoutingKey(_) | Pin::Auto => {
-                let key = Self::start_key(workflow_name, workflow_id, pin, tenant)
+                let key = self
+                    .start_key(workflow_name, workflow_id, pin, tenant)
                     .ok_or(PlaceError::BlankRoutingKey)?;
                 self.hash(&key)
             }
@@ -724,7 +797,7 @@ impl Projection {
         pin: &Pin,
         tenant: Option<&str>,
     ) -> Option<u16> {
-        let key = Self::start_key(workflow_name, workflow_id, pin, tenant)?;
+        let key = self.start_key(workflow_name, workflow_id, pin, tenant)?;
         self.former_home_of(&key)
     }
 

@@ -133,6 +133,7 @@ pub use pool::{PoolOptions, ShardError, ShardPools};
 pub use relay::{Relay, RelayOptions, Sweep};
 pub use router::{Placement, RouteError};
 pub use schema::COMPATIBLE_SCHEMAS;
+pub use sheaf_core::placement::TenantPlacement;
 pub use sheaf_core::state::{ExecutionState, TaskKind, TaskState};
 pub use status::{
     LiveWorker, RelayBacklogSummary, ShardHealth, ShardStatus, StrandedQueue, TopologyStatus, probe_shard,

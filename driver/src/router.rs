@@ -450,6 +450,9 @@ mod vectors {
         for (k, v) in projection["forwards"].as_object().into_iter().flatten() {
             b = b.forward(k.parse().unwrap(), v.as_u64().unwrap() as u32);
         }
+        if let Some(t) = projection["tenants"].as_str() {
+            b = b.tenants(sheaf_core::placement::TenantPlacement::parse(t).unwrap());
+        }
         b.build().unwrap()
     }
 

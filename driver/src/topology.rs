@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 use sheaf_core::id::MAX_SHARD_ID;
-use sheaf_core::placement::{Parts, Projection};
+use sheaf_core::placement::{Parts, Projection, TenantPlacement};
 
 /// A shard's id: the value its database holds in `sheaf.shard_id()` and the
 /// prefix of every id it mints.
@@ -213,6 +213,7 @@ pub struct TopologyBuilder {
     default: Option<u32>,
     residency: Vec<(String, u32)>,
     forwards: Vec<(u32, u32)>,
+    tenants: TenantPlacement,
     digest: Option<String>,
 }
 
@@ -290,6 +291,14 @@ impl TopologyBuilder {
         self
     }
 
+    /// How a start's tenant places it (default
+    /// [`TenantPlacement::PerWorkflow`]); part of the digest when set
+    /// otherwise.
+    pub fn tenants(mut self, tenants: TenantPlacement) -> Self {
+        self.tenants = tenants;
+        self
+    }
+
     /// Pins the topology's digest ([`Topology::digest`]): building a
     /// topology that hashes differently fails, so a replica configured
     /// unlike its fleet never starts.
@@ -354,6 +363,7 @@ impl TopologyBuilder {
                 .iter()
                 .map(|(k, v)| (u64::from(k.get()), u64::from(v.get())))
                 .collect(),
+            tenants: self.tenants,
         })
         .map_err(|e| TopologyError::Projection(e.to_string()))?;
         Ok(Topology {
@@ -527,7 +537,8 @@ impl Topology {
     /// `SHEAF_WRITABLE` and `SHEAF_RESERVED` (comma-separated ids; an empty
     /// `SHEAF_WRITABLE` is a drained fleet), `SHEAF_DEFAULT_SHARD` (an id),
     /// `SHEAF_RESIDENCY` (`key=id` pairs) and `SHEAF_FORWARDS` (`from=to`
-    /// pairs), and `SHEAF_TOPOLOGY_DIGEST` (the fleet's digest: a topology
+    /// pairs), `SHEAF_TENANTS` (`per_workflow` or `together`,
+    /// [`TenantPlacement`]), and `SHEAF_TOPOLOGY_DIGEST` (the fleet's digest: a topology
     /// that hashes otherwise fails). Checked like a built topology, now.
     pub fn from_env() -> Result<Self, TopologyError> {
         Topology::from_vars(|name| std::env::var(name).ok())
@@ -569,6 +580,11 @@ impl Topology {
                 };
                 builder = builder.forward(parse(&from)?, parse(&to)?);
             }
+        }
+        if let Some(v) = var("SHEAF_TENANTS") {
+            let tenants =
+                TenantPlacement::parse(v.trim()).ok_or(TopologyError::BadVariable("SHEAF_TENANTS"))?;
+            builder = builder.tenants(tenants);
         }
         if let Some(v) = var("SHEAF_TOPOLOGY_DIGEST") {
             builder = builder.expect_digest(v);
@@ -706,12 +722,18 @@ mod tests {
             ("SHEAF_DEFAULT_SHARD", "one"),
             ("SHEAF_RESIDENCY", "cell-a"),
             ("SHEAF_FORWARDS", "2=zero"),
+            ("SHEAF_TENANTS", "apart"),
         ] {
             assert_eq!(
                 env(&[("SHEAF_SHARDS", shards), (var, value)]),
                 Err(TopologyError::BadVariable(var))
             );
         }
+        // Tenants together: in the projection, so in the digest.
+        let plain = env(&[("SHEAF_SHARDS", shards)]).unwrap();
+        let together = env(&[("SHEAF_SHARDS", shards), ("SHEAF_TENANTS", "together")]).unwrap();
+        assert!(together.projection().ends_with(r#","tenants":"together"}"#));
+        assert_ne!(together.digest(), plain.digest());
         // Misconfigurations are caught as in the builder.
         assert_eq!(
             env(&[("SHEAF_SHARDS", shards), ("SHEAF_FORWARDS", "2=0")]),

@@ -21,6 +21,7 @@ fn topologies() -> Vec<(&'static str, Value)> {
             }),
         ),
         ("drained", json!({"shards": [0, 1], "writable": []})),
+        ("tenants", json!({"shards": [0, 1, 2, 3], "tenants": "together"})),
     ]
 }
 
@@ -293,4 +294,37 @@ fn a_placement_reads_back_as_written() {
         assert_eq!(placement_from_json(&written), Ok((pin, tenant)), "{v}");
     }
     assert_eq!(placement_to_json(&Pin::Auto, None), json!({}));
+}
+
+#[test]
+fn a_tenant_placement_keeps_a_tenants_runs_together_and_only_then_changes_the_digest() {
+    let per = projection(json!({"shards": [0, 1, 2, 3, 4, 5, 6, 7]}));
+    let explicit = projection(json!({"shards": [0, 1, 2, 3, 4, 5, 6, 7], "tenants": "per_workflow"}));
+    let together = projection(json!({"shards": [0, 1, 2, 3, 4, 5, 6, 7], "tenants": "together"}));
+    assert_eq!(per.digest(), explicit.digest(), "the default is not written");
+    assert_ne!(per.digest(), together.digest());
+    assert!(together.canonical().ends_with(r#","tenants":"together"}"#));
+    assert_eq!(
+        Projection::from_json(&serde_json::from_str(&together.canonical()).unwrap()),
+        Ok(together.clone())
+    );
+    let homes = |p: &Projection| {
+        ["orders", "invoices", "emails", "reports", "exports"]
+            .iter()
+            .map(|wf| p.place(wf, "any", &Pin::Auto, Some("acme")).unwrap())
+            .collect::<BTreeSet<u16>>()
+    };
+    assert_eq!(
+        homes(&together).len(),
+        1,
+        "every workflow of the tenant on one shard"
+    );
+    assert!(homes(&per).len() > 1, "per workflow: spread");
+    assert_eq!(
+        Projection::from_json(&json!({"shards": [0], "tenants": "apart"})),
+        Err(ProjectionError::BadField {
+            field: "tenants",
+            why: "\"per_workflow\" or \"together\""
+        })
+    );
 }
