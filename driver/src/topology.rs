@@ -192,14 +192,9 @@ pub enum TopologyError {
 pub struct Topology {
     /// The projection placement is computed over (`sheaf_core::placement`,
     /// shared with the shards' placement functions).
+    /// Every role, the residency map and the forwards live there alone.
     pub(crate) placement: Projection,
     shards: BTreeMap<ShardId, Shard>,
-    readable: BTreeSet<ShardId>,
-    writable: BTreeSet<ShardId>,
-    reserved: BTreeSet<ShardId>,
-    default: ShardId,
-    residency: BTreeMap<String, ShardId>,
-    forwards: BTreeMap<ShardId, ShardId>,
 }
 
 /// Builds a [`Topology`]; every set defaults to "all shards" (reserved to
@@ -366,16 +361,7 @@ impl TopologyBuilder {
             tenants: self.tenants,
         })
         .map_err(|e| TopologyError::Projection(e.to_string()))?;
-        Ok(Topology {
-            placement,
-            shards,
-            readable,
-            writable,
-            reserved,
-            default,
-            residency,
-            forwards,
-        })
+        Ok(Topology { placement, shards })
     }
 }
 
@@ -614,35 +600,32 @@ impl Topology {
 
     /// Whether workers may claim from `id`.
     pub fn is_readable(&self, id: ShardId) -> bool {
-        self.readable.contains(&id)
+        self.placement.is_readable(id.get())
     }
 
     /// Whether new work may go to `id`.
     pub fn is_writable(&self, id: ShardId) -> bool {
-        self.writable.contains(&id)
+        self.placement.is_writable(id.get())
     }
 
     /// Whether `id` takes pinned work only.
     pub fn is_reserved(&self, id: ShardId) -> bool {
-        self.reserved.contains(&id)
+        self.placement.is_reserved(id.get())
     }
 
     /// Where unencoded ids route.
     pub fn default_shard(&self) -> ShardId {
-        self.default
+        ShardId(self.placement.default_shard())
     }
 
     /// The shard a residency key names.
     pub fn residency(&self, key: &str) -> Option<ShardId> {
-        self.residency.get(key).copied()
+        self.placement.residency(key).map(ShardId)
     }
 
     /// Where unpinned starts may land: writable and not reserved.
     pub fn placeable(&self) -> impl Iterator<Item = ShardId> + '_ {
-        self.writable
-            .iter()
-            .copied()
-            .filter(|id| !self.reserved.contains(id))
+        self.placement.placeable().map(ShardId)
     }
 
     /// The shard that serves id-routed calls for `id`: its forward chain's end.

@@ -12,7 +12,7 @@ pub async fn connect(url: &str, db: &str) -> Client {
     let (client, connection) = config
         .connect(NoTls)
         .await
-        .unwrap_or_else(|e| panic!("connecting to database {db}: {e}"));
+        .unwrap_or_else(|e| panic!("connecting to database {db}: {}", pg_error(&e)));
     tokio::spawn(connection);
     client
 }
@@ -28,9 +28,18 @@ pub async fn recreate(url: &str, db: &str) -> Client {
         admin
             .batch_execute(&sql)
             .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            .unwrap_or_else(|e| panic!("{sql}: {}", pg_error(&e)));
     }
     connect(url, db).await
+}
+
+/// A server error as its SQLSTATE and message (tokio-postgres' Display
+/// says only "db error").
+pub fn pg_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} {}", d.code().code(), d.message()),
+        None => e.to_string(),
+    }
 }
 
 /// Database `db` made anew with sheaf installed and initialized as shard

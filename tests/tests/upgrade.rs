@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use sheaf_tests::own_database::{self, pg_error};
 use sheaf_tests::{catalog, valid_calls};
 use tokio_postgres::{Client, Config, NoTls};
 use uuid::Uuid;
@@ -31,6 +32,7 @@ const LIVE_DB: &str = "upgrade_live";
 const FRESH_DB: &str = "upgrade_fresh";
 
 struct Env {
+    url: String,
     config: Config,
     from: String,
     old_libdir: String,
@@ -45,6 +47,7 @@ impl Env {
             .expect("SHEAF_UPGRADE_OLD_LIBDIR is set with SHEAF_UPGRADE_URL");
         let config = url.parse().expect("SHEAF_UPGRADE_URL is a postgres:// URL");
         Some(Env {
+            url,
             config,
             from,
             old_libdir,
@@ -104,29 +107,6 @@ async fn set_library_path(env: &Env, path: Option<&str>) {
             "dynamic_library_path did not become {want} within 20 s of the reload"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn recreate_db(env: &Env, db: &str) {
-    let admin = env.connect("postgres").await;
-    // Two statements: CREATE DATABASE cannot run in a multi-statement batch.
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        format!("CREATE DATABASE {db}"),
-    ] {
-        admin
-            .batch_execute(&sql)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {}", pg_error(&e)));
-    }
-}
-
-/// A server error as its SQLSTATE and message (tokio-postgres' Display
-/// says only "db error").
-fn pg_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("{} {}", d.code().code(), d.message()),
-        None => e.to_string(),
     }
 }
 
@@ -810,8 +790,7 @@ async fn executions_carry_on(db: &Client, live: &Live) -> Result<(), String> {
 async fn at_the_release(env: &Env) -> (Live, BTreeMap<String, String>) {
     let from = &env.from;
     set_library_path(env, Some(&format!("{}:$libdir", env.old_libdir))).await;
-    recreate_db(env, LIVE_DB).await;
-    let db = env.connect(LIVE_DB).await;
+    let db = own_database::recreate(&env.url, LIVE_DB).await;
     db.batch_execute(&format!("CREATE EXTENSION sheaf VERSION '{from}'"))
         .await
         .unwrap_or_else(|e| panic!("CREATE EXTENSION sheaf VERSION '{from}': {}", pg_error(&e)));
@@ -863,8 +842,7 @@ async fn after_the_update(env: &Env, live: &Live) -> (Client, BTreeMap<String, S
     // Roles are cluster-wide: dump the upgraded database before a fresh
     // install could create a role the upgrade forgot.
     let upgraded = catalog::dump(&db).await.expect("dumping the upgraded catalog");
-    recreate_db(env, FRESH_DB).await;
-    let fresh_db = env.connect(FRESH_DB).await;
+    let fresh_db = own_database::recreate(&env.url, FRESH_DB).await;
     fresh_db
         .batch_execute("CREATE EXTENSION sheaf")
         .await
