@@ -5,7 +5,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use sheaf_core::children::ChildOptions;
 
-use crate::api::executions::check_workflow_id;
+use crate::api::executions::{check_new_workflow, check_workflow_id};
 use crate::base::args::{self, required};
 use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
@@ -42,9 +42,10 @@ fn start_child(
     let parent = required(parent_id, "parent_id");
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    let input = required(input, "input").checked("input");
+    let input = required(input, "input").sized("input");
     let opts = required(opts, "opts").parse("opts");
     let o = ChildOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
+    check_new_workflow(name, workflow_id);
     topology::check_declared();
     TableIterator::once(children::start_child(parent, name, workflow_id, input, &o))
 }

@@ -433,7 +433,7 @@ mod tests {
                     pgrx::JsonB(json!("x".repeat(70_000))).into()
                 ]
             ),
-            "ERRCODE_INVALID_PARAMETER_VALUE"
+            "ERRCODE_PROGRAM_LIMIT_EXCEEDED"
         );
         Spi::run_with_args("SELECT sheaf.complete($1, $2)", &[id.into(), token.into()]).unwrap();
         let pruned = Spi::get_one::<i64>("SELECT (sheaf.maintain()->>'progress_pruned')::bigint")
