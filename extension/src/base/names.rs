@@ -205,12 +205,13 @@ mod tests {
     #[pg_test]
     fn names_stored_before_the_rule_keep_working() {
         init();
-        let (queue, workflow, id, worker, key) = (
+        let (queue, workflow, id, worker, key, capped) = (
             "q\u{200b}",
             "pay\u{202e}w",
             "cafe\u{301}",
             "w\u{feff}",
             "k\u{2066}",
+            "c\u{2067}",
         );
         // As an older sheaf stored them.
         Spi::run_with_args(
@@ -218,8 +219,15 @@ mod tests {
              INSERT INTO sheaf.workflow_policies (workflow_name, policy) VALUES ($2, '{}'); \
              INSERT INTO sheaf.workers (name, queues) VALUES ($3, ARRAY['q']); \
              INSERT INTO sheaf.mutex_locks (key, holder, token, lease_expires_at) \
-                 VALUES ($4, gen_random_uuid(), 1, now() + interval '1 hour')",
-            &[queue.into(), workflow.into(), worker.into(), key.into()],
+                 VALUES ($4, gen_random_uuid(), 1, now() + interval '1 hour'); \
+             INSERT INTO sheaf.concurrency_limits (key, max_running) VALUES ($5, 1)",
+            &[
+                queue.into(),
+                workflow.into(),
+                worker.into(),
+                key.into(),
+                capped.into(),
+            ],
         )
         .expect("the old rows");
         let ok = |sql: &str, args: &[&str]| {
@@ -236,8 +244,8 @@ mod tests {
         );
         ok("SELECT sheaf.worker_heartbeat($1, ARRAY['q'])", &[worker]);
         ok("SELECT sheaf.claim('q', $1)", &[worker]);
-        ok("SELECT sheaf.set_concurrency_limit($1, 2)", &[key]);
-        ok("SELECT sheaf.set_concurrency_limit($1, NULL)", &[key]);
+        ok("SELECT sheaf.set_concurrency_limit($1, 2)", &[capped]);
+        ok("SELECT sheaf.set_concurrency_limit($1, NULL)", &[capped]);
         ok("SELECT sheaf.mutex_acquire($1, gen_random_uuid())", &[key]);
         // An execution's id from before the rule: a start finds it, not a new one.
         Spi::run_with_args(
