@@ -3,11 +3,11 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::children::ChildOptions;
+use sheaf_core::children::{ChildOptions, MAX_MESSAGE_BYTES};
 
 use crate::api::executions::{check_new_workflow, check_workflow_id};
 use crate::base::args::{self, required};
-use crate::base::errors::{bad_argument, require_read_committed};
+use crate::base::errors::{bad_argument, require_read_committed, too_large};
 use crate::base::jsonb::Jsonb;
 use crate::base::topology;
 use crate::workflow::{children, policy};
@@ -61,6 +61,19 @@ fn cancel_child(
 ) -> bool {
     let parent = required(parent_id, "parent_id");
     let child = required(child_id, "child_id");
+    // The relay carries a reason to a child on another shard in a message
+    // of at most 8 KiB: a longer one is refused here, never cut there.
+    if let Some(r) = reason
+        && r.len() > MAX_MESSAGE_BYTES
+    {
+        too_large(
+            "reason",
+            format!(
+                "is {} bytes; the limit for a child's reason is {MAX_MESSAGE_BYTES} bytes",
+                r.len()
+            ),
+        );
+    }
     children::cancel_child(parent, child, reason)
 }
 

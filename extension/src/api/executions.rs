@@ -292,6 +292,7 @@ fn cancel_pending_start(
     let name = policy::check_name(name);
     let key = required(debounce_key, "debounce_key");
     check_debounce_key(key);
+    let reason = reason.map(|r| args::text(r, "reason"));
     let cancelled = debounce::cancel(name, key, reason);
     crate::base::audit::record(
         "cancel_pending_start",

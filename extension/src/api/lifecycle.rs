@@ -55,7 +55,7 @@ fn cancel_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> b
     lifecycle::close(
         id,
         Close::Cancelled {
-            reason: reason.map(str::to_owned),
+            reason: reason.map(|r| args::text(r, "reason").to_owned()),
         },
     )
 }
@@ -68,7 +68,7 @@ fn terminate_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -
     let ended = lifecycle::close(
         id,
         Close::Terminated {
-            reason: reason.map(str::to_owned),
+            reason: reason.map(|r| args::text(r, "reason").to_owned()),
         },
     );
     audit::record(

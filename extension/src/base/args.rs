@@ -181,9 +181,16 @@ mod tests {
                 "SELECT sheaf.set_progress('{}', {}, to_jsonb(repeat('p', 65535)))",
                 task.id, task.token
             ),
+            format!("SELECT sheaf.cancel_task('{}', repeat('r', 1048577))", task.id),
+            format!("SELECT sheaf.cancel_execution('{exec}', repeat('r', 1048577))"),
+            format!("SELECT sheaf.terminate_execution('{exec}', repeat('r', 1048577))"),
+            "SELECT sheaf.cancel_pending_start('w', 'k', repeat('r', 1048577))".to_owned(),
+            // A child's reason crosses shards in the relay's 8 KiB message.
+            format!("SELECT sheaf.cancel_child('{exec}', '{exec}', repeat('r', 8193))"),
         ];
         let written = "SELECT (SELECT count(*) FROM sheaf.tasks) + (SELECT count(*) FROM sheaf.events) \
-                       + (SELECT count(*) FROM sheaf.executions) + (SELECT count(*) FROM sheaf.dead_letters)";
+                       + (SELECT count(*) FROM sheaf.executions) + (SELECT count(*) FROM sheaf.dead_letters) \
+                       + (SELECT count(*) FROM sheaf.task_cancellations)";
         for sql in &calls {
             let before = count(written);
             let (code, message) = outcome(sql, &[]);

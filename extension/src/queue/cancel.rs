@@ -19,9 +19,6 @@ use crate::base::rows::row;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 
-/// The longest reason kept; longer ones are cut.
-pub const MAX_REASON_BYTES: usize = 8_192;
-
 /// Whether this catalog has cancellations (a 0.1.0 catalog, under a newer
 /// library before `ALTER EXTENSION sheaf UPDATE`, has none).
 pub fn enabled() -> bool {
