@@ -9,6 +9,7 @@ pub mod excerpt;
 #[cfg(feature = "exact-json")]
 pub mod external;
 pub mod hrw;
+pub mod hygiene;
 pub mod id;
 pub mod listing;
 pub mod nesting;

@@ -16,6 +16,9 @@ pub struct Code {
 pub const NULL_VALUE_NOT_ALLOWED: &str = "22004";
 /// An argument's value is out of range or malformed. The message names it.
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
+/// A value is larger than sheaf stores (`hygiene::MAX_VALUE_BYTES`): refused,
+/// never cut. The message names the argument, its size and the limit.
+pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 /// The shard is not in a state that allows the call (not initialized, or
 /// already initialized as another shard).
 pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
@@ -64,6 +67,11 @@ pub const ALL: &[Code] = &[
         code: CHECK_VIOLATION,
         name: "check_violation",
         meaning: "a start, or a task with an idempotency key, rate key or placement, belongs to another shard under the topology published here: the message and the DETAIL ({\"owner_shard\"}) name it; nothing was written",
+    },
+    Code {
+        code: PROGRAM_LIMIT_EXCEEDED,
+        name: "program_limit_exceeded",
+        meaning: "a payload, input, result, progress, signal payload or error text is larger than 1 MiB; the message names the argument, its size and the limit; nothing was written",
     },
     Code {
         code: DEADLOCK_DETECTED,

@@ -15,6 +15,10 @@ pub const MAX_WINDOW_DAYS: i64 = 90;
 pub const MAX_METRICS: usize = 32;
 /// The longest metric name, in bytes.
 pub const MAX_METRIC_BYTES: usize = 128;
+/// The largest magnitude of one metered value: integers this large are
+/// exact in a float8, and a report's sum of millions of them still is a
+/// number every client reads (1e308 summed overflowed a float8).
+pub const MAX_METRIC_VALUE: f64 = 1e15;
 /// The group of executions that lack the search attribute grouped by.
 pub const UNATTRIBUTED: &str = "(unattributed)";
 
@@ -73,7 +77,7 @@ pub fn check_window(from_micros: i64, to_micros: i64) -> Result<(), OptionError>
 }
 
 /// A `record_usage` metrics object: 1 to 32 metrics, each a name of 1 to
-/// 128 bytes and a finite number.
+/// 128 bytes and a number of magnitude at most [`MAX_METRIC_VALUE`].
 pub fn check_metrics(metrics: &Value) -> Result<(), OptionError> {
     let Some(map) = metrics.as_object() else {
         return Err(err(
@@ -97,15 +101,17 @@ pub fn check_metrics(metrics: &Value) -> Result<(), OptionError> {
                 ),
             ));
         }
-        let finite = match value {
-            Value::Number(n) => n.as_f64().is_some_and(f64::is_finite),
+        let bounded = match value {
+            Value::Number(n) => n
+                .as_f64()
+                .is_some_and(|v| v.is_finite() && v.abs() <= MAX_METRIC_VALUE),
             _ => false,
         };
-        if !finite {
+        if !bounded {
             return Err(err(
                 "metrics",
                 format!(
-                    "metric {} must be a finite number, got {}",
+                    "metric {} must be a number from -1e15 to 1e15, got {}",
                     quoted(name),
                     excerpt(value)
                 ),
@@ -150,7 +156,7 @@ mod tests {
 
     #[test]
     fn metrics_are_finite_numbers() {
-        check_metrics(&json!({"llm_calls": 1, "cost_usd": 0.25})).unwrap();
+        check_metrics(&json!({"llm_calls": 1, "cost_usd": 0.25, "max": 1e15, "min": -1e15})).unwrap();
         for bad in [
             json!({}),
             json!([1]),
@@ -158,6 +164,8 @@ mod tests {
             json!({"a": null}),
             json!({"": 1}),
             json!({"a": {"b": 1}}),
+            json!({"a": 1e308}),
+            json!({"a": -1.000_000_000_000_1e15}),
         ] {
             assert!(check_metrics(&bad).is_err(), "{bad}");
         }

@@ -45,7 +45,8 @@ pub enum TaskDone {
 /// workflow task that ends in the dead letters fails its execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskFailure {
-    /// Kept as the task's last error (cut at 8 KiB by the shard).
+    /// Kept as the task's last error, whole up to 1 MiB (a longer one is
+    /// refused by the shard with 54000, never cut).
     pub message: String,
     /// When to retry (default: the shard's exponential backoff). Ignored
     /// for a permanent failure.

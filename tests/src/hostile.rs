@@ -11,6 +11,74 @@ use crate::Rng;
 /// 1 MiB: the "huge" text, jsonb string and array element.
 pub const HUGE: usize = 1 << 20;
 
+/// Arguments that take a caller's value for sheaf to store, and the most
+/// bytes each takes (of compact JSON text, or of text): the one size limit,
+/// 1 MiB (`sheaf_core::hygiene::MAX_VALUE_BYTES`), and progress's tighter
+/// 64 KiB. Just over is refused with 54000, never cut.
+pub const SIZED: &[(&str, usize)] = &[
+    ("payload", 1 << 20),
+    ("payloads", 1 << 20),
+    ("input", 1 << 20),
+    ("result", 1 << 20),
+    ("error", 1 << 20),
+    ("progress", 1 << 16),
+];
+
+/// Arguments that carry sheaf's own copy of what an entry point accepted,
+/// not judged again (by size or by the name rule): a child the relay starts
+/// on its shard (its name, id and input were taken by `start_child`), a
+/// move's own error report.
+pub const OWN_COPIES: &[(&str, &str)] = &[
+    ("sheaf.relay_start_child", "name"),
+    ("sheaf.relay_start_child", "workflow_id"),
+    ("sheaf.relay_start_child", "input"),
+    ("sheaf.migration_report", "error"),
+];
+
+/// A value of type `ty` (`jsonb`, `jsonb[]` or `text`) of exactly `bytes`
+/// bytes: a JSON string's text is its characters and two quotes.
+pub fn sized_value(ty: &str, bytes: usize) -> Option<String> {
+    let json = format!("to_jsonb(repeat('x', {}))", bytes - 2);
+    match ty {
+        "jsonb" => Some(json),
+        "jsonb[]" => Some(format!("ARRAY[{json}]")),
+        "text" => Some(format!("repeat('e', {bytes})")),
+        _ => None,
+    }
+}
+
+/// Every stored name that breaks the name rule (a control or format
+/// character, or not NFC), as `table.column` of each, or NULL: run inside
+/// a hostile call's transaction once it went through. The name columns of
+/// the kinds the rule covers (queues, workflows and their ids, keys,
+/// schedules, rate limits, workers, mutexes, search-attribute keys); the
+/// format characters are those the hostile values carry and their kin.
+pub const NAMES_BREAKING_THE_RULE: &str = "\
+    SELECT string_agg(DISTINCT what, ', ') FROM ( \
+        SELECT 'queues.name' AS what, name AS v FROM sheaf.queues \
+        UNION ALL SELECT 'tasks.queue', queue FROM sheaf.tasks \
+        UNION ALL SELECT 'tasks.idempotency_key', idempotency_key FROM sheaf.tasks \
+        UNION ALL SELECT 'tasks.fairness_key', fairness_key FROM sheaf.tasks \
+        UNION ALL SELECT 'tasks.concurrency_key', concurrency_key FROM sheaf.tasks \
+        UNION ALL SELECT 'executions.workflow_name', workflow_name FROM sheaf.executions \
+        UNION ALL SELECT 'executions.workflow_id', workflow_id FROM sheaf.executions \
+        UNION ALL SELECT 'executions.queue', queue FROM sheaf.executions \
+        UNION ALL SELECT 'executions.search_attrs', k FROM sheaf.executions, jsonb_object_keys(search_attrs) k \
+        UNION ALL SELECT 'workflow_policies.workflow_name', workflow_name FROM sheaf.workflow_policies \
+        UNION ALL SELECT 'workflow_policies.queue', policy ->> 'queue' FROM sheaf.workflow_policies \
+        UNION ALL SELECT 'children.workflow_name', workflow_name FROM sheaf.children \
+        UNION ALL SELECT 'children.workflow_id', workflow_id FROM sheaf.children \
+        UNION ALL SELECT 'debounces.debounce_key', debounce_key FROM sheaf.debounces \
+        UNION ALL SELECT 'schedules.name', name FROM sheaf.schedules \
+        UNION ALL SELECT 'rate_limits.name', name FROM sheaf.rate_limits \
+        UNION ALL SELECT 'workers.name', name FROM sheaf.workers \
+        UNION ALL SELECT 'mutex_locks.key', key FROM sheaf.mutex_locks \
+        UNION ALL SELECT 'mutex_waiters.key', key FROM sheaf.mutex_waiters \
+        UNION ALL SELECT 'concurrency_limits.key', key FROM sheaf.concurrency_limits \
+        UNION ALL SELECT 'tasks.lease_owner', lease_owner FROM sheaf.tasks \
+    ) n WHERE v ~ E'[\\u0001-\\u001f\\u007f-\\u009f\\u00ad\\u061c\\u180e\\u200b-\\u200f\\u202a-\\u202e\\u2060-\\u2064\\u2066-\\u206f\\ufeff\\ufff9-\\ufffb]' \
+       OR NOT v IS NFC NORMALIZED";
+
 /// Hostile values of a text argument (also the elements of `text[]`).
 const TEXTS: &[&str] = &[
     "NULL",
@@ -66,6 +134,13 @@ const JSON_VALUES: &[&str] = &[
     "'\"100000 years\"'",
     "to_jsonb(repeat('x', 1048576))",
     r#"to_jsonb(E'\u00e9\U0001F600\u202e')"#,
+    // Names that break the name rule one way each: not NFC (e + a
+    // combining accent), a zero-width space, a control character; and an
+    // object whose key has a bidi override (search attributes).
+    r#"to_jsonb(E'cafe\u0301')"#,
+    r#"to_jsonb(E'q\u200b')"#,
+    r#"to_jsonb(E'a\tb')"#,
+    r#"jsonb_build_object(E'k\u202e', 1)"#,
     "to_jsonb('''; DROP TABLE sheaf.tasks; --'::text)",
     "(repeat('[', 10000) || repeat(']', 10000))::jsonb",
     "(repeat('{\"a\": ', 101) || '1' || repeat('}', 101))::jsonb",
@@ -108,6 +183,7 @@ pub const FIELDS: &[&str] = &[
     "concurrency",
     "quota",
     "tenant",
+    "search_attrs",
     "",
     "é",
 ];

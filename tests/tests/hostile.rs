@@ -6,7 +6,11 @@
 //! table in docs/reference/errors.md (never XX000), the connection still usable, no call over
 //! 2 s, nothing written by a refused call, no refusal longer than 1 KB (a
 //! huge value is never echoed), and the server log free of PANIC, TRAP and
-//! `terminated by signal`.
+//! `terminated by signal`. Two input rules (docs/reference/input-rules.md)
+//! on every call: a call that went through stored no name that breaks the
+//! name rule (`NAMES_BREAKING_THE_RULE`, scanned before its rollback), and
+//! every argument that takes a value to store (`SIZED`) refuses one byte
+//! over its limit with 54000 and takes exactly the limit.
 //!
 //! Values Postgres itself cannot convert (an `'infinity'` interval before
 //! PostgreSQL 17) never reach sheaf and are skipped. Functions granted to
@@ -21,7 +25,9 @@
 
 use std::time::{Duration, Instant};
 
-use sheaf_tests::hostile::{default_arg, random_value, values};
+use sheaf_tests::hostile::{
+    NAMES_BREAKING_THE_RULE, OWN_COPIES, SIZED, default_arg, random_value, sized_value, values,
+};
 use sheaf_tests::valid_calls::{VALID_CALLS, ValidCall};
 use sheaf_tests::{Rng, fleet, own_database, repo_root};
 use tokio_postgres::Client;
@@ -110,6 +116,10 @@ struct Run {
     calls: usize,
     refused: usize,
     skipped: usize,
+    /// Arguments the size limit was checked on.
+    sized: usize,
+    /// The argument made hostile is sheaf's own copy (`OWN_COPIES`).
+    own_copy: bool,
     slowest: (Duration, String),
     alive: bool,
 }
@@ -155,14 +165,32 @@ impl Run {
         ok
     }
 
-    /// One hostile call in a transaction of its own, rolled back, judged.
-    async fn attempt(&mut self, f: &Function, args: &[String], before: &[i64]) {
+    /// One hostile call in a transaction of its own, rolled back, judged;
+    /// its SQLSTATE if refused.
+    async fn attempt(&mut self, f: &Function, args: &[String], before: &[i64]) -> Option<String> {
         let sql = format!("SELECT * FROM {}({})", f.name, args.join(", "));
         let began = self.db.batch_execute("BEGIN").await;
         let started = Instant::now();
         let result = self.db.query(&sql, &[]).await;
         let took = started.elapsed();
+        // What a call that went through stored, before the rollback.
+        let stored = match &result {
+            Ok(_) if !self.own_copy => self.db.query_one(NAMES_BREAKING_THE_RULE, &[]).await.ok(),
+            _ => None,
+        };
         let _ = self.db.batch_execute("ROLLBACK").await;
+        if let Some(bad) = stored.and_then(|r| r.get::<_, Option<String>>(0)) {
+            self.fail(format!(
+                "{}: stored a name that breaks the name rule ({bad}): {}",
+                f.signature,
+                excerpt(&sql)
+            ));
+        }
+        let code = result
+            .as_ref()
+            .err()
+            .and_then(|e| e.as_db_error())
+            .map(|d| d.code().code().to_owned());
         self.calls += 1;
         if took > self.slowest.0 {
             self.slowest = (took, excerpt(&sql));
@@ -181,7 +209,7 @@ impl Run {
                 excerpt(&sql)
             ));
             self.alive = false;
-            return;
+            return code;
         }
         let after = self.counts().await;
         if after != before {
@@ -190,6 +218,37 @@ impl Run {
                 f.signature,
                 excerpt(&sql)
             ));
+        }
+        code
+    }
+
+    /// The size limit on an argument that takes a caller's value to store
+    /// (`SIZED`): one byte over its limit is refused with 54000, exactly
+    /// the limit is not (it may be refused for something else).
+    async fn size_limit(&mut self, f: &Function, base: &[String], i: usize, before: &[i64]) {
+        let (ty, name) = (&f.types[i], f.names.get(i).map_or("", String::as_str));
+        let Some(&(_, limit)) = SIZED.iter().find(|(n, _)| *n == name) else {
+            return;
+        };
+        if OWN_COPIES.contains(&(f.name.as_str(), name)) {
+            return;
+        }
+        let (Some(over), Some(at)) = (sized_value(ty, limit + 1), sized_value(ty, limit)) else {
+            return;
+        };
+        self.sized += 1;
+        for (value, over_limit) in [(over, true), (at, false)] {
+            let mut args = base.to_vec();
+            args[i] = value;
+            let code = self.attempt(f, &args, before).await;
+            if (code.as_deref() == Some("54000")) != over_limit {
+                self.fail(format!(
+                    "{}: {name} of {} bytes (the limit {limit}): SQLSTATE {code:?}, expected {}",
+                    f.signature,
+                    if over_limit { limit + 1 } else { limit },
+                    if over_limit { "54000" } else { "anything but 54000" }
+                ));
+            }
         }
     }
 
@@ -222,6 +281,8 @@ impl Run {
         let before = self.counts().await;
         for (i, ty) in f.types.iter().enumerate() {
             let name = f.names.get(i).map_or("", String::as_str);
+            // Sheaf's own copy of a name an entry point took: not judged again.
+            self.own_copy = OWN_COPIES.contains(&(f.name.as_str(), name));
             for value in values(ty, name, &base[i]) {
                 if !self.alive {
                     return;
@@ -232,6 +293,9 @@ impl Run {
                 let mut args = base.to_vec();
                 args[i] = value;
                 self.attempt(f, &args, &before).await;
+            }
+            if self.alive {
+                self.size_limit(f, base, i, &before).await;
             }
         }
     }
@@ -246,11 +310,13 @@ impl Run {
         for _ in 0..rounds {
             let mut args = base.to_vec();
             let mut ok = true;
+            self.own_copy = false;
             for (i, ty) in f.types.iter().enumerate() {
                 if rng.below(2) == 0 {
                     continue;
                 }
                 let name = f.names.get(i).map_or("", String::as_str);
+                self.own_copy |= OWN_COPIES.contains(&(f.name.as_str(), name));
                 let value = random_value(rng, ty, name, &base[i]);
                 ok &= self.converts(&value).await;
                 args[i] = value;
@@ -337,6 +403,8 @@ async fn run_shard(url: String, shard: u16, index: usize, shards: usize) -> Run 
         calls: 0,
         refused: 0,
         skipped: 0,
+        sized: 0,
+        own_copy: false,
         slowest: (Duration::ZERO, String::new()),
         alive: true,
     };
@@ -398,12 +466,14 @@ async fn every_function_survives_hostile_arguments() {
     )
     .await;
     let mut failures = Vec::new();
+    let mut sized = 0;
     for run in runs {
         let run = run.expect("a shard's run panicked");
         eprintln!(
-            "hostile: shard {}: {} calls, {} refused, {} values skipped (Postgres cannot convert them), slowest {:?}: {}",
-            run.shard, run.calls, run.refused, run.skipped, run.slowest.0, run.slowest.1
+            "hostile: shard {}: {} calls, {} refused, {} values skipped (Postgres cannot convert them), {} arguments size-checked, slowest {:?}: {}",
+            run.shard, run.calls, run.refused, run.skipped, run.sized, run.slowest.0, run.slowest.1
         );
+        sized += run.sized;
         let _ = run.db.batch_execute("SELECT 1").await;
         failures.extend(run.failures);
         let url = fleet()
@@ -416,6 +486,12 @@ async fn every_function_survives_hostile_arguments() {
         }
     }
     eprintln!("hostile: done in {:?}", started.elapsed());
+    // payload, payloads, input, result, progress and error of enqueue,
+    // enqueue_batch, the starts, signals, completions and failures.
+    assert!(
+        sized >= 15,
+        "the size limit was checked on only {sized} arguments"
+    );
     assert!(
         failures.is_empty(),
         "{} hostile-input failures:\n  {}",

@@ -2,7 +2,7 @@
 
 use pgrx::prelude::*;
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::audit;
 use crate::queue::cancel;
 use crate::workflow::hooks::EXECUTIONS;
@@ -15,12 +15,12 @@ use crate::workflow::hooks::EXECUTIONS;
 /// runs out); it keeps its slot until then. Its execution's history gets
 /// `TaskCancelled`. A workflow task is refused (55000: cancel its
 /// execution), as is a dead letter; an unknown task is P0002. `reason` is
-/// kept (cut at 8 KiB).
+/// kept whole up to the one size limit (1 MiB; longer is 54000).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn cancel_task(task_id: Option<pgrx::Uuid>, reason: default!(Option<&str>, "NULL")) -> bool {
     let task_id = required(task_id, "task_id");
-    let reason = reason.map(|r| sheaf_core::children::cut(r, cancel::MAX_REASON_BYTES));
+    let reason = reason.map(|r| args::text(r, "reason"));
     let cancelled = cancel::cancel(task_id, reason, &EXECUTIONS);
     audit::record(
         "cancel_task",

@@ -1,11 +1,12 @@
 //! Concurrency caps: setting one, and reading every key's use of its slots.
 
 use pgrx::prelude::*;
-use sheaf_core::options::check_concurrency_key;
+use sheaf_core::options::{MAX_CONCURRENCY_KEY_BYTES, check_concurrency_key};
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::audit;
 use crate::base::errors::bad_argument;
+use crate::base::names::{self, Kind};
 use crate::queue::{caps, stats};
 
 /// Sets the cap of a concurrency key (`max_running` NULL removes it). Keys
@@ -19,6 +20,13 @@ fn set_concurrency_limit(key: Option<&str>, max_running: Option<i32>) {
     let key = required(key, "key");
     if let Err(why) = check_concurrency_key(key) {
         bad_argument("key", why);
+    }
+    // The name rule (`args::new_name`) on a cap set; removing one is a
+    // lookup, and a key with a cap or slots in use keeps working.
+    if max_running.is_some() {
+        args::new_name(key, "key", MAX_CONCURRENCY_KEY_BYTES, || {
+            names::stored(Kind::ConcurrencyKey, key)
+        });
     }
     if let Some(m) = max_running
         && m < 0

@@ -3,11 +3,11 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::children::ChildOptions;
+use sheaf_core::children::{ChildOptions, MAX_MESSAGE_BYTES};
 
-use crate::api::executions::check_workflow_id;
+use crate::api::executions::{check_new_workflow, check_workflow_id};
 use crate::base::args::{self, required};
-use crate::base::errors::{bad_argument, require_read_committed};
+use crate::base::errors::{bad_argument, require_read_committed, too_large};
 use crate::base::jsonb::Jsonb;
 use crate::base::topology;
 use crate::workflow::{children, policy};
@@ -42,9 +42,10 @@ fn start_child(
     let parent = required(parent_id, "parent_id");
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    let input = required(input, "input").checked("input");
+    let input = required(input, "input").sized("input");
     let opts = required(opts, "opts").parse("opts");
     let o = ChildOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
+    check_new_workflow(name, workflow_id);
     topology::check_declared();
     TableIterator::once(children::start_child(parent, name, workflow_id, input, &o))
 }
@@ -60,6 +61,19 @@ fn cancel_child(
 ) -> bool {
     let parent = required(parent_id, "parent_id");
     let child = required(child_id, "child_id");
+    // The relay carries a reason to a child on another shard in a message
+    // of at most 8 KiB: a longer one is refused here, never cut there.
+    if let Some(r) = reason
+        && r.len() > MAX_MESSAGE_BYTES
+    {
+        too_large(
+            "reason",
+            format!(
+                "is {} bytes; the limit for a child's reason is {MAX_MESSAGE_BYTES} bytes",
+                r.len()
+            ),
+        );
+    }
     children::cancel_child(parent, child, reason)
 }
 

@@ -1,11 +1,13 @@
 //! The claim: validate, claim, return the tasks.
 
 use pgrx::prelude::*;
+use sheaf_core::options::MAX_KEY_BYTES;
 
 use crate::base::args::{self, required};
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
+use crate::base::names::{self, Kind};
 use crate::queue::complete as queue_complete;
 use crate::queue::{claim, queues};
 
@@ -121,6 +123,11 @@ fn claim_args<'a>(
 ) -> (&'a str, &'a str, i32, f64) {
     let name = queues::check_name(queue);
     let worker = args::key(worker, "worker");
+    // The name rule (`args::new_name`): the worker's name goes on each task
+    // it leases; one in the registry keeps working.
+    args::new_name(worker, "worker", MAX_KEY_BYTES, || {
+        names::stored(Kind::Worker, worker)
+    });
     let batch = required(batch, "batch");
     if !(1..=claim::MAX_BATCH).contains(&batch) {
         bad_argument("batch", format!("must be 1 to {}, got {batch}", claim::MAX_BATCH));

@@ -2,7 +2,7 @@
 
 use pgrx::prelude::*;
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
@@ -19,7 +19,7 @@ use crate::workflow::lifecycle::Close;
 fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Option<Jsonb>, "NULL")) {
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
-    let result = result.map(|r| r.parse("result"));
+    let result = result.map(|r| r.sized("result").parse("result"));
     complete::complete(task_id, token, result, &EXECUTIONS);
 }
 
@@ -35,7 +35,7 @@ fn complete(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: default!(Op
 fn complete_task_and_execution(task_id: Option<pgrx::Uuid>, token: Option<i64>, result: Option<Jsonb>) {
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
-    let result = result.map(|r| r.parse("result"));
+    let result = result.map(|r| r.sized("result").parse("result"));
     hooks::close_with_task(task_id, token, result.clone(), Close::Completed { result });
 }
 
@@ -48,7 +48,7 @@ fn complete_task_and_execution(task_id: Option<pgrx::Uuid>, token: Option<i64>, 
 fn complete_task_and_fail_execution(task_id: Option<pgrx::Uuid>, token: Option<i64>, error: Option<&str>) {
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
-    let error = required(error, "error").to_owned();
+    let error = args::text(required(error, "error"), "error").to_owned();
     hooks::close_with_task(task_id, token, None, Close::Failed { error });
 }
 
@@ -67,7 +67,7 @@ fn complete_task_and_continue_as_new(
     require_read_committed("complete_task_and_continue_as_new");
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
-    let input = required(input, "input").checked("input");
+    let input = required(input, "input").sized("input");
     continuation::with_task(task_id, token, input)
 }
 

@@ -1,13 +1,14 @@
 //! Enqueueing: validate, insert, return the ids.
 
 use pgrx::prelude::*;
-use sheaf_core::options::EnqueueOptions;
+use sheaf_core::options::{EnqueueOptions, MAX_CONCURRENCY_KEY_BYTES, MAX_KEY_BYTES, MAX_QUEUE_NAME_BYTES};
 use sheaf_core::placement::{Admission, Pin, Projection};
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::errors::{bad_argument, internal, misplaced};
 use crate::base::jsonb::Jsonb;
 use crate::base::list::List;
+use crate::base::names::{self, Kind};
 use crate::base::topology;
 use crate::queue::{enqueue, queues};
 use crate::workflow::executions::INTAKE;
@@ -20,7 +21,7 @@ use crate::workflow::executions::INTAKE;
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn enqueue(queue: Option<&str>, payload: Option<Jsonb>, opts: default!(Option<Jsonb>, "'{}'")) -> pgrx::Uuid {
-    let payload = required(payload, "payload").checked("payload");
+    let payload = required(payload, "payload").sized("payload");
     let ids = enqueue_many(queue, vec![payload], opts);
     // One payload, one id: `insert` answers with an id per payload.
     ids.into_iter()
@@ -52,9 +53,29 @@ fn enqueue_batch(
         .into_items("payloads")
         .into_iter()
         .enumerate()
-        .map(|(i, p)| p.checked(&format!("payloads[{}]", i + 1)))
+        .map(|(i, p)| p.sized(&format!("payloads[{}]", i + 1)))
         .collect();
     SetOfIterator::new(enqueue_many(queue, payloads, opts))
+}
+
+/// The name rule (`args::new_name`) on what an enqueue stores: its queue
+/// (a queue that exists keeps working) and its keys.
+fn check_new_names(queue: &str, o: &EnqueueOptions) {
+    args::new_name(queue, "queue", MAX_QUEUE_NAME_BYTES, || {
+        names::stored(Kind::Queue, queue)
+    });
+    args::new_key(
+        o.idempotency_key.as_deref(),
+        "opts.idempotency_key",
+        MAX_KEY_BYTES,
+    );
+    args::new_key(
+        o.concurrency_key.as_deref(),
+        "opts.concurrency_key",
+        MAX_CONCURRENCY_KEY_BYTES,
+    );
+    args::new_key(o.fairness_key.as_deref(), "opts.fairness_key", MAX_KEY_BYTES);
+    args::new_key(o.rate_key.as_deref(), "opts.rate_key", MAX_KEY_BYTES);
 }
 
 fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<Jsonb>) -> Vec<pgrx::Uuid> {
@@ -64,6 +85,7 @@ fn enqueue_many(queue: Option<&str>, payloads: Vec<Jsonb>, opts: Option<Jsonb>) 
         Ok(o) => o,
         Err(e) => bad_argument(&e.option, e.why),
     };
+    check_new_names(name, &o);
     // A task of an execution goes where its execution is: routed by id.
     if o.execution_id.is_none() {
         topology::check_declared();

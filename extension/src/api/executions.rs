@@ -2,13 +2,16 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::excerpt::quoted;
+use sheaf_core::options::{MAX_KEY_BYTES, MAX_QUEUE_NAME_BYTES};
 use sheaf_core::placement::{Admission, Projection};
 use sheaf_core::policy::StartOptions;
+use sheaf_core::search::MAX_ATTR_KEY_BYTES;
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
+use crate::base::clock;
 use crate::base::errors::{bad_argument, misplaced, require_read_committed};
 use crate::base::jsonb::Jsonb;
+use crate::base::names::{self, Kind};
 use crate::base::topology;
 use crate::workflow::{debounce, executions, policy, start};
 
@@ -50,11 +53,12 @@ fn start_workflow(
     require_read_committed("start_workflow");
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    let input = required(input, "input").checked("input");
+    let input = required(input, "input").sized("input");
     let opts = required(opts, "opts").parse("opts");
     let mut o = start_options(&opts);
     // A debounced start is placed by its key, and not listed as misplaced.
     o.record_placement = o.debounce.is_none();
+    check_new_start(name, workflow_id, &o);
     topology::check_declared();
     let owner = owner_elsewhere(name, workflow_id, &o);
     TableIterator::once(match &o.debounce {
@@ -90,7 +94,41 @@ pub(crate) fn owner_elsewhere(name: &str, workflow_id: &str, o: &StartOptions) -
     }
 }
 
-/// A start's `opts`, checked (`run_at` a finite timestamp).
+/// The name rule (`args::new_name`) on what a start stores: the workflow's
+/// name and id (stored ones keep working: a name with a policy or an
+/// execution here, an id with an execution of that name), and from `o`
+/// the queue (one that exists keeps working), the debounce key and the
+/// search-attribute keys.
+pub(crate) fn check_new_start(name: &str, workflow_id: &str, o: &StartOptions) {
+    check_new_workflow(name, workflow_id);
+    if let Some(q) = &o.queue {
+        args::new_name(q, "opts.queue", MAX_QUEUE_NAME_BYTES, || {
+            names::stored(Kind::Queue, q)
+        });
+    }
+    args::new_key(
+        o.debounce.as_ref().map(|d| d.key.as_str()),
+        "opts.debounce.key",
+        MAX_KEY_BYTES,
+    );
+    if let Some(serde_json::Value::Object(attrs)) = &o.search_attrs {
+        for key in attrs.keys() {
+            args::new_key(Some(key), "opts.search_attrs", MAX_ATTR_KEY_BYTES);
+        }
+    }
+}
+
+/// The name rule on a new execution's workflow name and id.
+pub(crate) fn check_new_workflow(name: &str, workflow_id: &str) {
+    args::new_name(name, "name", MAX_KEY_BYTES, || {
+        names::stored(Kind::Workflow, name)
+    });
+    args::new_name(workflow_id, "workflow_id", MAX_KEY_BYTES, || {
+        names::stored(Kind::WorkflowId(name), workflow_id)
+    });
+}
+
+/// A start's `opts`, checked (`run_at` within `clock::run_at`'s bounds).
 pub(crate) fn start_options(opts: &serde_json::Value) -> StartOptions {
     let o = match StartOptions::parse(opts) {
         Ok(o) => o,
@@ -102,13 +140,8 @@ pub(crate) fn start_options(opts: &serde_json::Value) -> StartOptions {
             "a debounced start is due when its window ends: give run_at or debounce, not both",
         );
     }
-    if let Some(s) = &o.run_at
-        && !matches!(s.parse::<TimestampWithTimeZone>(), Ok(t) if t.is_finite())
-    {
-        bad_argument(
-            "opts.run_at",
-            format!("must be a finite timestamp with time zone, got {}", quoted(s)),
-        );
+    if let Some(s) = &o.run_at {
+        clock::run_at(s, "opts.run_at");
     }
     o
 }
@@ -261,6 +294,7 @@ fn cancel_pending_start(
     let name = policy::check_name(name);
     let key = required(debounce_key, "debounce_key");
     check_debounce_key(key);
+    let reason = reason.map(|r| args::text(r, "reason"));
     let cancelled = debounce::cancel(name, key, reason);
     crate::base::audit::record(
         "cancel_pending_start",

@@ -6,7 +6,7 @@ use pgrx::prelude::*;
 use crate::base::args::required;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
-use crate::workflow::history::{self, MAX_EVENT_BYTES, MAX_PAGE, is_own_event_type};
+use crate::workflow::history::{self, MAX_PAGE, is_own_event_type};
 
 /// Appends an event to an active execution's history; returns its seq.
 /// A closed history (terminal execution) refuses with 55000.
@@ -15,7 +15,7 @@ use crate::workflow::history::{self, MAX_EVENT_BYTES, MAX_PAGE, is_own_event_typ
 fn append_event(execution_id: Option<pgrx::Uuid>, event_type: Option<&str>, payload: Option<Jsonb>) -> i64 {
     let id = required(execution_id, "execution_id");
     let event_type = required(event_type, "event_type");
-    let payload = required(payload, "payload").checked("payload");
+    let payload = required(payload, "payload").sized("payload");
     if event_type.is_empty() || event_type.len() > 128 {
         bad_argument(
             "event_type",
@@ -26,13 +26,6 @@ fn append_event(execution_id: Option<pgrx::Uuid>, event_type: Option<&str>, payl
         bad_argument(
             "event_type",
             format!("{event_type} is one of sheaf's own event types; name yours otherwise"),
-        );
-    }
-    let size = payload.compact_len();
-    if size > MAX_EVENT_BYTES {
-        bad_argument(
-            "payload",
-            format!("must be at most {MAX_EVENT_BYTES} bytes of JSON, got {size}"),
         );
     }
     history::append_to_active(id, event_type, payload)

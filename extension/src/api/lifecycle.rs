@@ -4,7 +4,7 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::audit;
 use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
@@ -26,7 +26,7 @@ fn execution_arg(id: Option<pgrx::Uuid>) -> pgrx::Uuid {
 fn continue_as_new(execution_id: Option<pgrx::Uuid>, input: Option<Jsonb>) -> pgrx::Uuid {
     require_read_committed("continue_as_new");
     let id = execution_arg(execution_id);
-    let input = required(input, "input").checked("input");
+    let input = required(input, "input").sized("input");
     continuation::continue_as_new(id, input)
 }
 
@@ -34,7 +34,7 @@ fn continue_as_new(execution_id: Option<pgrx::Uuid>, input: Option<Jsonb>) -> pg
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn complete_execution(execution_id: Option<pgrx::Uuid>, result: Option<Jsonb>) -> bool {
-    let result = result.map(|r| r.parse("result"));
+    let result = result.map(|r| r.sized("result").parse("result"));
     lifecycle::close(execution_arg(execution_id), Close::Completed { result })
 }
 
@@ -43,7 +43,7 @@ fn complete_execution(execution_id: Option<pgrx::Uuid>, result: Option<Jsonb>) -
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn fail_execution(execution_id: Option<pgrx::Uuid>, error: Option<&str>) -> bool {
     let id = execution_arg(execution_id);
-    let error = required(error, "error").to_owned();
+    let error = args::text(required(error, "error"), "error").to_owned();
     lifecycle::close(id, Close::Failed { error })
 }
 
@@ -55,7 +55,7 @@ fn cancel_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> b
     lifecycle::close(
         id,
         Close::Cancelled {
-            reason: reason.map(str::to_owned),
+            reason: reason.map(|r| args::text(r, "reason").to_owned()),
         },
     )
 }
@@ -68,7 +68,7 @@ fn terminate_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -
     let ended = lifecycle::close(
         id,
         Close::Terminated {
-            reason: reason.map(str::to_owned),
+            reason: reason.map(|r| args::text(r, "reason").to_owned()),
         },
     );
     audit::record(

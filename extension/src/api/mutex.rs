@@ -3,9 +3,11 @@
 
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
+use sheaf_core::options::MAX_KEY_BYTES;
 
 use crate::base::args::{self, required};
 use crate::base::errors::require_read_committed;
+use crate::base::names::{self, Kind};
 use crate::base::topology;
 use crate::mutex;
 
@@ -30,6 +32,8 @@ fn mutex_acquire(
 > {
     require_read_committed("mutex_acquire");
     let key = args::key(key, "key");
+    // The name rule (`args::new_name`): a key held or waited on keeps working.
+    args::new_name(key, "key", MAX_KEY_BYTES, || names::stored(Kind::Mutex, key));
     let owner = required(owner, "owner");
     let lease_secs = args::lease_secs("lease", required(lease, "lease"));
     // A key's home is placed like a start: a client this shard's fleet no

@@ -1,12 +1,14 @@
 //! Workflow policies: declaring one.
 
 use pgrx::prelude::*;
+use sheaf_core::options::{MAX_KEY_BYTES, MAX_QUEUE_NAME_BYTES};
 use sheaf_core::policy::WorkflowPolicy;
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
+use crate::base::names::{self, Kind};
 use crate::workflow::policy;
 
 /// Declares (or replaces) a workflow's policy; every field is optional:
@@ -24,6 +26,14 @@ fn declare_workflow(name: Option<&str>, policy: Option<Jsonb>) {
         Ok(p) => p,
         Err(e) => bad_argument(&e.option, e.why),
     };
+    // The name rule (`args::new_name`): a name with a policy or an
+    // execution here, or a queue that exists, keeps working.
+    args::new_name(name, "name", MAX_KEY_BYTES, || {
+        names::stored(Kind::Workflow, name)
+    });
+    args::new_name(&parsed.queue, "policy.queue", MAX_QUEUE_NAME_BYTES, || {
+        names::stored(Kind::Queue, &parsed.queue)
+    });
     policy::store(name, &parsed);
     audit::record("declare_workflow", name, "ok", policy);
 }

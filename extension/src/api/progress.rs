@@ -3,7 +3,7 @@
 use pgrx::prelude::*;
 
 use crate::base::args::required;
-use crate::base::errors::bad_argument;
+use crate::base::errors::too_large;
 use crate::base::jsonb::Jsonb;
 use crate::queue::progress;
 
@@ -19,11 +19,13 @@ fn set_progress(task_id: Option<pgrx::Uuid>, token: Option<i64>, progress: Optio
     let token = required(token, "token");
     let value = required(progress, "progress").checked("progress");
     let len = value.compact_len();
+    // Tighter than the one size limit: progress is rewritten often, read
+    // while the task runs. Refused as too large all the same (54000).
     if len > progress::MAX_PROGRESS_BYTES {
-        bad_argument(
+        too_large(
             "progress",
             format!(
-                "must be at most {} bytes of JSON, got {len}",
+                "is {len} bytes of JSON; the limit for progress is {} bytes",
                 progress::MAX_PROGRESS_BYTES
             ),
         );

@@ -1,12 +1,13 @@
 //! Queue configuration and removal: `configure_queue`, `drop_queue`.
 
 use pgrx::prelude::*;
-use sheaf_core::options::QueueOptions;
+use sheaf_core::options::{MAX_QUEUE_NAME_BYTES, QueueOptions};
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
+use crate::base::names::{self, Kind};
 use crate::queue::queues;
 use crate::workflow::hooks::EXECUTIONS;
 
@@ -21,6 +22,11 @@ use crate::workflow::hooks::EXECUTIONS;
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn configure_queue(queue: Option<&str>, opts: Option<Jsonb>) -> pgrx::JsonB {
     let name = queues::check_name(queue);
+    // The name rule (`args::new_name`): configuring creates a queue that
+    // does not exist; one that exists keeps working.
+    args::new_name(name, "queue", MAX_QUEUE_NAME_BYTES, || {
+        names::stored(Kind::Queue, name)
+    });
     let opts = required(opts, "opts").parse("opts");
     let parsed = match QueueOptions::parse(&opts) {
         Ok(o) => o,

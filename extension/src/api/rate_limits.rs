@@ -3,9 +3,10 @@
 
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
+use sheaf_core::options::MAX_KEY_BYTES;
 use sheaf_core::rate::Pace;
 
-use crate::base::args::{delay_secs, required};
+use crate::base::args::{self, delay_secs, required};
 use crate::base::errors::{bad_argument, not_ready};
 use crate::base::jsonb::Jsonb;
 use crate::base::{audit, clock};
@@ -24,6 +25,9 @@ const MAX_OVERRIDE_US: i64 = 366 * 86_400 * 1_000_000;
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn declare_rate_limit(name: Option<&str>, spec: Option<Jsonb>) -> pgrx::JsonB {
     let name = rate::check_name(name, "name");
+    // The name rule (`args::new_name`): a limit declared already may be
+    // declared again.
+    args::new_name(name, "name", MAX_KEY_BYTES, || rate::declared(name).is_some());
     let spec = required(spec, "spec").parse("spec");
     let stored = rate::declare(name, &spec);
     audit::record("declare_rate_limit", name, "ok", stored.clone());

@@ -29,9 +29,9 @@ fn fail(
 > {
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
-    let error = retry::cut_error(required(error, "error"));
+    let error = args::text(required(error, "error"), "error");
     let retry_secs = retry_in.map(|r| args::delay_secs("retry_in", r, retry::MAX_RETRY_SECS));
-    TableIterator::new(vec![retry::fail(task_id, token, &error, retry_secs, &EXECUTIONS)])
+    TableIterator::new(vec![retry::fail(task_id, token, error, retry_secs, &EXECUTIONS)])
 }
 
 /// Gives a task claimed under `token` back to run again after `delay` (0
@@ -59,6 +59,6 @@ fn snooze(task_id: Option<pgrx::Uuid>, token: Option<i64>, delay: Option<Interva
 fn dead_letter(task_id: Option<pgrx::Uuid>, token: Option<i64>, error: Option<&str>) {
     let task_id = required(task_id, "task_id");
     let token = required(token, "token");
-    let error = retry::cut_error(required(error, "error"));
-    retry::dead_letter(task_id, token, &error, &EXECUTIONS);
+    let error = args::text(required(error, "error"), "error");
+    retry::dead_letter(task_id, token, error, &EXECUTIONS);
 }

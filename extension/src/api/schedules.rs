@@ -3,8 +3,9 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
+use sheaf_core::options::MAX_KEY_BYTES;
 
-use crate::base::args::required;
+use crate::base::args::{self, required};
 use crate::base::audit;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
@@ -20,6 +21,9 @@ use crate::workflow::schedules;
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn create_schedule(name: Option<&str>, spec: Option<Jsonb>) -> TimestampWithTimeZone {
     let name = schedules::check_name(name);
+    // The name rule (`args::new_name`): a new schedule's name is new (one
+    // taken is refused with 55000 anyway).
+    args::new_name(name, "name", MAX_KEY_BYTES, || false);
     let spec = required(spec, "spec").parse("spec");
     let next = schedules::create(name, &spec);
     audit::record("create_schedule", name, "ok", spec);

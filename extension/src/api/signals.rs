@@ -4,12 +4,11 @@ use pgrx::prelude::*;
 
 use sheaf_core::options::SignalOptions;
 
-use crate::api::executions::{check_workflow_id, owner_elsewhere, start_options};
+use crate::api::executions::{check_new_start, check_workflow_id, owner_elsewhere, start_options};
 use crate::base::args::required;
 use crate::base::errors::{bad_argument, misplaced, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::base::topology;
-use crate::workflow::history::MAX_EVENT_BYTES;
 use crate::workflow::{policy, signals, start};
 
 /// Delivers `signal` (1 to 128 bytes) with `payload` (at most 1 MiB of
@@ -58,7 +57,7 @@ fn signal_with_start(
     require_read_committed("signal_with_start");
     let name = policy::check_name(name);
     let workflow_id = check_workflow_id(workflow_id);
-    let input = required(input, "input").checked("input");
+    let input = required(input, "input").sized("input");
     let signal = check_signal(signal);
     let payload = check_payload(payload);
     let mut opts = required(opts, "opts").parse("opts");
@@ -73,6 +72,7 @@ fn signal_with_start(
     };
     let mut o = start_options(&opts);
     o.record_placement = true;
+    check_new_start(name, workflow_id, &o);
     if o.debounce.is_some() {
         bad_argument(
             "opts.debounce",
@@ -97,17 +97,9 @@ pub(crate) fn check_signal(signal: Option<&str>) -> &str {
     name
 }
 
-/// A signal's payload: at most 1 MiB of JSON.
+/// A signal's payload: at most the one size limit (1 MiB of JSON).
 pub(crate) fn check_payload(payload: Option<Jsonb>) -> Jsonb {
-    let payload = required(payload, "payload").checked("payload");
-    let size = payload.compact_len();
-    if size > MAX_EVENT_BYTES {
-        bad_argument(
-            "payload",
-            format!("must be at most {MAX_EVENT_BYTES} bytes of JSON, got {size}"),
-        );
-    }
-    payload
+    required(payload, "payload").sized("payload")
 }
 
 #[cfg(any(test, feature = "pg_test"))]

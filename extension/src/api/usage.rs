@@ -63,7 +63,7 @@ fn usage_report(
     }))
 }
 
-/// Records metered units (a flat object of up to 32 finite numbers, e.g.
+/// Records metered units (a flat object of up to 32 numbers from -1e15 to 1e15, e.g.
 /// `{"llm_calls": 1, "input_tokens": 812}`) against an execution of this
 /// shard, now; `usage_report` sums them per group in `metered`.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]

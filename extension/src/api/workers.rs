@@ -1,10 +1,12 @@
 //! The live-worker registry: heartbeats in, live workers out.
 
 use pgrx::prelude::*;
+use sheaf_core::options::MAX_KEY_BYTES;
 
 use crate::base::args::{self, required};
 use crate::base::errors::bad_argument;
 use crate::base::list::List;
+use crate::base::names::{self, Kind};
 use crate::queue::{queues, workers};
 
 /// Records that `worker` is alive and serving `queues`. Call it more often
@@ -13,6 +15,10 @@ use crate::queue::{queues, workers};
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn worker_heartbeat(worker: Option<&str>, queues: Option<List<String>>) {
     let worker = args::key(worker, "worker");
+    // The name rule (`args::new_name`): a registered worker keeps beating.
+    args::new_name(worker, "worker", MAX_KEY_BYTES, || {
+        names::stored(Kind::Worker, worker)
+    });
     let names = required(queues, "queues");
     if names.len() > 1_000 {
         bad_argument(

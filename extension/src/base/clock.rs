@@ -3,6 +3,10 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
+use sheaf_core::excerpt::quoted;
+use sheaf_core::hygiene::check_run_at;
+
+use crate::base::errors::bad_argument;
 
 /// PostgreSQL counts from 2000-01-01; Unix from 1970-01-01.
 const PG_EPOCH_US: i64 = 946_684_800_000_000;
@@ -29,4 +33,20 @@ pub fn from_us(us: i64) -> TimestampWithTimeZone {
             TimestampWithTimeZone::negative_infinity()
         }
     })
+}
+
+/// A caller's `run_at`: a timestamp with time zone from the Unix epoch to
+/// the end of year 9999 UTC (`sheaf_core::hygiene::check_run_at`), else
+/// 22023 naming `arg`.
+pub fn run_at(text: &str, arg: &str) -> TimestampWithTimeZone {
+    match text.parse::<TimestampWithTimeZone>() {
+        Ok(t) if t.is_finite() && check_run_at(to_us(t)).is_ok() => t,
+        _ => bad_argument(
+            arg,
+            format!(
+                "must be a timestamp with time zone from 1970-01-01 00:00:00 UTC to 9999-12-31 23:59:59.999999 UTC, got {}",
+                quoted(text)
+            ),
+        ),
+    }
 }

@@ -21,6 +21,7 @@ pub const RAISED: &[PgSqlErrorCode] = &[
     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
     PgSqlErrorCode::ERRCODE_OPERATOR_INTERVENTION,
     PgSqlErrorCode::ERRCODE_CHECK_VIOLATION,
+    PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
 ];
 
 /// 22023: an argument has a value sheaf cannot accept. `arg` names it.
@@ -29,6 +30,16 @@ pub fn bad_argument(arg: &str, why: impl std::fmt::Display) -> ! {
         ERROR,
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         format!("invalid {arg}: {why}")
+    );
+}
+
+/// 54000: a value is larger than sheaf stores (`sheaf_core::hygiene`'s one
+/// size limit); `arg` names it, `why` its size and the limit.
+pub fn too_large(arg: &str, why: impl std::fmt::Display) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("{arg} is too large: {why}")
     );
 }
 

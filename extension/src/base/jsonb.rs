@@ -13,6 +13,7 @@ use pgrx::nullable::Nullable;
 use pgrx::pg_sys;
 use sheaf_core::nesting::check_depth;
 
+use crate::base::args::within_size;
 use crate::base::errors::{bad_argument, internal};
 
 #[derive(Clone, PartialEq, Eq)]
@@ -37,6 +38,17 @@ impl Jsonb {
             bad_argument(arg, why);
         }
         self
+    }
+
+    /// A caller's value as an entry point stores it: checked for nesting,
+    /// and at most the one size limit of compact JSON text
+    /// (`sheaf_core::hygiene::MAX_VALUE_BYTES`; 54000 naming `arg`, never
+    /// cut). Sheaf's own copies of a value accepted here (a move's staging,
+    /// a result the relay carries) are not measured again.
+    pub fn sized(self, arg: &str) -> Jsonb {
+        let checked = self.checked(arg);
+        within_size(checked.compact_len(), arg);
+        checked
     }
 
     /// The value as serde_json reads it, for sheaf's own use (options,

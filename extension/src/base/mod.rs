@@ -9,6 +9,7 @@ pub mod ids;
 pub mod jsonb;
 pub mod list;
 pub mod locks;
+pub mod names;
 pub mod plans;
 pub mod rows;
 pub mod shard;

@@ -19,9 +19,6 @@ use crate::base::rows::row;
 use crate::queue::caps;
 use crate::queue::hooks::{ExecutionHooks, Outcome, TaskEvent};
 
-/// The longest reason kept; longer ones are cut.
-pub const MAX_REASON_BYTES: usize = 8_192;
-
 /// Whether this catalog has cancellations (a 0.1.0 catalog, under a newer
 /// library before `ALTER EXTENSION sheaf UPDATE`, has none).
 pub fn enabled() -> bool {
@@ -433,7 +430,7 @@ mod tests {
                     pgrx::JsonB(json!("x".repeat(70_000))).into()
                 ]
             ),
-            "ERRCODE_INVALID_PARAMETER_VALUE"
+            "ERRCODE_PROGRAM_LIMIT_EXCEEDED"
         );
         Spi::run_with_args("SELECT sheaf.complete($1, $2)", &[id.into(), token.into()]).unwrap();
         let pruned = Spi::get_one::<i64>("SELECT (sheaf.maintain()->>'progress_pruned')::bigint")

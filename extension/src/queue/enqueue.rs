@@ -244,15 +244,7 @@ impl NewTasks<'_> {
 }
 
 fn parse_run_at(o: &EnqueueOptions) -> Option<TimestampWithTimeZone> {
-    o.run_at
-        .as_deref()
-        .map(|s| match s.parse::<TimestampWithTimeZone>() {
-            Ok(t) if t.is_finite() => t,
-            _ => bad_argument(
-                "opts.run_at",
-                format!("must be a finite timestamp with time zone, got {}", quoted(s)),
-            ),
-        })
+    o.run_at.as_deref().map(|s| clock::run_at(s, "opts.run_at"))
 }
 
 /// A fairness key on a queue that does not share claims by it would be

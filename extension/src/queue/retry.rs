@@ -14,8 +14,6 @@ use crate::queue::{caps, dead_letters, lease, tasks};
 
 /// The longest explicit `retry_in`.
 pub const MAX_RETRY_SECS: f64 = 365.0 * 86_400.0;
-/// The longest error text kept; longer ones are cut (and say so).
-pub const MAX_ERROR_BYTES: usize = 8_192;
 
 macro_rules! running {
     ($catalog:tt) => {
@@ -75,19 +73,6 @@ fn lock_running(task_id: pgrx::Uuid, token: i64) -> Running {
         .unwrap_or_else(|| lease::not_running(task_id, token))
 }
 
-/// An error text as kept: cut at `MAX_ERROR_BYTES` (on a character
-/// boundary), saying so.
-pub fn cut_error(error: &str) -> String {
-    if error.len() <= MAX_ERROR_BYTES {
-        return error.to_owned();
-    }
-    let mut cut = MAX_ERROR_BYTES;
-    while !error.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}… [cut at {MAX_ERROR_BYTES} bytes]", &error[..cut])
-}
-
 /// The default delay before attempt `attempts + 1`: exponential, with jitter.
 fn backoff_secs(attempts: i32) -> f64 {
     let jitter = (uuid::Uuid::new_v4().as_u64_pair().1 >> 11) as f64 / (1u64 << 53) as f64;
@@ -101,8 +86,8 @@ fn transaction_start() -> TimestampWithTimeZone {
     TimestampWithTimeZone::try_from(now).unwrap_or_else(|_| internal("reading the transaction's start time"))
 }
 
-/// Records a failed attempt of a task claimed under `token` (`error` as
-/// kept, see `cut_error`). Until its attempts run out it is retried after
+/// Records a failed attempt of a task claimed under `token` (`error` whole:
+/// the entry point refused one over the size limit). Until its attempts run out it is retried after
 /// `retry_secs`, or by default after an exponential backoff with jitter;
 /// then it moves to the dead letters. Its execution hears of either through
 /// `hooks`. Returns when it will run again (`None` once dead-lettered), and

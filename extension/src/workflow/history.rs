@@ -11,8 +11,6 @@ use crate::base::plans::Stmt;
 use crate::base::rows::row;
 use crate::workflow::{executions, quota};
 
-/// The largest event payload, in bytes of its JSON text.
-pub const MAX_EVENT_BYTES: usize = 1 << 20;
 /// The most events one page of history holds.
 pub const MAX_PAGE: i32 = 10_000;
 /// The event types sheaf itself appends: a caller's `append_event` may not

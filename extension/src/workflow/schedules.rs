@@ -11,12 +11,14 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use sheaf_core::options::EnqueueOptions;
+use sheaf_core::options::{EnqueueOptions, MAX_CONCURRENCY_KEY_BYTES, MAX_KEY_BYTES, MAX_QUEUE_NAME_BYTES};
 use sheaf_core::schedule::{self, Action, Overlap, Spec};
 
+use crate::base::args;
 use crate::base::catalog::{self, Feature};
 use crate::base::errors::{bad_argument, not_found, not_ready};
 use crate::base::jsonb::Jsonb;
+use crate::base::names::{self, Kind};
 use crate::base::plans::Stmt;
 use crate::base::rows::row;
 use crate::base::subxact;
@@ -192,6 +194,40 @@ pub fn check_name(name: Option<&str>) -> &str {
     name
 }
 
+/// The name rule (`args::new_name`) on the names a spec's fires would
+/// store, when the spec is given (a stored spec fires as it was accepted):
+/// the workflow's name or the task's queue (stored ones keep working), and
+/// the keys of their options.
+fn check_new_names(action: &Action) {
+    match action {
+        Action::Workflow { name, opts, .. } => {
+            args::new_name(name, "spec.workflow.name", MAX_KEY_BYTES, || {
+                names::stored(Kind::Workflow, name)
+            });
+            if let Some(q) = &opts.queue {
+                args::new_name(q, "spec.workflow.opts.queue", MAX_QUEUE_NAME_BYTES, || {
+                    names::stored(Kind::Queue, q)
+                });
+            }
+        }
+        Action::Task { queue, opts, .. } => {
+            args::new_name(queue, "spec.task.queue", MAX_QUEUE_NAME_BYTES, || {
+                names::stored(Kind::Queue, queue)
+            });
+            args::new_key(
+                opts.concurrency_key.as_deref(),
+                "spec.task.opts.concurrency_key",
+                MAX_CONCURRENCY_KEY_BYTES,
+            );
+            args::new_key(
+                opts.fairness_key.as_deref(),
+                "spec.task.opts.fairness_key",
+                MAX_KEY_BYTES,
+            );
+        }
+    }
+}
+
 fn parse(spec: &serde_json::Value) -> Spec {
     Spec::parse(spec).unwrap_or_else(|e| bad_argument(&e.option, e.why))
 }
@@ -250,6 +286,7 @@ fn excerpt(name: &str) -> String {
 pub fn create(name: &str, spec: &serde_json::Value) -> TimestampWithTimeZone {
     require_enabled();
     let spec = parse(spec);
+    check_new_names(&spec.action);
     let next = first_fire(&spec);
     let created: Option<TimestampWithTimeZone> = INSERT.value(
         &[
@@ -301,6 +338,11 @@ pub fn update(name: &str, patch: &serde_json::Value) -> TimestampWithTimeZone {
         }
     }
     let spec = parse(&merged);
+    // A patch naming the action gives its names anew; one that does not
+    // keeps the stored action as it was accepted.
+    if patch_fields.contains_key("workflow") || patch_fields.contains_key("task") {
+        check_new_names(&spec.action);
+    }
     let next = first_fire(&spec);
     REPLACE.one_value(
         &[

@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 
 use sheaf_core::excerpt::quoted;
 use sheaf_core::page::SortOrder;
-use sheaf_core::search::{Filter, Param, merge_attrs};
+use sheaf_core::search::{Filter, MAX_ATTR_KEY_BYTES, Param, merge_attrs};
 
+use crate::base::args;
 use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::{Stmt, select_once};
@@ -34,7 +35,17 @@ const SET_ATTRS: Stmt = Stmt::write(
 pub fn upsert(id: pgrx::Uuid, update: Value) -> Value {
     executions::lock_active(id, "change its search attributes");
     let current: Jsonb = ATTRS.one_value(&[id.into()], "reading search attributes");
-    let merged = match merge_attrs("attrs", &current.parse("search_attrs"), &update) {
+    let current = current.parse("search_attrs");
+    // The name rule (`args::new_name`) on a key this adds; one the execution
+    // has keeps working.
+    if let Some(keys) = update.as_object() {
+        for (key, value) in keys {
+            if !value.is_null() {
+                args::new_name(key, "attrs", MAX_ATTR_KEY_BYTES, || current.get(key).is_some());
+            }
+        }
+    }
+    let merged = match merge_attrs("attrs", &current, &update) {
         Ok(merged) => merged,
         Err(e) => bad_argument(&e.option, e.why),
     };

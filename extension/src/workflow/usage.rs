@@ -252,7 +252,7 @@ mod tests {
     }
 
     #[pg_test]
-    #[should_panic(expected = "must be a finite number")]
+    #[should_panic(expected = "must be a number from -1e15 to 1e15")]
     fn a_metric_must_be_a_number() {
         init();
         let b = start("w", "b", json!({})).id;
