@@ -31,9 +31,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     };
     match resolution {
         Resolution::Found {
-            execution,
-            also_live,
-            ..
+            execution, also_live, ..
         } => {
             if ctx.json {
                 print_json(&json!({
