@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
-use sheaf_driver::{ClientError, ShardId};
+use sheaf_driver::{ClientError, RouteError, ShardId};
 
 use crate::output::{escape, json_line};
 
@@ -63,12 +63,13 @@ impl Exit {
                 "the call failed: a shard could not serve it or refused it (other than for bad input), \
                  a move failed (`rebalance`, `rebalance-resume`, `shard drain`), a scheduled start \
                  failed (`schedules trigger`), `status` found a shard unreachable, misidentified or \
-                 behind the fleet's schema, a server could not listen"
+                 behind the fleet's schema, a business key had more than one live run (`executions \
+                 signal|cancel` by key, which does not guess), a server could not listen"
             }
             Exit::BadInput => {
                 "bad input: an argument the command line or a shard refuses (a usage error, a value \
                  out of range, a filter, cursor or spec a shard rejects), a file that cannot be read, \
-                 a shard not in the topology, or no valid topology in the environment"
+                 a shard or residency key not in the topology, or no valid topology in the environment"
             }
             Exit::Partial => {
                 "a partial answer: a shard did not answer, or did not take a change; stderr names \
@@ -76,7 +77,7 @@ impl Exit {
             }
             Exit::NotFound => {
                 "not found: no such execution, task, schedule or queue where its id routes \
-                 (`find`: on any shard), or no live override to clear (`rate-limits clear`)"
+                 (`find` and an action by business key: on any shard), or no live override to clear (`rate-limits clear`)"
             }
             Exit::Found => {
                 "an audit found what it looks for: `orphans` some, `topology diff` or `config diff` \
@@ -97,6 +98,15 @@ impl Exit {
     pub fn of(e: &ClientError) -> Exit {
         match e {
             ClientError::BadRequest(_) | ClientError::InvalidArgument { .. } => Exit::BadInput,
+            // A placement the caller got wrong; a shard that takes no work
+            // now, or none that does, is a failure to retry.
+            ClientError::Route(
+                RouteError::TwoPins
+                | RouteError::UnknownShard(_)
+                | RouteError::BlankResidencyKey
+                | RouteError::UndeclaredResidencyKey(_)
+                | RouteError::BlankRoutingKey,
+            ) => Exit::BadInput,
             ClientError::UnknownExecution { .. }
             | ClientError::UnknownTask { .. }
             | ClientError::UnknownSchedule { .. }
@@ -184,10 +194,16 @@ pub fn fail(exit: Exit, why: impl Display) -> Exit {
 /// Says what failed on stderr; exits with the code [`Exit::of`] gives it.
 pub fn failed(e: &ClientError) -> Exit {
     let exit = Exit::of(e);
+    // The operator may see which shard or key a placement named (its
+    // `Display` is for low-trust callers and leaves them out).
+    let message = match e {
+        ClientError::Route(route) => route.operator_detail(),
+        _ => e.to_string(),
+    };
     complain(
         "error",
         Some(exit),
-        &e.to_string(),
+        &message,
         json!({"sqlstate": sqlstate(e), "shard": e.shard().map(ShardId::get)}),
     );
     exit

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use commands::{
-    Context, audit, concurrency, config, dead_letters, executions, find, list, metrics, orphans, queues,
-    rate_limits, rebalance, rebalance_resume, relay, retention, schedules, shard, status, tasks, topology,
-    tree, ui, usage,
+    Context, audit, concurrency, config, dead_letters, enqueue, executions, find, list, metrics, orphans,
+    queues, rate_limits, rebalance, rebalance_resume, relay, retention, schedules, shard, start, status,
+    tasks, topology, tree, ui, usage,
 };
 
 mod commands;
@@ -52,6 +52,8 @@ enum Command {
     List(list::Args),
     Find(find::Args),
     Usage(usage::Args),
+    Start(start::Args),
+    Enqueue(enqueue::Args),
     Executions(executions::Args),
     Tasks(tasks::Args),
     DeadLetters(dead_letters::Args),
@@ -93,6 +95,8 @@ async fn main() -> ExitCode {
         Command::List(args) => list::run(args, &ctx).await,
         Command::Find(args) => find::run(args, &ctx).await,
         Command::Usage(args) => usage::run(args, &ctx).await,
+        Command::Start(args) => start::run(args, &ctx).await,
+        Command::Enqueue(args) => enqueue::run(args, &ctx).await,
         Command::Executions(args) => executions::run(args, &ctx).await,
         Command::Tasks(args) => tasks::run(args, &ctx).await,
         Command::DeadLetters(args) => dead_letters::run(args, &ctx).await,

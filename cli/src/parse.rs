@@ -1,6 +1,11 @@
-//! Argument values the commands share: durations and times.
+//! Argument values the commands share: durations, times and JSON.
 
+use std::io::Read;
+use std::path::Path;
 use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+use sheaf_driver::ShardId;
 
 use crate::output::cut;
 
@@ -41,6 +46,41 @@ pub fn time(text: &str) -> Result<SystemTime, String> {
     })
 }
 
+/// A `--run-at` time: a timestamp (`2026-11-01T00:00:00Z`).
+pub fn at(text: &str) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339_weak(text)
+        .map_err(|_| format!("{:?} is not a timestamp like 2026-11-01T00:00:00Z", cut(text, 40)))
+}
+
+/// A `--shard` id (0 to the largest a topology may hold).
+pub fn shard(text: &str) -> Result<ShardId, String> {
+    let n: u32 = text
+        .parse()
+        .map_err(|_| format!("{:?} is not a shard id", cut(text, 40)))?;
+    ShardId::new(n).map_err(|e| e.to_string())
+}
+
+/// A JSON value given inline (`--input`) or read from a file (`--input-file`,
+/// `-` for stdin); null when neither is given. The error names the flag it
+/// came from, so a script knows which argument to fix.
+pub fn json_value(flag: &str, inline: Option<&str>, file: Option<&Path>) -> Result<Value, String> {
+    let (text, from) = match (inline, file) {
+        (Some(text), _) => (text.to_owned(), format!("--{flag}")),
+        (None, Some(path)) => {
+            let mut text = String::new();
+            let read = if path == Path::new("-") {
+                std::io::stdin().read_to_string(&mut text).map(drop)
+            } else {
+                std::fs::read_to_string(path).map(|t| text = t)
+            };
+            read.map_err(|e| format!("--{flag}-file {}: {e}", path.display()))?;
+            (text, format!("--{flag}-file {}", path.display()))
+        }
+        (None, None) => return Ok(Value::Null),
+    };
+    serde_json::from_str(&text).map_err(|e| format!("{from} is not JSON: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +95,24 @@ mod tests {
             SystemTime::UNIX_EPOCH + Duration::from_secs(86_400)
         );
         assert!(time("yesterday").is_err());
+    }
+
+    #[test]
+    fn json_values_name_the_flag_that_is_not_json() {
+        assert_eq!(json_value("input", None, None).unwrap(), Value::Null);
+        assert_eq!(json_value("input", Some(r#"{"a":1}"#), None).unwrap()["a"], 1);
+        let e = json_value("input", Some("{not json"), None).unwrap_err();
+        assert!(e.starts_with("--input is not JSON"), "{e}");
+        let e = json_value("payload", None, Some(Path::new("/no/such/file"))).unwrap_err();
+        assert!(e.starts_with("--payload-file /no/such/file"), "{e}");
+    }
+
+    #[test]
+    fn run_at_is_a_timestamp_and_a_shard_an_id_in_range() {
+        assert!(at("2026-11-01T00:00:00Z").is_ok());
+        assert!(at("tomorrow").is_err());
+        assert_eq!(shard("3").unwrap().get(), 3);
+        assert!(shard("-1").is_err());
+        assert!(shard("99999999").is_err());
     }
 }

@@ -86,6 +86,13 @@ const CASES: &str = r#"
 4 executions cancel EXECUTION
 4 executions pause EXECUTION
 4 executions signal EXECUTION go
+4 executions cancel --workflow NONE --workflow-id NONE
+4 executions signal --workflow NONE --workflow-id NONE go
+2 executions cancel --workflow NONE
+2 start NONE NONE --input {x
+2 start NONE NONE --shard 99
+2 enqueue NONE --payload {x
+2 enqueue NONE --shard 99
 0 tasks list NONE
 2 tasks list NONE --state bogus
 2 tasks list NONE --page-size 0

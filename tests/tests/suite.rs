@@ -7,6 +7,7 @@ mod claim_concurrency;
 mod claim_floor;
 mod claim_inputs;
 mod cli_hygiene;
+mod cli_verbs;
 mod client;
 mod debounce;
 mod docs_links;

@@ -1,15 +1,19 @@
 //! `sheaf executions get|history|cancel|terminate|pause|resume|signal`: one
-//! execution by id, on the shard it routes to (forwards followed).
+//! execution by id, on the shard it routes to (forwards followed); `cancel`
+//! and `signal` also by business key (`--workflow NAME --workflow-id WID`).
 
 use serde_json::{Value, json};
-use sheaf_driver::{Client, ClientError, ExecutionId};
+use sheaf_driver::{Client, ClientError, ExecutionId, Resolution};
 
 use super::Context;
 use crate::exit::{self, Exit};
 use crate::output::{cut, print_json, say, time};
 
 /// One execution by id, on the shard it lives on: read it, its
-/// history, or act on it. Exits 4 when no such execution.
+/// history, or act on it; cancel or signal it by business key instead
+/// (`--workflow NAME --workflow-id WID`, found on any shard as `sheaf find`
+/// finds it; a key with more than one live run is refused, exit 1). Exits
+/// 4 when no such execution.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(subcommand)]
@@ -34,10 +38,14 @@ enum Action {
         #[arg(long, default_value_t = 100)]
         page_size: usize,
     },
-    /// Cancel it (its tasks leave, its children hear of it).
+    /// Cancel it (its tasks leave, its children hear of it), by id or by
+    /// business key.
     Cancel {
-        /// The execution's id.
-        execution_id: String,
+        /// The execution's id (or give its business key).
+        #[arg(required_unless_present = "workflow", conflicts_with = "workflow")]
+        execution_id: Option<String>,
+        #[command(flatten)]
+        key: BusinessKey,
         /// Why (kept in its history).
         #[arg(long)]
         reason: Option<String>,
@@ -60,11 +68,17 @@ enum Action {
         /// The execution's id.
         execution_id: String,
     },
-    /// Send it a signal (deduplicated by --signal-id).
+    /// Send it a signal (deduplicated by --signal-id), by id or by
+    /// business key.
+    #[command(allow_missing_positional = true)]
     Signal {
-        /// The execution's id.
-        execution_id: String,
+        /// The execution's id (or give its business key).
+        #[arg(required_unless_present = "workflow", conflicts_with = "workflow")]
+        execution_id: Option<String>,
+        #[command(flatten)]
+        key: BusinessKey,
         /// The signal's name.
+        #[arg(value_name = "SIGNAL")]
         name: String,
         /// Its payload, as JSON.
         #[arg(long)]
@@ -75,16 +89,43 @@ enum Action {
     },
 }
 
+/// An execution by its business key, instead of its id: the one spelling
+/// of every action that takes either.
+#[derive(clap::Args)]
+struct BusinessKey {
+    /// By business key: the workflow's name (with --workflow-id).
+    #[arg(long, value_name = "NAME", requires = "workflow_id")]
+    workflow: Option<String>,
+    /// By business key: the workflow id it was started with (with --workflow).
+    #[arg(long, value_name = "WORKFLOW_ID", requires = "workflow")]
+    workflow_id: Option<String>,
+}
+
+/// Which execution an action names.
+enum Target<'a> {
+    Id(&'a str),
+    Key(&'a str, &'a str),
+}
+
 impl Action {
-    fn execution_id(&self) -> &str {
-        match self {
+    fn target(&self) -> Target<'_> {
+        let (id, key) = match self {
             Action::Get { execution_id }
             | Action::History { execution_id, .. }
-            | Action::Cancel { execution_id, .. }
             | Action::Terminate { execution_id, .. }
             | Action::Pause { execution_id }
-            | Action::Resume { execution_id }
-            | Action::Signal { execution_id, .. } => execution_id,
+            | Action::Resume { execution_id } => return Target::Id(execution_id),
+            Action::Cancel {
+                execution_id, key, ..
+            }
+            | Action::Signal {
+                execution_id, key, ..
+            } => (execution_id, key),
+        };
+        match (id, &key.workflow, &key.workflow_id) {
+            (_, Some(name), Some(workflow_id)) => Target::Key(name, workflow_id),
+            // clap requires one or the other; an empty id is refused below.
+            (id, ..) => Target::Id(id.as_deref().unwrap_or_default()),
         }
     }
 }
@@ -95,9 +136,15 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let text = args.what.execution_id();
-    let Ok(id) = text.parse::<ExecutionId>() else {
-        return exit::bad_input(format!("{:?} is not an execution id", cut(text, 40)));
+    let id = match args.what.target() {
+        Target::Id(text) => match text.parse::<ExecutionId>() {
+            Ok(id) => id,
+            Err(_) => return exit::bad_input(format!("{:?} is not an execution id", cut(text, 40))),
+        },
+        Target::Key(name, workflow_id) => match by_key(&client, name, workflow_id).await {
+            Ok(id) => id,
+            Err(code) => return code,
+        },
     };
     let as_json = ctx.json;
     match args.what {
@@ -129,6 +176,47 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             };
             let delivered = client.signal(id, &name, payload, signal_id.as_deref()).await;
             changed(delivered, id, "signalled", as_json)
+        }
+    }
+}
+
+/// The one live (else latest) run of a business key, on whichever shard
+/// holds it. A key with more than one live run is refused rather than
+/// guessed at (exit 1); none on any shard exits 4, a shard that did not
+/// answer 3 (it may hold the active run).
+async fn by_key(client: &Client, name: &str, workflow_id: &str) -> Result<ExecutionId, Exit> {
+    match client.find_execution(name, workflow_id).await {
+        Err(e) => Err(exit::failed(&e)),
+        Ok(Resolution::Found {
+            execution, also_live, ..
+        }) => {
+            if also_live.is_empty() {
+                return Ok(execution.execution_id);
+            }
+            let ids: Vec<String> = std::iter::once(&*execution)
+                .chain(&also_live)
+                .map(|e| format!("{} (shard {})", e.execution_id, e.shard))
+                .collect();
+            Err(exit::fail(
+                Exit::Failed,
+                format!(
+                    "{name:?} / {workflow_id:?} has {} live runs, not one: act on one by id ({}; see sheaf find)",
+                    ids.len(),
+                    ids.join(", ")
+                ),
+            ))
+        }
+        Ok(Resolution::Absent) => Err(exit::fail(
+            Exit::NotFound,
+            format!("no execution of {name:?} with id {workflow_id:?} on any shard"),
+        )),
+        Ok(Resolution::Indeterminate {
+            unavailable_shards, ..
+        }) => {
+            exit::warn(format!(
+                "not acted on: a shard that did not answer may hold the active run of {name:?} / {workflow_id:?}"
+            ));
+            Err(exit::partial_if(&unavailable_shards, true))
         }
     }
 }
