@@ -30,7 +30,7 @@ mod reference;
                   `<id>=<connection string>` entries, comma-separated or a JSON list; \
                   or, for a single database, SHEAF_DATABASE_URL alone; \
                   SHEAF_READABLE, SHEAF_WRITABLE, SHEAF_RESERVED, SHEAF_DEFAULT_SHARD, \
-                  SHEAF_RESIDENCY and SHEAF_FORWARDS are optional (see docs/reference/settings.md)."
+                  SHEAF_RESIDENCY, SHEAF_FORWARDS and SHEAF_TENANTS are optional (see docs/reference/settings.md)."
 )]
 struct Cli {
     /// Print JSON instead of a table.

@@ -390,7 +390,22 @@ async fn store_hostile() -> Stored {
     let c = client();
     let shard = first_shard();
     // The hostile text first, so that a column cut short still shows it.
+    // sheaf refuses such names now (docs/reference/input-rules.md); a
+    // queue and a run stored before that rule keep working, so they are
+    // written here as an older sheaf would have left them.
     let queue = format!("{BIDI}{}", unique("q"));
+    let workflow = format!("{BIDI}{}", unique("wf"));
+    let db = sheaf_tests::connect(fleet().get(shard).expect("the first shard")).await;
+    db.execute("INSERT INTO sheaf.queues (name) VALUES ($1)", &[&queue])
+        .await
+        .expect("a queue stored before the name rule");
+    db.execute(
+        "INSERT INTO sheaf.executions (id, workflow_name, workflow_id, state, seq, queue, input, closed_at) \
+         VALUES (sheaf.new_id(), $1, $2, 'COMPLETED', nextval('sheaf.execution_seq'), $3, '{}', now())",
+        &[&workflow, &HOSTILE, &queue],
+    )
+    .await
+    .expect("a run stored before the name rule");
     let on = || EnqueueOptions::new().placement(Placement::Shard(shard));
     let dead = c
         .enqueue(&queue, json!({"note": HOSTILE}), on().max_attempts(1))
@@ -411,12 +426,11 @@ async fn store_hostile() -> Stored {
             .await
             .expect("fail");
     }
-    let workflow = format!("{BIDI}{}", unique("wf"));
     let pinned = StartOptions::new().placement(Placement::Shard(shard));
     c.start_workflow(&workflow, HOSTILE, json!({}), pinned)
         .await
         .expect("start");
-    let schedule = format!("{BIDI}{}", unique("s"));
+    let schedule = unique("s");
     let out = sheaf(&[
         "schedules",
         "create",
@@ -452,7 +466,6 @@ async fn stored_control_characters_are_escaped_in_tables() {
         vec!["queues"],
         vec!["list", "--workflow", &s.workflow],
         vec!["find", &s.workflow, HOSTILE],
-        vec!["schedules", "list"],
     ];
     for args in &reads {
         let out = sheaf(args);
@@ -487,7 +500,8 @@ async fn stored_control_characters_are_escaped_in_tables() {
     assert_eq!(item["queue"], json!(s.queue), "{page}");
 
     // A name in an error message is escaped too, under --json as well.
-    let missing = format!("{}-gone", s.schedule);
+    // (Looked up, not stored: a lookup takes any name.)
+    let missing = format!("{BIDI}{}-gone", s.schedule);
     for json in [false, true] {
         let args = [
             &["--json"][..usize::from(json)],
