@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use serde_json::json;
-use sheaf_driver::{EnqueueOptions, ShardId};
+use sheaf_driver::EnqueueOptions;
 
 use super::Context;
-use super::start::placement;
+use super::placement::PlacementArgs;
 use crate::exit::{self, Exit};
 use crate::output::{print_json, say};
 use crate::parse;
@@ -48,15 +48,8 @@ pub struct Args {
     /// Its bucket's key under --rate-limit.
     #[arg(long, value_name = "KEY", requires = "rate_limit")]
     rate_key: Option<String>,
-    /// Exactly this shard.
-    #[arg(long, value_parser = parse::shard, conflicts_with_all = ["residency_key", "routing_key"])]
-    shard: Option<ShardId>,
-    /// The shard the topology's residency map names for this key.
-    #[arg(long, value_name = "KEY", conflicts_with = "routing_key")]
-    residency_key: Option<String>,
-    /// Every task with this key lands on one shard.
-    #[arg(long, value_name = "KEY")]
-    routing_key: Option<String>,
+    #[command(flatten)]
+    placement: PlacementArgs,
 }
 
 pub async fn run(args: Args, ctx: &Context) -> Exit {
@@ -65,7 +58,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Err(why) => return exit::bad_input(why),
     };
     let mut options = EnqueueOptions::new();
-    if let Some(placement) = placement(args.shard, args.residency_key, args.routing_key) {
+    if let Some(placement) = args.placement.placement() {
         options = options.placement(placement);
     }
     if let Some(priority) = args.priority {

@@ -15,6 +15,7 @@ pub mod find;
 pub mod list;
 pub mod metrics;
 pub mod orphans;
+pub mod placement;
 pub mod queues;
 pub mod rate_limits;
 pub mod rebalance;

@@ -4,9 +4,10 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
-use sheaf_driver::{Placement, ShardId, StartOptions};
+use sheaf_driver::StartOptions;
 
 use super::Context;
+use super::placement::PlacementArgs;
 use crate::exit::{self, Exit};
 use crate::output::{print_json, say};
 use crate::parse;
@@ -28,15 +29,8 @@ pub struct Args {
     /// Its input, read from a JSON file (`-`: stdin).
     #[arg(long, value_name = "PATH")]
     input_file: Option<PathBuf>,
-    /// Exactly this shard.
-    #[arg(long, value_parser = parse::shard, conflicts_with_all = ["residency_key", "routing_key"])]
-    shard: Option<ShardId>,
-    /// The shard the topology's residency map names for this key.
-    #[arg(long, value_name = "KEY", conflicts_with = "routing_key")]
-    residency_key: Option<String>,
-    /// Every start with this key lands on one shard.
-    #[arg(long, value_name = "KEY")]
-    routing_key: Option<String>,
+    #[command(flatten)]
+    placement: PlacementArgs,
     /// On behalf of a tenant: placed by tenant and NAME unless a placement
     /// flag is given.
     #[arg(long)]
@@ -61,7 +55,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         Err(why) => return exit::bad_input(why),
     };
     let mut options = StartOptions::new();
-    if let Some(placement) = placement(args.shard, args.residency_key, args.routing_key) {
+    if let Some(placement) = args.placement.placement() {
         options = options.placement(placement);
     }
     if let Some(tenant) = args.tenant {
@@ -114,19 +108,4 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         }
     }
     Exit::Done
-}
-
-/// The placement the flags give (clap lets at most one through); `None`
-/// leaves it automatic.
-pub fn placement(
-    shard: Option<ShardId>,
-    residency_key: Option<String>,
-    routing_key: Option<String>,
-) -> Option<Placement> {
-    match (shard, residency_key, routing_key) {
-        (Some(s), _, _) => Some(Placement::Shard(s)),
-        (None, Some(k), _) => Some(Placement::ResidencyKey(k)),
-        (None, None, Some(k)) => Some(Placement::RoutingKey(k)),
-        (None, None, None) => None,
-    }
 }
