@@ -46,7 +46,10 @@ pub enum TaskDone {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskFailure {
     /// Kept as the task's last error, whole up to 1 MiB (a longer one is
-    /// refused by the shard with 54000, never cut).
+    /// refused by the shard with 54000, never cut: the [`Worker`] then
+    /// dead-letters the task with a short error naming the refusal).
+    ///
+    /// [`Worker`]: crate::Worker
     pub message: String,
     /// When to retry (default: the shard's exponential backoff). Ignored
     /// for a permanent failure.

@@ -21,6 +21,7 @@ use crate::metrics::TaskOutcome;
 use crate::pool::ShardError;
 use crate::relay::{self, RelayOptions};
 use crate::topology::ShardId;
+use sheaf_core::sqlstate;
 
 /// The longest worker name the registry takes.
 const MAX_NAME_BYTES: usize = 256;
@@ -1184,8 +1185,36 @@ async fn finish(
             count(ctx, task, TaskOutcome::Lost);
             tracing::warn!(task = %task.task_id, "lease lost before the task finished");
         }
+        // Larger than the shard stores: the same handler would give the
+        // same outcome again, so it is recorded as a short failure instead
+        // of expiring the lease over and over.
+        Err(e) if too_large(&e) => record_refused(ctx, task, &e, claimed_at).await,
         // The lease expires and the task runs again: nothing is lost.
         Err(e) => tracing::warn!(task = %task.task_id, error = %e, "could not record the task's outcome"),
+    }
+}
+
+/// Whether the shard refused a value as larger than it stores (54000).
+fn too_large(e: &ClientError) -> bool {
+    matches!(e, ClientError::Database { code: Some(code), .. } if code == sqlstate::PROGRAM_LIMIT_EXCEEDED)
+}
+
+/// Dead-letters a task whose handler's outcome (a result, an input, an
+/// error) the shard refused as too large: the shard's message names the
+/// value and its size, never the value itself.
+async fn record_refused(ctx: &Ctx, task: &ClaimedTask, refusal: &ClientError, claimed_at: Instant) {
+    let message = format!("the handler's outcome could not be recorded: {refusal}");
+    tracing::warn!(task = %task.task_id, error = %refusal, "the handler's outcome is too large; dead-lettering the task");
+    match ctx.client.dead_letter(task.task_id, task.token, &message).await {
+        Ok(()) => {
+            count(ctx, task, TaskOutcome::DeadLettered);
+            ctx.client
+                .metrics()
+                .task_took(task.shard, &task.queue, claimed_at.elapsed());
+        }
+        Err(e) => {
+            tracing::warn!(task = %task.task_id, error = %e, "could not dead-letter the task; the lease will expire")
+        }
     }
 }
 

@@ -692,6 +692,83 @@ async fn a_permanent_failure_of_a_workflow_task_fails_its_execution() {
     worker.shutdown().await;
 }
 
+/// An outcome larger than a shard stores (a 1 MiB + 1 result, a 1 MiB + 1
+/// error) is refused by the shard with 54000; the worker then dead-letters
+/// the task with a short error naming the refusal, once, instead of letting
+/// its lease expire and the handler run again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outcome_too_large_to_store_dead_letters_the_task_once() {
+    let client = client(PoolOptions::default());
+    let name = unique("wf-huge");
+    let wf_queue = declare(&name).await;
+    let started = client
+        .start_workflow(&name, "huge", json!({}), StartOptions::new())
+        .await
+        .unwrap();
+    let on = started.shard;
+    client
+        .enqueue(
+            &wf_queue,
+            json!("fail"),
+            EnqueueOptions::new()
+                .max_attempts(5)
+                .placement(Placement::Shard(on)),
+        )
+        .await
+        .unwrap();
+    let huge = "x".repeat(1024 * 1024 + 1);
+    let runs = Arc::new(AtomicU64::new(0));
+    let counted = runs.clone();
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [wf_queue.clone()])
+            .coverage(Coverage::Shards(vec![on]))
+            .idle_poll(Duration::from_millis(50)),
+        move |ctx: TaskContext| {
+            let huge = huge.clone();
+            counted.fetch_add(1, Ordering::Relaxed);
+            async move {
+                if ctx.task().execution_id.is_some() {
+                    Ok(TaskDone::CompleteExecution(json!({ "blob": huge }).into()))
+                } else {
+                    Err(TaskFailure::retryable(huge))
+                }
+            }
+        },
+    )
+    .unwrap();
+    until(
+        "both tasks to be dead-lettered",
+        Duration::from_secs(20),
+        async || worker.stats().dead_lettered == 2,
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::Relaxed), 2, "each handler ran once");
+    let e = client.get_execution(started.execution_id).await.unwrap().unwrap();
+    assert_eq!(
+        e.state,
+        ExecutionState::Failed,
+        "its workflow task was dead-lettered"
+    );
+    let db = connect(fleet().get(on).unwrap()).await;
+    let errors: Vec<String> = db
+        .query(
+            "SELECT last_error FROM sheaf.dead_letters WHERE queue = $1",
+            &[&wf_queue],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for error in &errors {
+        assert!(error.len() < 1000, "a short error: {} bytes", error.len());
+        assert!(error.contains("54000"), "names the refusal: {error}");
+    }
+    worker.shutdown().await;
+}
+
 /// The handler's context: a heartbeat now moves the lease deadline, and the
 /// cancellation signal fires with `LeaseLost` when the task goes away under
 /// it (here: its execution is cancelled), after which the handler is
