@@ -1,4 +1,4 @@
-//! The dashboard benchmark: how fast `sheaf ui` (`UiServer`) renders each
+//! The dashboard benchmark: how fast `sheaf serve` (`UiServer`) renders each
 //! of its pages over a fleet of 4 × 250K executions by default. Goal: every
 //! page within 300 ms (p50).
 //!
@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
-use sheaf_driver::{Client, EnqueueOptions, Placement, PoolOptions, ShardId, Topology, UiOptions, UiServer};
+use sheaf_driver::{Client, EnqueueOptions, Placement, PoolOptions, ShardId, Topology};
+use sheaf_web::{UiOptions, UiServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_postgres::NoTls;

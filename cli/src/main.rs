@@ -8,8 +8,8 @@ use clap::{Parser, Subcommand};
 
 use commands::{
     Context, audit, concurrency, config, dead_letters, enqueue, executions, find, list, metrics, orphans,
-    queues, rate_limits, rebalance, rebalance_resume, relay, retention, schedules, shard, start, status,
-    tasks, topology, tree, ui, usage,
+    queues, rate_limits, rebalance, rebalance_resume, relay, retention, schedules, serve, shard, start,
+    status, tasks, topology, tree, usage,
 };
 
 mod commands;
@@ -59,7 +59,8 @@ enum Command {
     DeadLetters(dead_letters::Args),
     Queues(queues::Args),
     Metrics(metrics::Args),
-    Ui(ui::Args),
+    #[command(alias = "ui")]
+    Serve(serve::Args),
     RateLimits(rate_limits::Args),
     Schedules(schedules::Args),
     Retention(retention::Args),
@@ -102,7 +103,7 @@ async fn main() -> ExitCode {
         Command::DeadLetters(args) => dead_letters::run(args, &ctx).await,
         Command::Queues(args) => queues::run(args, &ctx).await,
         Command::Metrics(args) => metrics::run(args, &ctx).await,
-        Command::Ui(args) => ui::run(args, &ctx).await,
+        Command::Serve(args) => serve::run(args, &ctx).await,
         Command::RateLimits(args) => rate_limits::run(args, &ctx).await,
         Command::Schedules(args) => schedules::run(args, &ctx).await,
         Command::Retention(args) => retention::run(args, &ctx).await,

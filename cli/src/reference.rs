@@ -257,7 +257,7 @@ fn the_exit_code_table_is_the_enum() {
 
 /// Every command an operator is told to run: `<code>sheaf …</code>` in
 /// the dashboard's templates, and code spans that start with `sheaf ` in
-/// the string literals of the driver, the extension and this crate, and
+/// the string literals of the driver, sheaf-web, the extension and this crate, and
 /// in this command line's own help.
 fn advertised() -> Vec<(String, String)> {
     fn files(dir: PathBuf, ext: &str, out: &mut Vec<PathBuf>) {
@@ -289,10 +289,10 @@ fn advertised() -> Vec<(String, String)> {
         }
     };
     let mut templates = Vec::new();
-    files(repo_file("driver/templates"), "html", &mut templates);
+    files(repo_file("web/templates"), "html", &mut templates);
     scan(templates, "<code>sheaf ", '<');
     let mut sources = Vec::new();
-    for dir in ["driver/src", "extension/src", "cli/src"] {
+    for dir in ["driver/src", "web/src", "extension/src", "cli/src"] {
         files(repo_file(dir), "rs", &mut sources);
     }
     sources.retain(|p| !p.ends_with("cli/src/reference.rs"));

@@ -16,6 +16,15 @@ pub enum BreakerState {
 }
 
 impl BreakerState {
+    /// Its name as pages and reports show it: `closed`, `open`, `half-open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half-open",
+        }
+    }
+
     /// The gauge value exported as `sheaf_shard_breaker_state`.
     pub fn as_gauge(self) -> f64 {
         match self {

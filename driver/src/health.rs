@@ -204,6 +204,15 @@ impl Admin<'_> {
         let drift = crate::client::config_drift(&configs);
         fleet_readiness(&status, &self.client.topology().digest(), &drift, candidate)
     }
+
+    /// [`Admin::topology_status`] and every shard's readiness from it, for
+    /// a page or a report that shows both.
+    pub async fn fleet_health(self, timeout: std::time::Duration) -> (TopologyStatus, Vec<Readiness>) {
+        let (status, configs) = tokio::join!(self.topology_status(timeout), self.fleet_config());
+        let drift = crate::client::config_drift(&configs);
+        let verdicts = fleet_readiness(&status, &self.client.topology().digest(), &drift, None);
+        (status, verdicts)
+    }
 }
 
 #[cfg(test)]

@@ -89,8 +89,6 @@ mod schema;
 mod status;
 mod tls;
 mod topology;
-#[cfg(feature = "ui")]
-mod ui;
 mod words;
 mod worker;
 
@@ -104,6 +102,14 @@ pub mod protocol {
         ChildStart, CloseKind, OutboxKind, OutboxOutcome, OutboxRow, Protocol, RelayOutcome, RelayRow,
         ReportStatus, StalledMove, Steps,
     };
+}
+
+/// The serving lifecycle the metrics server uses, for the `sheaf-web`
+/// crate's dashboard and API (feature `http`). Not part of the API.
+#[cfg(feature = "http")]
+#[doc(hidden)]
+pub mod served {
+    pub use crate::metrics_http::Served;
 }
 
 pub use breaker::{Breaker, BreakerState};
@@ -140,6 +146,4 @@ pub use status::{
 };
 pub use tls::ROOT_CERT_VAR;
 pub use topology::{Shard, ShardId, Topology, TopologyBuilder, TopologyError};
-#[cfg(feature = "ui")]
-pub use ui::{UiOptions, UiServer};
 pub use worker::{Coverage, DrainReport, ProtocolRole, Worker, WorkerError, WorkerOptions, WorkerStats};

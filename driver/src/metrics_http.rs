@@ -71,7 +71,7 @@ struct Shared {
 
 /// A router served on a listener until shut down: the lifecycle the
 /// metrics server and the dashboard (`ui`) share.
-pub(crate) struct Served {
+pub struct Served {
     addr: SocketAddr,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
@@ -79,7 +79,7 @@ pub(crate) struct Served {
 
 impl Served {
     /// Serves `app` on `listener`; `what` names it in the log if it stops.
-    pub(crate) fn spawn(
+    pub fn spawn(
         listener: tokio::net::TcpListener,
         app: Router,
         what: &'static str,
@@ -100,12 +100,13 @@ impl Served {
         })
     }
 
-    pub(crate) fn local_addr(&self) -> SocketAddr {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Stops serving and waits until it has.
-    pub(crate) async fn shutdown(mut self) {
+    pub async fn shutdown(mut self) {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;

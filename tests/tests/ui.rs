@@ -17,9 +17,10 @@ use fantoccini::{ClientBuilder, Locator};
 use serde_json::json;
 use sheaf_driver::{
     ChildPlacement, Client, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, StartOptions,
-    TaskId, Topology, UiOptions, UiServer,
+    TaskId, Topology,
 };
 use sheaf_tests::{cli_json, fleet, unique};
+use sheaf_web::{UiOptions, UiServer};
 
 /// A chromedriver on a free port, stopped with the test: its whole process
 /// group, so a browser it started goes too when a test fails before

@@ -23,13 +23,13 @@ pub mod rebalance_resume;
 pub mod relay;
 pub mod retention;
 pub mod schedules;
+pub mod serve;
 pub mod shard;
 pub mod start;
 pub mod status;
 pub mod tasks;
 pub mod topology;
 pub mod tree;
-pub mod ui;
 pub mod usage;
 
 /// What every command is given besides its own arguments: the global

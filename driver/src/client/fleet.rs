@@ -15,6 +15,7 @@ const QUEUE_STATS: &str = "SELECT ready, scheduled, running, waiting, dead, live
      extract(epoch FROM oldest_ready_age)::float8 AS oldest_ready_secs FROM sheaf.queue_stats($1)";
 const CONCURRENCY_STATS: &str =
     "SELECT concurrency_key, max_running, running, ready, waiting FROM sheaf.concurrency_stats()";
+const TASKS_DELETED: &str = "SELECT pg_stat_get_tuples_deleted('sheaf.tasks'::regclass)";
 const LIVE_WORKERS: &str = "SELECT worker, queues, last_seen_at FROM sheaf.live_workers()";
 const STRANDED_WORK: &str = "SELECT queue, ready, extract(epoch FROM oldest_ready_age)::float8 AS oldest_ready_secs \
      FROM sheaf.stranded_work()";
@@ -194,8 +195,10 @@ fn secs(value: Option<f64>) -> Option<Duration> {
 }
 
 impl Client {
-    /// Runs `f` on every shard of `shards` at once and reports each.
-    pub(crate) async fn fan_out<T, F, Fut>(&self, shards: Vec<ShardId>, f: F) -> FleetReport<T>
+    /// Runs `f` on every shard of `shards` at once and reports each (a
+    /// fleet-wide read of its own: e.g. `f` calls an [`Admin`] method that
+    /// takes a shard).
+    pub async fn fan_out<T, F, Fut>(&self, shards: Vec<ShardId>, f: F) -> FleetReport<T>
     where
         F: Fn(ShardId) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
@@ -222,7 +225,7 @@ impl Client {
     }
 
     /// The shards a fleet-wide read asks: every readable one.
-    pub(crate) fn readable_shards(&self) -> Vec<ShardId> {
+    pub fn readable_shards(&self) -> Vec<ShardId> {
         self.topology
             .shards()
             .map(|s| s.id)
@@ -307,6 +310,24 @@ impl Admin<'_> {
                         read().map_err(|e| call.error(e, 1))
                     })
                     .collect()
+            })
+            .await
+    }
+
+    /// The rows PostgreSQL counted as deleted from `sheaf.tasks` since its
+    /// statistics were last reset, per readable shard: a shard keeps no
+    /// count of the tasks it finished, so two samples of this give the
+    /// fleet's throughput (the dashboard's queues page charts it).
+    pub async fn tasks_deleted(self) -> FleetReport<i64> {
+        self.client
+            .fan_out(self.client.readable_shards(), |shard| async move {
+                let (call, rows) = self
+                    .client
+                    .on_shard(shard, Owned::Shard, TASKS_DELETED, &[])
+                    .await?;
+                single(&call, &rows)?
+                    .try_get::<_, i64>(0)
+                    .map_err(|e| call.error(e, 1))
             })
             .await
     }

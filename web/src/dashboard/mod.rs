@@ -1,6 +1,6 @@
-//! The fleet dashboard (feature `ui`; `sheaf ui`): pages rendered on the
+//! The fleet dashboard (`sheaf serve`): pages rendered on the
 //! server from the client's bounded fan-out reads, escaped by the templates
-//! (`driver/templates`), with no script. A page names a shard that did not
+//! (`web/templates`), with no script. A page names a shard that did not
 //! answer in its partial banner, and never shows a connection string.
 //!
 //! Pages, one module each: the fleet (`fleet`), queues with their depth
@@ -47,9 +47,9 @@ use axum::routing::{get, post};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{Client, ClientError};
-use crate::metrics_http::Served;
-use crate::topology::ShardId;
+use sheaf_driver::ShardId;
+use sheaf_driver::served::Served;
+use sheaf_driver::{Client, ClientError};
 
 /// How the dashboard reads the fleet and who may act on it.
 /// `UiOptions::new()` takes the defaults; each setter says what it sets.
@@ -75,7 +75,7 @@ impl UiOptions {
     }
 
     /// The admin token that signs a session in (`SHEAF_UI_TOKEN` for
-    /// `sheaf ui`); `None`: the dashboard is read-only.
+    /// `sheaf serve`); `None`: the dashboard is read-only.
     pub fn admin_token(mut self, admin_token: Option<String>) -> Self {
         self.admin_token = admin_token;
         self
@@ -335,7 +335,7 @@ async fn known_host(
         Some(h) if hosts.contains(&h) => next.run(request).await,
         _ => (
             StatusCode::MISDIRECTED_REQUEST,
-            "this dashboard does not answer to that host name (sheaf ui --public-host adds one)",
+            "this dashboard does not answer to that host name (sheaf serve --public-host adds one)",
         )
             .into_response(),
     }

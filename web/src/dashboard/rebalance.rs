@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use super::{Chrome, Shared, age, cut, render, time};
-use crate::client::{Migration, STALL_AFTER};
+use sheaf_driver::{Migration, STALL_AFTER};
 
 /// Moves in progress read per shard.
 const OPEN: i32 = 200;

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use super::{Chrome, Shared, cut, first, pairs, read_error, render, status_of, time};
-use crate::client::{GroupBy, Usage};
+use sheaf_driver::{GroupBy, Usage};
 
 /// The windows offered, ending now.
 const WINDOWS: [(&str, u64); 4] = [

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
 use super::{Chrome, Shared, first, pairs, render};
-use crate::client::Client;
+use sheaf_driver::Client;
 
 const COOKIE: &str = "sheaf_ui";
 /// Sessions kept at once; signing in beyond it ends the oldest.
@@ -165,10 +165,7 @@ impl Sessions {
             return Err("the name must be 1 to 64 characters, without control characters");
         }
         let actor = format!("ui:{name}");
-        let options = crate::pool::PoolOptions {
-            actor: Some(actor.clone()),
-            ..base.admin().pools().options().clone()
-        };
+        let options = base.admin().pools().options().clone().actor(Some(actor.clone()));
         let client = Client::new(base.topology().clone(), options)
             .map_err(|_| "a client for the session could not be made")?;
         let session = Arc::new(Session {

@@ -16,8 +16,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use super::{Chrome, Shared, cut, first, pairs, read_error, render, status_of};
-use crate::id::TaskId;
-use crate::topology::ShardId;
+use sheaf_driver::ShardId;
+use sheaf_driver::TaskId;
 
 /// The most tasks one action may name.
 const MAX_IDS: usize = 1000;

@@ -12,9 +12,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
-use crate::client::{AttrOp, Child, Event, Execution, ExecutionFilter, SortOrder, attr_equality};
-use crate::id::ExecutionId;
 use sheaf_core::state::ExecutionState;
+use sheaf_driver::ExecutionId;
+use sheaf_driver::{AttrOp, Child, Event, Execution, ExecutionFilter, SortOrder, attr_equality};
 
 /// Executions per page.
 const PAGE: usize = 50;

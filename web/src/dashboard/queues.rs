@@ -20,8 +20,8 @@ use axum::response::Response;
 use tokio_util::sync::CancellationToken;
 
 use super::{Chrome, Shared, age, render};
-use crate::client::{Client, Owned, PageStatus, QueueCounts, single};
-use crate::topology::ShardId;
+use sheaf_driver::ShardId;
+use sheaf_driver::{PageStatus, QueueCounts};
 
 /// Samples kept per queue (15 minutes at the default 10 s).
 const KEPT: usize = 90;
@@ -79,21 +79,7 @@ impl Depth {
     }
 }
 
-/// Rows PostgreSQL counted as deleted from `sheaf.tasks` since its
-/// statistics were last reset, per shard that answered.
-async fn finished(client: &Client) -> crate::client::FleetReport<i64> {
-    const FINISHED: &str = "SELECT pg_stat_get_tuples_deleted('sheaf.tasks'::regclass)";
-    client
-        .fan_out(client.readable_shards(), |shard| async move {
-            let (call, rows) = client.on_shard(shard, Owned::Shard, FINISHED, &[]).await?;
-            single(&call, &rows)?
-                .try_get::<_, i64>(0)
-                .map_err(|e| call.error(e, 1))
-        })
-        .await
-}
-
-/// The fleet's tasks finished per second, from [`finished`] samples.
+/// The fleet's tasks finished per second, from `Admin::tasks_deleted` samples.
 #[derive(Default)]
 pub(super) struct Throughput {
     ticks: Mutex<VecDeque<(Instant, BTreeMap<ShardId, i64>)>>,
@@ -135,7 +121,10 @@ impl Throughput {
 /// down) is not recorded: its queues would seem to drop to nothing.
 pub(super) async fn sample(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        let (listing, finished) = tokio::join!(shared.client.admin().list_queues(), finished(&shared.client));
+        let (listing, finished) = tokio::join!(
+            shared.client.admin().list_queues(),
+            shared.client.admin().tasks_deleted()
+        );
         shared.throughput.record(Instant::now(), finished.ok);
         shared.sessions.prune();
         if listing.status == PageStatus::Complete {
@@ -353,10 +342,9 @@ mod tests {
     use super::*;
 
     fn counts(ready: i64) -> QueueCounts {
-        QueueCounts {
-            ready,
-            ..QueueCounts::default()
-        }
+        let mut counts = QueueCounts::default();
+        counts.ready = ready;
+        counts
     }
 
     #[test]

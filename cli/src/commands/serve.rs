@@ -1,11 +1,12 @@
-//! `sheaf ui`: the fleet dashboard (`sheaf_driver::UiServer`) until SIGINT
+//! `sheaf serve` (alias `sheaf ui`): the fleet dashboard
+//! (`sheaf_web::UiServer`) until SIGINT
 //! or SIGTERM. Its admin token comes from the environment
 //! (`SHEAF_UI_TOKEN`), never the command line; without one it is read-only.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use sheaf_driver::{UiOptions, UiServer};
+use sheaf_web::{UiOptions, UiServer};
 
 use super::Context;
 use crate::exit::{self, Exit};

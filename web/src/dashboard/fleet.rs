@@ -11,9 +11,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use super::{Chrome, Shared, render};
-use crate::breaker::BreakerState;
-use crate::health::fleet_readiness;
-use crate::status::topology_status;
 
 /// One shard's row.
 struct ShardRow {
@@ -49,16 +46,7 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
     let mut chrome = Chrome::new(&shared, &headers, "fleet");
     let client = &shared.client;
     let digest = client.topology().digest();
-    let (status, configs) = tokio::join!(
-        topology_status(
-            client.topology(),
-            client.admin().pools(),
-            shared.options.probe_timeout
-        ),
-        client.admin().fleet_config()
-    );
-    let drift = crate::client::config_drift(&configs);
-    let verdicts = fleet_readiness(&status, &digest, &drift, None);
+    let (status, verdicts) = client.admin().fleet_health(shared.options.probe_timeout).await;
     chrome.missing(
         status
             .shards
@@ -73,11 +61,7 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
         .map(|(s, verdict)| ShardRow {
             id: s.probe.shard.to_string(),
             reachable: s.probe.reachable,
-            breaker: match s.breaker {
-                BreakerState::Closed => "closed",
-                BreakerState::Open => "open",
-                BreakerState::HalfOpen => "half-open",
-            },
+            breaker: s.breaker.as_str(),
             roles: s.roles(),
             schema: s.probe.schema_version.clone().unwrap_or_else(|| "-".into()),
             parity: s.schema_parity,
