@@ -132,26 +132,6 @@ pub fn set_json(on: bool) {
     JSON.store(on, Ordering::Relaxed);
 }
 
-/// The SQLSTATE a shard raised, when the error keeps it (a 22023 and a
-/// 22004 are one variant: neither is claimed).
-fn sqlstate(e: &ClientError) -> Option<&str> {
-    Some(match e {
-        ClientError::Database { code, .. } => return code.as_deref(),
-        ClientError::QuotaExceeded { .. } => "53400",
-        ClientError::GateRejected { .. } => "55006",
-        ClientError::StaleToken { .. } => "55P03",
-        ClientError::UnknownExecution { .. }
-        | ClientError::UnknownTask { .. }
-        | ClientError::UnknownQueue { .. }
-        | ClientError::UnknownSchedule { .. } => "P0002",
-        ClientError::TaskCancelled { .. } => "57000",
-        ClientError::WrongState { .. } | ClientError::TopologyMismatch { .. } | ClientError::Moved { .. } => {
-            "55000"
-        }
-        _ => return None,
-    })
-}
-
 /// One complaint on stderr: `sheaf: MESSAGE` ([`escape`]d), or under
 /// `--json` one line holding `{"error": {"code", "exit", "message",
 /// "sqlstate", "shard"}}` (`warning` instead of `error` for a note that
@@ -204,7 +184,7 @@ pub fn failed(e: &ClientError) -> Exit {
         "error",
         Some(exit),
         &message,
-        json!({"sqlstate": sqlstate(e), "shard": e.shard().map(ShardId::get)}),
+        json!({"sqlstate": e.sqlstate(), "shard": e.shard().map(ShardId::get)}),
     );
     exit
 }

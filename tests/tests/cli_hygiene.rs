@@ -281,6 +281,19 @@ fn a_silent_shard_is_said_once_as_json() {
     assert_eq!(why.matches(cause).count(), 1, "each cause once: {why}");
 }
 
+/// A shard's refusal keeps its SQLSTATE in the JSON error, a bad argument's
+/// too (22023 and 22004 are one driver error, which keeps which it was).
+#[test]
+fn a_refusal_says_its_sqlstate_as_json() {
+    let out = sheaf(&["--json", "enqueue", "hygiene-q", "--max-attempts", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    let e = serde_json::from_str::<Value>(last).unwrap_or_else(|e| panic!("{e}: {stderr}"))["error"].clone();
+    assert_eq!(e["sqlstate"], "22023", "{e}");
+    assert!(e["shard"].is_u64(), "{e}");
+}
+
 /// Under --json even a server's first line, its address, is JSON.
 #[test]
 fn a_server_says_where_it_listens_in_json() {

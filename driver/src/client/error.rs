@@ -175,6 +175,8 @@ pub enum ClientError {
     InvalidArgument {
         /// The shard that refused.
         shard: ShardId,
+        /// Which of the two (22004: a required argument was NULL).
+        code: String,
         /// The shard's message, naming the argument.
         message: String,
     },
@@ -373,7 +375,11 @@ impl ClientError {
             sqlstate::NO_DATA_FOUND => ClientError::UnknownExecution { shard, message },
             sqlstate::OPERATOR_INTERVENTION => ClientError::TaskCancelled { shard, message },
             sqlstate::INVALID_PARAMETER_VALUE | sqlstate::NULL_VALUE_NOT_ALLOWED => {
-                ClientError::InvalidArgument { shard, message }
+                ClientError::InvalidArgument {
+                    shard,
+                    code: code.to_owned(),
+                    message,
+                }
             }
             sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE => {
                 if let Some(to) = detail.and_then(moved_detail) {
@@ -429,6 +435,30 @@ impl ClientError {
             | ClientError::NoShardAvailable { .. } => true,
             _ => false,
         }
+    }
+
+    /// The SQLSTATE the shard raised, when this error keeps it
+    /// (docs/reference/errors.md): `None` for an error the driver found
+    /// itself, a shard it could not reach, and a conflict (40P01 and 40001
+    /// are one variant).
+    pub fn sqlstate(&self) -> Option<&str> {
+        Some(match self {
+            ClientError::Database { code, .. } => return code.as_deref(),
+            ClientError::InvalidArgument { code, .. } => code,
+            ClientError::QuotaExceeded { .. } => sqlstate::CONFIGURATION_LIMIT_EXCEEDED,
+            ClientError::GateRejected { .. } => sqlstate::OBJECT_IN_USE,
+            ClientError::StaleToken { .. } => sqlstate::LOCK_NOT_AVAILABLE,
+            ClientError::UnknownExecution { .. }
+            | ClientError::UnknownTask { .. }
+            | ClientError::UnknownQueue { .. }
+            | ClientError::UnknownSchedule { .. } => sqlstate::NO_DATA_FOUND,
+            ClientError::TaskCancelled { .. } => sqlstate::OPERATOR_INTERVENTION,
+            ClientError::WrongState { .. }
+            | ClientError::TopologyMismatch { .. }
+            | ClientError::Moved { .. } => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            ClientError::Misplaced { .. } => sqlstate::CHECK_VIOLATION,
+            _ => return None,
+        })
     }
 
     /// The shard that refused or could not serve, when one did.
@@ -499,6 +529,16 @@ mod tests {
                 other => panic!("{code}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_refusal_keeps_its_sqlstate_except_a_conflict() {
+        for code in [
+            "53400", "55006", "55P03", "P0002", "22023", "22004", "55000", "57000", "0A000", "42501", "54000",
+        ] {
+            assert_eq!(refusal(code).sqlstate(), Some(code), "{code}");
+        }
+        assert_eq!(refusal("40P01").sqlstate(), None);
     }
 
     #[test]
