@@ -1,6 +1,7 @@
 //! Health and alerts over HTTP, against two shards of its own (one is
-//! stopped here): `/health` and `/ready` on `sheaf metrics serve` and on a
-//! Worker's `metrics_listen`; every metric the alert rules
+//! stopped here): tasks in flight and superseded runs counted; `/health`
+//! and `/ready` on `sheaf metrics serve` and on a Worker's
+//! `metrics_listen`; every metric the alert rules
 //! (`ops/prometheus/sheaf-rules.yml`) name in both live scrapes; and
 //! `promtool test rules` fed with the series scraped before and after the
 //! stop, so `SheafShardUnready` is shown firing after it and not before.
@@ -13,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sheaf_driver::{
-    Client, EnqueueOptions, Placement, PoolOptions, Relay, RelayOptions, TaskContext, TaskDone, Topology,
-    Worker, WorkerOptions,
+    Client, EnqueueOptions, Placement, PoolOptions, Relay, RelayOptions, StartOptions, TaskContext, TaskDone,
+    Topology, Worker, WorkerOptions,
 };
 use sheaf_tests::{http_get, metrics_serve, repo_root, sid, unique, until};
 
@@ -180,29 +181,59 @@ async fn a_stopped_shard_turns_ready_to_503_and_fires_the_readiness_alert() {
         .acquire_timeout(Duration::from_secs(2));
     let client = Arc::new(Client::new(topology.clone(), pool.clone()).expect("a client"));
     let queue = unique("alerts");
-    for n in 0..2 {
+    for (n, payload) in [(0, "hold"), (1, "go")] {
         client
             .enqueue(
                 &queue,
-                json!({}),
+                json!(payload),
                 EnqueueOptions::new().placement(Placement::Shard(sid(n))),
             )
             .await
             .expect("enqueue");
     }
+    // The "hold" task's handler runs until the gate opens: in flight.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let held = gate.clone();
     let worker = Worker::start(
         client.clone(),
         WorkerOptions::new(unique("w"), [queue.clone()]).metrics_listen("127.0.0.1:0".parse().unwrap()),
-        |_ctx: TaskContext| async { Ok(TaskDone::Complete(None)) },
+        move |ctx: TaskContext| {
+            let held = held.clone();
+            async move {
+                if ctx.task().payload.as_str() == r#""hold""# {
+                    held.notified().await;
+                }
+                Ok(TaskDone::Complete(None))
+            }
+        },
     )
     .expect("a worker");
     let at_worker = worker.metrics_addr().expect("served");
-    until(
-        "the worker to finish both tasks",
-        Duration::from_secs(30),
-        async || worker.stats().completed == 2,
-    )
+    let metrics = client.metrics();
+    until("one task done, one held", Duration::from_secs(30), async || {
+        worker.stats().completed == 1 && metrics.tasks_in_flight(sid(0), &queue) == 1
+    })
     .await;
+    let in_flight = format!(r#"sheaf_tasks_in_flight{{queue="{queue}",shard="0"}}"#);
+    assert!(scrape(at_worker).await.contains(&format!("{in_flight} 1")));
+    gate.notify_one();
+    until("the held task to be done", Duration::from_secs(30), async || {
+        worker.stats().completed == 2
+    })
+    .await;
+    assert_eq!(metrics.tasks_in_flight(sid(0), &queue), 0);
+
+    // Declared on every shard now; started (on one) after the stop.
+    let workflow = unique("alerts-latest");
+    client
+        .admin()
+        .declare_workflow(
+            &workflow,
+            json!({"concurrency": {"key": "input.k", "limit": 1, "on_conflict": "cancel_running"}}),
+        )
+        .await
+        .into_result()
+        .expect("declared");
     let (mut cli, at_cli) = metrics_serve(&spec, &["--sample-every", "1s"]).await;
 
     // A standalone relay's loop ticks too.
@@ -290,6 +321,24 @@ async fn a_stopped_shard_turns_ready_to_503_and_fires_the_readiness_alert() {
     assert!(
         !passed && said.contains("SheafShardUnready"),
         "expecting the alert before the stop fails:\n{said}"
+    );
+
+    // A latest-wins start supersedes the run before it, counted. Last: the
+    // cap it leaves on shard 0 alone reads as configuration drift, which
+    // would hold the shard back.
+    for id in ["first", "second"] {
+        let on = StartOptions::new().placement(Placement::Shard(sid(0)));
+        let started = client
+            .start_workflow(&workflow, id, json!({"k": "x"}), on)
+            .await
+            .expect("a start");
+        assert_eq!(started.superseded.len(), usize::from(id == "second"));
+    }
+    assert!(
+        scrape(at_worker).await.contains(&format!(
+            r#"sheaf_executions_superseded_total{{shard="0",workflow="{workflow}"}} 1"#
+        )),
+        "the superseded run is counted"
     );
 
     worker.shutdown().await;
