@@ -1,5 +1,6 @@
 //! Health and alerts over HTTP, against two shards of its own (one is
-//! stopped here): tasks in flight and superseded runs counted; `/health`
+//! stopped here): tasks in flight, superseded runs and an open snapshot's
+//! age measured; `/health`
 //! and `/ready` on `sheaf metrics serve` and on a Worker's
 //! `metrics_listen`; every metric the alert rules
 //! (`ops/prometheus/sheaf-rules.yml`) name in both live scrapes; and
@@ -340,6 +341,16 @@ async fn a_stopped_shard_turns_ready_to_503_and_fires_the_readiness_alert() {
         )),
         "the superseded run is counted"
     );
+
+    // A transaction holding a snapshot is the oldest one's age.
+    let holder = sheaf_tests::connect(client.topology().get(sid(0)).expect("shard 0")).await;
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM sheaf.tasks")
+        .await
+        .expect("a snapshot held");
+    let held_for = client.admin().oldest_snapshot(sid(0)).await.expect("its age");
+    assert!(held_for > Duration::ZERO, "{held_for:?}");
+    holder.batch_execute("COMMIT").await.expect("released");
 
     worker.shutdown().await;
     cli.kill().await.expect("stopped");
