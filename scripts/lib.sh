@@ -7,6 +7,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/sheaf/target}"
 export PATH="$HOME/.cargo/bin:$PATH"
 # The unprivileged user that owns every Postgres cluster (Postgres refuses root).
 PG_USER="${SHEAF_PG_USER:-postgres}"
+# promtool, unpacked by scripts/bootstrap (the alert rules' checks and tests read it).
+export SHEAF_PROMTOOL="${SHEAF_PROMTOOL:-/opt/prometheus/usr/bin/promtool}"
 
 log() { printf '[sheaf] %s\n' "$*" >&2; }
 die() { printf '[sheaf] error: %s\n' "$*" >&2; exit 1; }

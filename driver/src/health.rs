@@ -1,12 +1,12 @@
 //! Shard readiness; see [`Readiness`].
 
-use crate::client::Admin;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::client::{Admin, ClientError, Owned, first_column};
 use crate::status::{ShardHealth, TopologyStatus};
-use crate::topology::ShardId;
+use crate::topology::{ShardId, Topology};
 
 /// Why a shard is not ready (its code is the snake_case name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -192,6 +192,35 @@ pub(crate) fn fleet_readiness(
         .collect()
 }
 
+/// The whole fleet's readiness, as a `/ready` probe answers it: every
+/// shard's verdict, and whether all of them are ready. Safe to serve: it
+/// names shards by id and never carries their connection strings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct FleetReadiness {
+    /// Every shard is ready.
+    pub ready: bool,
+    /// Each shard's verdict.
+    pub shards: Vec<Readiness>,
+}
+
+impl FleetReadiness {
+    /// The HTTP status a `/ready` endpoint answers with: 200 when ready,
+    /// 503 when not.
+    pub fn http_status(&self) -> u16 {
+        if self.ready { 200 } else { 503 }
+    }
+}
+
+/// The oldest open snapshot on the server: a session's transaction holding
+/// one (autovacuum's own aside), or a prepared transaction. Other roles'
+/// sessions show only to a login with `pg_read_all_stats` (or `pg_monitor`).
+const OLDEST_SNAPSHOT: &str = "SELECT coalesce(extract(epoch FROM now() - least(\
+       (SELECT min(xact_start) FROM pg_catalog.pg_stat_activity \
+         WHERE backend_xmin IS NOT NULL AND pid <> pg_catalog.pg_backend_pid() \
+           AND backend_type <> 'autovacuum worker'), \
+       (SELECT min(prepared) FROM pg_catalog.pg_prepared_xacts))), 0)::float8";
+
 impl Admin<'_> {
     /// Probes the fleet and gives each shard's readiness (only
     /// `candidate`'s when named), each probe bounded by `timeout`.
@@ -213,6 +242,43 @@ impl Admin<'_> {
         let verdicts = fleet_readiness(&status, &self.client.topology().digest(), &drift, None);
         (status, verdicts)
     }
+
+    /// Every shard's readiness ([`Admin::shard_health`]) as one verdict, for
+    /// a `/ready` endpoint (the metrics server's, the dashboard's): sets
+    /// `sheaf_shard_ready{shard}`, and takes any shard's connection string
+    /// out of what the probes said, so the answer may be served.
+    pub async fn fleet_readiness(self, timeout: std::time::Duration) -> FleetReadiness {
+        let mut shards = self.shard_health(None, timeout).await;
+        for r in &mut shards {
+            self.client.metrics().ready(r.shard, r.ready);
+            for detail in &mut r.details {
+                *detail = redact(self.client.topology(), detail);
+            }
+        }
+        FleetReadiness {
+            ready: shards.iter().all(|r| r.ready),
+            shards,
+        }
+    }
+
+    /// How long the oldest snapshot open on `shard`'s server has been held,
+    /// which vacuum cannot clean behind (zero when none is). Counts other
+    /// roles' sessions only with `pg_read_all_stats`.
+    pub async fn oldest_snapshot(self, shard: ShardId) -> Result<std::time::Duration, ClientError> {
+        let (call, rows) = self
+            .client
+            .on_shard(shard, Owned::Shard, OLDEST_SNAPSHOT, &[])
+            .await?;
+        let secs: f64 = first_column(&call, &rows)?;
+        Ok(std::time::Duration::from_secs_f64(secs.max(0.0)))
+    }
+}
+
+/// `text` without any shard's connection string (an error may quote one).
+fn redact(topology: &Topology, text: &str) -> String {
+    topology.shards().fold(text.to_owned(), |text, s| {
+        text.replace(&s.url, &format!("<shard {} connection string>", s.id))
+    })
 }
 
 #[cfg(test)]
@@ -300,6 +366,22 @@ mod tests {
             Some(ShardId::new(1).unwrap()),
         );
         assert_eq!((only.len(), only[0].shard.get()), (1, 1));
+    }
+
+    #[test]
+    fn served_verdicts_carry_no_connection_string() {
+        let topology = Topology::parse("0=postgres://u:secret@h/a,1=postgres://u:secret@h/b").unwrap();
+        let said = "cannot reach postgres://u:secret@h/b: refused";
+        assert_eq!(
+            redact(&topology, said),
+            "cannot reach <shard 1 connection string>: refused"
+        );
+        let fleet = FleetReadiness {
+            ready: false,
+            shards: Vec::new(),
+        };
+        assert_eq!(fleet.http_status(), 503);
+        assert_eq!(FleetReadiness { ready: true, ..fleet }.http_status(), 200);
     }
 
     #[test]

@@ -129,10 +129,10 @@ pub use client::{
     TaskStatus, Tree, TreeNode, Unsettled, Usage, attr_equality, config_drift,
 };
 pub use handler::{CancelReason, TaskContext, TaskDone, TaskFailure};
-pub use health::{HealthReason, Readiness};
+pub use health::{FleetReadiness, HealthReason, Readiness};
 pub use id::{ExecutionId, IdError, TaskId};
 pub use json::Json;
-pub use metrics::{Metrics, Outcome, RelayEdge, TaskOutcome};
+pub use metrics::{Loop, Metrics, Outcome, RelayEdge, TaskOutcome};
 #[cfg(feature = "http")]
 pub use metrics_http::{MetricsServer, MetricsServerOptions};
 pub use pool::{PoolOptions, ShardError, ShardPools};

@@ -9,6 +9,8 @@ use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use tokio_postgres::error::SqlState;
+
 use crate::breaker::BreakerState;
 use crate::topology::ShardId;
 
@@ -113,6 +115,7 @@ struct RelayMetrics {
     indeterminate: IntCounterVec,
     over_incomplete: IntCounterVec,
     outbox_pending: IntGaugeVec,
+    oldest_pending: IntGaugeVec,
     oldest_indeterminate: IntGaugeVec,
     protocol_role: IntGaugeVec,
 }
@@ -163,6 +166,11 @@ impl RelayMetrics {
                 "Undelivered outbox rows on the shard, by kind",
                 &["shard", "kind"],
             ),
+            oldest_pending: gauge(
+                "sheaf_outbox_oldest_pending_seconds",
+                "Age of the shard's oldest undelivered outbox row, by kind",
+                &["shard", "kind"],
+            ),
             oldest_indeterminate: gauge(
                 "sheaf_outbox_oldest_indeterminate_seconds",
                 "How long the shard's longest-indeterminate outbox row has been so, by kind",
@@ -175,6 +183,97 @@ impl RelayMetrics {
                 &["shard"],
             ),
         }
+    }
+}
+
+/// A loop whose last tick `sheaf_loop_last_tick_timestamp_seconds` gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Loop {
+    /// A worker's claim loop of one shard (the guide's scanner: it polls
+    /// the shard for due work).
+    Claim,
+    /// A worker's registration and `sheaf.maintain()` pass.
+    Maintenance,
+    /// A relay's sweep of one shard (a worker's or a standalone [`Relay`](crate::Relay)).
+    Relay,
+}
+
+impl Loop {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Loop::Claim => "claim",
+            Loop::Maintenance => "maintenance",
+            Loop::Relay => "relay",
+        }
+    }
+}
+
+/// The series alerts read beyond the shards' traffic: readiness, vacuum
+/// horizons, conflicts retried, superseded runs, tasks in hand and each
+/// loop's last tick.
+struct HealthMetrics {
+    ready: IntGaugeVec,
+    oldest_snapshot: GaugeVec,
+    retries: IntCounterVec,
+    superseded: IntCounterVec,
+    in_flight: IntGaugeVec,
+    last_tick: GaugeVec,
+}
+
+impl HealthMetrics {
+    fn new(
+        registry: &Registry,
+        counter: &dyn Fn(&str, &str, &[&str]) -> IntCounterVec,
+        gauge: &dyn Fn(&str, &str, &[&str]) -> IntGaugeVec,
+    ) -> HealthMetrics {
+        let float = |name: &str, help: &str, labels: &[&str]| {
+            let g = GaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
+            registry.register(Box::new(g.clone())).expect("registered once");
+            g
+        };
+        HealthMetrics {
+            ready: gauge(
+                "sheaf_shard_ready",
+                "1 if the shard's last readiness probe found nothing holding it back (sheaf shard health), else 0",
+                &["shard"],
+            ),
+            oldest_snapshot: float(
+                "sheaf_shard_oldest_snapshot_seconds",
+                "Age of the oldest transaction holding a snapshot on the shard's server (vacuum cannot clean behind it), at the last sample",
+                &["shard"],
+            ),
+            retries: counter(
+                "sheaf_transaction_retries_total",
+                "Statements run again after a transient conflict, by reason (deadlock, serialization)",
+                &["shard", "reason"],
+            ),
+            superseded: counter(
+                "sheaf_executions_superseded_total",
+                "Executions a start through this client cancelled (on_conflict cancel_running, latest wins)",
+                &["shard", "workflow"],
+            ),
+            in_flight: gauge(
+                "sheaf_tasks_in_flight",
+                "Tasks this process's workers hold now: claimed, their outcome not yet recorded",
+                &["shard", "queue"],
+            ),
+            last_tick: float(
+                "sheaf_loop_last_tick_timestamp_seconds",
+                "When a loop of this process last went round, in seconds since the epoch, by loop (claim, maintenance, relay)",
+                &["loop", "shard"],
+            ),
+        }
+    }
+}
+
+/// Counts a task in `sheaf_tasks_in_flight` until dropped.
+pub(crate) struct InFlight(prometheus::IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -207,7 +306,8 @@ impl RelayMetrics {
 /// - The outbox's: `sheaf_outbox_deliveries_total{shard,kind,outcome}`,
 ///   `sheaf_outbox_indeterminate_total{shard,kind}` (`shard`: the one that
 ///   could not be inspected), `sheaf_outbox_found_over_incomplete_fanout_total{kind}`,
-///   and, from `outbox_backlog()`, `sheaf_outbox_pending{shard,kind}` and
+///   and, from `outbox_backlog()`, `sheaf_outbox_pending{shard,kind}`,
+///   `sheaf_outbox_oldest_pending_seconds{shard,kind}` and
 ///   `sheaf_outbox_oldest_indeterminate_seconds{shard,kind}` (how long a row
 ///   has waited on a shard that cannot be read: what to alert on).
 /// - `sheaf_protocol_role{shard}`: 1 when this client's login on the shard
@@ -220,6 +320,18 @@ impl RelayMetrics {
 ///   `waiting`, `running`, `paused`, `dead`) and
 ///   `sheaf_queue_oldest_ready_seconds{shard,queue}`; a queue gone from a
 ///   shard is dropped at the next sample, at most 1,000 queues per shard.
+/// - Also sampled by the metrics server: `sheaf_shard_ready{shard}` (1 when
+///   [`Admin::fleet_readiness`](crate::Admin::fleet_readiness) finds nothing
+///   holding the shard back) and `sheaf_shard_oldest_snapshot_seconds{shard}`
+///   (the oldest open snapshot on the shard's server, which vacuum cannot
+///   clean behind).
+/// - `sheaf_transaction_retries_total{shard,reason}`: statements run again
+///   after a `deadlock` or `serialization` conflict.
+/// - `sheaf_executions_superseded_total{shard,workflow}`: executions a start
+///   through this client cancelled (`cancel_running`).
+/// - `sheaf_tasks_in_flight{shard,queue}`: tasks this process's workers hold.
+/// - `sheaf_loop_last_tick_timestamp_seconds{loop,shard}`: when each loop
+///   ([`Loop`]) last went round; `time() -` it is the loop's silence.
 pub struct Metrics {
     registry: Registry,
     up: IntGaugeVec,
@@ -235,6 +347,7 @@ pub struct Metrics {
     relay: RelayMetrics,
     queue_tasks: IntGaugeVec,
     queue_oldest: GaugeVec,
+    health: HealthMetrics,
     /// The queues each shard's last sample exported.
     sampled: Mutex<BTreeMap<ShardId, BTreeSet<String>>>,
 }
@@ -346,7 +459,9 @@ impl Metrics {
             &["shard", "queue", "state"],
         );
         let queue_oldest = oldest_ready_gauge(&registry);
+        let health = HealthMetrics::new(&registry, &counter, &gauge);
         Metrics {
+            health,
             queue_tasks,
             queue_oldest,
             sampled: Mutex::new(BTreeMap::new()),
@@ -472,12 +587,95 @@ impl Metrics {
                 .outbox_pending
                 .with_label_values(&[&s, kind])
                 .set(of().map(|b| b.rows).sum());
+            self.relay
+                .oldest_pending
+                .with_label_values(&[&s, kind])
+                .set(of().map(|b| b.oldest).min().map_or(0, age));
             let stuck = of().filter_map(|b| b.indeterminate_since).min().map_or(0, age);
             self.relay
                 .oldest_indeterminate
                 .with_label_values(&[&s, kind])
                 .set(stuck);
         }
+    }
+
+    pub(crate) fn ready(&self, shard: ShardId, ready: bool) {
+        self.health
+            .ready
+            .with_label_values(&[&shard.to_string()])
+            .set(i64::from(ready));
+    }
+
+    /// The last `sheaf_shard_ready` of `shard` (false until it is known).
+    pub fn shard_ready(&self, shard: ShardId) -> bool {
+        self.health.ready.with_label_values(&[&shard.to_string()]).get() == 1
+    }
+
+    pub(crate) fn oldest_snapshot(&self, shard: ShardId, secs: f64) {
+        self.health
+            .oldest_snapshot
+            .with_label_values(&[&shard.to_string()])
+            .set(secs);
+    }
+
+    /// A statement on `shard` run again after the transient conflict
+    /// `code`: a serialization failure, or else a deadlock.
+    pub(crate) fn retried(&self, shard: ShardId, code: Option<&SqlState>) {
+        let reason = if code == Some(&SqlState::T_R_SERIALIZATION_FAILURE) {
+            "serialization"
+        } else {
+            "deadlock"
+        };
+        self.health
+            .retries
+            .with_label_values(&[&shard.to_string(), reason])
+            .inc();
+    }
+
+    pub(crate) fn superseded(&self, shard: ShardId, workflow: &str, n: usize) {
+        if n > 0 {
+            self.health
+                .superseded
+                .with_label_values(&[&shard.to_string(), workflow])
+                .inc_by(n as u64);
+        }
+    }
+
+    /// Executions of `workflow` on `shard` superseded by starts through this client.
+    pub fn superseded_total(&self, shard: ShardId, workflow: &str) -> u64 {
+        self.health
+            .superseded
+            .with_label_values(&[&shard.to_string(), workflow])
+            .get()
+    }
+
+    /// Counts a task of `queue` on `shard` in hand until the guard drops.
+    pub(crate) fn in_flight(&self, shard: ShardId, queue: &str) -> InFlight {
+        let g = self
+            .health
+            .in_flight
+            .with_label_values(&[&shard.to_string(), queue]);
+        g.inc();
+        InFlight(g)
+    }
+
+    /// The tasks of `queue` on `shard` this process's workers hold now.
+    pub fn tasks_in_flight(&self, shard: ShardId, queue: &str) -> i64 {
+        self.health
+            .in_flight
+            .with_label_values(&[&shard.to_string(), queue])
+            .get()
+    }
+
+    /// `what` went round for `shard` now.
+    pub(crate) fn tick(&self, what: Loop, shard: ShardId) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.health
+            .last_tick
+            .with_label_values(&[what.label(), &shard.to_string()])
+            .set(now);
     }
 
     pub(crate) fn protocol_role(&self, shard: ShardId, held: bool) {
@@ -677,5 +875,39 @@ mod tests {
         assert!(!m.protocol_role_held(s1));
         m.protocol_role(s1, true);
         assert!(m.protocol_role_held(s1));
+    }
+
+    #[test]
+    fn health_series_count_what_happened_and_in_flight_tasks_come_back_down() {
+        let m = Metrics::new();
+        let s1 = ShardId::new(1).unwrap();
+        m.ready(s1, false);
+        m.oldest_snapshot(s1, 12.5);
+        m.retried(s1, Some(&SqlState::T_R_DEADLOCK_DETECTED));
+        m.retried(s1, Some(&SqlState::T_R_SERIALIZATION_FAILURE));
+        m.superseded(s1, "invoice", 2);
+        m.superseded(s1, "quiet", 0);
+        m.tick(Loop::Relay, s1);
+        let held = [m.in_flight(s1, "q"), m.in_flight(s1, "q")];
+        let text = m.render();
+        for line in [
+            r#"sheaf_shard_ready{shard="1"} 0"#,
+            r#"sheaf_shard_oldest_snapshot_seconds{shard="1"} 12.5"#,
+            r#"sheaf_transaction_retries_total{reason="deadlock",shard="1"} 1"#,
+            r#"sheaf_transaction_retries_total{reason="serialization",shard="1"} 1"#,
+            r#"sheaf_executions_superseded_total{shard="1",workflow="invoice"} 2"#,
+            r#"sheaf_tasks_in_flight{queue="q",shard="1"} 2"#,
+            r#"sheaf_loop_last_tick_timestamp_seconds{loop="relay",shard="1"} "#,
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("quiet"), "no series for nothing superseded");
+        assert!(
+            !text.contains(r#"loop="claim""#),
+            "no tick before a loop goes round"
+        );
+        drop(held);
+        assert_eq!(m.tasks_in_flight(s1, "q"), 0);
+        assert!(!m.shard_ready(s1));
     }
 }

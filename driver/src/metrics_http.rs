@@ -1,8 +1,10 @@
 //! `/metrics` over HTTP (feature `http`): the client's series, with the
-//! queues of every readable shard sampled when a scrape finds the last
-//! sample older than [`MetricsServerOptions::sample_every`], so scraping
-//! often costs the shards nothing more. Used by a [`Worker`] with
-//! `metrics_listen` and by `sheaf metrics serve`.
+//! queues, backlogs, snapshots and readiness of every shard sampled when a
+//! scrape finds the last sample older than
+//! [`MetricsServerOptions::sample_every`], so scraping often costs the
+//! shards nothing more; `/health` (the process answers) and `/ready` (every
+//! shard is ready) beside it. Used by a [`Worker`] with `metrics_listen` and
+//! by `sheaf metrics serve`.
 //!
 //! [`Worker`]: crate::Worker
 
@@ -45,7 +47,8 @@ impl MetricsServerOptions {
     }
 
     /// The longest a sample may take before the scrape is answered with
-    /// the last one (default 5 s).
+    /// the last one (default 5 s); also bounds each shard's probe for
+    /// `/ready`.
     pub fn sample_timeout(mut self, sample_timeout: Duration) -> Self {
         self.sample_timeout = sample_timeout;
         self
@@ -124,8 +127,8 @@ impl Drop for Served {
 pub struct MetricsServer(Served);
 
 impl MetricsServer {
-    /// Serves `GET /metrics` on `listen` (port 0: any free port, see
-    /// [`MetricsServer::local_addr`]).
+    /// Serves `GET /metrics`, `GET /health` and `GET /ready` on `listen`
+    /// (port 0: any free port, see [`MetricsServer::local_addr`]).
     pub async fn start(
         client: Arc<Client>,
         listen: SocketAddr,
@@ -163,7 +166,11 @@ impl MetricsServer {
             options,
             last: Mutex::new(None),
         });
-        let app = Router::new().route("/metrics", get(metrics)).with_state(shared);
+        let app = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/health", get(health))
+            .route("/ready", get(ready))
+            .with_state(shared);
         Served::spawn(listener, app, "metrics server").map(MetricsServer)
     }
 
@@ -182,18 +189,12 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     {
         let mut last = shared.last.lock().await;
         if last.is_none_or(|at| at.elapsed() >= shared.options.sample_every) {
-            match tokio::time::timeout(
-                shared.options.sample_timeout,
-                shared.client.admin().sample_queues(),
-            )
-            .await
+            let timeout = shared.options.sample_timeout;
+            if tokio::time::timeout(timeout, sample(&shared.client, timeout))
+                .await
+                .is_err()
             {
-                Ok(failed) => {
-                    for (shard, e) in failed {
-                        tracing::debug!(%shard, error = %e, "queue sample: shard did not answer");
-                    }
-                }
-                Err(_) => tracing::warn!("queue sample timed out; the last one is served"),
+                tracing::warn!("the sample timed out; the last one is served");
             }
             *last = Some(Instant::now());
         }
@@ -203,4 +204,52 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         shared.client.metrics_text(),
     )
+}
+
+/// One sample of every shard: its queues, the relay's and the outbox's
+/// backlogs, its oldest snapshot, and its readiness (a shard that does not
+/// answer keeps its last values, and `sheaf_shard_up` says it is down).
+async fn sample(client: &Client, timeout: Duration) {
+    let admin = client.admin();
+    let backlogs = client.readable_shards().into_iter().map(|shard| async move {
+        if let Err(e) = crate::relay::refresh_gauges(client, shard).await {
+            tracing::debug!(%shard, error = %e, "backlog sample: shard did not answer");
+        }
+        match admin.oldest_snapshot(shard).await {
+            Ok(age) => client.metrics().oldest_snapshot(shard, age.as_secs_f64()),
+            Err(e) => tracing::debug!(%shard, error = %e, "snapshot sample: shard did not answer"),
+        }
+    });
+    let (failed, _, _) = tokio::join!(
+        admin.sample_queues(),
+        futures::future::join_all(backlogs),
+        // Half the sample's bound, so a shard that hangs is found unready
+        // within the sample rather than cut off with it.
+        admin.fleet_readiness(timeout / 2)
+    );
+    for (shard, e) in failed {
+        tracing::debug!(%shard, error = %e, "queue sample: shard did not answer");
+    }
+}
+
+/// Liveness: the process answers; no shard is asked.
+async fn health() -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"status":"ok"}"#,
+    )
+}
+
+/// Readiness: every shard probed now; 503 with each shard's reasons when
+/// one is not ready.
+async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let verdict = shared
+        .client
+        .admin()
+        .fleet_readiness(shared.options.sample_timeout)
+        .await;
+    let status = StatusCode::from_u16(verdict.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let body = serde_json::to_string(&verdict).unwrap_or_else(|_| r#"{"ready":false}"#.into());
+    (status, [(header::CONTENT_TYPE, "application/json")], body)
 }

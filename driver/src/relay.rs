@@ -15,7 +15,7 @@ use crate::client::{
 };
 use crate::id::ExecutionId;
 use crate::listen::{self, Heard};
-use crate::metrics::RelayEdge;
+use crate::metrics::{Loop, RelayEdge};
 use crate::topology::ShardId;
 
 /// How a relay runs. `RelayOptions::new()` takes the defaults; each setter
@@ -361,6 +361,7 @@ pub(crate) async fn run_shard(
                 tracing::debug!(%shard, error = %e, "checking seals failed; retried later");
             }
         }
+        client.metrics().tick(Loop::Relay, shard);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = wake.notified() => {}
@@ -517,7 +518,7 @@ async fn drive(client: &Client, shard: ShardId, options: &RelayOptions, row: Rel
 }
 
 /// Sets `shard`'s backlog gauges from `relay_backlog()` and `outbox_backlog()`.
-async fn refresh_gauges(client: &Client, shard: ShardId) -> Result<(), ClientError> {
+pub(crate) async fn refresh_gauges(client: &Client, shard: ShardId) -> Result<(), ClientError> {
     let children = client.admin().relay_backlog(shard).await?;
     let outbox = client.admin().outbox_backlog(shard).await?;
     let targets: Vec<ShardId> = client.topology().shards().map(|s| s.id).collect();

@@ -17,7 +17,7 @@ use crate::client::{ClaimedTask, Client, ClientError};
 use crate::handler::{CancelReason, TaskContext, TaskDone, TaskFailure, lease_lost};
 use crate::id::TaskId;
 use crate::listen::{self, Heard};
-use crate::metrics::TaskOutcome;
+use crate::metrics::{Loop, TaskOutcome};
 use crate::pool::ShardError;
 use crate::relay::{self, RelayOptions};
 use crate::topology::ShardId;
@@ -723,6 +723,7 @@ where
     let mut held: Option<OwnedSemaphorePermit> = None;
     while !ctx.stop.is_cancelled() {
         let claimed = claim_from(ctx, handler, shard, held.take()).await;
+        ctx.client.metrics().tick(Loop::Claim, shard);
         let until = Instant::now() + ctx.options.idle_poll;
         if ctx.slots.available_permits() == 0 {
             // Every slot busy: wait for one to free up (the semaphore
@@ -968,6 +969,9 @@ async fn housekeep(ctx: Arc<Ctx>) {
             maintain(&ctx).await;
             next_maintain = now + ctx.options.maintain_every;
         }
+        for &shard in &ctx.shards {
+            ctx.client.metrics().tick(Loop::Maintenance, shard);
+        }
         tokio::select! {
             _ = ctx.stop.cancelled() => {}
             _ = tokio::time::sleep_until(next_register.min(next_maintain)) => {}
@@ -1077,6 +1081,7 @@ async fn run_task<H, F>(
     F: Future<Output = Result<TaskDone, TaskFailure>> + Send + 'static,
 {
     let claimed_at = Instant::now();
+    let _in_flight = ctx.client.metrics().in_flight(task.shard, &task.queue);
     let task_ctx = TaskContext::new(task.clone(), ctx.client.clone(), deadline);
     let mut work = AbortOnDrop(tokio::spawn(handler(task_ctx.clone())));
     let mut beat = tokio::time::interval_at(Instant::now() + ctx.options.lease / 3, ctx.options.lease / 3);

@@ -252,3 +252,44 @@ pub async fn until(what: &str, timeout: std::time::Duration, mut done: impl Asyn
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// `sheaf metrics serve --listen 127.0.0.1:0 ARGS` over the shards of
+/// `spec`, killed when dropped: the process and the address it printed.
+pub async fn metrics_serve(spec: &str, args: &[&str]) -> (tokio::process::Child, std::net::SocketAddr) {
+    let mut cli = tokio::process::Command::new(cli_binary())
+        .args(["metrics", "serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("SHEAF_SHARDS", spec)
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the CLI starts");
+    let mut lines = tokio::io::BufReader::new(cli.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first)
+        .await
+        .expect("its address");
+    let addr = first
+        .trim()
+        .strip_prefix("serving http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    (cli, addr)
+}
+
+/// `GET path` from `addr` over a real TCP connection (HTTP/1.1, closed
+/// after): the response's head (status line and headers) and body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: sheaf\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.expect("response");
+    let text = String::from_utf8(raw).expect("utf-8");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    (head.to_owned(), body.to_owned())
+}

@@ -688,21 +688,13 @@ async fn retention_deletes_exactly_what_is_past_its_window_and_keeps_quota_exact
 
 /// `GET /metrics` from `addr` over a real TCP connection: the body of a 200.
 async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: sheaf\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw).await.expect("response");
-    let text = String::from_utf8(raw).expect("utf-8");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    let (head, body) = sheaf_tests::http_get(addr, "/metrics").await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
         head.to_ascii_lowercase().contains("content-type: text/plain"),
         "{head}"
     );
-    body.to_owned()
+    body
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -772,25 +764,7 @@ async fn metrics_are_served_over_http_with_each_queues_counts() {
 
 /// `sheaf metrics serve` on any free port it prints, scraped.
 async fn the_cli_serves_metrics(queue: &str, shard: ShardId) {
-    let mut cli = tokio::process::Command::new(cli_binary())
-        .args(["metrics", "serve", "--listen", "127.0.0.1:0"])
-        .env("SHEAF_SHARDS", fleet_spec())
-        .env_remove("SHEAF_TOPOLOGY_DIGEST")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the CLI starts");
-    let mut lines = tokio::io::BufReader::new(cli.stdout.take().expect("stdout"));
-    let mut first = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first)
-        .await
-        .expect("its address");
-    let addr: std::net::SocketAddr = first
-        .trim()
-        .strip_prefix("serving http://")
-        .and_then(|a| a.strip_suffix("/metrics"))
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("{first}"));
+    let (mut cli, addr) = sheaf_tests::metrics_serve(fleet_spec(), &[]).await;
     let body = scrape(addr).await;
     assert!(
         body.contains(&format!(

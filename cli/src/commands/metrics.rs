@@ -11,9 +11,11 @@ use crate::exit::{self, Exit};
 use crate::output::serving;
 
 /// Serve the fleet's metrics over HTTP (`/metrics`, Prometheus text):
-/// per shard reachability, breaker and requests, and per shard and
-/// queue its tasks by state and oldest ready age, sampled at most every
-/// --sample-every. Runs until SIGINT or SIGTERM.
+/// per shard reachability, readiness, breaker, requests, backlogs and
+/// oldest snapshot, and per shard and queue its tasks by state and oldest
+/// ready age, sampled at most every --sample-every. Also `/health` (200
+/// while it runs) and `/ready` (200 when every shard is ready, else 503
+/// with the reasons as JSON). Runs until SIGINT or SIGTERM.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(subcommand)]

@@ -101,6 +101,8 @@ impl Client {
             )
             .await?;
         let started = started_from_rows(&call, &rows)?;
+        self.metrics
+            .superseded(call.shard, name, started.superseded.len());
         if started.created {
             return Ok(started);
         }
@@ -257,7 +259,12 @@ impl Client {
             &signal_id,
         ];
         match self.query(&call, SIGNAL_WITH_START, &params).await {
-            Ok(rows) => started_from_rows(&call, &rows),
+            Ok(rows) => {
+                let started = started_from_rows(&call, &rows)?;
+                self.metrics
+                    .superseded(call.shard, name, started.superseded.len());
+                Ok(started)
+            }
             // The placed shard holds the run's seal: signal it where it
             // lives, from the seal's forward on, and report the shard that
             // took the signal (the forward may be one hop of several).

@@ -397,6 +397,7 @@ impl Client {
                         && tokio::time::Instant::now() + backoff_cap(attempt) < deadline =>
                 {
                     tracing::debug!(shard = %call.shard, attempt, error = %e, "transient conflict; retrying");
+                    self.metrics.retried(call.shard, e.code());
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
                 }
