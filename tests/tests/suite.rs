@@ -1,6 +1,7 @@
 //! The integration tests: one binary, one module per concern (`cargo test
 //! -p sheaf-tests --test suite MODULE::`).
 
+mod api;
 mod chaos_soak;
 mod children;
 mod claim_concurrency;
