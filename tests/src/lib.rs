@@ -252,3 +252,33 @@ pub async fn until(what: &str, timeout: std::time::Duration, mut done: impl Asyn
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// `n` dead letters of `queue` on `shard`, with `error` as their error.
+pub async fn dead_letters(
+    c: &sheaf_driver::Client,
+    queue: &str,
+    shard: sheaf_driver::ShardId,
+    n: usize,
+    error: &str,
+) -> Vec<sheaf_driver::TaskId> {
+    for i in 0..n {
+        c.enqueue(
+            queue,
+            serde_json::json!({ "i": i }),
+            sheaf_driver::EnqueueOptions::new().placement(sheaf_driver::Placement::Shard(shard)),
+        )
+        .await
+        .expect("enqueue");
+    }
+    let claimed = c
+        .claim(shard, queue, "test", n as i32, std::time::Duration::from_secs(60))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), n);
+    for t in &claimed {
+        c.dead_letter(t.task_id, t.token, error)
+            .await
+            .expect("dead-letter");
+    }
+    claimed.iter().map(|t| t.task_id).collect()
+}

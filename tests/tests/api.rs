@@ -4,12 +4,11 @@
 //! OpenAPI document checked against the routes.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use sheaf_driver::{Client, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, TaskId};
-use sheaf_tests::{fleet, unique};
+use sheaf_driver::{Client, EnqueueOptions, ExecutionId, PoolOptions, ShardId};
+use sheaf_tests::{dead_letters, fleet, unique};
 use sheaf_web::{UiOptions, UiServer};
 
 const READ: &str = "read-token-0123456789";
@@ -429,29 +428,6 @@ async fn execution_calls_refuse_what_is_wrong() {
     api.stop().await;
 }
 
-/// `n` dead letters of `queue` on `shard`.
-async fn dead_letters(c: &Client, queue: &str, shard: ShardId, n: usize) -> Vec<TaskId> {
-    for i in 0..n {
-        c.enqueue(
-            queue,
-            json!({ "i": i }),
-            EnqueueOptions::new().placement(Placement::Shard(shard)),
-        )
-        .await
-        .expect("enqueue");
-    }
-    let claimed = c
-        .claim(shard, queue, "api-test", n as i32, Duration::from_secs(60))
-        .await
-        .expect("claim");
-    for t in &claimed {
-        c.dead_letter(t.task_id, t.token, "boom")
-            .await
-            .expect("dead-letter");
-    }
-    claimed.iter().map(|t| t.task_id).collect()
-}
-
 #[tokio::test]
 async fn tasks_are_enqueued_listed_read_and_cancelled() {
     let c = client();
@@ -507,7 +483,7 @@ async fn dead_letters_are_listed_redriven_and_purged() {
     let c = client();
     let api = Api::start(c.clone(), true).await;
     let queue = unique("api-dead");
-    let dead = dead_letters(&c, &queue, first_shard(), 3).await;
+    let dead = dead_letters(&c, &queue, first_shard(), 3, "boom").await;
     let (status, page) = api
         .get(&format!("/api/v1/dead-letters?queue={queue}&page_size=2"), READ)
         .await;
