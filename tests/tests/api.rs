@@ -662,6 +662,15 @@ async fn fleet_status_and_probes() {
     assert_eq!((status, health["status"].clone()), (StatusCode::OK, json!("ok")));
     let (status, ready) = api.call(Method::GET, "/ready", None, None).await;
     assert_eq!(status, StatusCode::OK, "{ready}");
+    let scrape = reqwest::get(format!("{}/metrics", api.base))
+        .await
+        .expect("a scrape");
+    assert_eq!(scrape.status(), StatusCode::OK);
+    let text = scrape.text().await.expect("a body");
+    assert!(
+        text.contains("sheaf_shard_up"),
+        "the served process has /metrics: {text}"
+    );
     assert_eq!(ready["ready_shards"], json!(fleet().shards().count()));
     api.stop().await;
 }

@@ -6,5 +6,6 @@
 
 mod api;
 mod dashboard;
+mod metrics;
 
 pub use dashboard::{UiOptions, UiServer};

@@ -15,7 +15,7 @@ use crate::output::serving;
 
 /// Serve the fleet dashboard in the browser (shards, queues,
 /// executions, dead letters, tasks, usage, rebalancing) and the HTTP JSON
-/// API under /api/v1, with /health and /ready, until SIGINT or SIGTERM;
+/// API under /api/v1, with /health, /ready and /metrics, until SIGINT or SIGTERM;
 /// prints its address first. The dashboard's actions (redrive, purge,
 /// cancel) need the admin token in SHEAF_UI_TOKEN (16+ characters);
 /// without it the dashboard is read-only. The API takes bearer tokens

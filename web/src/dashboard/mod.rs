@@ -183,6 +183,7 @@ impl UiServer {
         )
         .map_err(std::io::Error::other)?;
         let (api, _) = crate::api::routes(Arc::new(api));
+        let metrics = crate::metrics::routes(shared.client.clone());
         let stop = CancellationToken::new();
         let sampler = tokio::spawn(queues::sample(shared.clone(), stop.clone()));
         let app = Router::new()
@@ -201,6 +202,7 @@ impl UiServer {
             .route("/favicon.ico", get(icon))
             .with_state(shared)
             .merge(api)
+            .merge(metrics)
             .layer(axum::middleware::from_fn_with_state(hosts, known_host));
         let served = Served::spawn(listener, app, "dashboard")?;
         Ok(UiServer {
