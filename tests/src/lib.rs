@@ -293,3 +293,33 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String
     let (head, body) = text.split_once("\r\n\r\n").expect("a response");
     (head.to_owned(), body.to_owned())
 }
+
+/// `n` dead letters of `queue` on `shard`, with `error` as their error.
+pub async fn dead_letters(
+    c: &sheaf_driver::Client,
+    queue: &str,
+    shard: sheaf_driver::ShardId,
+    n: usize,
+    error: &str,
+) -> Vec<sheaf_driver::TaskId> {
+    for i in 0..n {
+        c.enqueue(
+            queue,
+            serde_json::json!({ "i": i }),
+            sheaf_driver::EnqueueOptions::new().placement(sheaf_driver::Placement::Shard(shard)),
+        )
+        .await
+        .expect("enqueue");
+    }
+    let claimed = c
+        .claim(shard, queue, "test", n as i32, std::time::Duration::from_secs(60))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), n);
+    for t in &claimed {
+        c.dead_letter(t.task_id, t.token, error)
+            .await
+            .expect("dead-letter");
+    }
+    claimed.iter().map(|t| t.task_id).collect()
+}

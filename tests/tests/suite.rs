@@ -2,6 +2,7 @@
 //! -p sheaf-tests --test suite MODULE::`).
 
 mod alerts;
+mod api;
 mod chaos_soak;
 mod children;
 mod claim_concurrency;

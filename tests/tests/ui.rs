@@ -19,7 +19,7 @@ use sheaf_driver::{
     ChildPlacement, Client, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, StartOptions,
     TaskId, Topology,
 };
-use sheaf_tests::{cli_json, fleet, unique};
+use sheaf_tests::{cli_json, dead_letters, fleet, unique};
 use sheaf_web::{UiOptions, UiServer};
 
 /// A chromedriver on a free port, stopped with the test: its whole process
@@ -243,30 +243,6 @@ fn ids_from_cli(args: &[&str], key: &str) -> Vec<String> {
 
 fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
-}
-
-/// `n` dead letters of `queue` on `shard`, with `error` as their error.
-async fn dead_letters(c: &Client, queue: &str, shard: ShardId, n: usize, error: &str) -> Vec<TaskId> {
-    for i in 0..n {
-        c.enqueue(
-            queue,
-            json!({ "i": i }),
-            EnqueueOptions::new().placement(Placement::Shard(shard)),
-        )
-        .await
-        .expect("enqueue");
-    }
-    let claimed = c
-        .claim(shard, queue, "ui-test", n as i32, Duration::from_secs(60))
-        .await
-        .expect("claim");
-    assert_eq!(claimed.len(), n);
-    for t in &claimed {
-        c.dead_letter(t.task_id, t.token, error)
-            .await
-            .expect("dead-letter");
-    }
-    claimed.iter().map(|t| t.task_id).collect()
 }
 
 // One story, told in order: each step builds on the one before.

@@ -1,7 +1,8 @@
-//! `sheaf serve` (alias `sheaf ui`): the fleet dashboard
-//! (`sheaf_web::UiServer`) until SIGINT
-//! or SIGTERM. Its admin token comes from the environment
-//! (`SHEAF_UI_TOKEN`), never the command line; without one it is read-only.
+//! `sheaf serve` (alias `sheaf ui`): the fleet dashboard and the HTTP API
+//! (`sheaf_web::UiServer`) until SIGINT or SIGTERM. Its tokens come from
+//! the environment (`SHEAF_UI_TOKEN`, `SHEAF_API_READ_TOKENS`,
+//! `SHEAF_API_ACT_TOKENS`), never the command line; without an admin token
+//! the dashboard is read-only, without API tokens the API refuses every call.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,10 +14,14 @@ use crate::exit::{self, Exit};
 use crate::output::serving;
 
 /// Serve the fleet dashboard in the browser (shards, queues,
-/// executions, dead letters, tasks, usage, rebalancing) until SIGINT or
-/// SIGTERM; prints its address first. Actions (redrive, purge, cancel)
-/// need the admin token in SHEAF_UI_TOKEN (16+ characters); without it
-/// the dashboard is read-only.
+/// executions, dead letters, tasks, usage, rebalancing) and the HTTP JSON
+/// API under /api/v1, with /health, /ready and /metrics, until SIGINT or SIGTERM;
+/// prints its address first. The dashboard's actions (redrive, purge,
+/// cancel) need the admin token in SHEAF_UI_TOKEN (16+ characters);
+/// without it the dashboard is read-only. The API takes bearer tokens
+/// from SHEAF_API_READ_TOKENS and SHEAF_API_ACT_TOKENS (comma-separated,
+/// 16+ characters each; act implies read); without any it refuses every
+/// call.
 #[derive(clap::Args)]
 pub struct Args {
     /// Where to listen (loopback by default).
@@ -44,10 +49,18 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
             "SHEAF_UI_TOKEN must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 16`)"
         ));
     }
+    let (read, act) = match (
+        api_tokens("SHEAF_API_READ_TOKENS"),
+        api_tokens("SHEAF_API_ACT_TOKENS"),
+    ) {
+        (Ok(read), Ok(act)) => (read, act),
+        (Err(why), _) | (_, Err(why)) => return exit::bad_input(why),
+    };
     let acting = admin_token.is_some();
     let options = UiOptions::default()
         .admin_token(admin_token)
-        .public_hosts(args.public_hosts);
+        .public_hosts(args.public_hosts)
+        .api_tokens(read, act);
     let server = match UiServer::start(Arc::new(client), listen, options).await {
         Ok(s) => s,
         Err(e) => {
@@ -62,4 +75,21 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     super::stopped().await;
     server.shutdown().await;
     Exit::Done
+}
+
+/// The comma-separated tokens of `var`, each at least [`MIN_TOKEN`] long.
+fn api_tokens(var: &str) -> Result<Vec<String>, String> {
+    let raw = std::env::var(var).unwrap_or_default();
+    let tokens: Vec<String> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if tokens.iter().any(|t| t.len() < MIN_TOKEN) {
+        return Err(format!(
+            "each token of {var} must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 16`)"
+        ));
+    }
+    Ok(tokens)
 }

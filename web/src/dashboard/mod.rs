@@ -33,6 +33,8 @@ mod fleet;
 mod queues;
 mod rebalance;
 mod session;
+
+pub(crate) use session::same;
 mod tasks;
 mod usage;
 
@@ -60,6 +62,7 @@ pub struct UiOptions {
     pub(crate) admin_token: Option<String>,
     pub(crate) sample_every: Duration,
     pub(crate) public_hosts: Vec<String>,
+    pub(crate) api_tokens: crate::api::Tokens,
 }
 
 impl UiOptions {
@@ -99,6 +102,17 @@ impl UiOptions {
     }
 }
 
+impl UiOptions {
+    /// The bearer tokens of the HTTP API (`/api/v1`, docs/operating/api.md):
+    /// `read` ones read, `act` ones also act (`SHEAF_API_READ_TOKENS` and
+    /// `SHEAF_API_ACT_TOKENS` for `sheaf serve`). None: the API refuses
+    /// every call.
+    pub fn api_tokens(mut self, read: Vec<String>, act: Vec<String>) -> Self {
+        self.api_tokens = crate::api::Tokens::new(read, act);
+        self
+    }
+}
+
 impl std::fmt::Debug for UiOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UiOptions")
@@ -106,6 +120,7 @@ impl std::fmt::Debug for UiOptions {
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("sample_every", &self.sample_every)
             .field("public_hosts", &self.public_hosts)
+            .field("api_tokens", &self.api_tokens.enabled().then_some("<set>"))
             .finish()
     }
 }
@@ -117,6 +132,7 @@ impl Default for UiOptions {
             admin_token: None,
             sample_every: Duration::from_secs(10),
             public_hosts: Vec::new(),
+            api_tokens: crate::api::Tokens::default(),
         }
     }
 }
@@ -160,6 +176,14 @@ impl UiServer {
             usage: usage::Kept::default(),
             options,
         });
+        let api = crate::api::ApiState::new(
+            shared.client.clone(),
+            shared.options.api_tokens.clone(),
+            shared.options.probe_timeout,
+        )
+        .map_err(std::io::Error::other)?;
+        let (api, _) = crate::api::routes(Arc::new(api));
+        let metrics = crate::metrics::routes(shared.client.clone());
         let stop = CancellationToken::new();
         let sampler = tokio::spawn(queues::sample(shared.clone(), stop.clone()));
         let app = Router::new()
@@ -177,6 +201,8 @@ impl UiServer {
             .route("/act/{action}", post(actions::act))
             .route("/favicon.ico", get(icon))
             .with_state(shared)
+            .merge(api)
+            .merge(metrics)
             .layer(axum::middleware::from_fn_with_state(hosts, known_host));
         let served = Served::spawn(listener, app, "dashboard")?;
         Ok(UiServer {
@@ -391,7 +417,7 @@ fn read_error(e: &ClientError) -> String {
 }
 
 /// The pairs of a query string or form body (`a=1&a=2` keeps both).
-fn pairs(raw: &str) -> Vec<(String, String)> {
+pub(crate) fn pairs(raw: &str) -> Vec<(String, String)> {
     form_urlencoded::parse(raw.as_bytes()).into_owned().collect()
 }
 
