@@ -129,7 +129,7 @@ def misplaced_start_refused(session: sf.Session, checks: Checks) -> None:
         session.rows(other, "SELECT * FROM sheaf.start_workflow(%s, %s, '{}')", WORKFLOW, wid)
         checks.check(False, f"a start on shard {other}, which does not own it, is refused")
     except psycopg.errors.CheckViolation as e:
-        checks.check(sf.owner_in(e) == owner, f"a start on shard {other} refused with 23514 naming owner {owner}: {e}")
+        checks.check(sf.owner_in(e) == owner, f"a start on shard {other} refused with 23514 naming owner {owner}: {e.diag.message_primary}")
     checks.check(session.find(WORKFLOW, wid) == [], "the refused start wrote nothing on any shard")
 
 
