@@ -38,6 +38,29 @@ impl OnConflict {
     }
 }
 
+/// What an activity's end (completed, dead-lettered, cancelled by an
+/// operator) does to its execution, beyond the history event it records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActivityEnds {
+    /// Only the event (`TaskCompleted`, `TaskDeadLettered`, `TaskCancelled`):
+    /// the workflow learns of it when something else runs it.
+    #[default]
+    Record,
+    /// The event, then the execution is woken as a child's end wakes it: a
+    /// suspended one resumes, a running one without a workflow task waiting
+    /// gets one.
+    Wake,
+}
+
+impl ActivityEnds {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActivityEnds::Record => "record",
+            ActivityEnds::Wake => "wake",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConcurrencyPolicy {
     /// Path segments after `input`; empty means the whole input.
@@ -61,6 +84,8 @@ pub struct WorkflowPolicy {
     pub quota: Option<QuotaPolicy>,
     /// Paces starts: an over-rate start's first workflow task waits.
     pub throttle: Option<crate::rate::Throttle>,
+    /// Whether an activity's end wakes its execution.
+    pub activity_ends: ActivityEnds,
 }
 
 impl Default for WorkflowPolicy {
@@ -70,6 +95,7 @@ impl Default for WorkflowPolicy {
             concurrency: None,
             quota: None,
             throttle: None,
+            activity_ends: ActivityEnds::Record,
         }
     }
 }
@@ -274,7 +300,11 @@ impl QuotaPolicy {
 
 impl WorkflowPolicy {
     pub fn parse(policy: &Value) -> Result<Self, OptionError> {
-        let map = object("policy", policy, &["queue", "concurrency", "quota", "throttle"])?;
+        let map = object(
+            "policy",
+            policy,
+            &["queue", "concurrency", "quota", "throttle", "activity_ends"],
+        )?;
         let mut p = WorkflowPolicy::default();
         if let Some(q) = map.get("queue").filter(|v| !v.is_null()) {
             let name = q
@@ -291,6 +321,18 @@ impl WorkflowPolicy {
         }
         if let Some(t) = map.get("throttle").filter(|v| !v.is_null()) {
             p.throttle = Some(crate::rate::Throttle::parse(t)?);
+        }
+        if let Some(a) = map.get("activity_ends").filter(|v| !v.is_null()) {
+            p.activity_ends = match a.as_str() {
+                Some("record") => ActivityEnds::Record,
+                Some("wake") => ActivityEnds::Wake,
+                _ => {
+                    return Err(err(
+                        "policy.activity_ends",
+                        format!("must be \"record\" or \"wake\", got {}", excerpt(a)),
+                    ));
+                }
+            };
         }
         Ok(p)
     }
@@ -319,6 +361,11 @@ impl WorkflowPolicy {
         }
         if let Some(t) = &self.throttle {
             out["throttle"] = t.to_json();
+        }
+        // Spelled out only when it wakes: a policy declared before the
+        // option existed reads back as it was stored.
+        if self.activity_ends != ActivityEnds::Record {
+            out["activity_ends"] = self.activity_ends.as_str().into();
         }
         out
     }
@@ -558,6 +605,8 @@ mod tests {
             WorkflowPolicy::parse(&json!({})).unwrap(),
             WorkflowPolicy::default()
         );
+        // The default spells no `activity_ends`: older policies read back unchanged.
+        assert_eq!(WorkflowPolicy::default().to_json(), json!({"queue": "default"}));
     }
 
     #[test]
@@ -565,10 +614,12 @@ mod tests {
         let p = WorkflowPolicy::parse(&json!({
             "queue": "docs",
             "concurrency": {"key": "input.tenant_id", "limit": 10, "on_conflict": "cancel_running"},
-            "quota": {"key": "input.tenant_id", "max_active_executions": 100, "max_history_bytes": 1e9, "max_dead_letters": 50}
+            "quota": {"key": "input.tenant_id", "max_active_executions": 100, "max_history_bytes": 1e9, "max_dead_letters": 50},
+            "activity_ends": "wake"
         }))
         .unwrap();
         assert_eq!(p.queue, "docs");
+        assert_eq!(p.activity_ends, ActivityEnds::Wake);
         let c = p.concurrency.clone().unwrap();
         assert_eq!(
             (c.key, c.limit, c.on_conflict),
@@ -623,6 +674,8 @@ mod tests {
             (json!([]), "policy"),
             (json!({"queues": "x"}), "policy"),
             (json!({"queue": ""}), "policy.queue"),
+            (json!({"activity_ends": "resume"}), "policy.activity_ends"),
+            (json!({"activity_ends": true}), "policy.activity_ends"),
             (json!({"concurrency": {"limit": 1}}), "policy.concurrency.key"),
             (
                 json!({"concurrency": {"key": "tenant", "limit": 1}}),

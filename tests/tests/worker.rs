@@ -584,6 +584,123 @@ async fn a_workflow_task_fails_its_execution_or_leaves_it_running() {
     client.cancel_execution(later.execution_id, None).await.unwrap();
 }
 
+/// `activity_ends_wake_the_workflow_that_enqueued_them`'s handler: an
+/// activity returns ten times its `n`; a run's first workflow task enqueues
+/// three (and even-numbered runs suspend), a woken one completes the run
+/// once its history holds all three results.
+async fn activity_workflow(ctx: TaskContext, acts: String) -> Result<TaskDone, TaskFailure> {
+    const ACTIVITIES: usize = 3;
+    let task = ctx.task();
+    if task.kind.as_str() == "activity" {
+        let n = task.payload.to_value().unwrap()["n"].as_i64().unwrap();
+        return Ok(TaskDone::Complete(Some(json!(n * 10).into())));
+    }
+    let id = task.execution_id.expect("a workflow task");
+    let c = ctx.client();
+    if task.payload.to_value().unwrap()["woken"] != json!(true) {
+        for n in 0..ACTIVITIES {
+            c.enqueue(&acts, json!({ "n": n }), EnqueueOptions::new().execution(id))
+                .await
+                .unwrap();
+        }
+        let input = c.get_execution(id).await.unwrap().unwrap().input;
+        // Refused only if the activities already ended and a woken task
+        // completed the run.
+        if input.to_value().unwrap()["i"].as_i64().unwrap() % 2 == 0
+            && c.suspend_execution(id, None).await.is_err()
+        {
+            let e = c.get_execution(id).await.unwrap().unwrap();
+            assert_eq!(e.state, ExecutionState::Completed, "{e:?}");
+        }
+        return Ok(TaskDone::Complete(None));
+    }
+    let done: Vec<i64> = c
+        .history(id, 0, 1000)
+        .await
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.event_type.as_str() == "TaskCompleted")
+        .filter_map(|e| {
+            let p = e.payload.to_value().unwrap();
+            (p["kind"] == "activity").then(|| p["result"].as_i64().unwrap())
+        })
+        .collect();
+    if done.len() == ACTIVITIES {
+        Ok(TaskDone::CompleteExecution(
+            json!({ "sum": done.iter().sum::<i64>() }).into(),
+        ))
+    } else {
+        Ok(TaskDone::Complete(None))
+    }
+}
+
+/// Under `activity_ends: wake` a workflow that enqueued activities and
+/// returned learns of their ends with no polling: each end wakes it (a
+/// suspended run resumes, a running one gets its next workflow task), and
+/// the run completes once, when its history shows all three activities
+/// done. Half the runs suspend themselves, half just return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn activity_ends_wake_the_workflow_that_enqueued_them() {
+    const RUNS: usize = 6;
+    let client = client(PoolOptions::default());
+    let name = unique("wf-acts");
+    let queue = unique("worker-wf-q");
+    let acts = unique("worker-acts");
+    for s in fleet().shards() {
+        connect(s)
+            .await
+            .execute(
+                "SELECT sheaf.declare_workflow($1, $2)",
+                &[&name, &json!({ "queue": queue, "activity_ends": "wake" })],
+            )
+            .await
+            .unwrap();
+    }
+    let mut ids = Vec::new();
+    for i in 0..RUNS {
+        let started = client
+            .start_workflow(&name, &format!("w-{i}"), json!({ "i": i }), StartOptions::new())
+            .await
+            .unwrap();
+        ids.push(started.execution_id);
+    }
+    let acts_queue = acts.clone();
+    let worker = Worker::start(
+        client.clone(),
+        WorkerOptions::new(unique("w"), [queue.clone(), acts.clone()]).concurrency(8),
+        move |ctx: TaskContext| activity_workflow(ctx, acts_queue.clone()),
+    )
+    .unwrap();
+    until("every run to complete", Duration::from_secs(30), async || {
+        for id in &ids {
+            let e = client.get_execution(*id).await.unwrap().unwrap();
+            if e.state != ExecutionState::Completed {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    worker.shutdown().await;
+    for id in &ids {
+        let e = client.get_execution(*id).await.unwrap().unwrap();
+        assert_eq!(
+            e.result.as_ref().map(|r| r.to_value().unwrap()),
+            Some(json!({ "sum": 30 }))
+        );
+        let events = history(*id).await;
+        let of = |t: &str| events.iter().filter(|e| e.0 == t).count();
+        assert_eq!(of("WorkflowCompleted"), 1, "{events:?}");
+        let activities = events
+            .iter()
+            .filter(|e| e.0 == "TaskCompleted" && e.1["kind"] == "activity")
+            .count();
+        assert_eq!(activities, 3, "{events:?}");
+    }
+    assert_eq!(unfinished(&queue).await + unfinished(&acts).await, 0);
+}
+
 /// A snooze runs the task again later with the same attempt; a permanent
 /// failure skips the attempts left and dead-letters it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

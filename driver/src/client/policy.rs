@@ -97,8 +97,8 @@ impl Client {
 
 impl Admin<'_> {
     /// Declares (or replaces) workflow `name`'s policy (the JSON form of
-    /// docs/reference/sql/executions.md: queue, concurrency, quota) on every
-    /// shard. Later starts on a shard use that shard's policy, so check
+    /// docs/reference/sql/executions.md: queue, concurrency, quota,
+    /// activity_ends) on every shard. Later starts on a shard use that shard's policy, so check
     /// [`FleetReport::is_complete`]: a shard in `failed` keeps its old one.
     pub async fn declare_workflow(self, name: &str, policy: impl Into<Json>) -> FleetReport<()> {
         let policy = policy.into();

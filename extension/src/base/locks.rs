@@ -41,8 +41,10 @@
 //! it: `workflow::gates` (latest wins holds the gate lock while it closes
 //! executions), `workflow::hooks` (a dead-lettered workflow task holds its
 //! own row, and a reap every row it reaped, before locking its siblings),
-//! and `queue::caps::demote_ready` (a lowered cap waits for ready rows while
-//! holding its key). docs/reference/sql/mutex.md, "Deadlocks", says what a caller sees.
+//! `queue::caps::demote_ready` (a lowered cap waits for ready rows while
+//! holding its key), and `queue::tasks::has_unclaimed_of_execution` (a wake
+//! tries its execution's workflow task, `SKIP LOCKED`, after the execution
+//! row). docs/reference/sql/mutex.md, "Deadlocks", says what a caller sees.
 
 use pgrx::fcinfo::{direct_function_call, direct_function_call_as_datum};
 use pgrx::prelude::*;

@@ -179,8 +179,14 @@ const PARKED: Stmt = Stmt::write(
     &[PgBuiltInOids::UUIDOID],
 );
 
-const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::read(
-    "SELECT EXISTS (SELECT 1 FROM tasks WHERE execution_id = $1 AND kind = $2 AND state <> $3)",
+// `FOR SHARE SKIP LOCKED`: a task a claim is taking right now (its row
+// locked by the claim's update) does not count, and one found is held until
+// this transaction ends, so a claim of it waits and its handler reads what
+// this transaction wrote. Only ever tried, never waited for, so taking a
+// task row after its execution's row closes no cycle (`base::locks`).
+const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::write(
+    "SELECT count(*) > 0 FROM (SELECT 1 FROM tasks WHERE execution_id = $1 AND kind = $2 AND state <> $3 \
+     LIMIT 1 FOR SHARE SKIP LOCKED) u",
     &[
         PgBuiltInOids::UUIDOID,
         PgBuiltInOids::TEXTOID,
@@ -190,7 +196,9 @@ const UNCLAIMED_OF_EXECUTION: Stmt = Stmt::read(
 
 /// Whether an execution has a task of `kind` that no one holds yet
 /// (scheduled, waiting, ready or parked): it will run, and read what the
-/// execution's history has by then.
+/// execution's history has by then. A task being claimed concurrently is
+/// not counted (it may have read the history already); one that is counted
+/// stays unclaimed until this transaction commits.
 pub fn has_unclaimed_of_execution(execution_id: pgrx::Uuid, kind: &str) -> bool {
     UNCLAIMED_OF_EXECUTION.one_value(
         &[execution_id.into(), kind.into(), RUNNING.into()],

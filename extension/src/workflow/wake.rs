@@ -1,6 +1,7 @@
 //! Suspending and waking an execution: its timer (`wake_at`), a wake's new
 //! workflow task, and the wake an event brings (a child's end, the outcome
-//! of an external signal or cancel). A wake locks the execution row only:
+//! of an external signal or cancel, an activity's end under a policy's
+//! `activity_ends: wake`). A wake locks the execution row only:
 //! it locks none of its tasks, it inserts a new one.
 
 use pgrx::datum::TimestampWithTimeZone;
@@ -42,6 +43,21 @@ pub fn suspend(id: pgrx::Uuid, wake_at: Option<TimestampWithTimeZone>) -> bool {
 /// A paused execution that was suspended wakes into paused-from-running
 /// (its task waits for the resume). `false` if it was not suspended.
 pub fn wake(id: pgrx::Uuid) -> bool {
+    wake_because(id, None)
+}
+
+/// The workflow task a wake enqueues: the run's name and id, `woken`, and
+/// what woke it when an event says (`activity_ended`).
+fn woken_payload(e: &Locked, cause: Option<&serde_json::Value>) -> Jsonb {
+    let mut payload =
+        serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "woken": true});
+    if let Some(cause) = cause {
+        payload["activity_ended"] = cause.clone();
+    }
+    Jsonb::from_value(payload)
+}
+
+fn wake_because(id: pgrx::Uuid, cause: Option<&serde_json::Value>) -> bool {
     // The execution row first: a wake locks none of the execution's tasks,
     // it only inserts a new one (`base::locks`: new rows are no one's yet).
     let e = executions::lock_active(id, "be woken");
@@ -62,14 +78,7 @@ pub fn wake(id: pgrx::Uuid) -> bool {
             Some(None),
         );
     }
-    executions::enqueue_workflow_task(
-        &e,
-        Jsonb::from_value(
-            serde_json::json!({"workflow_name": e.workflow_name, "workflow_id": e.workflow_id, "woken": true}),
-        ),
-        0,
-        None,
-    );
+    executions::enqueue_workflow_task(&e, woken_payload(&e, cause), 0, None);
     true
 }
 
@@ -84,18 +93,22 @@ pub fn wake_due(max: i64) -> i64 {
 /// paused) one without a workflow task waiting to run gets one, so a
 /// handler that already read its history runs again.
 pub fn wake_for_event(e: &Locked) {
+    wake_for(e, None);
+}
+
+/// `wake_for_event` for an activity's end: the workflow task it enqueues
+/// (if any) names the activity (`cause`: its task id and event type).
+pub fn wake_for_activity(e: &Locked, cause: &serde_json::Value) {
+    wake_for(e, Some(cause));
+}
+
+fn wake_for(e: &Locked, cause: Option<&serde_json::Value>) {
     let suspended = e.state == ExecutionState::Suspended
         || (e.state == ExecutionState::Paused && e.paused_from == Some(ExecutionState::Suspended));
     if suspended {
-        wake(e.id);
+        wake_because(e.id, cause);
     } else if e.state.is_active() && !tasks::has_unclaimed_of_execution(e.id, TaskKind::Workflow.as_str()) {
-        executions::enqueue_workflow_task(
-            e,
-            Jsonb::from_value(serde_json::json!({"workflow_name": e.workflow_name,
-                                                 "workflow_id": e.workflow_id, "woken": true})),
-            0,
-            None,
-        );
+        executions::enqueue_workflow_task(e, woken_payload(e, cause), 0, None);
     }
 }
 
