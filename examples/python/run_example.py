@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 import sheaf_fleet as sf
 
 JOBS, ORDERS, ACTIVITIES, WORKFLOW = "py_jobs", "py_orders", "py_activities", "py_order"
+ACTIVITY_ENDS = ("TaskCompleted", "TaskDeadLettered", "TaskCancelled")
 VECTORS = pathlib.Path(__file__).resolve().parents[2] / "core/testdata/placement_vectors.json"
 
 
@@ -87,8 +88,10 @@ class App:
         return sf.Complete({"seq": p["seq"]})
 
     def workflow_step(self, task: sf.Task) -> sf.Outcome:
-        """A run enqueues one activity per item and suspends; sheaf wakes it
-        when they have all ended, and it completes with their results."""
+        """The first step enqueues one activity per item and suspends; under
+        the policy's `activity_ends: wake` each activity's end wakes the run
+        (or, if a step is waiting already, leaves it to read the history), so
+        a step counts the ends in the history and ends the run at the last."""
         conn, eid = task.session.conn(task.shard), task.execution_id
         items = task.payload.get("input", {}).get("items")
         with conn.transaction():
@@ -97,12 +100,23 @@ class App:
                     conn.execute("SELECT sheaf.enqueue(%s, %s, %s)",
                                  (ACTIVITIES, Jsonb({"item": item}), Jsonb({"execution_id": str(eid)})))
                 conn.execute("SELECT sheaf.complete(%s, %s)", (task.task_id, task.token))
+                # No end can come before this commits: the activities are
+                # not claimable yet.
                 conn.execute("SELECT sheaf.suspend_execution(%s)", (eid,))
+                return sf.Handled()
+            events = conn.execute("SELECT event_type, payload FROM sheaf.history(%s)", (eid,)).fetchall()
+            wanted = len(task.session.one(task.shard, "SELECT input->'items' FROM sheaf.get_execution(%s)", eid))
+            ends = [(t, p) for t, p in events if t in ACTIVITY_ENDS and p["kind"] == "activity"]
+            if len(ends) < wanted:
+                # Not the last end: this step just ends, and the next end
+                # brings the next step.
+                conn.execute("SELECT sheaf.complete(%s, %s)", (task.task_id, task.token))
+            elif all(t == "TaskCompleted" for t, _ in ends):
+                conn.execute("SELECT sheaf.complete_task_and_execution(%s, %s, %s)", (
+                    task.task_id, task.token, Jsonb({"total": sum(p["result"]["price"] for _, p in ends)})))
             else:
-                events = conn.execute("SELECT event_type, payload FROM sheaf.history(%s)", (eid,)).fetchall()
-                prices = [p["result"]["price"] for t, p in events if t == "TaskCompleted" and p["kind"] == "activity"]
-                conn.execute("SELECT sheaf.complete_task_and_execution(%s, %s, %s)",
-                             (task.task_id, task.token, Jsonb({"total": sum(prices)})))
+                conn.execute("SELECT sheaf.complete_task_and_fail_execution(%s, %s, %s)",
+                             (task.task_id, task.token, f"{len(ends)} activities ended, not all completed"))
         return sf.Handled()
 
 
@@ -145,7 +159,8 @@ def main() -> int:
     digest = publish(shards, checks) if len(shards) > 1 else None
     session = sf.Session(shards, digest)
     for s in shards:
-        session.one(s, "SELECT sheaf.declare_workflow(%s, %s)", WORKFLOW, Jsonb({"queue": ORDERS}))
+        session.one(s, "SELECT sheaf.declare_workflow(%s, %s)", WORKFLOW,
+                    Jsonb({"queue": ORDERS, "activity_ends": "wake"}))
     if len(shards) > 1:
         misplaced_start_refused(session, checks)
 
@@ -156,7 +171,7 @@ def main() -> int:
     again = session.enqueue(JOBS, job_payload(0), {"idempotency_key": "job-0"})
     checks.check(again == placed[0], "enqueueing job-0 again returned its unfinished task")
 
-    app = App(lease=2.0)
+    app = App(lease=3.0)
     stop = threading.Event()
     threads = [threading.Thread(target=sf.maintain, args=(shards, 0.5, stop))]
     for s in shards:
@@ -208,6 +223,9 @@ def main() -> int:
         want = {"total": sum(10 * i for i in items)}
         checks.check([(s, r[1], r[2]) for s, r in found] == [(homes[wid], "COMPLETED", want)],
                      f"{wid}: found once across the shards, on shard {homes[wid]}, COMPLETED with {want}")
+        if found:
+            events = {t for (t,) in session.rows(found[0][0], "SELECT event_type FROM sheaf.history(%s)", found[0][1][0])}
+            checks.check({"WorkflowSuspended", "WorkflowWoken"} <= events, f"{wid}: suspended, and woken by its activities")
     checks.check(set(homes.values()) == set(shards), f"the runs live on shards {sorted(set(homes.values()))}")
 
     listed: list[tuple[Any, ...]] = []
