@@ -12,6 +12,7 @@ use crate::base::args::{self, required};
 use crate::base::errors::{bad_argument, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::workflow::external::{self, Request};
+use crate::workflow::lifecycle::{self, Close};
 use crate::workflow::policy;
 
 /// The most outbox rows one `outbox_take` leases.
@@ -76,7 +77,21 @@ fn cancel_external(
         );
     }
     let o = options(opts);
-    external::request(sender, name, workflow_id, Request::Cancel { reason }, &o)
+    let end = |t: pgrx::Uuid| {
+        lifecycle::close(
+            t,
+            Close::Cancelled {
+                reason: reason.map(str::to_owned),
+            },
+        )
+    };
+    external::request(
+        sender,
+        name,
+        workflow_id,
+        Request::Cancel { reason, end: &end },
+        &o,
+    )
 }
 
 /// Leases up to `max_rows` (1..1000) due outbox rows on this shard for

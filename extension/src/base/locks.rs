@@ -42,9 +42,10 @@
 //! executions), `workflow::hooks` (a dead-lettered workflow task holds its
 //! own row, and a reap every row it reaped, before locking its siblings),
 //! `queue::caps::demote_ready` (a lowered cap waits for ready rows while
-//! holding its key), and `queue::tasks::has_unclaimed_of_execution` (a wake
+//! holding its key), `queue::tasks::has_unclaimed_of_execution` (a wake
 //! tries its execution's workflow task, `SKIP LOCKED`, after the execution
-//! row). docs/reference/sql/mutex.md, "Deadlocks", says what a caller sees.
+//! row), and `workflow::external` (an inline cancel ends its target, tasks
+//! then row, while holding the sender's row). docs/reference/sql/mutex.md, "Deadlocks", says what a caller sees.
 
 use pgrx::fcinfo::{direct_function_call, direct_function_call_as_datum};
 use pgrx::prelude::*;

@@ -2,9 +2,16 @@
 //! `signal_external` and `cancel_external` write an outbox row in the
 //! sender's transaction; the driver's relay resolves the key over every
 //! shard and delivers it, and reports here (`take`, `report`). The edges
-//! are in `sql/schema.sql`, at `outbox`.
+//! are in `sql/schema.sql`, at `outbox`. A key whose active run lives here
+//! is delivered in the sender's transaction instead (`inline`).
 //!
-//! Lock order (`base::locks`): the sender's row before its outbox rows.
+//! Lock order (`base::locks`): the sender's row before its outbox rows; an
+//! inline signal locks the sender's and the target's rows in id order, so
+//! two runs signalling each other do not deadlock. An inline cancel ends the
+//! target (its tasks, then its row) while holding the sender's row, out of
+//! the task-first order: a path holding a task of the target that waits for
+//! the sender's row (the target is the sender's child and ends now) makes
+//! a deadlock Postgres breaks (40P01), and the caller retries.
 
 use pgrx::prelude::*;
 use sheaf_core::external::{ExternalOptions, Kind, OutboxReport, Target};
@@ -14,9 +21,9 @@ use crate::base::errors::bad_argument;
 use crate::base::jsonb::Jsonb;
 use crate::base::plans::Stmt;
 use crate::base::rows::row;
-use crate::base::{ids, shard};
+use crate::base::{ids, shard, topology};
 use crate::workflow::executions::{self, Locked};
-use crate::workflow::{history, wake};
+use crate::workflow::{history, signals, wake};
 
 /// The relay's channel (`workflow::family`): `due` wakes it.
 const NOTIFY: Stmt = Stmt::write("SELECT pg_notify('sheaf_relay', 'due')", &[]);
@@ -29,9 +36,12 @@ const SEEN: Stmt = Stmt::read(
         PgBuiltInOids::TEXTOID,
     ],
 );
+// A row delivered inline is written DONE (due never) or CONFIRMING (its
+// run ended, due now for the confirming fan-out).
 const INSERT: Stmt = Stmt::write(
-    "INSERT INTO outbox (outbox_id, sender_id, kind, workflow_name, workflow_id, signal, payload, reason, signal_id) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    "INSERT INTO outbox (outbox_id, sender_id, kind, workflow_name, workflow_id, signal, payload, reason, signal_id, \
+                         state, delivered_to, delivered_shard, due_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, CASE WHEN $10 = 'DONE' THEN NULL ELSE now() END)",
     &[
         PgBuiltInOids::UUIDOID,
         PgBuiltInOids::UUIDOID,
@@ -42,7 +52,16 @@ const INSERT: Stmt = Stmt::write(
         PgBuiltInOids::JSONBOID,
         PgBuiltInOids::TEXTOID,
         PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::UUIDOID,
+        PgBuiltInOids::INT4OID,
     ],
+);
+// The run of a key that holds it here (active or being moved), if any.
+const LOCAL_RUN: Stmt = Stmt::write(
+    "SELECT id FROM executions WHERE workflow_name = $1 AND workflow_id = $2 \
+     AND state IN ('RUNNING', 'SUSPENDED', 'PAUSED', 'MIGRATING', 'MIGRATED')",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::TEXTOID],
 );
 // A taken row's lease is its due time, as for cross_shard_children.
 const TAKE: Stmt = Stmt::write(
@@ -114,12 +133,22 @@ const BACKLOG: Stmt = Stmt::read(
 
 /// What the sender asks for.
 pub enum Request<'a> {
-    Signal { signal: &'a str, payload: Jsonb },
-    Cancel { reason: Option<&'a str> },
+    Signal {
+        signal: &'a str,
+        payload: Jsonb,
+    },
+    Cancel {
+        reason: Option<&'a str>,
+        /// Cancels a run of this shard for an inline delivery (`lifecycle`,
+        /// which ends a sender through this module, is the api layer's to
+        /// call); whether it ended it.
+        end: &'a dyn Fn(pgrx::Uuid) -> bool,
+    },
 }
 
 /// Writes an outbox row for `sender` (active, on this shard) addressed to
-/// (`name`, `workflow_id`), once per `opts.signal_id`; its id.
+/// (`name`, `workflow_id`), once per `opts.signal_id`; its id. Delivered
+/// here and now when the key's active run lives on this shard (`inline`).
 pub fn request(
     sender: pgrx::Uuid,
     name: &str,
@@ -131,6 +160,15 @@ pub fn request(
         Request::Signal { .. } => Kind::Signal,
         Request::Cancel { .. } => Kind::Cancel,
     };
+    let here: Option<pgrx::Uuid> = LOCAL_RUN
+        .value::<pgrx::Uuid>(&[name.into(), workflow_id.into()], "looking up a run of a key")
+        .filter(|t| *t != sender);
+    // Two rows in id order (an inline signal): the target first if it sorts first.
+    if kind == Kind::Signal
+        && let Some(t) = here.filter(|t| t.as_bytes() < sender.as_bytes())
+    {
+        executions::try_lock(t);
+    }
     executions::lock_active(sender, &format!("send an external {}", kind.as_str()));
     if let Some(signal_id) = &o.signal_id {
         let seen: Option<pgrx::Uuid> = SEEN.value(
@@ -142,21 +180,10 @@ pub fn request(
         }
     }
     let id = ids::mint_for(shard::current());
-    let (signal, payload, reason) = match what {
-        Request::Signal { signal, payload } => (Some(signal), Some(payload), None),
-        Request::Cancel { reason } => (None, None, reason),
+    let (signal, payload, reason, end) = match what {
+        Request::Signal { signal, payload } => (Some(signal), Some(payload), None, None),
+        Request::Cancel { reason, end } => (None, None, reason, Some(end)),
     };
-    INSERT.exec(&[
-        id.into(),
-        sender.into(),
-        kind.as_str().into(),
-        name.into(),
-        workflow_id.into(),
-        signal.into(),
-        payload.into(),
-        reason.into(),
-        o.signal_id.as_deref().into(),
-    ]);
     let mut event = serde_json::json!({"outbox_id": id.to_string(), "workflow_name": name,
                                        "workflow_id": workflow_id, "signal_id": o.signal_id});
     let event_type = match (signal, reason) {
@@ -169,9 +196,100 @@ pub fn request(
             "ExternalCancelRequested"
         }
     };
+    let insert = |payload: Option<Jsonb>, state: &str, to: Option<pgrx::Uuid>| {
+        INSERT.exec(&[
+            id.into(),
+            sender.into(),
+            kind.as_str().into(),
+            name.into(),
+            workflow_id.into(),
+            signal.into(),
+            payload.into(),
+            reason.into(),
+            o.signal_id.as_deref().into(),
+            state.into(),
+            to.into(),
+            to.map(|_| shard::current()).into(),
+        ]);
+    };
     history::append(sender, event_type, event);
-    NOTIFY.exec(&[]);
+    let Some(outcome) = here.and_then(|t| inline(id, t, signal, payload.as_ref(), end)) else {
+        insert(payload, "PENDING", None);
+        NOTIFY.exec(&[]);
+        return id;
+    };
+    match outcome {
+        Inline::Settled(event_type, event) => {
+            // A cancelled parent may have ended the sender with it: then,
+            // as for a relayed result after its end, nothing is kept.
+            if let Some(s) = executions::try_lock(sender).filter(|s| s.state.is_active()) {
+                insert(None, "DONE", None);
+                history::append(sender, event_type, event);
+                wake::wake_for_event(&s);
+            }
+        }
+        Inline::Confirming(ended) => {
+            insert(None, "CONFIRMING", Some(ended));
+            NOTIFY.exec(&[]);
+        }
+    }
     id
+}
+
+/// What an inline delivery did.
+enum Inline {
+    /// Its result, for the sender's history: the row is done.
+    Settled(&'static str, serde_json::Value),
+    /// A cancel ended this run, and another shard may hold a live run of
+    /// the key: the relay's confirming fan-out reports it, as for a cancel
+    /// it delivered.
+    Confirming(pgrx::Uuid),
+}
+
+/// Delivers outbox row `id` to run `t` of this shard if it is active (not
+/// ended, not being moved: those take the relay's way, which resolves the
+/// key over every shard); `None` if it did not. A signal carries the row's
+/// id as its signal id, as the relay's does. A cancel reports at once only
+/// where the published topology lists this shard alone: no other shard can
+/// hold a run of the key.
+fn inline(
+    id: pgrx::Uuid,
+    t: pgrx::Uuid,
+    signal: Option<&str>,
+    payload: Option<&Jsonb>,
+    end: Option<&dyn Fn(pgrx::Uuid) -> bool>,
+) -> Option<Inline> {
+    let here = u16::try_from(shard::current()).ok()?;
+    let at = Target {
+        execution_id: *t.as_bytes(),
+        shard: here,
+    };
+    match (signal, payload) {
+        (Some(signal), Some(payload)) => {
+            if !executions::try_lock(t).is_some_and(|e| e.state.is_active()) {
+                return None;
+            }
+            signals::signal(t, signal, payload.clone(), Some(&id.to_string()));
+            Some(Inline::Settled("ExternalSignalDelivered", target(id, &at)))
+        }
+        _ => {
+            let end = end?;
+            if !executions::state_of(t).is_some_and(ExecutionState::is_active) || !end(t) {
+                return None;
+            }
+            let alone = topology::fleet().is_some_and(|f| {
+                f.current.shards().eq([here]) && f.previous.is_none_or(|p| p.shards().eq([here]))
+            });
+            Some(if alone {
+                Inline::Settled(
+                    "ExternalCancelDelivered",
+                    confirmed(id, Some(t), Some(here.into())),
+                )
+            } else {
+                Inline::Confirming(t)
+            })
+        }
+    }
 }
 
 row! {
@@ -423,7 +541,8 @@ mod tests {
     fn a_signal_is_requested_once_per_signal_id_and_delivered_once() {
         init();
         let sender = start("s", "s-1", json!({})).id;
-        let target = start("target", "t-1", json!({})).id;
+        // The key's run lives elsewhere: the relay's way.
+        let target = pgrx::Uuid::from_bytes([7; 16]);
         let id = signal(sender, json!({"signal_id": "a"}));
         assert_eq!(
             signal(sender, json!({"signal_id": "a"})),
@@ -489,7 +608,7 @@ mod tests {
     fn a_cancel_that_ends_a_run_is_confirmed_by_a_later_sweep() {
         init();
         let sender = start("s", "s-1", json!({})).id;
-        let target = start("target", "t-1", json!({})).id;
+        let target = pgrx::Uuid::from_bytes([7; 16]);
         let id = Spi::get_one_with_args::<pgrx::Uuid>(
             "SELECT sheaf.cancel_external($1, 'target', 't-1', 'enough')",
             &[sender.into()],
@@ -523,6 +642,128 @@ mod tests {
             delivered.shard,
             Some(7),
             "the shard the run lived on, not its id's"
+        );
+    }
+
+    fn json_of(sql: &str, id: pgrx::Uuid) -> pgrx::JsonB {
+        Spi::get_one_with_args::<pgrx::JsonB>(sql, &[id.into()])
+            .unwrap()
+            .unwrap()
+    }
+
+    fn outbox_state(id: pgrx::Uuid) -> String {
+        Spi::get_one_with_args::<String>(
+            "SELECT state || CASE WHEN due_at IS NULL THEN '' ELSE ' due' END FROM sheaf.outbox WHERE outbox_id = $1",
+            &[id.into()],
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    #[pg_test]
+    fn a_signal_to_a_run_here_is_delivered_in_the_senders_transaction() {
+        init();
+        let sender = start("s", "s-1", json!({})).id;
+        let target = start("target", "t-1", json!({})).id;
+        let id = signal(sender, json!({"signal_id": "a"}));
+        assert_eq!(outbox_state(id), "DONE", "nothing for the relay");
+        assert!(take().is_empty());
+        let kinds = crate::testing::values::<String>(
+            "SELECT event_type FROM sheaf.events WHERE execution_id = $1 AND event_type LIKE 'External%' ORDER BY seq",
+            &[sender.into()],
+        );
+        assert_eq!(kinds, ["ExternalSignalRequested", "ExternalSignalDelivered"]);
+        let got = json_of(
+            "SELECT payload FROM sheaf.events WHERE execution_id = $1 AND event_type = 'SignalReceived'",
+            target,
+        );
+        assert_eq!(
+            got.0["signal_id"],
+            json!(id.to_string()),
+            "the row's id, as the relay sends"
+        );
+        // A retried handler: the same row, nothing delivered again.
+        assert_eq!(signal(sender, json!({"signal_id": "a"})), id);
+        assert_eq!(events(target, "SignalReceived"), 1);
+        assert_eq!(events(sender, "ExternalSignalDelivered"), 1);
+        // Its first workflow task still waits and will read the delivery:
+        // the wake adds no second.
+        assert_eq!(
+            count(&format!(
+                "SELECT count(*) FROM sheaf.tasks WHERE execution_id = '{sender}' AND kind = 'workflow'"
+            )),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn an_ended_or_moving_run_here_takes_the_relays_way() {
+        init();
+        let sender = start("s", "s-1", json!({})).id;
+        let target = start("target", "t-1", json!({})).id;
+        Spi::run_with_args("SELECT sheaf.complete_execution($1, '{}')", &[target.into()]).unwrap();
+        let ended = signal(sender, json!({}));
+        assert_eq!(outbox_state(ended), "PENDING due");
+        assert_eq!(events(target, "SignalReceived"), 0);
+        let moving = start("target", "t-1", json!({})).id;
+        Spi::run_with_args(
+            "UPDATE sheaf.executions SET state = 'MIGRATING' WHERE id = $1",
+            &[moving.into()],
+        )
+        .unwrap();
+        let sealed = signal(sender, json!({}));
+        assert_eq!(outbox_state(sealed), "PENDING due");
+        assert_eq!(events(moving, "SignalReceived"), 0);
+        let cancel = Spi::get_one_with_args::<pgrx::Uuid>(
+            "SELECT sheaf.cancel_external($1, 'target', 't-1')",
+            &[sender.into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(outbox_state(cancel), "PENDING due");
+        assert_eq!(events(sender, "ExternalSignalDelivered"), 0);
+    }
+
+    #[pg_test]
+    fn a_cancel_here_reports_at_once_only_on_a_one_shard_topology() {
+        init();
+        let sender = start("s", "s-1", json!({})).id;
+        let cancel = |wid: &str| {
+            Spi::get_one_with_args::<pgrx::Uuid>(
+                "SELECT sheaf.cancel_external($1, 'target', $2, 'enough')",
+                &[sender.into(), wid.into()],
+            )
+            .unwrap()
+            .unwrap()
+        };
+        // No topology published: another shard may hold a run of the key.
+        let first = start("target", "t-1", json!({})).id;
+        let id = cancel("t-1");
+        assert_eq!(
+            crate::testing::state(first),
+            "CANCELLED",
+            "ended in this transaction"
+        );
+        assert_eq!(outbox_state(id), "CONFIRMING due");
+        assert_eq!(events(sender, "ExternalCancelDelivered"), 0, "withheld");
+        let row = take().remove(0);
+        assert_eq!(report(id, row.lease_token, json!({"confirmed": true})), "settled");
+        assert_eq!(events(sender, "ExternalCancelDelivered"), 1);
+        // This shard alone in the published topology: no one else can hold one.
+        Spi::run("SELECT sheaf.publish_topology('{\"shards\": [1]}', false)").unwrap();
+        let second = start("target", "t-2", json!({})).id;
+        let id = cancel("t-2");
+        assert_eq!(crate::testing::state(second), "CANCELLED");
+        assert_eq!(outbox_state(id), "DONE");
+        let delivered = json_of(
+            "SELECT payload FROM sheaf.events WHERE execution_id = $1 AND event_type = 'ExternalCancelDelivered' \
+             ORDER BY seq DESC LIMIT 1",
+            sender,
+        );
+        assert_eq!(
+            delivered.0,
+            json!({"outbox_id": id.to_string(), "execution_id": second.to_string(), "shard": 1,
+                   "state": "CANCELLED", "cancelled": true})
         );
     }
 
