@@ -177,6 +177,7 @@ impl UiServer {
             .route("/act/{action}", post(actions::act))
             .route("/favicon.ico", get(icon))
             .with_state(shared)
+            .layer(axum::middleware::from_fn(plain_query))
             .layer(axum::middleware::from_fn_with_state(hosts, known_host));
         let served = Served::spawn(listener, app, "dashboard")?;
         Ok(UiServer {
@@ -388,6 +389,46 @@ fn cut(text: &str, max: usize) -> String {
 /// filter or cursor) says what was wrong; anything else says the read failed.
 fn read_error(e: &ClientError) -> String {
     cut(&e.to_string(), 300)
+}
+
+/// [`read_error`], naming the query parameter `param` when the error is a
+/// refusal of what was asked (its status a 400) and `param` was given.
+fn read_error_of(e: &ClientError, param: &str, given: &str) -> String {
+    if status_of(e) == StatusCode::BAD_REQUEST && !given.is_empty() {
+        format!("{param}: {}", read_error(e))
+    } else {
+        read_error(e)
+    }
+}
+
+/// The longest query parameter value a page reads (a cursor, a filter).
+const MAX_PARAM: usize = 1024;
+
+/// Refuses (400, naming the parameter) a query whose names or values hold
+/// a control character or run past [`MAX_PARAM`] bytes: no name the shards
+/// keep may hold one, and a NUL the shards refuse outright would otherwise
+/// read as a shard that did not answer.
+async fn plain_query(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let raw = request.uri().query().unwrap_or("");
+    for (k, v) in pairs(raw) {
+        let why = if k.chars().chain(v.chars()).any(char::is_control) {
+            "holds a control character"
+        } else if k.len() > MAX_PARAM || v.len() > MAX_PARAM {
+            "is too long (at most 1024 bytes)"
+        } else {
+            continue;
+        };
+        return (
+            StatusCode::BAD_REQUEST,
+            [(
+                header::HeaderName::from_static("x-content-type-options"),
+                "nosniff",
+            )],
+            format!("{}: the query parameter {why}", sheaf_core::excerpt::quoted(&k)),
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// The pairs of a query string or form body (`a=1&a=2` keeps both).
