@@ -147,9 +147,12 @@ impl Dash {
         let server = UiServer::start(
             client,
             "127.0.0.1:0".parse().expect("an address"),
+            // The stories read payloads signed out too; the default
+            // (hidden) is a_bad_query_is_a_400_naming_its_parameter's.
             UiOptions::default()
                 .admin_token(token.map(str::to_owned))
-                .sample_every(Duration::from_secs(1)),
+                .sample_every(Duration::from_secs(1))
+                .public_read(true),
         )
         .await
         .expect("the dashboard starts");
@@ -1045,4 +1048,71 @@ async fn a_bad_query_is_a_400_naming_its_parameter() {
         "{right}"
     );
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payloads_need_a_session_unless_read_is_public() {
+    let c = client();
+    let secret = unique("a-secret-input");
+    let id = c
+        .start_workflow(
+            &unique("ui-read"),
+            "r",
+            json!({ "s": secret }),
+            StartOptions::new(),
+        )
+        .await
+        .expect("start")
+        .execution_id;
+    let path = format!("/executions/{id}");
+    let start = |public: bool| {
+        UiServer::start(
+            c.clone(),
+            "127.0.0.1:0".parse().expect("an address"),
+            UiOptions::default()
+                .admin_token(Some(TOKEN.to_owned()))
+                .public_read(public),
+        )
+    };
+    let server = start(false).await.expect("the dashboard starts");
+    let base = format!("http://{}", server.local_addr());
+    let anonymous = get(&base, &path).await;
+    assert!(anonymous.starts_with("HTTP/1.1 200"), "{anonymous}");
+    assert!(!anonymous.contains(&secret), "the input is hidden");
+    assert!(anonymous.contains("payloads-hidden") && anonymous.contains("RUNNING"));
+    let probe = get(&base, "/executions?attr=tenant%3Dacme").await;
+    assert!(
+        probe.starts_with("HTTP/1.1 403") && probe.contains("attr:"),
+        "{probe}"
+    );
+    let grouped = get(&base, "/usage?attr=tenant").await;
+    assert!(
+        grouped.starts_with("HTTP/1.1 403") && grouped.contains("attr:"),
+        "{grouped}"
+    );
+
+    let signed = sign_in_from(&base, "127.0.0.3", TOKEN).await;
+    let cookie = signed
+        .split("sheaf_ui=")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .expect("a session cookie");
+    let host = base.trim_start_matches("http://");
+    let read = raw(
+        host,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: sheaf_ui={cookie}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(
+        read.starts_with("HTTP/1.1 200") && read.contains(&secret),
+        "{read}"
+    );
+    server.shutdown().await;
+
+    let public = start(true).await.expect("the dashboard starts");
+    let base = format!("http://{}", public.local_addr());
+    assert!(get(&base, &path).await.contains(&secret), "--public-read");
+    public.shutdown().await;
 }

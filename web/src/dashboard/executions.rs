@@ -20,6 +20,8 @@ use sheaf_driver::{AttrOp, Child, Event, Execution, ExecutionFilter, SortOrder, 
 const PAGE: usize = 50;
 /// History events per page of an execution.
 const EVENTS: usize = 100;
+/// Why a visitor who is not signed in may not filter by attribute.
+const SIGNED_IN: &str = "attr: filtering by a search attribute needs a signed-in session";
 /// The most characters of a payload, result or error shown.
 const SHOWN: usize = 2000;
 
@@ -162,6 +164,11 @@ pub(super) async fn list(
             return render(StatusCode::BAD_REQUEST, page);
         }
     };
+    if !page.attr.trim().is_empty() && !page.chrome.payloads {
+        // Matching on values would read them out one guess at a time.
+        page.error = Some(SIGNED_IN.into());
+        return render(StatusCode::FORBIDDEN, page);
+    }
     let listed = shared
         .client
         .list_executions(&filtered.filter, cursor, PAGE, SortOrder::Desc)

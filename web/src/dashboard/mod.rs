@@ -60,6 +60,7 @@ pub struct UiOptions {
     pub(crate) admin_token: Option<String>,
     pub(crate) sample_every: Duration,
     pub(crate) public_hosts: Vec<String>,
+    pub(crate) public_read: bool,
 }
 
 impl UiOptions {
@@ -99,6 +100,16 @@ impl UiOptions {
     }
 }
 
+impl UiOptions {
+    /// Whether pages show payloads (inputs, results, errors, history
+    /// payloads, search attributes) to visitors who are not signed in
+    /// (default `false`: they see ids, counts, states and times only).
+    pub fn public_read(mut self, public_read: bool) -> Self {
+        self.public_read = public_read;
+        self
+    }
+}
+
 impl std::fmt::Debug for UiOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UiOptions")
@@ -106,6 +117,7 @@ impl std::fmt::Debug for UiOptions {
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("sample_every", &self.sample_every)
             .field("public_hosts", &self.public_hosts)
+            .field("public_read", &self.public_read)
             .finish()
     }
 }
@@ -117,6 +129,7 @@ impl Default for UiOptions {
             admin_token: None,
             sample_every: Duration::from_secs(10),
             public_hosts: Vec::new(),
+            public_read: false,
         }
     }
 }
@@ -224,6 +237,9 @@ struct Chrome {
     csrf: String,
     /// Whether an admin token is configured (actions possible at all).
     can_act: bool,
+    /// Whether payloads are shown: to a session, or to anyone with
+    /// [`UiOptions::public_read`].
+    payloads: bool,
     began: Instant,
 }
 
@@ -235,6 +251,7 @@ impl Chrome {
             page: title,
             unavailable: Vec::new(),
             rendered_ms: String::new(),
+            payloads: session.is_some() || shared.options.public_read,
             actor: session.as_ref().map(|s| s.actor.clone()),
             csrf: session.map(|s| s.csrf.clone()).unwrap_or_default(),
             can_act: shared.sessions.enabled(),

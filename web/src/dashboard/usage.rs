@@ -150,6 +150,11 @@ pub(super) async fn page(
         ));
         return render(StatusCode::BAD_REQUEST, page);
     }
+    if !page.attr.is_empty() && !page.chrome.payloads {
+        // The groups would be the attribute's values.
+        page.error = Some("attr: grouping by a search attribute needs a signed-in session".into());
+        return render(StatusCode::FORBIDDEN, page);
+    }
     if page.attr.len() > MAX_ATTR {
         page.error = Some(format!(
             "attr: a search attribute is at most {MAX_ATTR} bytes, got {}",
