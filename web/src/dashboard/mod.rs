@@ -384,9 +384,14 @@ async fn icon() -> Response {
         .into_response()
 }
 
-/// A time as the pages show it (UTC, to the second).
+/// A time as the pages show it (UTC, to the millisecond: events of one
+/// run are often within a second of each other).
 fn time(at: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(at).to_string()
+    if at < std::time::UNIX_EPOCH {
+        // humantime writes no such time (it would panic).
+        return "before 1970".into();
+    }
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// An age to the second (`3m 12s`).
@@ -480,6 +485,14 @@ fn link(path: &str, query: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_shown_to_the_millisecond_and_never_panic() {
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(1_765_000_000_123);
+        assert_eq!(time(at), "2025-12-06T05:46:40.123Z");
+        let before = std::time::UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(time(before), "before 1970");
+    }
 
     #[test]
     fn the_dashboard_answers_to_its_own_names_only() {
