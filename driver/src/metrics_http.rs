@@ -82,6 +82,7 @@ pub struct Served {
 
 impl Served {
     /// Serves `app` on `listener`; `what` names it in the log if it stops.
+    /// Each request carries its peer's address (`ConnectInfo<SocketAddr>`).
     pub fn spawn(
         listener: tokio::net::TcpListener,
         app: Router,
@@ -91,7 +92,8 @@ impl Served {
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
+            let serve = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(stopped.cancelled_owned());
             if let Err(e) = serve.await {
                 tracing::warn!(error = %e, "the {what} stopped");
             }

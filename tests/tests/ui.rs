@@ -147,9 +147,12 @@ impl Dash {
         let server = UiServer::start(
             client,
             "127.0.0.1:0".parse().expect("an address"),
+            // The stories read payloads signed out too; the default
+            // (hidden) is a_bad_query_is_a_400_naming_its_parameter's.
             UiOptions::default()
                 .admin_token(token.map(str::to_owned))
-                .sample_every(Duration::from_secs(1)),
+                .sample_every(Duration::from_secs(1))
+                .public_read(true),
         )
         .await
         .expect("the dashboard starts");
@@ -412,7 +415,7 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
     d.b.goto(&format!("{}/executions?after=someday", d.base))
         .await
         .expect("refused");
-    assert!(d.text("#error").await.starts_with("created after:"));
+    assert!(d.text("#error").await.starts_with("after:"));
     // Its 400 is a console error of its own; the next pages must have none.
     assert_eq!(console_errors(&d.b).await.len(), 1);
 
@@ -903,4 +906,189 @@ async fn a_stopped_shard_is_named_in_the_partial_banner() {
     }
     d.stop().await;
     own(&["up", "--count", "2", "--no-install"]);
+}
+
+/// `GET path` from outside the browser: its status line and the rest.
+async fn get(base: &str, path: &str) -> String {
+    let host = base.trim_start_matches("http://");
+    raw(
+        host,
+        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// A sign-in POSTed from the local address `from`: the whole answer.
+async fn sign_in_from(base: &str, from: &str, token: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = base.trim_start_matches("http://");
+    let body = format!("name=tester&token={token}");
+    let request = format!(
+        "POST /login HTTP/1.1\r\nHost: {host}\r\nOrigin: {base}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(format!("{from}:0").parse().expect("an address"))
+        .expect("bound");
+    let mut s = socket
+        .connect(host.parse().expect("an address"))
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("sent");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_query_is_a_400_naming_its_parameter() {
+    let c = client();
+    let server = UiServer::start(
+        c.clone(),
+        "127.0.0.1:0".parse().expect("an address"),
+        UiOptions::default().admin_token(Some(TOKEN.to_owned())),
+    )
+    .await
+    .expect("the dashboard starts");
+    let base = format!("http://{}", server.local_addr());
+    let id = c
+        .start_workflow(&unique("ui-bad"), "r", json!({}), StartOptions::new())
+        .await
+        .expect("start")
+        .execution_id;
+    for (path, param) in [
+        // An age reaching before 1970 (it once reset the connection).
+        ("/executions?after=100y", "after"),
+        ("/executions?before=100y", "before"),
+        ("/executions?after=soon", "after"),
+        ("/executions?state=NOPE", "state"),
+        ("/executions?attr=nokey", "attr"),
+        ("/executions?cursor=v1.bogus", "cursor"),
+        // A NUL the shards refuse is not a shard that did not answer.
+        ("/executions?workflow=%00", "workflow"),
+        ("/tasks?queue=%00", "queue"),
+        ("/tasks?queue=q&state=NOPE", "state"),
+        ("/tasks?queue=q&cursor=bogus", "cursor"),
+        ("/dead-letters?queue=a%00b", "queue"),
+        ("/dead-letters?cursor=bogus", "cursor"),
+        ("/usage?window=1y", "window"),
+        ("/confirm?action=drop", "action"),
+        ("/confirm?action=redrive&task=nope", "task"),
+    ] {
+        let answer = get(&base, path).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        assert!(
+            body.contains(&format!("{param}:")) || body.contains(&format!("\"{param}\":")),
+            "{path} names {param}: {body}"
+        );
+        assert!(!body.contains("did not answer"), "{path} blames no shard: {body}");
+    }
+    let answer = get(&base, &format!("/executions/{id}?after=x")).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("after:"),
+        "{answer}"
+    );
+    assert!(
+        get(&base, "/executions?after=2h")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+
+    // The rebalance page names the command that exists.
+    let reference = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/operating/cli-reference.md"
+    ))
+    .expect("the CLI reference");
+    let page = get(&base, "/rebalance").await;
+    let named = page
+        .split("<code>sheaf ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the page names a command");
+    assert!(
+        reference.contains(&format!("## `sheaf {named}`")),
+        "no `sheaf {named}` in the CLI reference"
+    );
+
+    // Wrong sign-ins from one address do not hold back one from another.
+    let wrong = sign_in_from(&base, "127.0.0.1", "guess").await;
+    assert!(wrong.starts_with("HTTP/1.1 403"), "{wrong}");
+    let right = sign_in_from(&base, "127.0.0.2", TOKEN).await;
+    assert!(
+        right.starts_with("HTTP/1.1 303") && right.contains("sheaf_ui="),
+        "{right}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payloads_need_a_session_unless_read_is_public() {
+    let c = client();
+    let secret = unique("a-secret-input");
+    let id = c
+        .start_workflow(
+            &unique("ui-read"),
+            "r",
+            json!({ "s": secret }),
+            StartOptions::new(),
+        )
+        .await
+        .expect("start")
+        .execution_id;
+    let path = format!("/executions/{id}");
+    let start = |public: bool| {
+        UiServer::start(
+            c.clone(),
+            "127.0.0.1:0".parse().expect("an address"),
+            UiOptions::default()
+                .admin_token(Some(TOKEN.to_owned()))
+                .public_read(public),
+        )
+    };
+    let server = start(false).await.expect("the dashboard starts");
+    let base = format!("http://{}", server.local_addr());
+    let anonymous = get(&base, &path).await;
+    assert!(anonymous.starts_with("HTTP/1.1 200"), "{anonymous}");
+    assert!(!anonymous.contains(&secret), "the input is hidden");
+    assert!(anonymous.contains("payloads-hidden") && anonymous.contains("RUNNING"));
+    let probe = get(&base, "/executions?attr=tenant%3Dacme").await;
+    assert!(
+        probe.starts_with("HTTP/1.1 403") && probe.contains("attr:"),
+        "{probe}"
+    );
+    let grouped = get(&base, "/usage?attr=tenant").await;
+    assert!(
+        grouped.starts_with("HTTP/1.1 403") && grouped.contains("attr:"),
+        "{grouped}"
+    );
+
+    let signed = sign_in_from(&base, "127.0.0.3", TOKEN).await;
+    let cookie = signed
+        .split("sheaf_ui=")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .expect("a session cookie");
+    let host = base.trim_start_matches("http://");
+    let read = raw(
+        host,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: sheaf_ui={cookie}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(
+        read.starts_with("HTTP/1.1 200") && read.contains(&secret),
+        "{read}"
+    );
+    server.shutdown().await;
+
+    let public = start(true).await.expect("the dashboard starts");
+    let base = format!("http://{}", public.local_addr());
+    assert!(get(&base, &path).await.contains(&secret), "--public-read");
+    public.shutdown().await;
 }

@@ -32,6 +32,11 @@ pub struct Args {
     /// address); repeatable. Requests naming any other are refused.
     #[arg(long = "public-host", value_name = "HOST")]
     public_hosts: Vec<String>,
+    /// Show payloads (inputs, results, errors, history, search
+    /// attributes) to visitors who are not signed in; without it they see
+    /// ids, counts, states and times only.
+    #[arg(long)]
+    public_read: bool,
 }
 
 /// The shortest admin token accepted: a guessable one is no protection.
@@ -60,7 +65,8 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     let options = UiOptions::default()
         .admin_token(admin_token)
         .public_hosts(args.public_hosts)
-        .api_tokens(read, act);
+        .api_tokens(read, act)
+        .public_read(args.public_read);
     let server = match UiServer::start(Arc::new(client), listen, options).await {
         Ok(s) => s,
         Err(e) => {

@@ -38,15 +38,18 @@ impl Action {
                 .map(|(_, v)| v.as_str())
                 .collect();
             if ids.is_empty() {
-                return Err("no task was selected".into());
+                return Err("task: no task was selected".into());
             }
             if ids.len() > MAX_IDS {
-                return Err(format!("at most {MAX_IDS} tasks at a time, got {}", ids.len()));
+                return Err(format!(
+                    "task: at most {MAX_IDS} tasks at a time, got {}",
+                    ids.len()
+                ));
             }
             ids.iter()
                 .map(|id| {
                     id.parse::<TaskId>()
-                        .map_err(|_| format!("not a task id: {}", sheaf_core::excerpt::quoted(id)))
+                        .map_err(|_| format!("task: not a task id: {}", sheaf_core::excerpt::quoted(id)))
                 })
                 .collect()
         };
@@ -55,7 +58,7 @@ impl Action {
             "purge" => {
                 let queue = first(form, "queue").trim();
                 if queue.is_empty() {
-                    return Err("purging needs a queue".into());
+                    return Err("queue: purging needs a queue".into());
                 }
                 let older = first(form, "older_than").trim();
                 let older_than = if older.is_empty() {
@@ -63,7 +66,7 @@ impl Action {
                 } else {
                     humantime::parse_duration(older).map_err(|_| {
                         format!(
-                            "older than: expected an age like 1h or 7days, got {}",
+                            "older_than: expected an age like 1h or 7days, got {}",
                             sheaf_core::excerpt::quoted(older)
                         )
                     })?
@@ -76,14 +79,17 @@ impl Action {
             "cancel" => {
                 let mut ids = tasks()?;
                 if ids.len() != 1 {
-                    return Err("cancel one task at a time".into());
+                    return Err("task: cancel one task at a time".into());
                 }
                 Ok(Action::Cancel {
                     task: ids.remove(0),
                     reason: cut(first(form, "reason").trim(), 200),
                 })
             }
-            other => Err(format!("no such action: {}", sheaf_core::excerpt::quoted(other))),
+            other => Err(format!(
+                "action: no such action: {}",
+                sheaf_core::excerpt::quoted(other)
+            )),
         }
     }
 
@@ -302,7 +308,7 @@ mod tests {
         let e = Action::read("redrive", &form(&[("task", "<script>")]))
             .err()
             .expect("refused");
-        assert!(e.starts_with("not a task id"), "{e}");
+        assert!(e.starts_with("task: not a task id"), "{e}");
         match Action::read("purge", &form(&[("queue", "q"), ("older_than", "2h")])) {
             Ok(Action::Purge { queue, older_than }) => {
                 assert_eq!((queue.as_str(), older_than), ("q", Duration::from_secs(7200)));

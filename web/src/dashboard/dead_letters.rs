@@ -9,7 +9,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
+use super::{Chrome, Shared, cut, first, link, pairs, read_error_of, render, status_of, time};
 
 const PAGE: usize = 50;
 
@@ -58,7 +58,7 @@ pub(super) async fn page(
         .await;
     match listed {
         Err(e) => {
-            page.error = Some(read_error(&e));
+            page.error = Some(read_error_of(&e, "cursor", cursor.unwrap_or("")));
             page.chrome.failed(&e);
             return render(status_of(&e), page);
         }

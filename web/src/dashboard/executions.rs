@@ -4,14 +4,14 @@
 //! their shards) and where it lives.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use askama::Template;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
+use super::{Chrome, Shared, cut, first, link, pairs, read_error, read_error_of, render, status_of, time};
 use sheaf_core::state::ExecutionState;
 use sheaf_driver::ExecutionId;
 use sheaf_driver::{AttrOp, Child, Event, Execution, ExecutionFilter, SortOrder, attr_equality};
@@ -20,6 +20,8 @@ use sheaf_driver::{AttrOp, Child, Event, Execution, ExecutionFilter, SortOrder, 
 const PAGE: usize = 50;
 /// History events per page of an execution.
 const EVENTS: usize = 100;
+/// Why a visitor who is not signed in may not filter by attribute.
+const SIGNED_IN: &str = "attr: filtering by a search attribute needs a signed-in session";
 /// The most characters of a payload, result or error shown.
 const SHOWN: usize = 2000;
 
@@ -61,13 +63,21 @@ fn instant(text: &str, field: &str) -> Result<Option<SystemTime>, String> {
     if let Ok(at) = humantime::parse_rfc3339_weak(text) {
         return Ok(Some(at));
     }
-    humantime::parse_duration(text)
-        .ok()
-        .and_then(|ago| SystemTime::now().checked_sub(ago))
+    let ago = humantime::parse_duration(text).map_err(|_| {
+        format!(
+            "{field}: expected a time like 2026-12-04T10:00:00Z or an age like 2h, got {}",
+            sheaf_core::excerpt::quoted(text)
+        )
+    })?;
+    // An age reaching before 1970 is no instant a row can have (and the
+    // next page's link could not write it).
+    SystemTime::now()
+        .checked_sub(ago)
+        .filter(|at| *at >= UNIX_EPOCH)
         .map(Some)
         .ok_or_else(|| {
             format!(
-                "{field}: expected a time like 2026-12-04T10:00:00Z or an age like 2h, got {}",
+                "{field}: {} ago is before 1970",
                 sheaf_core::excerpt::quoted(text)
             )
         })
@@ -100,17 +110,17 @@ fn filter(q: &[(String, String)]) -> Result<Filtered, String> {
     if !attr.is_empty() {
         let (key, value) = attr_equality(attr).ok_or_else(|| {
             format!(
-                "attribute: expected KEY=VALUE, got {}",
+                "attr: expected KEY=VALUE, got {}",
                 sheaf_core::excerpt::quoted(attr)
             )
         })?;
         f = f.attr(&key, AttrOp::Eq, value);
     }
-    let after = instant(first(q, "after"), "created after")?;
+    let after = instant(first(q, "after"), "after")?;
     if let Some(at) = after {
         f = f.created_after(at);
     }
-    let before = instant(first(q, "before"), "created before")?;
+    let before = instant(first(q, "before"), "before")?;
     if let Some(at) = before {
         f = f.created_before(at);
     }
@@ -154,13 +164,18 @@ pub(super) async fn list(
             return render(StatusCode::BAD_REQUEST, page);
         }
     };
+    if !page.attr.trim().is_empty() && !page.chrome.payloads {
+        // Matching on values would read them out one guess at a time.
+        page.error = Some(SIGNED_IN.into());
+        return render(StatusCode::FORBIDDEN, page);
+    }
     let listed = shared
         .client
         .list_executions(&filtered.filter, cursor, PAGE, SortOrder::Desc)
         .await;
     let status = match listed {
         Err(e) => {
-            page.error = Some(read_error(&e));
+            page.error = Some(read_error_of(&e, "cursor", cursor.unwrap_or("")));
             page.chrome.failed(&e);
             status_of(&e)
         }
@@ -411,9 +426,13 @@ mod tests {
         let e = filter(&q(&[("state", "<b>")])).expect_err("refused");
         assert!(e.starts_with("state:"), "{e}");
         let e = filter(&q(&[("attr", "no equals")])).expect_err("refused");
-        assert!(e.starts_with("attribute:"), "{e}");
+        assert!(e.starts_with("attr:"), "{e}");
         let e = filter(&q(&[("after", "yesterday-ish")])).expect_err("refused");
-        assert!(e.starts_with("created after:"), "{e}");
+        assert!(e.starts_with("after:"), "{e}");
+        let e = filter(&q(&[("after", "100y")])).expect_err("before 1970");
+        assert!(e.starts_with("after:"), "{e}");
+        let e = filter(&q(&[("before", "1900-01-01T00:00:00Z")])).expect_err("before 1970");
+        assert!(e.starts_with("before:"), "{e}");
         assert!(filter(&q(&[])).is_ok());
     }
 }

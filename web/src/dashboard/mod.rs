@@ -63,6 +63,7 @@ pub struct UiOptions {
     pub(crate) sample_every: Duration,
     pub(crate) public_hosts: Vec<String>,
     pub(crate) api_tokens: crate::api::Tokens,
+    pub(crate) public_read: bool,
 }
 
 impl UiOptions {
@@ -111,6 +112,14 @@ impl UiOptions {
         self.api_tokens = crate::api::Tokens::new(read, act);
         self
     }
+
+    /// Whether pages show payloads (inputs, results, errors, history
+    /// payloads, search attributes) to visitors who are not signed in
+    /// (default `false`: they see ids, counts, states and times only).
+    pub fn public_read(mut self, public_read: bool) -> Self {
+        self.public_read = public_read;
+        self
+    }
 }
 
 impl std::fmt::Debug for UiOptions {
@@ -121,6 +130,7 @@ impl std::fmt::Debug for UiOptions {
             .field("sample_every", &self.sample_every)
             .field("public_hosts", &self.public_hosts)
             .field("api_tokens", &self.api_tokens.enabled().then_some("<set>"))
+            .field("public_read", &self.public_read)
             .finish()
     }
 }
@@ -133,6 +143,7 @@ impl Default for UiOptions {
             sample_every: Duration::from_secs(10),
             public_hosts: Vec::new(),
             api_tokens: crate::api::Tokens::default(),
+            public_read: false,
         }
     }
 }
@@ -201,6 +212,7 @@ impl UiServer {
             .route("/act/{action}", post(actions::act))
             .route("/favicon.ico", get(icon))
             .with_state(shared)
+            .layer(axum::middleware::from_fn(plain_query))
             .merge(api)
             .merge(metrics)
             .layer(axum::middleware::from_fn_with_state(hosts, known_host));
@@ -249,6 +261,9 @@ struct Chrome {
     csrf: String,
     /// Whether an admin token is configured (actions possible at all).
     can_act: bool,
+    /// Whether payloads are shown: to a session, or to anyone with
+    /// [`UiOptions::public_read`].
+    payloads: bool,
     began: Instant,
 }
 
@@ -260,6 +275,7 @@ impl Chrome {
             page: title,
             unavailable: Vec::new(),
             rendered_ms: String::new(),
+            payloads: session.is_some() || shared.options.public_read,
             actor: session.as_ref().map(|s| s.actor.clone()),
             csrf: session.map(|s| s.csrf.clone()).unwrap_or_default(),
             can_act: shared.sessions.enabled(),
@@ -392,9 +408,14 @@ async fn icon() -> Response {
         .into_response()
 }
 
-/// A time as the pages show it (UTC, to the second).
+/// A time as the pages show it (UTC, to the millisecond: events of one
+/// run are often within a second of each other).
 fn time(at: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(at).to_string()
+    if at < std::time::UNIX_EPOCH {
+        // humantime writes no such time (it would panic).
+        return "before 1970".into();
+    }
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// An age to the second (`3m 12s`).
@@ -414,6 +435,46 @@ fn cut(text: &str, max: usize) -> String {
 /// filter or cursor) says what was wrong; anything else says the read failed.
 fn read_error(e: &ClientError) -> String {
     cut(&e.to_string(), 300)
+}
+
+/// [`read_error`], naming the query parameter `param` when the error is a
+/// refusal of what was asked (its status a 400) and `param` was given.
+fn read_error_of(e: &ClientError, param: &str, given: &str) -> String {
+    if status_of(e) == StatusCode::BAD_REQUEST && !given.is_empty() {
+        format!("{param}: {}", read_error(e))
+    } else {
+        read_error(e)
+    }
+}
+
+/// The longest query parameter value a page reads (a cursor, a filter).
+const MAX_PARAM: usize = 1024;
+
+/// Refuses (400, naming the parameter) a query whose names or values hold
+/// a control character or run past [`MAX_PARAM`] bytes: no name the shards
+/// keep may hold one, and a NUL the shards refuse outright would otherwise
+/// read as a shard that did not answer.
+async fn plain_query(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let raw = request.uri().query().unwrap_or("");
+    for (k, v) in pairs(raw) {
+        let why = if k.chars().chain(v.chars()).any(char::is_control) {
+            "holds a control character"
+        } else if k.len() > MAX_PARAM || v.len() > MAX_PARAM {
+            "is too long (at most 1024 bytes)"
+        } else {
+            continue;
+        };
+        return (
+            StatusCode::BAD_REQUEST,
+            [(
+                header::HeaderName::from_static("x-content-type-options"),
+                "nosniff",
+            )],
+            format!("{}: the query parameter {why}", sheaf_core::excerpt::quoted(&k)),
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// The pairs of a query string or form body (`a=1&a=2` keeps both).
@@ -448,6 +509,14 @@ fn link(path: &str, query: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_shown_to_the_millisecond_and_never_panic() {
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(1_765_000_000_123);
+        assert_eq!(time(at), "2025-12-06T05:46:40.123Z");
+        let before = std::time::UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(time(before), "before 1970");
+    }
 
     #[test]
     fn the_dashboard_answers_to_its_own_names_only() {

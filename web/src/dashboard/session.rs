@@ -5,12 +5,13 @@
 //! shard's audit log records for it.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use askama::Template;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
@@ -36,9 +37,77 @@ pub(super) struct Session {
 pub(super) struct Sessions {
     token: Option<String>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
-    /// One sign-in at a time, a failed one held 300 ms: guesses run at 3 a
-    /// second however many are sent at once.
-    signing_in: tokio::sync::Mutex<()>,
+    /// Wrong sign-ins, per source.
+    backoff: Mutex<Backoff>,
+}
+
+/// Sources (a v4 address, a v6 address's /64) tracked at most; beyond it
+/// the one whose wait ends first is forgotten.
+const SOURCES: usize = 4096;
+/// The wait after a first wrong sign-in, doubled by each next one.
+const FIRST_WAIT: Duration = Duration::from_millis(300);
+/// The longest wait.
+const LONGEST_WAIT: Duration = Duration::from_secs(60);
+
+/// After a wrong sign-in its source waits (300 ms, doubling with each
+/// next one up to a minute) before it may try again; a sign-in sooner is
+/// refused at once. Nothing is held meanwhile, so guesses from one place
+/// do not hold back the operator's sign-in from another.
+#[derive(Default)]
+struct Backoff {
+    /// Per source: wrong sign-ins in a row, and until when it waits.
+    by_source: HashMap<IpAddr, (u32, Instant)>,
+}
+
+/// A source as the backoff counts it: a v6 address's /64 (one host's
+/// whole prefix), else the address.
+fn source(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !(u128::from(u64::MAX)))),
+        },
+        v4 => v4,
+    }
+}
+
+impl Backoff {
+    /// How long `ip` must still wait, if it must.
+    fn waiting(&self, ip: IpAddr, now: Instant) -> Option<Duration> {
+        self.by_source
+            .get(&source(ip))
+            .map(|(_, until)| until.saturating_duration_since(now))
+            .filter(|d| !d.is_zero())
+    }
+
+    fn failed(&mut self, ip: IpAddr, now: Instant) {
+        if self.by_source.len() >= SOURCES && !self.by_source.contains_key(&source(ip)) {
+            // Forgets those whose wait ended a minute ago (their next miss
+            // starts again at 300 ms), else the one whose wait ends first.
+            self.by_source
+                .retain(|_, (_, until)| now.saturating_duration_since(*until) < LONGEST_WAIT);
+            if self.by_source.len() >= SOURCES {
+                let first = self
+                    .by_source
+                    .iter()
+                    .min_by_key(|(_, (_, u))| *u)
+                    .map(|(k, _)| *k);
+                if let Some(k) = first {
+                    self.by_source.remove(&k);
+                }
+            }
+        }
+        let (misses, until) = self.by_source.entry(source(ip)).or_insert((0, now));
+        *misses = misses.saturating_add(1);
+        let wait = FIRST_WAIT
+            .saturating_mul(1 << (*misses - 1).min(8))
+            .min(LONGEST_WAIT);
+        *until = now + wait;
+    }
+
+    fn succeeded(&mut self, ip: IpAddr) {
+        self.by_source.remove(&source(ip));
+    }
 }
 
 /// Why an action was refused (a 403 page says it).
@@ -103,7 +172,7 @@ impl Sessions {
         Sessions {
             token: token.filter(|t| !t.is_empty()),
             by_id: Mutex::new(HashMap::new()),
-            signing_in: tokio::sync::Mutex::new(()),
+            backoff: Mutex::default(),
         }
     }
 
@@ -206,7 +275,7 @@ impl Sessions {
 #[template(path = "login.html")]
 struct LoginPage {
     chrome: Chrome,
-    error: Option<&'static str>,
+    error: Option<String>,
 }
 
 pages!(LoginPage);
@@ -216,15 +285,35 @@ pub(super) async fn login_page(State(shared): State<Arc<Shared>>, headers: Heade
     render(StatusCode::OK, LoginPage { chrome, error: None })
 }
 
-pub(super) async fn login(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn login(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let form = pairs(&String::from_utf8_lossy(&body));
-    let refused = if same_origin(&headers) {
-        let _one_at_a_time = shared.sessions.signing_in.lock().await;
+    let backoff = || shared.sessions.backoff.lock().unwrap_or_else(|e| e.into_inner());
+    let waiting = backoff().waiting(peer.ip(), Instant::now());
+    let (status, refused) = if !same_origin(&headers) {
+        (
+            StatusCode::FORBIDDEN,
+            "the request did not come from this dashboard's pages".to_owned(),
+        )
+    } else if let Some(wait) = waiting {
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "a wrong sign-in came from here lately: try again in {:.1} s",
+                wait.as_secs_f64()
+            ),
+        )
+    } else {
         match shared
             .sessions
             .open(&shared.client, first(&form, "name"), first(&form, "token"))
         {
             Ok((id, _)) => {
+                backoff().succeeded(peer.ip());
                 // A new session, never the one the browser came with.
                 shared.sessions.close(&headers);
                 let cookie = format!(
@@ -234,17 +323,14 @@ pub(super) async fn login(State(shared): State<Arc<Shared>>, headers: HeaderMap,
                 return ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response();
             }
             Err(why) => {
-                // A wrong guess costs time, and holds the next one back.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                why
+                backoff().failed(peer.ip(), Instant::now());
+                (StatusCode::FORBIDDEN, why.to_owned())
             }
         }
-    } else {
-        "the request did not come from this dashboard's pages"
     };
     let chrome = Chrome::new(&shared, &headers, "sign in");
     render(
-        StatusCode::FORBIDDEN,
+        status,
         LoginPage {
             chrome,
             error: Some(refused),
@@ -262,7 +348,7 @@ pub(super) async fn logout(State(shared): State<Arc<Shared>>, headers: HeaderMap
             StatusCode::FORBIDDEN,
             LoginPage {
                 chrome,
-                error: Some(refusal.0),
+                error: Some(refusal.0.to_owned()),
             },
         );
     }
@@ -304,6 +390,36 @@ mod tests {
         ])));
         assert!(!same_origin(&headers(&[host.clone(), (header::ORIGIN, "null")])));
         assert!(!same_origin(&headers(&[host])), "neither Origin nor Referer");
+    }
+
+    #[test]
+    fn a_wrong_sign_in_holds_back_its_own_source_only() {
+        let mut b = Backoff::default();
+        let now = Instant::now();
+        let guesser: IpAddr = "10.0.0.9".parse().expect("an address");
+        let operator: IpAddr = "10.0.0.1".parse().expect("an address");
+        b.failed(guesser, now);
+        assert_eq!(b.waiting(guesser, now), Some(FIRST_WAIT));
+        assert_eq!(b.waiting(operator, now), None, "another source waits for nothing");
+        assert_eq!(b.waiting(guesser, now + FIRST_WAIT), None, "and it ends");
+        for _ in 0..20 {
+            b.failed(guesser, now);
+        }
+        assert_eq!(b.waiting(guesser, now), Some(LONGEST_WAIT), "doubling, to a cap");
+        b.succeeded(guesser);
+        assert_eq!(b.waiting(guesser, now), None);
+        // A v6 host's whole /64 is one source.
+        let a: IpAddr = "fd00::1:2".parse().expect("an address");
+        let same_64: IpAddr = "fd00::9:9".parse().expect("an address");
+        let other_64: IpAddr = "fd00:0:0:1::1".parse().expect("an address");
+        b.failed(a, now);
+        assert!(b.waiting(same_64, now).is_some() && b.waiting(other_64, now).is_none());
+        // Bounded: many sources forget the one whose wait ends first.
+        for n in 0..SOURCES as u32 + 10 {
+            let at = now + Duration::from_millis(u64::from(n));
+            b.failed(IpAddr::V4(std::net::Ipv4Addr::from(n)), at);
+        }
+        assert_eq!(b.by_source.len(), SOURCES);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use sheaf_core::state::{TaskKind, TaskState};
 
-use super::{Chrome, Shared, cut, first, link, pairs, read_error, render, status_of, time};
+use super::{Chrome, Shared, cut, first, link, pairs, read_error_of, render, status_of, time};
 
 const PAGE: usize = 50;
 
@@ -88,7 +88,7 @@ pub(super) async fn page(
         .await
     {
         Err(e) => {
-            page.error = Some(read_error(&e));
+            page.error = Some(read_error_of(&e, "cursor", cursor.unwrap_or("")));
             page.chrome.failed(&e);
             return render(status_of(&e), page);
         }

@@ -27,6 +27,10 @@ const WINDOWS: [(&str, u64); 4] = [
 
 /// Reports kept, at most.
 const KEPT_REPORTS: usize = 32;
+/// Requests for a report not kept that may wait for one at once (one
+/// computing, the rest in line): a page asked for beyond it is a 503, so
+/// a run of new `attr` values cannot pile up reports for the shards.
+const WAITING: usize = 4;
 /// The longest search attribute a report may be grouped by.
 const MAX_ATTR: usize = 128;
 
@@ -40,12 +44,23 @@ fn keep_for(window: Duration) -> Duration {
 type Key = (String, String);
 
 /// The complete reports lately computed, each kept until its instant.
-#[derive(Default)]
 pub(super) struct Kept {
     reports: Mutex<HashMap<Key, (Instant, Arc<Computed>)>>,
     /// One report computed at a time: the same one asked for twice at once
     /// is computed once, and the shards never run many.
     computing: tokio::sync::Mutex<()>,
+    /// [`WAITING`] places in line for `computing`.
+    waiting: tokio::sync::Semaphore,
+}
+
+impl Default for Kept {
+    fn default() -> Self {
+        Kept {
+            reports: Mutex::default(),
+            computing: tokio::sync::Mutex::default(),
+            waiting: tokio::sync::Semaphore::new(WAITING),
+        }
+    }
 }
 
 struct Computed {
@@ -116,11 +131,8 @@ pub(super) async fn page(
 ) -> Response {
     let q = pairs(raw.as_deref().unwrap_or(""));
     let chosen = first(&q, "window");
-    let (window, secs) = WINDOWS
-        .iter()
-        .find(|(w, _)| *w == chosen)
-        .copied()
-        .unwrap_or(WINDOWS[1]);
+    let found = WINDOWS.iter().find(|(w, _)| *w == chosen).copied();
+    let (window, secs) = found.unwrap_or(WINDOWS[1]);
     let mut page = UsagePage {
         chrome: Chrome::new(&shared, &headers, "usage"),
         window: window.to_owned(),
@@ -131,9 +143,21 @@ pub(super) async fn page(
         computed_at: String::new(),
         kept_secs: 0,
     };
+    if found.is_none() && !chosen.is_empty() {
+        page.error = Some(format!(
+            "window: expected one of 1h, 24h, 7d, 30d, got {}",
+            sheaf_core::excerpt::quoted(chosen)
+        ));
+        return render(StatusCode::BAD_REQUEST, page);
+    }
+    if !page.attr.is_empty() && !page.chrome.payloads {
+        // The groups would be the attribute's values.
+        page.error = Some("attr: grouping by a search attribute needs a signed-in session".into());
+        return render(StatusCode::FORBIDDEN, page);
+    }
     if page.attr.len() > MAX_ATTR {
         page.error = Some(format!(
-            "group by: a search attribute is at most {MAX_ATTR} bytes, got {}",
+            "attr: a search attribute is at most {MAX_ATTR} bytes, got {}",
             page.attr.len()
         ));
         page.attr = cut(&page.attr, 40);
@@ -145,6 +169,13 @@ pub(super) async fn page(
     if let Some(kept) = shared.usage.get(&key) {
         return kept_page(page, &kept);
     }
+    let Ok(_in_line) = shared.usage.waiting.try_acquire() else {
+        page.error = Some(format!(
+            "{WAITING} usage reports are being computed or waited for: try again in a moment \
+             (the reports already computed are served at once)"
+        ));
+        return render(StatusCode::SERVICE_UNAVAILABLE, page);
+    };
     let _one_at_a_time = shared.usage.computing.lock().await;
     if let Some(kept) = shared.usage.get(&key) {
         return kept_page(page, &kept);
@@ -253,5 +284,11 @@ mod tests {
             kept.get(&("0".to_owned(), String::new())).is_none(),
             "the soonest to expire went"
         );
+        let in_line: Vec<_> = (0..WAITING)
+            .map(|_| kept.waiting.try_acquire().expect("a place in line"))
+            .collect();
+        assert!(kept.waiting.try_acquire().is_err(), "the line is bounded");
+        drop(in_line);
+        assert!(kept.waiting.try_acquire().is_ok(), "and its places come back");
     }
 }
