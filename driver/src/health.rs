@@ -60,6 +60,21 @@ impl HealthReason {
     pub fn holds_back(self) -> bool {
         !matches!(self, HealthReason::MisplacedRuns)
     }
+
+    /// Whether a process serving the fleet (a dashboard, an API, a metrics
+    /// server) cannot use the shard at all: it does not answer, is another
+    /// shard, has a schema this driver does not work with, or works under
+    /// another topology. The rest (stranded work, no live worker, drift)
+    /// are the shard's trouble, for alerts, not the server's.
+    pub fn stops_serving(self) -> bool {
+        matches!(
+            self,
+            HealthReason::Unreachable
+                | HealthReason::IdentityMismatch
+                | HealthReason::SchemaIncompatible
+                | HealthReason::TopologyDigestMismatch
+        )
+    }
 }
 
 /// One shard's verdict.
@@ -192,19 +207,39 @@ pub(crate) fn fleet_readiness(
         .collect()
 }
 
-/// The whole fleet's readiness, as a `/ready` probe answers it: every
-/// shard's verdict, and whether all of them are ready. Safe to serve: it
-/// names shards by id and never carries their connection strings.
+/// The whole fleet's readiness, as a served process's `/ready` probe
+/// answers it: every shard's verdict, and whether the process can serve
+/// every shard ([`HealthReason::stops_serving`]). A shard that is only not
+/// ready (stranded work, no live worker, drift) keeps the process ready:
+/// taking a dashboard or a metrics server out of service would hide the
+/// very trouble it reports (`sheaf_shard_ready` and the alert rules carry
+/// it). Safe to serve: it names shards by id and never carries their
+/// connection strings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct FleetReadiness {
-    /// Every shard is ready.
+    /// Every shard can be served.
     pub ready: bool,
     /// Each shard's verdict.
     pub shards: Vec<Readiness>,
 }
 
 impl FleetReadiness {
+    /// The fleet's verdict from its shards'.
+    fn of(shards: Vec<Readiness>) -> FleetReadiness {
+        let mut verdict = FleetReadiness { ready: false, shards };
+        verdict.ready = !verdict.shards.is_empty() && verdict.serving() == verdict.shards.len();
+        verdict
+    }
+
+    /// How many shards can be served.
+    pub fn serving(&self) -> usize {
+        self.shards
+            .iter()
+            .filter(|r| !r.reason_codes.iter().any(|c| c.stops_serving()))
+            .count()
+    }
+
     /// The HTTP status a `/ready` endpoint answers with: 200 when ready,
     /// 503 when not.
     pub fn http_status(&self) -> u16 {
@@ -255,10 +290,7 @@ impl Admin<'_> {
                 *detail = redact(self.client.topology(), detail);
             }
         }
-        FleetReadiness {
-            ready: shards.iter().all(|r| r.ready),
-            shards,
-        }
+        FleetReadiness::of(shards)
     }
 
     /// How long the oldest snapshot open on `shard`'s server has been held,
@@ -314,6 +346,26 @@ mod tests {
             default: false,
             schema_parity: true,
         }
+    }
+
+    #[test]
+    fn a_served_process_is_ready_unless_a_shard_cannot_be_served() {
+        let verdict = FleetReadiness::of;
+        let mut stranded = shard(1);
+        stranded.probe.live_workers.clear();
+        let fleet = vec![
+            readiness(&shard(0), "sha256:me", None),
+            readiness(&stranded, "sha256:me", None),
+        ];
+        assert!(!fleet[1].ready, "the shard itself is not ready");
+        let v = verdict(fleet.clone());
+        assert_eq!((v.ready, v.serving(), v.http_status()), (true, 2, 200));
+        let mut down = shard(2);
+        down.probe.reachable = false;
+        let mut with_down = fleet;
+        with_down.push(readiness(&down, "sha256:me", None));
+        let v = verdict(with_down);
+        assert_eq!((v.ready, v.serving(), v.http_status()), (false, 2, 503));
     }
 
     #[test]

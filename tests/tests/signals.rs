@@ -171,3 +171,144 @@ async fn signals_racing_a_cancel_land_before_the_end_or_not_at_all() {
     ));
     eprintln!("{delivered} of 40 signals landed before the cancel");
 }
+
+/// A committed inline send: its outbox row, its sender, its target.
+type Sent = (uuid::Uuid, uuid::Uuid, uuid::Uuid);
+
+/// One connection's `SENDS` signals between random runs of `runs` (all of
+/// workflow `name`, ids `r0`…), a fifth of them rolled back: the committed
+/// sends and the rolled-back rows.
+async fn send_between(
+    shard: &'static sheaf_driver::Shard,
+    runs: Arc<Vec<uuid::Uuid>>,
+    name: String,
+    n: usize,
+) -> (Vec<Sent>, Vec<uuid::Uuid>) {
+    const SENDS: usize = 25;
+    let db = connect(shard).await;
+    let mut rng = sheaf_tests::Rng::new(0x5eed + n as u64);
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    let count = runs.len() as u64;
+    for i in 0..SENDS {
+        let from = rng.below(count) as usize;
+        let to = (from + 1 + rng.below(count - 1) as usize) % runs.len();
+        db.batch_execute("BEGIN").await.expect("begin");
+        let outbox: uuid::Uuid = db
+            .query_one(
+                "SELECT sheaf.signal_external($1, $2, $3, 'ping', $4)",
+                &[&runs[from], &name, &format!("r{to}"), &json!({ "n": n, "i": i })],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("signal_external: {e}"))
+            .get(0);
+        if rng.below(5) == 0 {
+            db.batch_execute("ROLLBACK").await.expect("rollback");
+            dropped.push(outbox);
+        } else {
+            db.batch_execute("COMMIT").await.expect("commit");
+            kept.push((outbox, runs[from], runs[to]));
+        }
+    }
+    (kept, dropped)
+}
+
+/// The (execution, `payload->>field`) of every `event` of `runs`.
+async fn events_of(
+    db: &tokio_postgres::Client,
+    runs: &[uuid::Uuid],
+    event: &str,
+    field: &str,
+) -> Vec<(uuid::Uuid, String)> {
+    db.query(
+        "SELECT execution_id, payload->>$3 FROM sheaf.events WHERE execution_id = ANY($1) AND event_type = $2",
+        &[&runs, &event, &field],
+    )
+    .await
+    .expect("events")
+    .iter()
+    .map(|r| (r.get(0), r.get::<_, Option<String>>(1).unwrap_or_default()))
+    .collect()
+}
+
+/// `signal_external` between runs of one shard, under real concurrency:
+/// eight connections, each run both a sender and a target, a fifth of the
+/// sends rolled back. Each committed send is delivered inline, before its
+/// transaction's commit returns (the outbox row is `DONE`: no relay has
+/// anything to do): the target's history holds exactly one `SignalReceived`
+/// carrying the row's id, the sender's exactly one `ExternalSignalDelivered`
+/// naming it; a rolled-back send left nothing anywhere. Runs signalling each
+/// other at once lock in id order: no deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn signals_between_runs_of_one_shard_are_delivered_inline_under_contention() {
+    let c = client();
+    let shard = fleet().shards().nth(2).expect("three shards");
+    let name = unique("inline");
+    let mut runs = Vec::new();
+    for r in 0..6 {
+        let s = c
+            .start_workflow(
+                &name,
+                &format!("r{r}"),
+                json!({}),
+                StartOptions::new().placement(Placement::Shard(shard.id)),
+            )
+            .await
+            .expect("start");
+        runs.push(s.execution_id.as_uuid());
+    }
+    let runs = Arc::new(runs);
+    let sends = (0..8).map(|n| tokio::spawn(send_between(shard, runs.clone(), name.clone(), n)));
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for r in futures::future::join_all(sends).await {
+        let (k, d) = r.expect("a sender");
+        kept.extend(k);
+        dropped.extend(d);
+    }
+    assert!(!kept.is_empty() && !dropped.is_empty());
+    let db = connect(shard).await;
+    let received = events_of(&db, &runs, "SignalReceived", "signal_id").await;
+    let delivered = events_of(&db, &runs, "ExternalSignalDelivered", "outbox_id").await;
+    assert_eq!(
+        received.len(),
+        kept.len(),
+        "one SignalReceived per committed send"
+    );
+    assert_eq!(
+        delivered.len(),
+        kept.len(),
+        "one ExternalSignalDelivered per committed send"
+    );
+    for (outbox, from, to) in &kept {
+        let id = outbox.to_string();
+        assert_eq!(
+            received.iter().filter(|e| e.1 == id && e.0 == *to).count(),
+            1,
+            "{id} at its target"
+        );
+        assert_eq!(
+            delivered.iter().filter(|e| e.1 == id && e.0 == *from).count(),
+            1,
+            "{id} at its sender"
+        );
+    }
+    let open: i64 = db
+        .query_one(
+            "SELECT count(*) FROM sheaf.outbox WHERE sender_id = ANY($1) AND state <> 'DONE'",
+            &[&*runs],
+        )
+        .await
+        .expect("outbox")
+        .get(0);
+    assert_eq!(open, 0, "nothing left for a relay");
+    let dropped: Vec<String> = dropped.iter().map(ToString::to_string).collect();
+    let leaked: i64 = db
+        .query_one(
+            "SELECT count(*) FROM sheaf.events WHERE execution_id = ANY($1) \
+             AND (payload->>'signal_id' = ANY($2) OR payload->>'outbox_id' = ANY($2))",
+            &[&*runs, &dropped],
+        )
+        .await
+        .expect("events")
+        .get(0);
+    assert_eq!(leaked, 0, "a rolled-back send left nothing");
+}

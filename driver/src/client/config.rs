@@ -151,11 +151,32 @@ impl Admin<'_> {
     pub async fn shard_config(self, shard: ShardId) -> Result<FleetConfig, ClientError> {
         let (call, rows) = self.client.on_shard(shard, Owned::Shard, SNAPSHOT, &[]).await?;
         let value: Value = first_column(&call, &rows)?;
-        serde_json::from_value(value).map_err(|e| ClientError::Database {
+        let config: FleetConfig = serde_json::from_value(value).map_err(|e| ClientError::Database {
             shard,
             code: None,
             message: format!("the shard returned a configuration this driver cannot read: {e}"),
-        })
+        })?;
+        Ok(config.without_derived_caps())
+    }
+}
+
+impl FleetConfig {
+    /// Without the caps a workflow's concurrency policy derives: a start
+    /// makes `WORKFLOW:KEY` at the policy's limit on its own shard, so they
+    /// differ from shard to shard with where runs started. They follow from
+    /// the policy, which is compared; they are no configuration of their own.
+    fn without_derived_caps(mut self) -> FleetConfig {
+        let limits: Vec<(String, i64)> = self
+            .workflows
+            .iter()
+            .filter_map(|(name, policy)| Some((format!("{name}:"), policy["concurrency"]["limit"].as_i64()?)))
+            .collect();
+        self.caps.retain(|key, cap| {
+            !limits
+                .iter()
+                .any(|(prefix, limit)| key.starts_with(prefix.as_str()) && cap.map(i64::from) == Some(*limit))
+        });
+        self
     }
 }
 
@@ -163,6 +184,17 @@ impl Admin<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn caps_a_concurrency_policy_derives_are_not_configuration() {
+        let config: FleetConfig = serde_json::from_value(json!({
+            "workflows": {"sync": {"concurrency": {"key": "input.tenant", "limit": 2, "on_conflict": "cancel_running"}}},
+            "caps": {"sync:acme": 2, "sync:other": 5, "tenant-a": 2, "report:x": 2}
+        }))
+        .unwrap();
+        let kept: Vec<String> = config.without_derived_caps().caps.into_keys().collect();
+        assert_eq!(kept, ["report:x", "sync:other", "tenant-a"]);
+    }
 
     #[test]
     fn drift_is_measured_against_the_majority() {

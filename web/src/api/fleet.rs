@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sheaf_driver::{GroupBy, HealthReason, OverrideReport};
+use sheaf_driver::{GroupBy, OverrideReport};
 use tokio::sync::Semaphore;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -515,26 +515,12 @@ async fn health() -> Response {
 #[utoipa::path(get, path = "/ready", tag = "probes",
     responses((status = 200, body = ProbeOut), (status = 503, body = ProbeOut)))]
 async fn ready(State(api): State<Arc<ApiState>>) -> Response {
-    let verdicts = api.client.admin().shard_health(None, api.probe_timeout).await;
-    let serving = verdicts
-        .iter()
-        .filter(|v| {
-            !v.reason_codes.iter().any(|r| {
-                matches!(
-                    r,
-                    HealthReason::Unreachable
-                        | HealthReason::IdentityMismatch
-                        | HealthReason::SchemaIncompatible
-                        | HealthReason::TopologyDigestMismatch
-                )
-            })
-        })
-        .count();
-    let all = !verdicts.is_empty() && serving == verdicts.len();
+    let verdict = api.client.admin().fleet_readiness(api.probe_timeout).await;
+    let (all, serving) = (verdict.ready, verdict.serving());
     let body = ProbeOut {
         status: if all { "ready" } else { "not ready" },
         ready_shards: Some(serving),
-        shards: Some(verdicts.len()),
+        shards: Some(verdict.shards.len()),
     };
     let status = if all {
         StatusCode::OK
