@@ -700,7 +700,7 @@ async fn a_shard_down_is_a_503_that_names_no_shard() {
         "{body}"
     );
     let (status, page) = api.get("/api/v1/executions?page_size=5", READ).await;
-    assert_eq!(status, StatusCode::OK, "the shards that answer still do");
+    assert_eq!(status, StatusCode::OK, "the shards that answer still do: {page}");
     assert_eq!(
         (page["partial"].clone(), page["unavailable_shards"].clone()),
         (json!(true), json!(1))

@@ -203,6 +203,18 @@ fn ok<T: serde::Serialize>(value: T) -> Response {
     ([(header::CACHE_CONTROL, "no-store")], Json(value)).into_response()
 }
 
+impl ApiState {
+    /// A fleet-wide read of which `unavailable` shards did not answer is a
+    /// 503 when none did (an empty page from the shards that did answer is
+    /// an answer).
+    fn some_answered(&self, unavailable: usize) -> Result<(), ApiError> {
+        if unavailable >= self.client.readable_shards().len() {
+            return Err(ApiError::unavailable("no shard answered; retry later"));
+        }
+        Ok(())
+    }
+}
+
 /// A fleet-wide read that no shard answered is a 503, not an empty answer.
 fn any_answered<T>(report: &sheaf_driver::FleetReport<T>) -> Result<(), ApiError> {
     if report.ok.is_empty() && !report.failed.is_empty() {
