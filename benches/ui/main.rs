@@ -583,7 +583,9 @@ async fn main() -> Result<(), Error> {
     let server = UiServer::start(
         Arc::clone(&client),
         SocketAddr::from(([127, 0, 0, 1], 0)),
-        UiOptions::default(),
+        // Pages as a signed-in operator sees them, payloads and the
+        // attribute grouping included (signed out, those are refused).
+        UiOptions::default().public_read(true),
     )
     .await?;
     let addr = server.local_addr();
