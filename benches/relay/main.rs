@@ -43,6 +43,15 @@ struct Cli {
     /// PostgreSQL major of the bench clusters.
     #[arg(long, default_value_t = 15)]
     pg: u32,
+    /// The relay's longest sleep between sweeps, in ms (default: the relay's
+    /// own): a child's start waits about half of it without NOTIFY.
+    #[arg(long)]
+    sweep_ms: Option<u64>,
+    /// The relay's recheck of a running child, in ms (default: the relay's
+    /// own): a parent's wake waits about this long without NOTIFY. A smoke
+    /// run shortens both: it proves the harness, not the figures.
+    #[arg(long)]
+    recheck_ms: Option<u64>,
 }
 
 #[path = "../support.rs"]
@@ -131,12 +140,11 @@ where
 async fn round(
     c: &Arc<Client>,
     topology: &Topology,
-    listen: bool,
+    options: RelayOptions,
     n: usize,
     tag: &str,
 ) -> Result<(Vec<f64>, Vec<f64>), Error> {
     let shards: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
-    let options = RelayOptions::new().listen(listen);
     let relay = Relay::start(c.clone(), shards.clone(), options);
     let parent = c
         .start_workflow(
@@ -295,17 +303,27 @@ async fn main() -> Result<(), Error> {
         .await?
         .get(0);
     println!(
-        "{} shards; synchronous_commit = {commit}; {} rounds x {} spawns per mode, 20 ms apart",
+        "{} shards; synchronous_commit = {commit}; {} rounds x {} spawns per mode, 20 ms apart; relay sweep/recheck {}/{}",
         topology.len(),
         cli.rounds,
-        cli.spawns
+        cli.spawns,
+        cli.sweep_ms.map_or("default".to_owned(), |ms| format!("{ms} ms")),
+        cli.recheck_ms
+            .map_or("default".to_owned(), |ms| format!("{ms} ms")),
     );
     let run = std::process::id();
     let (mut notify, mut sweep) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     for r in 0..cli.rounds {
         for (listen, into) in [(true, &mut notify), (false, &mut sweep)] {
             let tag = format!("{run}-{r}-{}", if listen { "notify" } else { "sweep" });
-            let (s, w) = round(&c, &topology, listen, cli.spawns, &tag).await?;
+            let mut options = RelayOptions::new().listen(listen);
+            if let Some(ms) = cli.sweep_ms {
+                options = options.sweep_every(Duration::from_millis(ms));
+            }
+            if let Some(ms) = cli.recheck_ms {
+                options = options.recheck(Duration::from_millis(ms));
+            }
+            let (s, w) = round(&c, &topology, options, cli.spawns, &tag).await?;
             into.0.extend(s);
             into.1.extend(w);
         }

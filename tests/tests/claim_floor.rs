@@ -378,7 +378,7 @@ async fn rekeyer(queue: String, stop: Arc<AtomicBool>) {
         };
         db.execute("SELECT sheaf.configure_queue($1, $2)", &[&queue, &opts])
             .await
-            .unwrap_or_else(|e| panic!("configure_queue: {e}"));
+            .unwrap_or_else(|e| panic!("configure_queue: {e:?}"));
     }
 }
 

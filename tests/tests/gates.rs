@@ -558,7 +558,7 @@ async fn drift_dead_letter(db: &Client, plan: &DriftPlan, run: Run, worker: &str
         &[&plan.activities, &worker],
     )
     .await
-    .unwrap_or_else(|e| panic!("claim: {e}"));
+    .unwrap_or_else(|e| panic!("claim: {e:?}"));
     for row in claimed {
         let (task, token): (Uuid, i64) = (row.get(0), row.get(1));
         let failed = match query_retrying(

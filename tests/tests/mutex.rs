@@ -74,7 +74,7 @@ async fn renew(db: &Client, key: &str, owner: Uuid, token: i64) -> Result<System
 async fn reclaim(db: &Client) -> i32 {
     let rows = query_retrying(db, "SELECT sheaf.mutex_reclaim()", &[])
         .await
-        .unwrap_or_else(|e| panic!("mutex_reclaim: {e}"));
+        .unwrap_or_else(|e| panic!("mutex_reclaim: {e:?}"));
     rows[0].get(0)
 }
 

@@ -199,7 +199,7 @@ async fn send_between(
                 &[&runs[from], &name, &format!("r{to}"), &json!({ "n": n, "i": i })],
             )
             .await
-            .unwrap_or_else(|e| panic!("signal_external: {e}"))
+            .unwrap_or_else(|e| panic!("signal_external: {e:?}"))
             .get(0);
         if rng.below(5) == 0 {
             db.batch_execute("ROLLBACK").await.expect("rollback");

@@ -185,7 +185,7 @@ async fn capper(queue: String, stop: Arc<AtomicBool>, seed: u64) {
             {
                 Ok(_) => break,
                 Err(e) if code(&e) == Some("40P01") => continue,
-                Err(e) => panic!("set_concurrency_limit: {e}"),
+                Err(e) => panic!("set_concurrency_limit: {e:?}"),
             }
         }
     }
