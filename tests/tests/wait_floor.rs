@@ -2,7 +2,8 @@
 //! `sql/schema.sql` beside `concurrency_limits`) under real concurrency:
 //! promotions that move it up race everything that puts a task in a line.
 //!
-//! On one queue, three keys capped at 1 to 3, for `CHAOS` seconds:
+//! On one queue, three keys capped at 1 to 3, for at least `CHAOS` seconds
+//! (on until it did enough to prove something):
 //! - two claimers take tasks and complete them (a slot frees: the next
 //!   waiting task is promoted from the floor; half the time with the next
 //!   claim, in one `complete_and_claim`), or complete them in a
@@ -38,6 +39,9 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 const CHAOS: Duration = Duration::from_secs(8);
+/// What a run must have done to prove something (`check`).
+const MIN_FLOOR_MOVES: u64 = 20;
+const MIN_HELD: u64 = 20;
 const KEYS: u64 = 3;
 
 #[derive(Default)]
@@ -291,7 +295,19 @@ async fn every_waiting_task_stays_at_or_after_its_keys_wait_floor() {
         rng.next_u64(),
     )));
     tasks.push(tokio::spawn(watcher(queue.clone(), rec.clone(), stop.clone())));
+    // At least CHAOS, and on until the floors moved and tasks were held
+    // often enough, however slow the machine (bounded: a stalled run fails
+    // in `check`).
+    let began = std::time::Instant::now();
     tokio::time::sleep(CHAOS).await;
+    while began.elapsed() < CHAOS * 15 {
+        let r = rec.lock().await;
+        if r.floor_moves > MIN_FLOOR_MOVES && r.skipped_held > MIN_HELD {
+            break;
+        }
+        drop(r);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
@@ -320,11 +336,11 @@ fn check(rec: &Record, seed: u64) {
     );
     let moves = rec.floor_moves;
     assert!(
-        moves > 20,
+        moves > MIN_FLOOR_MOVES,
         "the floors moved only {moves} time(s): the test proves nothing"
     );
     assert!(
-        rec.skipped_held > 20,
+        rec.skipped_held > MIN_HELD,
         "a waiting task was held only {} time(s)",
         rec.skipped_held
     );
