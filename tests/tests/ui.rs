@@ -1100,11 +1100,7 @@ async fn payloads_need_a_session_unless_read_is_public() {
 
 /// Types `text` into the first element `css` matches.
 async fn type_into(d: &Dash, css: &str, text: &str) {
-    d.element(css)
-        .await
-        .send_keys(text)
-        .await
-        .expect("typed");
+    d.element(css).await.send_keys(text).await.expect("typed");
 }
 
 /// Opens execution `id`'s page and asks for the action of its form `form`
@@ -1129,6 +1125,20 @@ async fn audited(c: &Client, shard: ShardId, action: &str, id: ExecutionId, acto
         .expect("the audit log")
         .iter()
         .any(|e| e.action == action && e.actor == actor && e.target.as_deref() == Some(target.as_str()))
+}
+
+/// The signed-in browser's session cookie and CSRF token, for a POST
+/// from outside it.
+async fn session_of(d: &Dash) -> (String, String) {
+    let cookie =
+        d.b.get_named_cookie("sheaf_ui")
+            .await
+            .expect("the session cookie");
+    let csrf = d
+        .attrs("form[action='/logout'] input[name=csrf]", "value")
+        .await
+        .remove(0);
+    (cookie.value().to_owned(), csrf)
 }
 
 async fn state_of(c: &Client, id: ExecutionId) -> &'static str {
@@ -1171,7 +1181,7 @@ async fn execution_actions_are_confirmed_audited_and_offered_by_state() {
             .expect("the history")
             .events
             .iter()
-            .filter(|e| e.event_type.to_string() == "SignalReceived")
+            .filter(|e| e.event_type == "SignalReceived")
             .count()
     };
     assert_eq!(signalled(c.clone()).await, 0, "nothing was delivered");
@@ -1205,10 +1215,7 @@ async fn execution_actions_are_confirmed_audited_and_offered_by_state() {
         d.text(".result").await,
         format!("Signal \"go\" delivered to execution {id}.")
     );
-    assert_eq!(
-        d.attrs("#back", "href").await,
-        [format!("/executions/{id}")]
-    );
+    assert_eq!(d.attrs("#back", "href").await, [format!("/executions/{id}")]);
     assert_eq!(signalled(c.clone()).await, 1);
     assert!(audited(&c, shard, "signal", id, "ui:operator").await);
 
@@ -1259,34 +1266,30 @@ async fn execution_actions_are_confirmed_audited_and_offered_by_state() {
         format!("Execution {} terminated.", third.execution_id)
     );
     assert_eq!(state_of(&c, third.execution_id).await, "TERMINATED");
-    assert!(audited(&c, third.shard, "terminate_execution", third.execution_id, "ui:operator").await);
+    assert!(
+        audited(
+            &c,
+            third.shard,
+            "terminate_execution",
+            third.execution_id,
+            "ui:operator"
+        )
+        .await
+    );
 
     // Forged: the session's cookie without its CSRF token; a bad payload
     // with it. Neither reaches the run.
     let fourth = start("d").await.execution_id;
-    let cookie =
-        d.b.get_named_cookie("sheaf_ui")
-            .await
-            .expect("the session cookie");
-    let forged = post(
-        &d.base,
-        "/act/pause-execution",
-        &format!("execution={fourth}&csrf=guess"),
-        cookie.value(),
-        None,
-    )
-    .await;
+    let (cookie, csrf) = session_of(&d).await;
+    let as_session = |path: &'static str, body: String| {
+        let (base, cookie) = (d.base.clone(), cookie.clone());
+        async move { post(&base, path, &body, &cookie, None).await }
+    };
+    let forged = as_session("/act/pause-execution", format!("execution={fourth}&csrf=guess")).await;
     assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
-    let csrf = d
-        .attrs("form[action='/logout'] input[name=csrf]", "value")
-        .await
-        .remove(0);
-    let bad = post(
-        &d.base,
+    let bad = as_session(
         "/act/signal-execution",
-        &format!("execution={fourth}&signal=go&payload=%7Bnope&csrf={csrf}"),
-        cookie.value(),
-        None,
+        format!("execution={fourth}&signal=go&payload=%7Bnope&csrf={csrf}"),
     )
     .await;
     assert!(
@@ -1386,11 +1389,14 @@ async fn queue_charts_have_labelled_axes() {
         .await
         .expect("enqueue");
     let d = Dash::start(c.clone(), None).await;
-    // Charted from the first sample that sees it (one a second here).
+    // Charted from the first sample that sees it, throughput from the
+    // second (one a second here).
     let chart = format!("tr[data-queue='{queue}'] svg.chart");
     for _ in 0..200 {
         visit(&d.b, &d.base, "/queues", "queues-chart").await;
-        if d.b.find(Locator::Css(&chart)).await.is_ok() {
+        if d.b.find(Locator::Css(&chart)).await.is_ok()
+            && d.b.find(Locator::Css("#throughput-chart")).await.is_ok()
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1403,11 +1409,10 @@ async fn queue_charts_have_labelled_axes() {
     assert_eq!(d.text(&format!("{chart} .axis-zero")).await, "0");
     let times: Vec<String> = {
         let mut out = Vec::new();
-        for e in d
-            .b
-            .find_all(Locator::Css(&format!("{chart} .axis-time")))
-            .await
-            .expect("labels")
+        for e in
+            d.b.find_all(Locator::Css(&format!("{chart} .axis-time")))
+                .await
+                .expect("labels")
         {
             out.push(e.text().await.expect("a label"));
         }

@@ -41,7 +41,7 @@ pub struct Args {
     /// How often the list pages (fleet, queues, executions, tasks, dead
     /// letters) reload themselves; 0s: never. Each browser can also turn
     /// it off with the page's link.
-    #[arg(long, default_value = "10s", value_parser = crate::parse::duration)]
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::parse::duration)]
     refresh_every: std::time::Duration,
 }
 

@@ -320,14 +320,8 @@ pub(super) async fn act(
 
 #[cfg(test)]
 mod tests {
+    use super::super::form_of as form;
     use super::*;
-
-    fn form(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     #[test]
     fn an_action_is_read_or_refused_with_a_reason() {

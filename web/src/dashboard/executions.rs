@@ -158,7 +158,12 @@ pub(super) async fn list(
         rows: Vec::new(),
         next: None,
     };
-    page.chrome.refreshing(shared.options.refresh_every, &headers, "/executions", raw.as_deref());
+    page.chrome.refreshing(
+        shared.options.refresh_every,
+        &headers,
+        "/executions",
+        raw.as_deref(),
+    );
     let filtered = match filter(&q) {
         Ok(f) => f,
         Err(e) => {
@@ -407,14 +412,8 @@ pub(super) async fn one(
 
 #[cfg(test)]
 mod tests {
+    use super::super::form_of as q;
     use super::*;
-
-    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     #[test]
     fn a_filter_is_read_from_the_form_or_refused_naming_the_field() {

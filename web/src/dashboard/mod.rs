@@ -530,6 +530,15 @@ fn link(path: &str, query: &[(&str, &str)]) -> String {
     }
 }
 
+/// A query or form as a test writes it.
+#[cfg(test)]
+fn form_of(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

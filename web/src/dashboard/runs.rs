@@ -343,14 +343,8 @@ fn signal(form: &[(String, String)]) -> Result<Op, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::form_of as form;
     use super::*;
-
-    fn form(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     const ID: &str = "0190a6b2-7c1e-7000-8000-000000000001";
 
