@@ -152,7 +152,10 @@ impl Dash {
             UiOptions::default()
                 .admin_token(token.map(str::to_owned))
                 .sample_every(Duration::from_secs(1))
-                .public_read(true),
+                .public_read(true)
+                // A reload between two steps would lose a ticked box:
+                // refresh_is_switched_off_and_on_per_browser reloads.
+                .refresh_every(Duration::ZERO),
         )
         .await
         .expect("the dashboard starts");
@@ -1091,4 +1094,336 @@ async fn payloads_need_a_session_unless_read_is_public() {
     let base = format!("http://{}", public.local_addr());
     assert!(get(&base, &path).await.contains(&secret), "--public-read");
     public.shutdown().await;
+}
+
+// ---- Execution actions, auto-refresh, chart axes (issue 38, helper "act").
+
+/// Types `text` into the first element `css` matches.
+async fn type_into(d: &Dash, css: &str, text: &str) {
+    d.element(css).await.send_keys(text).await.expect("typed");
+}
+
+/// Opens execution `id`'s page and asks for the action of its form `form`
+/// (`#act-pause`, …) after `fill` typed into it; waits for the confirmation.
+async fn ask_on_run(d: &Dash, id: ExecutionId, form: &str, fill: &[(&str, &str)]) {
+    d.b.goto(&format!("{}/executions/{id}", d.base))
+        .await
+        .expect("the execution's page");
+    for (field, text) in fill {
+        type_into(d, &format!("{form} [name={field}]"), text).await;
+    }
+    d.click(&format!("{form} button")).await;
+    d.element("#confirm, #error").await;
+}
+
+/// Whether shard `shard`'s audit log has `action` on `id` by `actor`.
+async fn audited(c: &Client, shard: ShardId, action: &str, id: ExecutionId, actor: &str) -> bool {
+    let target = id.to_string();
+    c.admin()
+        .audit_log(shard, None, 200)
+        .await
+        .expect("the audit log")
+        .iter()
+        .any(|e| e.action == action && e.actor == actor && e.target.as_deref() == Some(target.as_str()))
+}
+
+/// The signed-in browser's session cookie and CSRF token, for a POST
+/// from outside it.
+async fn session_of(d: &Dash) -> (String, String) {
+    let cookie =
+        d.b.get_named_cookie("sheaf_ui")
+            .await
+            .expect("the session cookie");
+    let csrf = d
+        .attrs("form[action='/logout'] input[name=csrf]", "value")
+        .await
+        .remove(0);
+    (cookie.value().to_owned(), csrf)
+}
+
+async fn state_of(c: &Client, id: ExecutionId) -> &'static str {
+    c.get_execution(id)
+        .await
+        .expect("a read")
+        .expect("the execution")
+        .state
+        .as_str()
+}
+
+// One story, told in order: each step builds on the one before.
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn execution_actions_are_confirmed_audited_and_offered_by_state() {
+    let c = client();
+    let name = unique("ui-run");
+    let start = |wid: &'static str| {
+        let c = c.clone();
+        let name = name.clone();
+        async move {
+            c.start_workflow(&name, wid, json!({}), StartOptions::new())
+                .await
+                .expect("start")
+        }
+    };
+    let run = start("a").await;
+    let (id, shard) = (run.execution_id, run.shard);
+    let d = Dash::start(c.clone(), Some(TOKEN)).await;
+
+    // Signed out: the confirmation warns, and the run is not signalled.
+    ask_on_run(&d, id, "#act-signal", &[("signal", "go")]).await;
+    assert!(d.b.find(Locator::Css("#signed-out")).await.is_ok());
+    d.click("#do-it").await;
+    assert!(d.text("#refused").await.contains("sign in"));
+    let _ = console_errors(&d.b).await;
+    let signalled = |c: Arc<Client>| async move {
+        c.history(id, 0, 100)
+            .await
+            .expect("the history")
+            .events
+            .iter()
+            .filter(|e| e.event_type == "SignalReceived")
+            .count()
+    };
+    assert_eq!(signalled(c.clone()).await, 0, "nothing was delivered");
+
+    assert!(sign_in(&d, "operator", TOKEN).await);
+    // A running run offers cancel, terminate, signal and pause, not resume.
+    visit(&d.b, &d.base, &format!("/executions/{id}"), "execution-actions").await;
+    for form in ["#act-cancel", "#act-terminate", "#act-signal", "#act-pause"] {
+        assert!(d.b.find(Locator::Css(form)).await.is_ok(), "{form} offered");
+    }
+    assert!(d.b.find(Locator::Css("#act-resume")).await.is_err());
+
+    // A payload that is not JSON is refused on the confirmation, naming it.
+    ask_on_run(&d, id, "#act-signal", &[("signal", "go"), ("payload", "{nope")]).await;
+    assert!(d.text("#error").await.starts_with("payload: not JSON"));
+    assert!(d.b.find(Locator::Css("#do-it")).await.is_err());
+    let _ = console_errors(&d.b).await;
+
+    // Signal, with its payload shown as text on the confirmation.
+    ask_on_run(
+        &d,
+        id,
+        "#act-signal",
+        &[("signal", "go"), ("payload", r#"{"why": "<b>now</b>"}"#)],
+    )
+    .await;
+    assert!(d.text("#what").await.contains(r#"{"why": "<b>now</b>"}"#));
+    save(&d.b, "confirm-signal").await;
+    d.click("#do-it").await;
+    assert_eq!(
+        d.text(".result").await,
+        format!("Signal \"go\" delivered to execution {id}.")
+    );
+    assert_eq!(d.attrs("#back", "href").await, [format!("/executions/{id}")]);
+    assert_eq!(signalled(c.clone()).await, 1);
+    assert!(audited(&c, shard, "signal", id, "ui:operator").await);
+
+    // Pause, then resume: each offered only in the state that allows it.
+    ask_on_run(&d, id, "#act-pause", &[]).await;
+    d.click("#do-it").await;
+    assert_eq!(d.text(".result").await, format!("Execution {id} paused."));
+    assert_eq!(state_of(&c, id).await, "PAUSED");
+    assert!(audited(&c, shard, "pause_execution", id, "ui:operator").await);
+    d.click("#back").await;
+    d.element("#act-resume").await;
+    assert!(d.b.find(Locator::Css("#act-pause")).await.is_err());
+    ask_on_run(&d, id, "#act-resume", &[]).await;
+    d.click("#do-it").await;
+    assert_eq!(d.text(".result").await, format!("Execution {id} resumed."));
+    assert_eq!(state_of(&c, id).await, "RUNNING");
+    assert!(audited(&c, shard, "resume_execution", id, "ui:operator").await);
+
+    // A pause confirmed now but done after the run ended says so plainly.
+    ask_on_run(&d, id, "#act-pause", &[]).await;
+    assert!(c.cancel_execution(id, Some("meanwhile")).await.expect("cancel"));
+    d.click("#do-it").await;
+    let stale = d.text("#stale").await;
+    assert!(
+        stale.contains("no longer applies") && stale.contains("CANCELLED"),
+        "{stale}"
+    );
+    save(&d.b, "stale").await;
+    let _ = console_errors(&d.b).await;
+    // An ended run offers nothing.
+    d.click("#back").await;
+    assert!(d.text("#no-actions").await.contains("CANCELLED"));
+
+    // Cancel and terminate, each with its reason.
+    let second = start("b").await.execution_id;
+    ask_on_run(&d, second, "#act-cancel", &[("reason", "not needed")]).await;
+    assert!(d.text("#what").await.contains("not needed"));
+    d.click("#do-it").await;
+    assert_eq!(d.text(".result").await, format!("Execution {second} cancelled."));
+    assert_eq!(state_of(&c, second).await, "CANCELLED");
+    let second_shard = c.get_execution(second).await.expect("a read").expect("it").shard;
+    assert!(audited(&c, second_shard, "cancel_execution", second, "ui:operator").await);
+    let third = start("c").await;
+    ask_on_run(&d, third.execution_id, "#act-terminate", &[("reason", "stuck")]).await;
+    d.click("#do-it").await;
+    assert_eq!(
+        d.text(".result").await,
+        format!("Execution {} terminated.", third.execution_id)
+    );
+    assert_eq!(state_of(&c, third.execution_id).await, "TERMINATED");
+    assert!(
+        audited(
+            &c,
+            third.shard,
+            "terminate_execution",
+            third.execution_id,
+            "ui:operator"
+        )
+        .await
+    );
+
+    // Forged: the session's cookie without its CSRF token; a bad payload
+    // with it. Neither reaches the run.
+    let fourth = start("d").await.execution_id;
+    let (cookie, csrf) = session_of(&d).await;
+    let as_session = |path: &'static str, body: String| {
+        let (base, cookie) = (d.base.clone(), cookie.clone());
+        async move { post(&base, path, &body, &cookie, None).await }
+    };
+    let forged = as_session("/act/pause-execution", format!("execution={fourth}&csrf=guess")).await;
+    assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
+    let bad = as_session(
+        "/act/signal-execution",
+        format!("execution={fourth}&signal=go&payload=%7Bnope&csrf={csrf}"),
+    )
+    .await;
+    assert!(
+        bad.starts_with("HTTP/1.1 400") && bad.contains("payload: not JSON"),
+        "{bad}"
+    );
+    assert_eq!(state_of(&c, fourth).await, "RUNNING");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refresh_is_switched_off_and_on_per_browser() {
+    let c = client();
+    let id = c
+        .start_workflow(&unique("ui-refresh"), "r", json!({}), StartOptions::new())
+        .await
+        .expect("start")
+        .execution_id;
+    let server = UiServer::start(
+        c.clone(),
+        "127.0.0.1:0".parse().expect("an address"),
+        UiOptions::default()
+            .admin_token(Some(TOKEN.to_owned()))
+            .refresh_every(Duration::from_secs(1)),
+    )
+    .await
+    .expect("the dashboard starts");
+    let base = format!("http://{}", server.local_addr());
+    let driver = chromedriver();
+    let b = browser(&driver).await;
+    let d = Dash {
+        server,
+        base,
+        b,
+        _driver: driver,
+    };
+    let meta = "meta[http-equiv=refresh]";
+    for page in ["/", "/queues", "/executions", "/tasks", "/dead-letters"] {
+        visit(&d.b, &d.base, page, "refresh-on").await;
+        assert_eq!(d.attrs(meta, "content").await, ["1"], "{page} reloads");
+    }
+    // It does reload: what was shown is replaced.
+    let shown = d.element("main").await;
+    let mut reloaded = false;
+    for _ in 0..200 {
+        if shown.text().await.is_err() {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reloaded, "the page reloaded itself");
+    // Never where the operator types or confirms.
+    for page in [
+        format!("/executions/{id}"),
+        "/login".to_owned(),
+        format!("/confirm?action=pause-execution&execution={id}"),
+    ] {
+        visit(&d.b, &d.base, &page, "refresh-never").await;
+        assert!(d.b.find(Locator::Css(meta)).await.is_err(), "{page}");
+    }
+
+    // Off: the link keeps the choice for this browser and comes back.
+    d.b.goto(&format!("{}/tasks?queue=q", d.base))
+        .await
+        .expect("the page");
+    d.click("#refresh-toggle").await;
+    assert!(d.text("#refresh").await.starts_with("Not reloading"));
+    assert!(
+        d.b.current_url()
+            .await
+            .expect("an address")
+            .as_str()
+            .ends_with("/tasks?queue=q")
+    );
+    assert!(d.b.find(Locator::Css(meta)).await.is_err());
+    visit(&d.b, &d.base, "/queues", "refresh-off").await;
+    assert!(d.b.find(Locator::Css(meta)).await.is_err(), "off everywhere");
+    // On again.
+    d.click("#refresh-toggle").await;
+    assert!(d.text("#refresh").await.starts_with("This page reloads"));
+    assert_eq!(d.attrs(meta, "content").await, ["1"]);
+    // The way back is a page of this dashboard only.
+    let away = get(&d.base, "/refresh?to=off&back=%2F%2Fevil.example%2F").await;
+    assert!(
+        away.starts_with("HTTP/1.1 303") && away.contains("location: /\r\n"),
+        "{away}"
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_charts_have_labelled_axes() {
+    let c = client();
+    let queue = unique("ui-chart");
+    c.enqueue(&queue, json!({}), EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let d = Dash::start(c.clone(), None).await;
+    // Charted from the first sample that sees it, throughput from the
+    // second (one a second here).
+    let chart = format!("tr[data-queue='{queue}'] svg.chart");
+    for _ in 0..200 {
+        visit(&d.b, &d.base, "/queues", "queues-chart").await;
+        if d.b.find(Locator::Css(&chart)).await.is_ok()
+            && d.b.find(Locator::Css("#throughput-chart")).await.is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        d.text(&format!("{chart} .chart-title")).await,
+        "ready and running tasks"
+    );
+    assert_eq!(d.text(&format!("{chart} .axis-max")).await, "1");
+    assert_eq!(d.text(&format!("{chart} .axis-zero")).await, "0");
+    let times: Vec<String> = {
+        let mut out = Vec::new();
+        for e in
+            d.b.find_all(Locator::Css(&format!("{chart} .axis-time")))
+                .await
+                .expect("labels")
+        {
+            out.push(e.text().await.expect("a label"));
+        }
+        out
+    };
+    // 90 samples a second apart: the oldest 89 s ago.
+    assert_eq!(times, ["-1m 29s", "-44s", "now"]);
+    d.element("#throughput-chart .axis-time").await;
+    assert_eq!(
+        d.text("#throughput-chart .chart-title").await,
+        "tasks finished per second"
+    );
+    d.stop().await;
 }

@@ -17,7 +17,8 @@ use crate::output::serving;
 /// executions, dead letters, tasks, usage, rebalancing) and the HTTP JSON
 /// API under /api/v1, with /health, /ready and /metrics, until SIGINT or SIGTERM;
 /// prints its address first. The dashboard's actions (redrive, purge,
-/// cancel) need the admin token in SHEAF_UI_TOKEN (16+ characters);
+/// cancel a task; cancel, terminate, signal, pause or resume an
+/// execution) need the admin token in SHEAF_UI_TOKEN (16+ characters);
 /// without it the dashboard is read-only. The API takes bearer tokens
 /// from SHEAF_API_READ_TOKENS and SHEAF_API_ACT_TOKENS (comma-separated,
 /// 16+ characters each; act implies read); without any it refuses every
@@ -37,6 +38,11 @@ pub struct Args {
     /// ids, counts, states and times only.
     #[arg(long)]
     public_read: bool,
+    /// How often the list pages (fleet, queues, executions, tasks, dead
+    /// letters) reload themselves; 0s: never. Each browser can also turn
+    /// it off with the page's link.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::parse::duration)]
+    refresh_every: std::time::Duration,
 }
 
 /// The shortest admin token accepted: a guessable one is no protection.
@@ -66,7 +72,8 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
         .admin_token(admin_token)
         .public_hosts(args.public_hosts)
         .api_tokens(read, act)
-        .public_read(args.public_read);
+        .public_read(args.public_read)
+        .refresh_every(args.refresh_every);
     let server = match UiServer::start(Arc::new(client), listen, options).await {
         Ok(s) => s,
         Err(e) => {
@@ -76,7 +83,7 @@ pub async fn run(args: Args, ctx: &Context) -> Exit {
     // The address first, so a script that asked for port 0 learns it.
     serving(&format!("http://{}/", server.local_addr()), ctx.json);
     if !acting {
-        exit::warn("read-only: set SHEAF_UI_TOKEN to allow redrive, purge and cancel");
+        exit::warn("read-only: set SHEAF_UI_TOKEN to allow the dashboard's actions");
     }
     super::stopped().await;
     server.shutdown().await;

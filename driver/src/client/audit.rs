@@ -9,6 +9,7 @@ use crate::topology::ShardId;
 
 const PAGE: &str =
     "SELECT id, at, actor, login, action, target, outcome, detail FROM sheaf.audit_log($1, $2)";
+const NOTE: &str = "SELECT sheaf.audit_note($1, $2, $3, $4)";
 
 /// One operator action on one shard.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,5 +78,23 @@ impl Admin<'_> {
                 self.audit_log(shard, None, max_rows)
             })
             .await
+    }
+
+    /// Adds an entry to `shard`'s audit log, with this client's actor, for
+    /// an action whose shard function keeps none (`sheaf.audit_note`):
+    /// `action` and `outcome` 1 to 64 bytes, `target` up to 256, `detail`
+    /// a JSON object up to 8 KiB.
+    pub async fn audit_note(
+        self,
+        shard: ShardId,
+        action: &str,
+        target: &str,
+        outcome: &str,
+        detail: &Json,
+    ) -> Result<(), ClientError> {
+        self.client
+            .on_shard(shard, Owned::Shard, NOTE, &[&action, &target, &outcome, detail])
+            .await
+            .map(drop)
     }
 }

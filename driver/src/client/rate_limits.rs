@@ -17,7 +17,6 @@ use crate::topology::ShardId;
 const DECLARE: &str = "SELECT sheaf.declare_rate_limit($1, $2)";
 const SET_OVERRIDE: &str = "SELECT sheaf.set_rate_override($1, $2, make_interval(secs => $3), $4)";
 const CLEAR_OVERRIDE: &str = "SELECT sheaf.clear_rate_override($1)";
-const AUDIT_NOTE: &str = "SELECT sheaf.audit_note($1, $2, 'failed', $3)";
 const LIST: &str = "SELECT name, spec, override_rate, extract(epoch from override_period)::float8 AS override_secs, \
      override_expires_at, buckets, waiting FROM sheaf.rate_limits()";
 
@@ -84,9 +83,9 @@ impl Client {
             let detail = &detail;
             let noted = self
                 .fan_out(applied.clone(), |shard| async move {
-                    self.on_shard(shard, Owned::Shard, AUDIT_NOTE, &[&action, &name, detail])
+                    self.admin()
+                        .audit_note(shard, action, name, "failed", detail)
                         .await
-                        .map(drop)
                 })
                 .await;
             for (shard, e) in &noted.failed {

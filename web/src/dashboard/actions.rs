@@ -1,5 +1,5 @@
 //! The dashboard's actions: redrive dead letters, purge a queue's dead
-//! letters, cancel a task. `/confirm` shows what an action will do and
+//! letters, cancel a task, and act on an execution (`runs`). `/confirm` shows what an action will do and
 //! asks for it; `/act/{action}` does it, as a POST of a signed-in session
 //! with its CSRF token (`session`), through the session's client, so each
 //! shard's audit log records the session's actor.
@@ -15,6 +15,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
+use super::runs::RunAction;
 use super::{Chrome, Shared, cut, first, pairs, read_error, render, status_of};
 use sheaf_driver::ShardId;
 use sheaf_driver::TaskId;
@@ -27,6 +28,7 @@ enum Action {
     Redrive(Vec<TaskId>),
     Purge { queue: String, older_than: Duration },
     Cancel { task: TaskId, reason: String },
+    Run(RunAction),
 }
 
 impl Action {
@@ -86,10 +88,13 @@ impl Action {
                     reason: cut(first(form, "reason").trim(), 200),
                 })
             }
-            other => Err(format!(
-                "action: no such action: {}",
-                sheaf_core::excerpt::quoted(other)
-            )),
+            other => match RunAction::read(other, form) {
+                Some(run) => run.map(Action::Run),
+                None => Err(format!(
+                    "action: no such action: {}",
+                    sheaf_core::excerpt::quoted(other)
+                )),
+            },
         }
     }
 
@@ -98,6 +103,15 @@ impl Action {
             Action::Redrive(_) => "redrive",
             Action::Purge { .. } => "purge",
             Action::Cancel { .. } => "cancel",
+            Action::Run(run) => run.name(),
+        }
+    }
+
+    /// The page the operator came from, to go back to.
+    fn back(&self) -> Option<String> {
+        match self {
+            Action::Run(run) => Some(run.back()),
+            _ => None,
         }
     }
 
@@ -130,6 +144,7 @@ impl Action {
             Action::Cancel { task, .. } => {
                 format!("Cancel task {task}: a running attempt is told at its next fenced call.")
             }
+            Action::Run(run) => run.describe(),
         }
     }
 
@@ -149,6 +164,7 @@ impl Action {
                 ),
             ],
             Action::Cancel { task, reason } => vec![("task", task.to_string()), ("reason", reason.clone())],
+            Action::Run(run) => run.fields(),
         }
     }
 }
@@ -161,6 +177,7 @@ struct ConfirmPage {
     error: Option<String>,
     description: String,
     fields: Vec<(&'static str, String)>,
+    back: Option<String>,
 }
 
 #[derive(Template)]
@@ -171,7 +188,10 @@ struct DonePage {
     /// Refused before anything was done.
     refused: Option<String>,
     lines: Vec<String>,
+    /// Why the action no longer applied (the run changed meanwhile).
+    stale: Option<String>,
     failures: Vec<(String, String)>,
+    back: Option<String>,
 }
 
 pages!(ConfirmPage, DonePage);
@@ -188,12 +208,14 @@ pub(super) async fn confirm(
         error: None,
         description: String::new(),
         fields: Vec::new(),
+        back: None,
     };
     match Action::read(first(&q, "action"), &q) {
         Ok(action) => {
             page.action = action.name();
             page.description = action.describe();
             page.fields = action.fields();
+            page.back = action.back();
             render(StatusCode::OK, page)
         }
         Err(e) => {
@@ -222,7 +244,9 @@ pub(super) async fn act(
         action: cut(&action, 32),
         refused: None,
         lines: Vec::new(),
+        stale: None,
         failures: Vec::new(),
+        back: None,
     };
     let session = match shared.sessions.authorize(&headers, first(&form, "csrf")) {
         Ok(s) => s,
@@ -238,6 +262,7 @@ pub(super) async fn act(
             return render(StatusCode::BAD_REQUEST, page);
         }
     };
+    page.back = action.back();
     let client = &session.client;
     // A shard that did not do its part makes it 502; a refusal of what was
     // asked says so instead.
@@ -277,6 +302,13 @@ pub(super) async fn act(
                 }
             }
         }
+        Action::Run(run) => {
+            let acted = run.act(client).await;
+            status = acted.status;
+            page.lines = acted.lines;
+            page.stale = acted.stale;
+            page.failures = acted.failures;
+        }
     }
     page.lines
         .push(format!("Recorded in the audit log as {}.", session.actor));
@@ -288,14 +320,8 @@ pub(super) async fn act(
 
 #[cfg(test)]
 mod tests {
+    use super::super::form_of as form;
     use super::*;
-
-    fn form(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     #[test]
     fn an_action_is_read_or_refused_with_a_reason() {

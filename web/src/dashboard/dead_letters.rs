@@ -51,6 +51,12 @@ pub(super) async fn page(
         rows: Vec::new(),
         next: None,
     };
+    page.chrome.refreshing(
+        shared.options.refresh_every,
+        &headers,
+        "/dead-letters",
+        raw.as_deref(),
+    );
     let listed = shared
         .client
         .admin()

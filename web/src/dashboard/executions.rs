@@ -11,6 +11,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
+use super::runs::Offered;
 use super::{Chrome, Shared, cut, first, link, pairs, read_error, read_error_of, render, status_of, time};
 use sheaf_core::state::ExecutionState;
 use sheaf_driver::ExecutionId;
@@ -157,6 +158,12 @@ pub(super) async fn list(
         rows: Vec::new(),
         next: None,
     };
+    page.chrome.refreshing(
+        shared.options.refresh_every,
+        &headers,
+        "/executions",
+        raw.as_deref(),
+    );
     let filtered = match filter(&q) {
         Ok(f) => f,
         Err(e) => {
@@ -313,6 +320,8 @@ struct OnePage {
     events: Vec<EventRow>,
     more_events: Option<String>,
     children: Vec<ChildRow>,
+    /// The actions its state allows (shown when the dashboard can act).
+    offered: Option<Offered>,
 }
 
 pages!(OnePage);
@@ -332,6 +341,7 @@ pub(super) async fn one(
         events: Vec::new(),
         more_events: None,
         children: Vec::new(),
+        offered: None,
     };
     let Ok(id) = raw_id.parse::<ExecutionId>() else {
         page.error = Some("not an execution id".into());
@@ -374,6 +384,7 @@ pub(super) async fn one(
         moved: execution.shard != routed,
     });
     page.execution = Some(Shown::of(&execution));
+    page.offered = Some(Offered::of(execution.state));
     match history {
         Ok(h) => {
             page.more_events = h
@@ -401,14 +412,8 @@ pub(super) async fn one(
 
 #[cfg(test)]
 mod tests {
+    use super::super::form_of as q;
     use super::*;
-
-    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     #[test]
     fn a_filter_is_read_from_the_form_or_refused_naming_the_field() {

@@ -44,6 +44,7 @@ pages!(FleetPage);
 
 pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let mut chrome = Chrome::new(&shared, &headers, "fleet");
+    chrome.refreshing(shared.options.refresh_every, &headers, "/", None);
     let client = &shared.client;
     let digest = client.topology().digest();
     let (status, verdicts) = client.admin().fleet_health(shared.options.probe_timeout).await;

@@ -7,8 +7,9 @@
 //! over the last minutes and the concurrency keys near their caps
 //! (`queues`), executions and an execution's page (`executions`), dead
 //! letters (`dead_letters`), tasks (`tasks`), usage (`usage`), rebalancing
-//! (`rebalance`). Actions (redrive, purge, cancel) need a signed-in session
-//! (`session`) and a confirmation (`actions`).
+//! (`rebalance`). Actions (redrive, purge, cancel a task; cancel,
+//! terminate, signal, pause or resume an execution: `runs`) need a
+//! signed-in session (`session`) and a confirmation (`actions`).
 
 /// A rendered page: a template with the chrome around its content.
 trait Page: askama::Template {
@@ -32,6 +33,8 @@ mod executions;
 mod fleet;
 mod queues;
 mod rebalance;
+mod refresh;
+mod runs;
 mod session;
 
 pub(crate) use session::same;
@@ -64,6 +67,7 @@ pub struct UiOptions {
     pub(crate) public_hosts: Vec<String>,
     pub(crate) api_tokens: crate::api::Tokens,
     pub(crate) public_read: bool,
+    pub(crate) refresh_every: Duration,
 }
 
 impl UiOptions {
@@ -120,6 +124,14 @@ impl UiOptions {
         self.public_read = public_read;
         self
     }
+
+    /// How often a list page (fleet, queues, executions, tasks, dead
+    /// letters) reloads itself (default 10 s, whole seconds; zero: never).
+    /// An operator turns it off and on per browser with the page's link.
+    pub fn refresh_every(mut self, refresh_every: Duration) -> Self {
+        self.refresh_every = refresh_every;
+        self
+    }
 }
 
 impl std::fmt::Debug for UiOptions {
@@ -131,6 +143,7 @@ impl std::fmt::Debug for UiOptions {
             .field("public_hosts", &self.public_hosts)
             .field("api_tokens", &self.api_tokens.enabled().then_some("<set>"))
             .field("public_read", &self.public_read)
+            .field("refresh_every", &self.refresh_every)
             .finish()
     }
 }
@@ -144,6 +157,7 @@ impl Default for UiOptions {
             public_hosts: Vec::new(),
             api_tokens: crate::api::Tokens::default(),
             public_read: false,
+            refresh_every: Duration::from_secs(refresh::EVERY),
         }
     }
 }
@@ -210,6 +224,7 @@ impl UiServer {
             .route("/logout", post(session::logout))
             .route("/confirm", get(actions::confirm))
             .route("/act/{action}", post(actions::act))
+            .route("/refresh", get(refresh::switch))
             .route("/favicon.ico", get(icon))
             .with_state(shared)
             .layer(axum::middleware::from_fn(plain_query))
@@ -264,6 +279,8 @@ struct Chrome {
     /// Whether payloads are shown: to a session, or to anyone with
     /// [`UiOptions::public_read`].
     payloads: bool,
+    /// A list page's auto-refresh (`refresh`); `None` elsewhere.
+    refresh: Option<refresh::Refresh>,
     began: Instant,
 }
 
@@ -279,8 +296,15 @@ impl Chrome {
             actor: session.as_ref().map(|s| s.actor.clone()),
             csrf: session.map(|s| s.csrf.clone()).unwrap_or_default(),
             can_act: shared.sessions.enabled(),
+            refresh: None,
             began: Instant::now(),
         }
+    }
+
+    /// Makes this list page (at `path` with query `raw`) reload itself,
+    /// unless this browser turned that off.
+    fn refreshing(&mut self, every: Duration, headers: &HeaderMap, path: &str, raw: Option<&str>) {
+        self.refresh = refresh::Refresh::of(every, headers, path, raw);
     }
 
     /// Names the shard of a failed call in the banner, when one could not
@@ -504,6 +528,15 @@ fn link(path: &str, query: &[(&str, &str)]) -> String {
     } else {
         format!("{path}?{q}")
     }
+}
+
+/// A query or form as a test writes it.
+#[cfg(test)]
+fn form_of(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 #[cfg(test)]

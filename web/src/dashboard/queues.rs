@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use askama::Template;
 use axum::extract::State;
@@ -74,8 +74,9 @@ impl Depth {
         }
     }
 
-    fn chart(&self, queue: &str) -> Option<Chart> {
-        self.lock().get(queue).map(Chart::of)
+    /// `queue`'s chart, its samples taken `every` apart.
+    fn chart(&self, queue: &str, every: Duration) -> Option<Plot> {
+        self.lock().get(queue).map(|points| Plot::depth(points, every))
     }
 }
 
@@ -142,44 +143,80 @@ pub(super) async fn sample(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// A small line chart of a queue's depth, drawn in SVG coordinates.
-struct Chart {
-    ready: String,
-    running: String,
-    max: i64,
+/// A line chart with its axes, as `chart.html` draws it: a title naming
+/// the unit, the value axis from 0 to the highest point, the time axis from
+/// the oldest sample kept to now (the newest sample at the right edge).
+struct Plot {
+    title: &'static str,
+    /// The value axis's top label (its highest point).
+    max: String,
+    /// Each line: its colour and its points.
+    lines: Vec<(&'static str, String)>,
+    /// The time axis's labels: where (x), anchored how, and the time.
+    ticks: Vec<(String, &'static str, String)>,
     samples: usize,
 }
 
-const CHART_W: f64 = 180.0;
-const CHART_H: f64 = 36.0;
+/// The chart's frame in SVG units (`chart.html` draws the same): the plot
+/// area is `PLOT_W` × `PLOT_H` at (`LEFT`, `TOP`), the value labels left
+/// of it, the time labels under it.
+const LEFT: f64 = 44.0;
+const TOP: f64 = 16.0;
+const PLOT_W: f64 = 248.0;
+const PLOT_H: f64 = 48.0;
 
-impl Chart {
-    fn of(points: &VecDeque<Point>) -> Chart {
+impl Plot {
+    /// A queue's depth: ready and running.
+    fn depth(points: &VecDeque<Point>, every: Duration) -> Plot {
         let max = points
             .iter()
             .map(|p| p.ready.max(p.running))
             .max()
             .unwrap_or(0)
             .max(1);
-        Chart {
-            ready: polyline(points.iter().map(|p| p.ready as f64), max as f64),
-            running: polyline(points.iter().map(|p| p.running as f64), max as f64),
-            max,
+        Plot {
+            title: "ready and running tasks",
+            max: max.to_string(),
+            lines: vec![
+                (READY, polyline(points.iter().map(|p| p.ready as f64), max as f64)),
+                (
+                    RUNNING,
+                    polyline(points.iter().map(|p| p.running as f64), max as f64),
+                ),
+            ],
+            ticks: ticks(every),
             samples: points.len(),
         }
     }
 }
 
+const READY: &str = "#1f6feb";
+const RUNNING: &str = "#18794e";
+
+/// The time axis's labels: the oldest kept sample's age, half of it, now.
+fn ticks(every: Duration) -> Vec<(String, &'static str, String)> {
+    let span = every * (KEPT - 1) as u32;
+    vec![
+        (format!("{LEFT:.1}"), "start", format!("-{}", age(span))),
+        (
+            format!("{:.1}", LEFT + PLOT_W / 2.0),
+            "middle",
+            format!("-{}", age(span / 2)),
+        ),
+        (format!("{:.1}", LEFT + PLOT_W), "end", "now".into()),
+    ]
+}
+
 /// The points of a chart's line: the newest value at the right edge, `max`
-/// at the top.
+/// at the top of the plot area, 0 at its bottom.
 fn polyline(values: impl ExactSizeIterator<Item = f64>, max: f64) -> String {
-    let step = CHART_W / (KEPT - 1) as f64;
+    let step = PLOT_W / (KEPT - 1) as f64;
     let offset = KEPT.saturating_sub(values.len()) as f64 * step;
     values
         .enumerate()
         .map(|(i, v)| {
-            let x = offset + i as f64 * step;
-            let y = CHART_H - (v / max) * (CHART_H - 2.0) - 1.0;
+            let x = LEFT + offset + i as f64 * step;
+            let y = TOP + PLOT_H - (v / max) * PLOT_H;
             format!("{x:.1},{y:.1}")
         })
         .collect::<Vec<_>>()
@@ -188,17 +225,15 @@ fn polyline(values: impl ExactSizeIterator<Item = f64>, max: f64) -> String {
 
 /// The fleet's throughput chart and each shard's latest rate.
 struct Rates {
-    line: String,
-    max: String,
+    plot: Plot,
     now: String,
     per_shard: Vec<(String, String)>,
     /// Readable shards the latest interval has no count of.
     missing: Vec<String>,
-    samples: usize,
 }
 
 impl Rates {
-    fn of(rates: &[(f64, BTreeMap<ShardId, f64>)], readable: &[ShardId]) -> Option<Rates> {
+    fn of(rates: &[(f64, BTreeMap<ShardId, f64>)], readable: &[ShardId], every: Duration) -> Option<Rates> {
         let (now, latest) = rates.last()?;
         let missing = readable
             .iter()
@@ -207,15 +242,19 @@ impl Rates {
             .collect();
         let max = rates.iter().map(|(r, _)| *r).fold(0.0, f64::max).max(1.0);
         Some(Rates {
-            line: polyline(rates.iter().map(|(r, _)| *r), max),
-            max: format!("{max:.1}"),
+            plot: Plot {
+                title: "tasks finished per second",
+                max: format!("{max:.1}"),
+                lines: vec![("#8250df", polyline(rates.iter().map(|(r, _)| *r), max))],
+                ticks: ticks(every),
+                samples: rates.len(),
+            },
             now: format!("{now:.1}"),
             per_shard: latest
                 .iter()
                 .map(|(s, r)| (s.to_string(), format!("{r:.1}")))
                 .collect(),
             missing,
-            samples: rates.len(),
         })
     }
 }
@@ -250,7 +289,7 @@ impl CountsRow {
 struct QueueRows {
     name: String,
     rows: Vec<CountsRow>,
-    chart: Option<Chart>,
+    chart: Option<Plot>,
 }
 
 /// A concurrency key near its cap on one shard.
@@ -277,6 +316,7 @@ pages!(QueuesPage);
 
 pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let mut chrome = Chrome::new(&shared, &headers, "queues");
+    chrome.refreshing(shared.options.refresh_every, &headers, "/queues", None);
     let (listing, keys) = tokio::join!(
         shared.client.admin().list_queues(),
         shared.client.admin().concurrency_stats()
@@ -296,7 +336,7 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
             QueueRows {
                 name: q.queue.clone(),
                 rows,
-                chart: shared.depth.chart(&q.queue),
+                chart: shared.depth.chart(&q.queue, shared.options.sample_every),
             }
         })
         .collect();
@@ -332,7 +372,11 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
             queues,
             near_cap,
             sample_secs: shared.options.sample_every.as_secs(),
-            throughput: Rates::of(&shared.throughput.rates(), &shared.client.readable_shards()),
+            throughput: Rates::of(
+                &shared.throughput.rates(),
+                &shared.client.readable_shards(),
+                shared.options.sample_every,
+            ),
         },
     )
 }
@@ -340,6 +384,15 @@ pub(super) async fn page(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const EVERY: Duration = Duration::from_secs(10);
+
+    /// The chart alone, as the queues page includes it.
+    #[derive(Template)]
+    #[template(source = "{% include \"chart.html\" %}", ext = "html")]
+    struct ChartSvg<'a> {
+        plot: &'a Plot,
+    }
 
     fn counts(ready: i64) -> QueueCounts {
         let mut counts = QueueCounts::default();
@@ -358,13 +411,13 @@ mod tests {
         assert_eq!(series["a"].front().map(|p| p.ready), Some(10));
         drop(series);
         depth.record(&[("a", &counts(0))]);
-        assert!(depth.chart("b").is_none(), "b is no longer listed");
-        let chart = depth.chart("a").expect("a chart");
+        assert!(depth.chart("b", EVERY).is_none(), "b is no longer listed");
+        let chart = depth.chart("a", EVERY).expect("a chart");
         assert_eq!(chart.samples, KEPT);
-        assert_eq!(chart.max, KEPT as i64 + 9);
+        assert_eq!(chart.max, (KEPT as i64 + 9).to_string());
         depth.record(&[("a", &counts(0)), ("idle", &counts(0))]);
-        assert!(depth.chart("idle").is_none(), "never busy: not charted");
-        assert!(depth.chart("a").is_some(), "drained: still charted");
+        assert!(depth.chart("idle", EVERY).is_none(), "never busy: not charted");
+        assert!(depth.chart("a", EVERY).is_some(), "drained: still charted");
     }
 
     #[test]
@@ -395,14 +448,25 @@ mod tests {
         let depth = Depth::default();
         depth.record(&[("a", &counts(4))]);
         depth.record(&[("a", &counts(2))]);
-        let chart = depth.chart("a").expect("a chart");
-        let last = chart.ready.split(' ').next_back().expect("a point");
-        assert!(last.starts_with("180.0,"), "{last}");
-        // The highest sample touches the top (y = 1), half of it the middle.
-        assert!(
-            chart
-                .ready
-                .starts_with(&format!("{:.1},1.0", CHART_W - CHART_W / (KEPT - 1) as f64))
-        );
+        let chart = depth.chart("a", EVERY).expect("a chart");
+        let ready = &chart.lines[0].1;
+        let last = ready.split(' ').next_back().expect("a point");
+        assert!(last.starts_with("292.0,"), "{last}");
+        // The highest sample touches the top, half of it the middle.
+        assert!(ready.starts_with(&format!("{:.1},16.0", LEFT + PLOT_W - PLOT_W / (KEPT - 1) as f64)));
+        assert!(last.ends_with(",40.0"), "{last}");
+    }
+
+    #[test]
+    fn a_chart_has_its_axes_labelled() {
+        let depth = Depth::default();
+        depth.record(&[("a", &counts(7))]);
+        let plot = depth.chart("a", EVERY).expect("a chart");
+        let labels: Vec<&str> = plot.ticks.iter().map(|(_, _, l)| l.as_str()).collect();
+        assert_eq!(labels, ["-14m 50s", "-7m 25s", "now"]);
+        let svg = ChartSvg { plot: &plot }.render().expect("rendered");
+        for text in [">ready and running tasks<", ">7<", ">0<", ">-14m 50s<", ">now<"] {
+            assert!(svg.contains(text), "{text} in {svg}");
+        }
     }
 }

@@ -134,14 +134,15 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
     differ == 0
 }
 
-fn cookie(headers: &HeaderMap) -> Option<&str> {
+/// The value of cookie `name` (the session's: [`COOKIE`]).
+pub(super) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
 }
 
@@ -188,7 +189,7 @@ impl Sessions {
 
     /// The signed-in session of this request, if any.
     pub fn current(&self, headers: &HeaderMap) -> Option<Arc<Session>> {
-        let id = cookie(headers)?;
+        let id = cookie(headers, COOKIE)?;
         let mut map = self.lock();
         match map.get(id) {
             Some(s) if s.expires > Instant::now() => Some(s.clone()),
@@ -259,7 +260,7 @@ impl Sessions {
     }
 
     fn close(&self, headers: &HeaderMap) {
-        if let Some(id) = cookie(headers) {
+        if let Some(id) = cookie(headers, COOKIE) {
             self.lock().remove(id);
         }
     }
@@ -425,8 +426,8 @@ mod tests {
     #[test]
     fn the_session_cookie_is_found_among_others() {
         let h = headers(&[(header::COOKIE, "a=1; sheaf_ui=abc; b=2")]);
-        assert_eq!(cookie(&h), Some("abc"));
-        assert_eq!(cookie(&headers(&[(header::COOKIE, "sheaf_uix=1")])), None);
+        assert_eq!(cookie(&h, COOKIE), Some("abc"));
+        assert_eq!(cookie(&headers(&[(header::COOKIE, "sheaf_uix=1")]), COOKIE), None);
         assert!(same("abc", "abc") && !same("abc", "abd") && !same("abc", "ab"));
         assert!(!same("ab", "abc") && !same("", "a") && same("", ""));
         assert!(!same("ab\0", "ab"), "a NUL does not pad a shorter one to equal");

@@ -60,6 +60,8 @@ pub(super) async fn page(
         rows: Vec::new(),
         next: None,
     };
+    page.chrome
+        .refreshing(shared.options.refresh_every, &headers, "/tasks", raw.as_deref());
     if page.queue.is_empty() {
         let listing = shared.client.admin().list_queues().await;
         page.chrome.missing(listing.unavailable_shards.keys());
