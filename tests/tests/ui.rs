@@ -943,17 +943,24 @@ async fn sign_in_from(base: &str, from: &str, token: &str) -> String {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_bad_query_is_a_400_naming_its_parameter() {
-    let c = client();
+/// A dashboard with an admin token and payloads hidden signed out (the
+/// default), and its base address.
+async fn signed_out_dashboard(c: Arc<Client>) -> (UiServer, String) {
     let server = UiServer::start(
-        c.clone(),
+        c,
         "127.0.0.1:0".parse().expect("an address"),
         UiOptions::default().admin_token(Some(TOKEN.to_owned())),
     )
     .await
     .expect("the dashboard starts");
     let base = format!("http://{}", server.local_addr());
+    (server, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_query_is_a_400_naming_its_parameter() {
+    let c = client();
+    let (server, base) = signed_out_dashboard(c.clone()).await;
     let id = c
         .start_workflow(&unique("ui-bad"), "r", json!({}), StartOptions::new())
         .await
@@ -1026,6 +1033,24 @@ async fn a_bad_query_is_a_400_naming_its_parameter() {
     server.shutdown().await;
 }
 
+/// `GET path` by a session signed in from the local address `from`.
+async fn signed_in_get(base: &str, from: &str, path: &str) -> String {
+    let signed = sign_in_from(base, from, TOKEN).await;
+    let cookie = signed
+        .split("sheaf_ui=")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .expect("a session cookie");
+    let host = base.trim_start_matches("http://");
+    raw(
+        host,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: sheaf_ui={cookie}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn payloads_need_a_session_unless_read_is_public() {
     let c = client();
@@ -1067,20 +1092,7 @@ async fn payloads_need_a_session_unless_read_is_public() {
         "{grouped}"
     );
 
-    let signed = sign_in_from(&base, "127.0.0.3", TOKEN).await;
-    let cookie = signed
-        .split("sheaf_ui=")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .expect("a session cookie");
-    let host = base.trim_start_matches("http://");
-    let read = raw(
-        host,
-        &format!(
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: sheaf_ui={cookie}\r\nConnection: close\r\n\r\n"
-        ),
-    )
-    .await;
+    let read = signed_in_get(&base, "127.0.0.3", &path).await;
     assert!(
         read.starts_with("HTTP/1.1 200") && read.contains(&secret),
         "{read}"
@@ -1344,14 +1356,7 @@ async fn a_task_and_a_dead_letter_have_pages_that_match_the_cli() {
     d.stop().await;
 
     // Signed out, without --public-read: ids, states and times, no payload.
-    let server = UiServer::start(
-        c.clone(),
-        "127.0.0.1:0".parse().expect("an address"),
-        UiOptions::default().admin_token(Some(TOKEN.to_owned())),
-    )
-    .await
-    .expect("the dashboard starts");
-    let base = format!("http://{}", server.local_addr());
+    let (server, base) = signed_out_dashboard(c.clone()).await;
     for path in [format!("/tasks/{running}"), format!("/dead-letters/{dead}")] {
         let page = get(&base, &path).await;
         assert!(page.starts_with("HTTP/1.1 200"), "{path}: {page}");
@@ -1370,20 +1375,7 @@ async fn a_task_and_a_dead_letter_have_pages_that_match_the_cli() {
         let page = get(&base, &path).await;
         assert!(page.starts_with(&format!("HTTP/1.1 {status}")), "{path}: {page}");
     }
-    let signed = sign_in_from(&base, "127.0.0.4", TOKEN).await;
-    let cookie = signed
-        .split("sheaf_ui=")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .expect("a session cookie");
-    let host = base.trim_start_matches("http://");
-    let read = raw(
-        host,
-        &format!(
-            "GET /tasks/{running} HTTP/1.1\r\nHost: {host}\r\nCookie: sheaf_ui={cookie}\r\nConnection: close\r\n\r\n"
-        ),
-    )
-    .await;
+    let read = signed_in_get(&base, "127.0.0.4", &format!("/tasks/{running}")).await;
     assert!(read.contains(&secret), "a session reads the payload");
     server.shutdown().await;
 }
@@ -1413,6 +1405,21 @@ async fn counts_shown(d: &Dash) -> std::collections::BTreeMap<String, String> {
         shown.insert(state, cell.text().await.expect("a count"));
     }
     shown
+}
+
+/// Follows the link of `state`'s count and waits for its list.
+async fn follow_count(d: &Dash, state: &str) {
+    d.click(&format!("#counts td[data-state='{state}'] a")).await;
+    for _ in 0..100 {
+        if let Ok(at) = d.b.current_url().await
+            && at.as_str().contains(&format!("state={state}"))
+        {
+            d.element("main").await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the list of {state} did not load");
 }
 
 /// The execution ids the executions page shows.
@@ -1487,19 +1494,7 @@ async fn counts_by_state_and_a_search_by_workflow_id_cover_the_fleet() {
         assert_eq!(&total[state].to_string(), n, "the CLI's {state}");
     }
     assert!(d.b.find(Locator::Css("#counts-partial")).await.is_err());
-    d.click("#counts td[data-state='scheduled'] a").await;
-    for _ in 0..100 {
-        if d.b
-            .current_url()
-            .await
-            .expect("an address")
-            .as_str()
-            .contains("state=scheduled")
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    follow_count(&d, "scheduled").await;
     assert_eq!(d.attrs("#tasks tr[data-task]", "data-task").await.len(), 2);
     // Before a queue is chosen: every queue's (this fleet has one).
     visit(&d.b, &d.base, "/tasks", "task-counts-fleet").await;
@@ -1545,19 +1540,7 @@ async fn counts_by_state_and_a_search_by_workflow_id_cover_the_fleet() {
     )
     .await;
     assert_eq!(counts_shown(&d).await, by_state(4, 1), "the filter's");
-    d.click("#counts td[data-state='RUNNING'] a").await;
-    for _ in 0..100 {
-        if d.b
-            .current_url()
-            .await
-            .expect("an address")
-            .as_str()
-            .contains("state=RUNNING")
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    follow_count(&d, "RUNNING").await;
     assert_eq!(executions_shown(&d).await.len(), 4);
 
     // Search by workflow id, from the form; jump to an execution by its id.

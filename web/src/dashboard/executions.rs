@@ -33,6 +33,8 @@ const SHOWN: usize = 2000;
 /// The most executions counted in one state (a count reads the rows it
 /// counts: there is no count of executions by state to ask a shard for).
 const COUNTED: usize = 500;
+/// States counted at once.
+const COUNTING: usize = 4;
 
 struct ExecutionRow {
     id: String,
@@ -45,32 +47,31 @@ struct ExecutionRow {
     attrs: String,
 }
 
+/// A row of an execution `$e` (listed, or found by its key: both have
+/// these fields under these names) with `$attrs`.
+macro_rules! execution_row {
+    ($e:expr, $attrs:expr) => {
+        ExecutionRow {
+            id: $e.execution_id.to_string(),
+            shard: $e.shard.to_string(),
+            workflow: $e.workflow_name.clone(),
+            workflow_id: $e.workflow_id.clone(),
+            state: $e.state.as_str(),
+            created: time($e.created_at),
+            closed: $e.closed_at.map_or_else(|| "-".into(), time),
+            attrs: $attrs,
+        }
+    };
+}
+
 impl ExecutionRow {
     fn listed(e: &ListedExecution) -> ExecutionRow {
-        ExecutionRow {
-            id: e.execution_id.to_string(),
-            shard: e.shard.to_string(),
-            workflow: e.workflow_name.clone(),
-            workflow_id: e.workflow_id.clone(),
-            state: e.state.as_str(),
-            created: time(e.created_at),
-            closed: e.closed_at.map_or_else(|| "-".into(), time),
-            attrs: cut(e.search_attrs.as_str(), 300),
-        }
+        execution_row!(e, cut(e.search_attrs.as_str(), 300))
     }
 
     /// A run found by its key (a find reads no search attributes).
     fn found(e: &Execution) -> ExecutionRow {
-        ExecutionRow {
-            id: e.execution_id.to_string(),
-            shard: e.shard.to_string(),
-            workflow: e.workflow_name.clone(),
-            workflow_id: e.workflow_id.clone(),
-            state: e.state.as_str(),
-            created: time(e.created_at),
-            closed: e.closed_at.map_or_else(|| "-".into(), time),
-            attrs: "-".into(),
-        }
+        execution_row!(e, "-".into())
     }
 }
 
@@ -180,14 +181,29 @@ fn filter(q: &[(String, String)]) -> Result<Filtered, String> {
 }
 
 /// The executions `unstated` matches, counted by state up to [`COUNTED`]
-/// each (a state at a time: eleven fan-outs at once would hold eleven of
-/// each shard's connections), each linking to the list of that state.
-/// Also the shards that did not answer.
+/// each, [`COUNTING`] states at a time (all eleven at once would hold
+/// eleven of each shard's connections), each linking to the list of that
+/// state. Also the shards that did not answer.
 async fn counts(
     shared: &Shared,
     unstated: &ExecutionFilter,
     link_of: impl Fn(&str) -> String,
 ) -> (Counts, BTreeSet<ShardId>) {
+    use futures_util::{StreamExt, stream};
+    let pages: Vec<_> = stream::iter(ExecutionState::ALL)
+        .map(|state| {
+            let f = unstated.clone().states([state]);
+            async move {
+                let page = shared
+                    .client
+                    .list_executions(&f, None, COUNTED, SortOrder::Desc)
+                    .await;
+                (state, page)
+            }
+        })
+        .buffered(COUNTING)
+        .collect()
+        .await;
     let mut missing = BTreeSet::new();
     let mut counts = Counts {
         what: "Executions by state".into(),
@@ -195,13 +211,8 @@ async fn counts(
         partial: false,
         bounded: Some(COUNTED),
     };
-    for state in ExecutionState::ALL {
-        let f = unstated.clone().states([state]);
-        let shown = match shared
-            .client
-            .list_executions(&f, None, COUNTED, SortOrder::Desc)
-            .await
-        {
+    for (state, page) in pages {
+        let shown = match page {
             Ok(p) => {
                 counts.partial |= !p.unavailable_shards.is_empty();
                 missing.extend(p.unavailable_shards.keys());

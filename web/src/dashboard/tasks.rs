@@ -58,13 +58,7 @@ fn counts(listing: &QueueListing, queue: &str) -> Counts {
         .iter()
         .filter(|q| queue.is_empty() || q.queue == queue)
     {
-        let c = &q.total;
-        total.ready += c.ready;
-        total.scheduled += c.scheduled;
-        total.running += c.running;
-        total.waiting += c.waiting;
-        total.paused += c.paused;
-        total.dead += c.dead;
+        total.add(&q.total);
     }
     let tasks_of = |state: &str| {
         if queue.is_empty() {
