@@ -946,17 +946,24 @@ async fn sign_in_from(base: &str, from: &str, token: &str) -> String {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_bad_query_is_a_400_naming_its_parameter() {
-    let c = client();
+/// A dashboard with an admin token and payloads hidden signed out (the
+/// default), and its base address.
+async fn signed_out_dashboard(c: Arc<Client>) -> (UiServer, String) {
     let server = UiServer::start(
-        c.clone(),
+        c,
         "127.0.0.1:0".parse().expect("an address"),
         UiOptions::default().admin_token(Some(TOKEN.to_owned())),
     )
     .await
     .expect("the dashboard starts");
     let base = format!("http://{}", server.local_addr());
+    (server, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_query_is_a_400_naming_its_parameter() {
+    let c = client();
+    let (server, base) = signed_out_dashboard(c.clone()).await;
     let id = c
         .start_workflow(&unique("ui-bad"), "r", json!({}), StartOptions::new())
         .await
@@ -1029,6 +1036,24 @@ async fn a_bad_query_is_a_400_naming_its_parameter() {
     server.shutdown().await;
 }
 
+/// `GET path` by a session signed in from the local address `from`.
+async fn signed_in_get(base: &str, from: &str, path: &str) -> String {
+    let signed = sign_in_from(base, from, TOKEN).await;
+    let cookie = signed
+        .split("sheaf_ui=")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .expect("a session cookie");
+    let host = base.trim_start_matches("http://");
+    raw(
+        host,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: sheaf_ui={cookie}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn payloads_need_a_session_unless_read_is_public() {
     let c = client();
@@ -1070,20 +1095,7 @@ async fn payloads_need_a_session_unless_read_is_public() {
         "{grouped}"
     );
 
-    let signed = sign_in_from(&base, "127.0.0.3", TOKEN).await;
-    let cookie = signed
-        .split("sheaf_ui=")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .expect("a session cookie");
-    let host = base.trim_start_matches("http://");
-    let read = raw(
-        host,
-        &format!(
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: sheaf_ui={cookie}\r\nConnection: close\r\n\r\n"
-        ),
-    )
-    .await;
+    let read = signed_in_get(&base, "127.0.0.3", &path).await;
     assert!(
         read.starts_with("HTTP/1.1 200") && read.contains(&secret),
         "{read}"
@@ -1426,4 +1438,537 @@ async fn queue_charts_have_labelled_axes() {
         "tasks finished per second"
     );
     d.stop().await;
+}
+
+// ---- Task and dead-letter pages, counts by state, search by workflow id ----
+
+/// A time of the CLI's JSON (to the microsecond) as the pages show it (to
+/// the millisecond).
+fn ms(cli: &serde_json::Value) -> String {
+    let at = cli.as_str().expect("a time");
+    format!("{}Z", &at[..23])
+}
+
+/// The exact text of `css`'s element (its DOM text, whitespace as stored).
+async fn exact_text(d: &Dash, css: &str) -> String {
+    d.element(css)
+        .await
+        .prop("textContent")
+        .await
+        .expect("its text")
+        .expect("a text")
+}
+
+/// `/tasks/{id}` checked against `sheaf tasks get ID` field by field.
+async fn task_page_is_the_clis(d: &Dash, id: TaskId) -> serde_json::Value {
+    let (code, cli) = cli_json(&["tasks", "get", &id.to_string()]);
+    assert_eq!(code, Some(0), "{cli}");
+    let or_dash = |v: &serde_json::Value| if v.is_null() { "-".to_owned() } else { ms(v) };
+    let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+    for (css, want) in [
+        ("#state", text(&cli["state"])),
+        ("#queue", text(&cli["queue"])),
+        ("#shard", cli["shard"].to_string()),
+        ("#kind", text(&cli["kind"])),
+        ("#priority", cli["priority"].to_string()),
+        (
+            "#attempts",
+            format!("{} of {}", cli["attempts"], cli["max_attempts"]),
+        ),
+        (
+            "#lease-owner",
+            cli["lease_owner"].as_str().unwrap_or("-").to_owned(),
+        ),
+        ("#lease-expires", or_dash(&cli["lease_expires_at"])),
+        ("#enqueued", ms(&cli["enqueued_at"])),
+        ("#run-at", or_dash(&cli["run_at"])),
+        ("#dead-at", or_dash(&cli["dead_at"])),
+    ] {
+        assert_eq!(d.text(css).await, want, "{id} {css}");
+    }
+    let shown: serde_json::Value =
+        serde_json::from_str(&exact_text(d, "#payload").await).expect("the payload is JSON");
+    assert_eq!(shown, cli["payload"], "{id}: the payload");
+    if cli["progress"].is_null() {
+        assert!(d.b.find(Locator::Css("#no-progress")).await.is_ok());
+    } else {
+        let shown: serde_json::Value =
+            serde_json::from_str(&exact_text(d, "#progress").await).expect("the progress is JSON");
+        assert_eq!(shown, cli["progress"], "{id}: the progress");
+    }
+    for css in ["#payload *", "#progress *", "#failure *"] {
+        assert!(
+            d.b.find_all(Locator::Css(css))
+                .await
+                .expect("a search")
+                .is_empty(),
+            "{css}: stored markup is text, not elements"
+        );
+    }
+    cli
+}
+
+// One story, told in order: each step builds on the one before.
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_and_a_dead_letter_have_pages_that_match_the_cli() {
+    let c = client();
+    let queue = unique("ui-task");
+    let run = c
+        .start_workflow(&unique("ui-task-wf"), "r", json!({}), StartOptions::new())
+        .await
+        .expect("start");
+    let on = Placement::Shard(run.shard);
+    let claim = |worker: &'static str| {
+        let (c, queue) = (c.clone(), queue.clone());
+        async move {
+            c.claim(run.shard, &queue, worker, 1, Duration::from_secs(600))
+                .await
+                .expect("claim")
+                .remove(0)
+        }
+    };
+    // Markup, an escape sequence that would clear a terminal, a bidi
+    // override, tabs and runs of spaces, and more than any list shows.
+    let error = format!(
+        "<b>bold</b> & <script>window.pwned=1</script>\n\tat frame  one \u{1b}[2J \u{202e}cba\n{}\nthe end",
+        "x".repeat(3000)
+    );
+    let shown_error = error
+        .replace('\u{1b}', "\\u{1b}")
+        .replace('\u{202e}', "\\u{202e}");
+    // An activity of the run whose first attempt failed: retried in an hour.
+    let failed = c
+        .enqueue(
+            &queue,
+            json!({ "step": "<img src=x onerror=alert(1)>" }),
+            EnqueueOptions::new()
+                .execution(run.execution_id)
+                .max_attempts(3)
+                .priority(7),
+        )
+        .await
+        .expect("enqueue")
+        .task_id;
+    let t = claim("ui-worker-a").await;
+    c.fail(t.task_id, t.token, &error, Some(Duration::from_secs(3600)))
+        .await
+        .expect("failed");
+    // A running one, its lease held, with a progress report.
+    let secret = unique("a-secret-payload");
+    let key = unique("ui-task-key");
+    let running = c
+        .enqueue(
+            &queue,
+            json!({ "s": secret }),
+            EnqueueOptions::new()
+                .placement(on.clone())
+                .concurrency_key(&key)
+                .priority(3),
+        )
+        .await
+        .expect("enqueue")
+        .task_id;
+    let t = claim("ui-worker-b").await;
+    assert_eq!(t.task_id, running);
+    c.set_progress(running, t.token, json!({ "done": 3, "note": "<i>halfway</i>" }))
+        .await
+        .expect("progress");
+    // A dead letter.
+    let dead = c
+        .enqueue(
+            &queue,
+            json!({ "d": 1 }),
+            EnqueueOptions::new().placement(on).max_attempts(1),
+        )
+        .await
+        .expect("enqueue")
+        .task_id;
+    let t = claim("ui-worker-c").await;
+    assert_eq!(t.task_id, dead);
+    c.fail(t.task_id, t.token, &error, None)
+        .await
+        .expect("dead-lettered");
+    let d = Dash::start(c.clone(), Some(TOKEN)).await;
+
+    // The list links each task to its page.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/tasks?queue={queue}"),
+        "task-list-linked",
+    )
+    .await;
+    let link = format!("#tasks tr[data-task='{running}'] a[href='/tasks/{running}']");
+    d.click(&link).await;
+    d.element("#facts").await;
+    assert_eq!(console_errors(&d.b).await, Vec::<String>::new());
+    save(&d.b, "task").await;
+    let cli = task_page_is_the_clis(&d, running).await;
+    assert_eq!(cli["state"], "running");
+    assert_eq!(d.text("#lease-owner").await, "ui-worker-b");
+    assert_eq!(d.text("#concurrency-key").await, key);
+    assert!(d.b.find(Locator::Css("#no-failure")).await.is_ok());
+    assert!(
+        d.b.find(Locator::Css("#cancel")).await.is_ok(),
+        "an activity can be cancelled"
+    );
+
+    // The failed one: the whole error, escaped, its whitespace kept, and its run.
+    visit(&d.b, &d.base, &format!("/tasks/{failed}"), "task-failed").await;
+    let cli = task_page_is_the_clis(&d, failed).await;
+    assert_eq!(
+        cli["last_error"],
+        error.as_str(),
+        "the shard kept the whole error"
+    );
+    assert_eq!(exact_text(&d, "#failure").await, shown_error);
+    assert_eq!(
+        d.element("#failure")
+            .await
+            .css_value("white-space")
+            .await
+            .expect("a style"),
+        "pre-wrap"
+    );
+    assert_eq!(
+        d.attrs("#execution a", "href").await,
+        [format!("/executions/{}", run.execution_id)]
+    );
+    // The run's history links the task's event to the task's page.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions/{}", run.execution_id),
+        "execution-task-linked",
+    )
+    .await;
+    d.click(&format!("#history a.task[href='/tasks/{failed}']")).await;
+    d.element("#facts").await;
+    assert_eq!(d.text("#state").await, "scheduled");
+
+    // The dead letter: listed with a link, its page with the error and a redrive.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/dead-letters?queue={queue}"),
+        "dead-list-linked",
+    )
+    .await;
+    d.click(&format!(
+        "#dead-letters tr[data-task='{dead}'] a[href='/dead-letters/{dead}']"
+    ))
+    .await;
+    d.element("#facts").await;
+    assert_eq!(console_errors(&d.b).await, Vec::<String>::new());
+    save(&d.b, "dead-letter").await;
+    let cli = task_page_is_the_clis(&d, dead).await;
+    assert_eq!(cli["state"], "dead");
+    assert_eq!(exact_text(&d, "#failure").await, shown_error);
+    assert!(d.b.find(Locator::Css("#redrive")).await.is_ok());
+    assert!(d.b.find(Locator::Css("#cancel")).await.is_err());
+
+    // A task that is not a dead letter, a malformed id, an unknown one.
+    for (path, status_error) in [
+        (format!("/dead-letters/{running}"), "is not a dead letter"),
+        ("/tasks/not-a-task".to_owned(), "id: not a task id"),
+        ("/dead-letters/not-a-task".to_owned(), "id: not a task id"),
+        (
+            format!("/tasks/{}", TaskId::mint(run.shard).expect("an id")),
+            "no task",
+        ),
+    ] {
+        d.b.goto(&format!("{}{path}", d.base)).await.expect("the page");
+        let shown = d.text("#error").await;
+        assert!(shown.contains(status_error), "{path}: {shown}");
+        assert_eq!(console_errors(&d.b).await.len(), 1, "{path}: its 400 or 404");
+    }
+    d.b.goto(&format!("{}/dead-letters/{running}", d.base))
+        .await
+        .expect("the page");
+    assert_eq!(d.attrs("#see", "href").await, [format!("/tasks/{running}")]);
+    let _ = console_errors(&d.b).await;
+    d.stop().await;
+
+    // Signed out, without --public-read: ids, states and times, no payload.
+    let (server, base) = signed_out_dashboard(c.clone()).await;
+    for path in [format!("/tasks/{running}"), format!("/dead-letters/{dead}")] {
+        let page = get(&base, &path).await;
+        assert!(page.starts_with("HTTP/1.1 200"), "{path}: {page}");
+        assert!(page.contains("payloads-hidden"), "{path}");
+        for hidden in [secret.as_str(), "halfway", "window.pwned"] {
+            assert!(!page.contains(hidden), "{path} shows {hidden} signed out");
+        }
+    }
+    for (path, status) in [
+        ("/tasks/nope".to_owned(), "400"),
+        (
+            format!("/tasks/{}", TaskId::mint(run.shard).expect("an id")),
+            "404",
+        ),
+    ] {
+        let page = get(&base, &path).await;
+        assert!(page.starts_with(&format!("HTTP/1.1 {status}")), "{path}: {page}");
+    }
+    let read = signed_in_get(&base, "127.0.0.4", &format!("/tasks/{running}")).await;
+    assert!(read.contains(&secret), "a session reads the payload");
+    server.shutdown().await;
+}
+
+/// `sheaf --json ARGS` against the fleet `spec`: its JSON.
+fn cli_on(spec: &str, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(sheaf_tests::cli_binary())
+        .arg("--json")
+        .args(args)
+        .env("SHEAF_SHARDS", spec)
+        .env_remove("SHEAF_TOPOLOGY_DIGEST")
+        .output()
+        .expect("the CLI runs");
+    assert!(out.status.success(), "sheaf {args:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The counts row of the page shown: state → what its cell says.
+async fn counts_shown(d: &Dash) -> std::collections::BTreeMap<String, String> {
+    let mut shown = std::collections::BTreeMap::new();
+    for cell in
+        d.b.find_all(Locator::Css("#counts td[data-state]"))
+            .await
+            .expect("cells")
+    {
+        let state = cell.attr("data-state").await.expect("a state").expect("a state");
+        shown.insert(state, cell.text().await.expect("a count"));
+    }
+    shown
+}
+
+/// Follows the link of `state`'s count and waits for its list.
+async fn follow_count(d: &Dash, state: &str) {
+    d.click(&format!("#counts td[data-state='{state}'] a")).await;
+    for _ in 0..100 {
+        if let Ok(at) = d.b.current_url().await
+            && at.as_str().contains(&format!("state={state}"))
+        {
+            d.element("main").await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the list of {state} did not load");
+}
+
+/// The execution ids the executions page shows.
+async fn executions_shown(d: &Dash) -> Vec<String> {
+    d.attrs("#executions tr[data-execution]", "data-execution").await
+}
+
+// One story, told in order, on a fleet of its own (its counts are exact).
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counts_by_state_and_a_search_by_workflow_id_cover_the_fleet() {
+    let own = |args: &[&str]| sheaf_tests::own_shards("ui-detail", 28300, args);
+    let spec = own(&["up", "--count", "2", "--no-install"]);
+    let topology = Topology::parse(&spec).expect("shards");
+    let options = PoolOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(2));
+    let c = Arc::new(Client::new(topology, options).expect("a client"));
+    let (s0, s1) = (ShardId::new(0).expect("0"), ShardId::new(1).expect("1"));
+    let queue = unique("ui-count");
+    let enqueue = |on: ShardId, options: EnqueueOptions| {
+        let (c, queue) = (c.clone(), queue.clone());
+        async move {
+            c.enqueue(&queue, json!({}), options.placement(Placement::Shard(on)))
+                .await
+                .expect("enqueue")
+        }
+    };
+    // Shard 0: two dead letters, three ready tasks, and a key at its cap of
+    // 1 with one more ready and one waiting. Shard 1: two scheduled, one running.
+    dead_letters(&c, &queue, s0, 2, "boom").await;
+    for _ in 0..3 {
+        enqueue(s0, EnqueueOptions::new()).await;
+    }
+    let key = unique("ui-count-key");
+    c.admin()
+        .set_concurrency_limit(&key, Some(1))
+        .await
+        .into_result()
+        .expect("a cap on every shard");
+    for _ in 0..2 {
+        enqueue(s0, EnqueueOptions::new().concurrency_key(&key)).await;
+    }
+    let later = std::time::SystemTime::now() + Duration::from_secs(3600);
+    for _ in 0..2 {
+        enqueue(s1, EnqueueOptions::new().run_at(later)).await;
+    }
+    enqueue(s1, EnqueueOptions::new()).await;
+    c.claim(s1, &queue, "w", 1, Duration::from_secs(600))
+        .await
+        .expect("claim");
+    let want: std::collections::BTreeMap<String, String> = [
+        ("ready", 4),
+        ("scheduled", 2),
+        ("running", 1),
+        ("waiting", 1),
+        ("paused", 0),
+        ("dead", 2),
+    ]
+    .into_iter()
+    .map(|(s, n)| (s.to_owned(), n.to_string()))
+    .collect();
+    let d = Dash::start(c.clone(), None).await;
+
+    // The tasks page: the queue's counts are the CLI's, each state's links to its list.
+    visit(&d.b, &d.base, &format!("/tasks?queue={queue}"), "task-counts").await;
+    assert_eq!(counts_shown(&d).await, want);
+    let cli = cli_on(&spec, &["queues"]);
+    let total = &cli["queues"][0]["total"];
+    assert_eq!(cli["queues"][0]["queue"], queue.as_str());
+    for (state, n) in &want {
+        assert_eq!(&total[state].to_string(), n, "the CLI's {state}");
+    }
+    assert!(d.b.find(Locator::Css("#counts-partial")).await.is_err());
+    follow_count(&d, "scheduled").await;
+    assert_eq!(d.attrs("#tasks tr[data-task]", "data-task").await.len(), 2);
+    // Before a queue is chosen: every queue's (this fleet has one).
+    visit(&d.b, &d.base, "/tasks", "task-counts-fleet").await;
+    assert_eq!(counts_shown(&d).await, want);
+
+    // Executions: five runs of a workflow over both shards, one cancelled,
+    // and one run of another workflow.
+    let wf = unique("ui-count-wf");
+    let mut runs = Vec::new();
+    for n in 0..5 {
+        let on = if n % 2 == 0 { s0 } else { s1 };
+        let started = c
+            .start_workflow(
+                &wf,
+                &format!("r{n}"),
+                json!({}),
+                StartOptions::new().placement(Placement::Shard(on)),
+            )
+            .await
+            .expect("start");
+        runs.push(started.execution_id);
+    }
+    assert!(c.cancel_execution(runs[0], None).await.expect("cancelled"));
+    c.start_workflow(&unique("ui-count-other"), "r", json!({}), StartOptions::new())
+        .await
+        .expect("start");
+    let by_state = |running: usize, cancelled: usize| {
+        let mut m = std::collections::BTreeMap::new();
+        for s in sheaf_core::state::ExecutionState::ALL {
+            m.insert(s.as_str().to_owned(), "0".to_owned());
+        }
+        m.insert("RUNNING".into(), running.to_string());
+        m.insert("CANCELLED".into(), cancelled.to_string());
+        m
+    };
+    visit(&d.b, &d.base, "/executions", "execution-counts").await;
+    assert_eq!(counts_shown(&d).await, by_state(5, 1), "the whole fleet");
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions?workflow={wf}"),
+        "execution-counts-filtered",
+    )
+    .await;
+    assert_eq!(counts_shown(&d).await, by_state(4, 1), "the filter's");
+    follow_count(&d, "RUNNING").await;
+    assert_eq!(executions_shown(&d).await.len(), 4);
+
+    // Search by workflow id, from the form; jump to an execution by its id.
+    let field = |css: &'static str| d.element(css);
+    field("#find input[name=workflow]")
+        .await
+        .clear()
+        .await
+        .expect("cleared");
+    field("#find input[name=workflow]")
+        .await
+        .send_keys(&wf)
+        .await
+        .expect("typed");
+    field("#find input[name=workflow_id]")
+        .await
+        .send_keys("r3")
+        .await
+        .expect("typed");
+    d.click("#find button").await;
+    d.element("#found").await;
+    assert_eq!(executions_shown(&d).await, [runs[3].to_string()]);
+    assert_eq!(console_errors(&d.b).await, Vec::<String>::new());
+    save(&d.b, "execution-found").await;
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions?workflow={wf}&workflow_id=r9"),
+        "execution-not-found",
+    )
+    .await;
+    assert!(d.text("#found").await.contains("No shard holds"));
+    assert!(executions_shown(&d).await.is_empty());
+    field("#jump input[name=id]")
+        .await
+        .send_keys(&runs[1].to_string())
+        .await
+        .expect("typed");
+    d.click("#jump button").await;
+    d.element("#lives").await;
+    assert!(
+        d.b.current_url()
+            .await
+            .expect("an address")
+            .as_str()
+            .ends_with(&format!("/executions/{}", runs[1])),
+        "at the execution's page"
+    );
+    assert_eq!(console_errors(&d.b).await, Vec::<String>::new());
+    for (path, param) in [
+        ("/executions?workflow_id=r3".to_owned(), "workflow_id:"),
+        (
+            format!("/executions?workflow={wf}&workflow_id=r3&state=RUNNING"),
+            "workflow_id:",
+        ),
+        ("/executions?id=not-an-id".to_owned(), "id:"),
+    ] {
+        d.b.goto(&format!("{}{path}", d.base)).await.expect("the page");
+        assert!(d.text("#error").await.starts_with(param), "{path}");
+        assert_eq!(console_errors(&d.b).await.len(), 1, "{path}: its 400");
+    }
+
+    // With shard 1 stopped, each count says it is partial, and a search
+    // that may miss a run says so.
+    own(&["stop-one", "1"]);
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/tasks?queue={queue}"),
+        "task-counts-partial",
+    )
+    .await;
+    assert!(d.b.find(Locator::Css("#counts-partial")).await.is_ok());
+    assert!(d.text("#partial").await.contains("shard 1"));
+    assert_eq!(d.text("#counts td[data-state='ready']").await, "4", "shard 0's");
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions?workflow={wf}"),
+        "execution-counts-partial",
+    )
+    .await;
+    assert!(d.b.find(Locator::Css("#counts-partial")).await.is_ok());
+    assert_eq!(counts_shown(&d).await, by_state(2, 1), "shard 0's runs");
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/executions?workflow={wf}&workflow_id=r1"),
+        "execution-search-partial",
+    )
+    .await;
+    assert!(d.text("#found").await.contains("may hold"));
+    assert!(d.text("#partial").await.contains("shard 1"));
+    d.stop().await;
+    own(&["down"]);
 }

@@ -208,7 +208,9 @@ pub struct QueueCounts {
 }
 
 impl QueueCounts {
-    fn add(&mut self, other: &QueueCounts) {
+    /// Adds `other`'s counts to these (the oldest ready age is the older
+    /// of the two): a queue over shards, or queues over a fleet.
+    pub fn add(&mut self, other: &QueueCounts) {
         self.ready += other.ready;
         self.scheduled += other.scheduled;
         self.running += other.running;

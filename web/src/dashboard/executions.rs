@@ -1,21 +1,27 @@
 //! `/executions`: the merged list across shards, filtered by workflow,
 //! state, a search attribute and a creation window, a keyset page at a
-//! time; `/executions/{id}`: an execution with its history, children (and
-//! their shards) and where it lives.
+//! time, under the filter's counts by state; a workflow's run found by its
+//! workflow id; a jump to an execution by its id. `/executions/{id}`: an
+//! execution with its history (each task event linking to the task's
+//! page), children (and their shards) and where it lives.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use askama::Template;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Redirect, Response};
 
 use super::runs::Offered;
-use super::{Chrome, Shared, cut, first, link, pairs, read_error, read_error_of, render, status_of, time};
+use super::{
+    Chrome, Count, Counts, Shared, cut, first, link, pairs, read_error, read_error_of, render, status_of,
+    time,
+};
 use sheaf_core::state::ExecutionState;
-use sheaf_driver::ExecutionId;
 use sheaf_driver::{AttrOp, Child, Event, Execution, ExecutionFilter, SortOrder, attr_equality};
+use sheaf_driver::{ExecutionId, ListedExecution, Resolution, ShardId, TaskId};
 
 /// Executions per page.
 const PAGE: usize = 50;
@@ -25,6 +31,11 @@ const EVENTS: usize = 100;
 const SIGNED_IN: &str = "attr: filtering by a search attribute needs a signed-in session";
 /// The most characters of a payload, result or error shown.
 const SHOWN: usize = 2000;
+/// The most executions counted in one state (a count reads the rows it
+/// counts: there is no count of executions by state to ask a shard for).
+const COUNTED: usize = 500;
+/// States counted at once.
+const COUNTING: usize = 4;
 
 struct ExecutionRow {
     id: String,
@@ -37,11 +48,43 @@ struct ExecutionRow {
     attrs: String,
 }
 
+/// A row of an execution `$e` (listed, or found by its key: both have
+/// these fields under these names) with `$attrs`.
+macro_rules! execution_row {
+    ($e:expr, $attrs:expr) => {
+        ExecutionRow {
+            id: $e.execution_id.to_string(),
+            shard: $e.shard.to_string(),
+            workflow: $e.workflow_name.clone(),
+            workflow_id: $e.workflow_id.clone(),
+            state: $e.state.as_str(),
+            created: time($e.created_at),
+            closed: $e.closed_at.map_or_else(|| "-".into(), time),
+            attrs: $attrs,
+        }
+    };
+}
+
+impl ExecutionRow {
+    fn listed(e: &ListedExecution) -> ExecutionRow {
+        execution_row!(e, cut(e.search_attrs.as_str(), 300))
+    }
+
+    /// A run found by its key (a find reads no search attributes).
+    fn found(e: &Execution) -> ExecutionRow {
+        execution_row!(e, "-".into())
+    }
+}
+
 #[derive(Template)]
 #[template(path = "executions.html")]
 struct ListPage {
     chrome: Chrome,
     workflow: String,
+    workflow_id: String,
+    /// What a search by workflow id found, in a sentence.
+    found: Option<String>,
+    counts: Option<Counts>,
     state: String,
     attr: String,
     after: String,
@@ -90,6 +133,8 @@ fn instant(text: &str, field: &str) -> Result<Option<SystemTime>, String> {
 #[derive(Debug)]
 struct Filtered {
     filter: ExecutionFilter,
+    /// The filter without its state: what the counts by state count.
+    unstated: ExecutionFilter,
     after: Option<SystemTime>,
     before: Option<SystemTime>,
 }
@@ -101,12 +146,15 @@ fn filter(q: &[(String, String)]) -> Result<Filtered, String> {
         f = f.workflows([workflow]);
     }
     let state = first(q, "state");
-    if !state.is_empty() {
-        let s = state
-            .parse::<ExecutionState>()
-            .map_err(|_| format!("state: unknown state {}", sheaf_core::excerpt::quoted(state)))?;
-        f = f.states([s]);
-    }
+    let state = if state.is_empty() {
+        None
+    } else {
+        Some(
+            state
+                .parse::<ExecutionState>()
+                .map_err(|_| format!("state: unknown state {}", sheaf_core::excerpt::quoted(state)))?,
+        )
+    };
     let attr = first(q, "attr").trim();
     if !attr.is_empty() {
         let (key, value) = attr_equality(attr).ok_or_else(|| {
@@ -126,10 +174,68 @@ fn filter(q: &[(String, String)]) -> Result<Filtered, String> {
         f = f.created_before(at);
     }
     Ok(Filtered {
-        filter: f,
+        filter: state.map_or_else(|| f.clone(), |s| f.clone().states([s])),
+        unstated: f,
         after,
         before,
     })
+}
+
+/// The executions `unstated` matches, counted by state up to [`COUNTED`]
+/// each, [`COUNTING`] states at a time (all eleven at once would hold
+/// eleven of each shard's connections), each linking to the list of that
+/// state. Also the shards that did not answer.
+async fn counts(
+    shared: &Shared,
+    unstated: &ExecutionFilter,
+    link_of: impl Fn(&str) -> String,
+) -> (Counts, BTreeSet<ShardId>) {
+    use futures_util::{StreamExt, stream};
+    let pages: Vec<_> = stream::iter(ExecutionState::ALL)
+        .map(|state| {
+            let f = unstated.clone().states([state]);
+            async move {
+                let page = shared
+                    .client
+                    .list_executions(&f, None, COUNTED, SortOrder::Desc)
+                    .await;
+                (state, page)
+            }
+        })
+        .buffered(COUNTING)
+        .collect()
+        .await;
+    let mut missing = BTreeSet::new();
+    let mut counts = Counts {
+        what: "Executions by state".into(),
+        cells: Vec::new(),
+        partial: false,
+        bounded: Some(COUNTED),
+    };
+    for (state, page) in pages {
+        let shown = match page {
+            Ok(p) => {
+                counts.partial |= !p.unavailable_shards.is_empty();
+                missing.extend(p.unavailable_shards.keys());
+                if p.next_cursor.is_some() {
+                    format!("{COUNTED}+")
+                } else {
+                    p.items.len().to_string()
+                }
+            }
+            Err(e) => {
+                counts.partial = true;
+                missing.extend(Chrome::shard_of(&e));
+                "?".into()
+            }
+        };
+        counts.cells.push(Count {
+            state: state.as_str(),
+            shown,
+            href: link_of(state.as_str()),
+        });
+    }
+    (counts, missing)
 }
 
 /// An instant as the next page's link carries it (to the nanosecond, so it
@@ -149,6 +255,9 @@ pub(super) async fn list(
     let mut page = ListPage {
         chrome: Chrome::new(&shared, &headers, "executions"),
         workflow: first(&q, "workflow").to_owned(),
+        workflow_id: first(&q, "workflow_id").to_owned(),
+        found: None,
+        counts: None,
         state: first(&q, "state").to_owned(),
         attr: first(&q, "attr").to_owned(),
         after: first(&q, "after").to_owned(),
@@ -164,6 +273,13 @@ pub(super) async fn list(
         "/executions",
         raw.as_deref(),
     );
+    let jump = first(&q, "id").trim();
+    if !jump.is_empty() {
+        return jump_to(page, jump);
+    }
+    if !page.workflow_id.is_empty() {
+        return by_workflow_id(&shared, page, &q).await;
+    }
     let filtered = match filter(&q) {
         Ok(f) => f,
         Err(e) => {
@@ -176,10 +292,26 @@ pub(super) async fn list(
         page.error = Some(SIGNED_IN.into());
         return render(StatusCode::FORBIDDEN, page);
     }
-    let listed = shared
-        .client
-        .list_executions(&filtered.filter, cursor, PAGE, SortOrder::Desc)
-        .await;
+    let (after, before) = (exact(filtered.after), exact(filtered.before));
+    let link_to = |state: &str, cursor: &str| {
+        link(
+            "/executions",
+            &[
+                ("workflow", &page.workflow),
+                ("state", state),
+                ("attr", &page.attr),
+                ("after", &after),
+                ("before", &before),
+                ("cursor", cursor),
+            ],
+        )
+    };
+    let (listed, (counted, missing)) = tokio::join!(
+        shared
+            .client
+            .list_executions(&filtered.filter, cursor, PAGE, SortOrder::Desc),
+        counts(&shared, &filtered.unstated, |s| link_to(s, ""))
+    );
     let status = match listed {
         Err(e) => {
             page.error = Some(read_error_of(&e, "cursor", cursor.unwrap_or("")));
@@ -188,38 +320,98 @@ pub(super) async fn list(
         }
         Ok(p) => {
             page.chrome.missing(p.unavailable_shards.keys());
-            let (after, before) = (exact(filtered.after), exact(filtered.before));
-            page.next = p.next_cursor.as_ref().map(|c| {
-                link(
-                    "/executions",
-                    &[
-                        ("workflow", &page.workflow),
-                        ("state", &page.state),
-                        ("attr", &page.attr),
-                        ("after", &after),
-                        ("before", &before),
-                        ("cursor", c),
-                    ],
-                )
-            });
-            page.rows = p
-                .items
-                .iter()
-                .map(|e| ExecutionRow {
-                    id: e.execution_id.to_string(),
-                    shard: e.shard.to_string(),
-                    workflow: e.workflow_name.clone(),
-                    workflow_id: e.workflow_id.clone(),
-                    state: e.state.as_str(),
-                    created: time(e.created_at),
-                    closed: e.closed_at.map_or_else(|| "-".into(), time),
-                    attrs: cut(e.search_attrs.as_str(), 300),
-                })
-                .collect();
+            page.chrome.missing(&missing);
+            page.next = p.next_cursor.as_ref().map(|c| link_to(&page.state, c));
+            page.counts = Some(counted);
+            page.rows = p.items.iter().map(ExecutionRow::listed).collect();
             StatusCode::OK
         }
     };
     render(status, page)
+}
+
+/// `/executions?id=ID`: to that execution's page (303).
+fn jump_to(mut page: ListPage, id: &str) -> Response {
+    match id.parse::<ExecutionId>() {
+        Ok(id) => Redirect::to(&format!("/executions/{id}")).into_response(),
+        Err(_) => {
+            page.error = Some(format!(
+                "id: not an execution id: {}",
+                sheaf_core::excerpt::quoted(id)
+            ));
+            render(StatusCode::BAD_REQUEST, page)
+        }
+    }
+}
+
+/// `/executions?workflow=NAME&workflow_id=ID`: the run of that key
+/// (`Client::find_execution`: the active one, else the latest that ended)
+/// and any other live run of it elsewhere. A workflow id is unique per
+/// workflow name, and no shard can list executions by workflow id alone.
+async fn by_workflow_id(shared: &Shared, mut page: ListPage, q: &[(String, String)]) -> Response {
+    let name = page.workflow.trim().to_owned();
+    if name.is_empty() {
+        page.error = Some(
+            "workflow_id: a search by workflow id needs the workflow's name too (a workflow id is unique per workflow)"
+                .into(),
+        );
+        return render(StatusCode::BAD_REQUEST, page);
+    }
+    if let Some(other) = ["state", "attr", "after", "before", "cursor"]
+        .into_iter()
+        .find(|k| !first(q, k).trim().is_empty())
+    {
+        page.error = Some(format!(
+            "workflow_id: a search by workflow id takes the workflow's name and no other filter (got {other})"
+        ));
+        return render(StatusCode::BAD_REQUEST, page);
+    }
+    let key = format!(
+        "workflow {} with workflow id {}",
+        sheaf_core::excerpt::quoted(&name),
+        sheaf_core::excerpt::quoted(&page.workflow_id)
+    );
+    match shared.client.find_execution(&name, &page.workflow_id).await {
+        Err(e) => {
+            page.error = Some(read_error_of(&e, "workflow_id", &page.workflow_id));
+            page.chrome.failed(&e);
+            let status = status_of(&e);
+            render(status, page)
+        }
+        Ok(Resolution::Found {
+            execution, also_live, ..
+        }) => {
+            page.found = Some(if also_live.is_empty() {
+                format!("The run of {key}: its active run, else the latest that ended.")
+            } else {
+                format!(
+                    "The run of {key}, and {} other live run(s) of the same key on other shards (a misplaced start).",
+                    also_live.len()
+                )
+            });
+            page.rows = std::iter::once(execution.as_ref())
+                .chain(also_live.iter())
+                .map(ExecutionRow::found)
+                .collect();
+            render(StatusCode::OK, page)
+        }
+        Ok(Resolution::Absent) => {
+            page.found = Some(format!("No shard holds a run of {key}."));
+            render(StatusCode::OK, page)
+        }
+        Ok(Resolution::Indeterminate {
+            ended,
+            unavailable_shards,
+        }) => {
+            page.chrome.missing(unavailable_shards.keys());
+            page.found = Some(format!(
+                "The shards that answered hold {} of {key}; a shard that did not answer may hold its active run.",
+                if ended.is_some() { "an ended run" } else { "no run" }
+            ));
+            page.rows = ended.iter().map(|e| ExecutionRow::found(e)).collect();
+            render(StatusCode::OK, page)
+        }
+    }
 }
 
 struct EventRow {
@@ -227,15 +419,37 @@ struct EventRow {
     kind: String,
     at: String,
     payload: String,
+    /// The task a task event is about, and its page ("" for other events).
+    task: String,
+    task_page: String,
+}
+
+/// The task a task event's payload names.
+#[derive(serde::Deserialize)]
+struct AboutTask {
+    task_id: String,
 }
 
 impl EventRow {
     fn of(e: &Event) -> EventRow {
+        let kind = e.event_type.to_string();
+        let task = kind
+            .starts_with("Task")
+            .then(|| e.payload.deserialize::<AboutTask>().ok())
+            .flatten()
+            .and_then(|t| t.task_id.parse::<TaskId>().ok());
+        let task_page = match task {
+            Some(id) if kind == "TaskDeadLettered" => format!("/dead-letters/{id}"),
+            Some(id) => format!("/tasks/{id}"),
+            None => String::new(),
+        };
         EventRow {
             seq: e.seq,
-            kind: e.event_type.to_string(),
             at: time(e.created_at),
             payload: cut(e.payload.as_str(), 500),
+            task: task.map(|id| id.to_string()).unwrap_or_default(),
+            task_page,
+            kind,
         }
     }
 }

@@ -6,10 +6,11 @@
 //! Pages, one module each: the fleet (`fleet`), queues with their depth
 //! over the last minutes and the concurrency keys near their caps
 //! (`queues`), executions and an execution's page (`executions`), dead
-//! letters (`dead_letters`), tasks (`tasks`), usage (`usage`), rebalancing
-//! (`rebalance`). Actions (redrive, purge, cancel a task; cancel,
-//! terminate, signal, pause or resume an execution: `runs`) need a
-//! signed-in session (`session`) and a confirmation (`actions`).
+//! letters (`dead_letters`), tasks (`tasks`), a task's or a dead letter's
+//! page (`task`), usage (`usage`), rebalancing (`rebalance`). Actions
+//! (redrive, purge, cancel a task; cancel, terminate, signal, pause or
+//! resume an execution: `runs`) need a signed-in session (`session`) and a
+//! confirmation (`actions`).
 
 /// A rendered page: a template with the chrome around its content.
 trait Page: askama::Template {
@@ -38,6 +39,7 @@ mod runs;
 mod session;
 
 pub(crate) use session::same;
+mod task;
 mod tasks;
 mod usage;
 
@@ -217,7 +219,9 @@ impl UiServer {
             .route("/executions", get(executions::list))
             .route("/executions/{id}", get(executions::one))
             .route("/dead-letters", get(dead_letters::page))
+            .route("/dead-letters/{id}", get(task::dead_letter))
             .route("/tasks", get(tasks::page))
+            .route("/tasks/{id}", get(task::task))
             .route("/usage", get(usage::page))
             .route("/rebalance", get(rebalance::page))
             .route("/login", get(session::login_page).post(session::login))
@@ -310,8 +314,16 @@ impl Chrome {
     /// Names the shard of a failed call in the banner, when one could not
     /// serve it.
     fn failed(&mut self, e: &ClientError) {
-        if let ClientError::Shard { error, .. } = e {
-            self.missing([&error.shard()]);
+        if let Some(shard) = Chrome::shard_of(e) {
+            self.missing([&shard]);
+        }
+    }
+
+    /// The shard that could not serve a failed call, if one could not.
+    fn shard_of(e: &ClientError) -> Option<ShardId> {
+        match e {
+            ClientError::Shard { error, .. } => Some(error.shard()),
+            _ => None,
         }
     }
 
@@ -324,6 +336,25 @@ impl Chrome {
             }
         }
     }
+}
+
+/// Counts by state above a list (`counts.html`), each linking to the list
+/// of that state.
+struct Counts {
+    /// What is counted, as a heading ("tasks of queue q").
+    what: String,
+    cells: Vec<Count>,
+    /// A shard did not answer: what it holds is not counted.
+    partial: bool,
+    /// Counts stop at a bound (a count shown as `500+`).
+    bounded: Option<usize>,
+}
+
+struct Count {
+    state: &'static str,
+    shown: String,
+    /// The list of that state ("": none to link to).
+    href: String,
 }
 
 /// A page rendered with its time taken, or a plain 500 naming the template
@@ -455,6 +486,26 @@ fn cut(text: &str, max: usize) -> String {
     }
 }
 
+/// Stored text shown whole in a `<pre>`: line breaks and tabs kept, every
+/// other control or format character (ESC, CR, a bidi override, a
+/// zero-width space) written visibly as `\u{1b}`, so what a task's failing
+/// code wrote can neither hide nor reorder the text around it.
+fn inert(text: &str) -> String {
+    use std::fmt::Write;
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => shown.push(c),
+            c if c.is_control() || c.general_category() == GeneralCategory::Format => {
+                let _ = write!(shown, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => shown.push(c),
+        }
+    }
+    shown
+}
+
 /// A listing's error for the page: a refusal of what was asked (a bad
 /// filter or cursor) says what was wrong; anything else says the read failed.
 fn read_error(e: &ClientError) -> String {
@@ -549,6 +600,17 @@ mod tests {
         assert_eq!(time(at), "2025-12-06T05:46:40.123Z");
         let before = std::time::UNIX_EPOCH - Duration::from_secs(1);
         assert_eq!(time(before), "before 1970");
+    }
+
+    #[test]
+    fn stored_text_keeps_its_lines_and_shows_what_would_hide() {
+        assert_eq!(inert("a\n\tb <c>"), "a\n\tb <c>");
+        assert_eq!(inert("x\u{1b}[2Jy\rz"), "x\\u{1b}[2Jy\\u{d}z");
+        assert_eq!(
+            inert("pay\u{202e}moc.exe\u{200b}"),
+            "pay\\u{202e}moc.exe\\u{200b}"
+        );
+        assert_eq!(inert("é中😀"), "é中😀");
     }
 
     #[test]

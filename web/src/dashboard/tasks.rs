@@ -1,6 +1,7 @@
 //! `/tasks`: a queue's unfinished tasks across shards (optionally of one
-//! state), a keyset page at a time; an activity task can be cancelled
-//! (through `/confirm`).
+//! state), a keyset page at a time, under its counts by state over the
+//! fleet (every queue's, before one is chosen); an activity task can be
+//! cancelled (through `/confirm`).
 
 use std::sync::Arc;
 
@@ -9,8 +10,9 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use sheaf_core::state::{TaskKind, TaskState};
+use sheaf_driver::{PageStatus, QueueCounts, QueueListing};
 
-use super::{Chrome, Shared, cut, first, link, pairs, read_error_of, render, status_of, time};
+use super::{Chrome, Count, Counts, Shared, cut, first, link, pairs, read_error_of, render, status_of, time};
 
 const PAGE: usize = 50;
 
@@ -35,14 +37,79 @@ struct TasksPage {
     queue: String,
     state: String,
     states: Vec<&'static str>,
-    /// Queues to choose from when none is chosen.
-    queues: Vec<String>,
+    /// Queues to choose from when none is chosen, with their unfinished
+    /// tasks and dead letters.
+    queues: Vec<(String, i64, i64)>,
+    counts: Option<Counts>,
     error: Option<String>,
     rows: Vec<TaskRow>,
     next: Option<String>,
 }
 
 pages!(TasksPage);
+
+/// The tasks by state of `queue` ("": of every queue) over the shards
+/// that answered `listing` (one `list_queues` per shard, which counts each
+/// state on its index), each linking to its list.
+fn counts(listing: &QueueListing, queue: &str) -> Counts {
+    let mut total = QueueCounts::default();
+    for q in listing
+        .queues
+        .iter()
+        .filter(|q| queue.is_empty() || q.queue == queue)
+    {
+        total.add(&q.total);
+    }
+    let tasks_of = |state: &str| {
+        if queue.is_empty() {
+            String::new()
+        } else {
+            link("/tasks", &[("queue", queue), ("state", state)])
+        }
+    };
+    let cell = |state: &'static str, n: i64, href: String| Count {
+        state,
+        shown: n.to_string(),
+        href,
+    };
+    Counts {
+        what: if queue.is_empty() {
+            "Tasks of every queue, by state".into()
+        } else {
+            format!("Tasks of queue {queue}, by state")
+        },
+        cells: vec![
+            cell("ready", total.ready, tasks_of("ready")),
+            cell("scheduled", total.scheduled, tasks_of("scheduled")),
+            cell("running", total.running, tasks_of("running")),
+            cell("waiting", total.waiting, tasks_of("waiting")),
+            cell("paused", total.paused, tasks_of("paused")),
+            cell("dead", total.dead, link("/dead-letters", &[("queue", queue)])),
+        ],
+        partial: listing.status != PageStatus::Complete,
+        bounded: None,
+    }
+}
+
+/// No queue chosen: every queue, with the fleet's counts.
+async fn choose(shared: &Shared, mut page: TasksPage) -> Response {
+    let listing = shared.client.admin().list_queues().await;
+    page.chrome.missing(listing.unavailable_shards.keys());
+    page.counts = Some(counts(&listing, ""));
+    page.queues = listing
+        .queues
+        .into_iter()
+        .map(|q| {
+            let t = q.total;
+            (
+                q.queue,
+                t.ready + t.scheduled + t.running + t.waiting + t.paused,
+                t.dead,
+            )
+        })
+        .collect();
+    render(StatusCode::OK, page)
+}
 
 pub(super) async fn page(
     State(shared): State<Arc<Shared>>,
@@ -56,6 +123,7 @@ pub(super) async fn page(
         state: first(&q, "state").to_owned(),
         states: TaskState::ALL.iter().map(|s| s.as_str()).collect(),
         queues: Vec::new(),
+        counts: None,
         error: None,
         rows: Vec::new(),
         next: None,
@@ -63,10 +131,7 @@ pub(super) async fn page(
     page.chrome
         .refreshing(shared.options.refresh_every, &headers, "/tasks", raw.as_deref());
     if page.queue.is_empty() {
-        let listing = shared.client.admin().list_queues().await;
-        page.chrome.missing(listing.unavailable_shards.keys());
-        page.queues = listing.queues.into_iter().map(|q| q.queue).collect();
-        return render(StatusCode::OK, page);
+        return choose(&shared, page).await;
     }
     let state = if page.state.is_empty() {
         None
@@ -83,12 +148,14 @@ pub(super) async fn page(
         }
     };
     let cursor = Some(first(&q, "cursor")).filter(|c| !c.is_empty());
-    match shared
-        .client
-        .admin()
-        .list_tasks(&page.queue, state, cursor, PAGE)
-        .await
-    {
+    let admin = shared.client.admin();
+    let (listed, listing) = tokio::join!(
+        admin.list_tasks(&page.queue, state, cursor, PAGE),
+        admin.list_queues()
+    );
+    page.chrome.missing(listing.unavailable_shards.keys());
+    page.counts = Some(counts(&listing, &page.queue));
+    match listed {
         Err(e) => {
             page.error = Some(read_error_of(&e, "cursor", cursor.unwrap_or("")));
             page.chrome.failed(&e);
