@@ -1,5 +1,5 @@
 //! The dashboard's actions: redrive dead letters, purge a queue's dead
-//! letters, cancel a task. `/confirm` shows what an action will do and
+//! letters, cancel a task, pause or resume a schedule. `/confirm` shows what an action will do and
 //! asks for it; `/act/{action}` does it, as a POST of a signed-in session
 //! with its CSRF token (`session`), through the session's client, so each
 //! shard's audit log records the session's actor.
@@ -16,8 +16,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use super::{Chrome, Shared, cut, first, pairs, read_error, render, status_of};
-use sheaf_driver::ShardId;
 use sheaf_driver::TaskId;
+use sheaf_driver::{Client, ClientError, ShardId};
 
 /// The most tasks one action may name.
 const MAX_IDS: usize = 1000;
@@ -27,6 +27,7 @@ enum Action {
     Redrive(Vec<TaskId>),
     Purge { queue: String, older_than: Duration },
     Cancel { task: TaskId, reason: String },
+    Schedule { name: String, pause: bool },
 }
 
 impl Action {
@@ -86,6 +87,16 @@ impl Action {
                     reason: cut(first(form, "reason").trim(), 200),
                 })
             }
+            "pause_schedule" | "resume_schedule" => {
+                let name = first(form, "schedule").trim();
+                if name.is_empty() {
+                    return Err("schedule: no schedule was named".into());
+                }
+                Ok(Action::Schedule {
+                    name: name.to_owned(),
+                    pause: action == "pause_schedule",
+                })
+            }
             other => Err(format!(
                 "action: no such action: {}",
                 sheaf_core::excerpt::quoted(other)
@@ -98,6 +109,8 @@ impl Action {
             Action::Redrive(_) => "redrive",
             Action::Purge { .. } => "purge",
             Action::Cancel { .. } => "cancel",
+            Action::Schedule { pause: true, .. } => "pause_schedule",
+            Action::Schedule { pause: false, .. } => "resume_schedule",
         }
     }
 
@@ -130,6 +143,14 @@ impl Action {
             Action::Cancel { task, .. } => {
                 format!("Cancel task {task}: a running attempt is told at its next fenced call.")
             }
+            Action::Schedule { name, pause: true } => format!(
+                "Pause schedule {}: it fires nothing until resumed.",
+                sheaf_core::excerpt::quoted(name)
+            ),
+            Action::Schedule { name, pause: false } => format!(
+                "Resume schedule {}: it fires again from its next fire time after now.",
+                sheaf_core::excerpt::quoted(name)
+            ),
         }
     }
 
@@ -149,6 +170,7 @@ impl Action {
                 ),
             ],
             Action::Cancel { task, reason } => vec![("task", task.to_string()), ("reason", reason.clone())],
+            Action::Schedule { name, .. } => vec![("schedule", name.clone())],
         }
     }
 }
@@ -277,6 +299,14 @@ pub(super) async fn act(
                 }
             }
         }
+        Action::Schedule { name, pause } => match pause_or_resume(client, name, *pause).await {
+            Ok(line) => page.lines.push(line),
+            Err(e) => {
+                status = status_of(&e);
+                let shown = sheaf_core::excerpt::quoted(name);
+                page.failures.push((format!("schedule {shown}"), read_error(&e)));
+            }
+        },
     }
     page.lines
         .push(format!("Recorded in the audit log as {}.", session.actor));
@@ -284,6 +314,22 @@ pub(super) async fn act(
         status = StatusCode::BAD_GATEWAY;
     }
     render(status, page)
+}
+
+/// Pauses or resumes schedule `name`: what was done, in a sentence.
+async fn pause_or_resume(client: &Client, name: &str, pause: bool) -> Result<String, ClientError> {
+    let shown = sheaf_core::excerpt::quoted(name);
+    Ok(if pause {
+        if client.admin().pause_schedule(name).await? {
+            format!("Schedule {shown} paused.")
+        } else {
+            format!("Schedule {shown} was paused already.")
+        }
+    } else if client.admin().resume_schedule(name).await? {
+        format!("Schedule {shown} resumed.")
+    } else {
+        format!("Schedule {shown} was not paused.")
+    })
 }
 
 #[cfg(test)]
@@ -319,6 +365,14 @@ mod tests {
         assert!(Action::read("purge", &form(&[("queue", "q"), ("older_than", "soon")])).is_err());
         assert!(Action::read("cancel", &form(&[("task", id), ("task", id)])).is_err());
         assert!(Action::read("drop", &form(&[])).is_err());
+        match Action::read("resume_schedule", &form(&[("schedule", " nightly ")])) {
+            Ok(a @ Action::Schedule { pause: false, .. }) => {
+                assert_eq!(a.fields(), [("schedule", "nightly".to_owned())]);
+            }
+            _ => panic!("a resume"),
+        }
+        let e = Action::read("pause_schedule", &form(&[])).err().expect("refused");
+        assert!(e.starts_with("schedule:"), "{e}");
         // What the confirmation carries reads back as the same action.
         let purge = Action::read("purge", &form(&[("queue", "q"), ("older_than", "90m")])).expect("a purge");
         let carried: Vec<(String, String)> = purge
