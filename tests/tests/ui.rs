@@ -1144,10 +1144,6 @@ async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
         .expect("an override");
     let worker = unique("ui-worker");
     let served = vec![unique("ui-wq")];
-    c.protocol()
-        .worker_heartbeat(default, &worker, &served)
-        .await
-        .expect("a heartbeat");
     let d = Dash::start(c.clone(), Some(TOKEN)).await;
 
     // Schedules: the page's row is the CLI's, its spec shown as text.
@@ -1220,8 +1216,12 @@ async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
     let paced = d.text(&format!("{first} td.override")).await;
     assert!(paced.starts_with("2 per 1m until "), "{paced}");
 
-    // Live workers: the one heartbeat, as the CLI's status lists it.
+    // Live workers: the one heartbeat, as the CLI's status lists it (each
+    // read just after a heartbeat: a worker is live for 60 s after one).
+    let beat = || c.protocol().worker_heartbeat(default, &worker, &served);
+    beat().await.expect("a heartbeat");
     visit(&d.b, &d.base, &format!("/workers?name={worker}"), "workers").await;
+    beat().await.expect("a heartbeat");
     let (_, status) = cli_json(&["status"]);
     let cli_on: Vec<String> = status["shards"]
         .as_array()
@@ -1270,7 +1270,10 @@ async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
     assert!(!paused(&c, &schedule).await);
 
     // Signed in: confirmed, done, and audited with the session's actor.
-    assert!(sign_in(&d, "scheduler", TOKEN).await);
+    // A name of its own: the audit log is compared below by actor.
+    let operator = unique("scheduler");
+    let actor = format!("ui:{operator}");
+    assert!(sign_in(&d, &operator, TOKEN).await);
     d.b.goto(&format!("{}/schedules?name={schedule}", d.base))
         .await
         .expect("the page");
@@ -1319,7 +1322,7 @@ async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
     visit(
         &d.b,
         &d.base,
-        &format!("/audit?shard={default}&actor=ui:scheduler"),
+        &format!("/audit?shard={default}&actor={actor}"),
         "audit",
     )
     .await;
@@ -1342,14 +1345,14 @@ async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
         .as_array()
         .expect("items")
         .iter()
-        .filter(|e| e["actor"] == "ui:scheduler" && e["shard"] == default.get())
+        .filter(|e| e["actor"] == actor.as_str() && e["shard"] == default.get())
         .map(|e| e["id"].to_string())
         .collect();
     assert_eq!(shown, cli_ids);
     visit(
         &d.b,
         &d.base,
-        &format!("/audit?shard={default}&action=pause_schedule&actor=ui:scheduler"),
+        &format!("/audit?shard={default}&action=pause_schedule&actor={actor}"),
         "audit-filtered",
     )
     .await;
@@ -1367,6 +1370,29 @@ async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
         );
     }
     d.stop().await;
+
+    // Without public read, a visitor not signed in sees no spec or detail.
+    let hidden = UiServer::start(
+        c.clone(),
+        "127.0.0.1:0".parse().expect("an address"),
+        UiOptions::default(),
+    )
+    .await
+    .expect("the dashboard starts");
+    let base = format!("http://{}", hidden.local_addr());
+    for path in [
+        format!("/schedules?name={schedule}"),
+        // The schedule's creation, its spec (with the markup) as detail.
+        format!("/audit?shard={default}&action=create_schedule"),
+    ] {
+        let page = get(&base, &path).await;
+        assert!(page.starts_with("HTTP/1.1 200"), "{path}: {page}");
+        assert!(
+            page.contains("hidden-payload") && !page.contains("window.pwned"),
+            "{path}: {page}"
+        );
+    }
+    hidden.shutdown().await;
     c.admin().delete_schedule(&schedule).await.expect("deleted");
     c.protocol()
         .worker_deregister(default, &worker)
