@@ -61,10 +61,15 @@ pub fn cli_binary() -> &'static std::path::Path {
 /// `sheaf --json ARGS` against the test fleet: its exit code and its JSON
 /// (null when it printed nothing; anything else not JSON fails the test).
 pub fn cli_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    cli_json_on(fleet_spec(), args)
+}
+
+/// [`cli_json`] against the shards of `spec` (`SHEAF_SHARDS` format).
+pub fn cli_json_on(spec: &str, args: &[&str]) -> (Option<i32>, serde_json::Value) {
     let out = Command::new(cli_binary())
         .arg("--json")
         .args(args)
-        .env("SHEAF_SHARDS", fleet_spec())
+        .env("SHEAF_SHARDS", spec)
         .env_remove("SHEAF_TOPOLOGY_DIGEST")
         .output()
         .expect("the CLI runs");

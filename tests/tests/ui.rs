@@ -19,7 +19,7 @@ use sheaf_driver::{
     ChildPlacement, Client, EnqueueOptions, ExecutionId, Placement, PoolOptions, ShardId, StartOptions,
     TaskId, Topology,
 };
-use sheaf_tests::{cli_json, dead_letters, fleet, unique};
+use sheaf_tests::{cli_json, cli_json_on, dead_letters, fleet, unique};
 use sheaf_web::{UiOptions, UiServer};
 
 /// A chromedriver on a free port, stopped with the test: its whole process
@@ -236,8 +236,8 @@ impl Dash {
 }
 
 /// The `key` of each item of `sheaf --json ARGS`' page.
-fn ids_from_cli(args: &[&str], key: &str) -> Vec<String> {
-    let (code, out) = cli_json(args);
+fn ids_from_cli(spec: &str, args: &[&str], key: &str) -> Vec<String> {
+    let (code, out) = cli_json_on(spec, args);
     assert_eq!(code, Some(0), "{args:?}: {out}");
     out["items"]
         .as_array()
@@ -255,9 +255,15 @@ fn client() -> Arc<Client> {
 #[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
-    let c = client();
+    // Shards of its own: the near-cap list is the fleet's top 25, which
+    // other tests' keys would crowd.
+    let own = |args: &[&str]| sheaf_tests::own_shards("ui-all", 28500, args);
+    let spec = own(&["up", "--count", "3", "--no-install"]);
+    let topology = Topology::parse(&spec).expect("shards");
+    let spec = spec.trim().replace('\n', ",");
+    let c = Arc::new(Client::new(topology.clone(), PoolOptions::default()).expect("a client"));
     let queue = unique("ui-q");
-    let shards: Vec<ShardId> = fleet().shards().map(|s| s.id).collect();
+    let shards: Vec<ShardId> = topology.shards().map(|s| s.id).collect();
     for shard in &shards {
         for n in 0..3 {
             c.enqueue(
@@ -354,7 +360,7 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     visit(&d.b, &d.base, "/queues", "queues").await;
-    let (code, cli) = cli_json(&["queues"]);
+    let (code, cli) = cli_json_on(&spec, &["queues"]);
     assert_eq!(code, Some(0), "{cli}");
     let listed = cli["queues"]
         .as_array()
@@ -395,7 +401,11 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
 
     // Executions: the page's rows are the CLI's first page, in order.
     visit(&d.b, &d.base, &format!("/executions?workflow={wf}"), "executions").await;
-    let cli_ids = ids_from_cli(&["list", "--workflow", &wf, "--page-size", "50"], "execution_id");
+    let cli_ids = ids_from_cli(
+        &spec,
+        &["list", "--workflow", &wf, "--page-size", "50"],
+        "execution_id",
+    );
     assert_eq!(
         d.attrs("#executions tr[data-execution]", "data-execution").await,
         cli_ids
@@ -450,13 +460,13 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
         "dead-letters",
     )
     .await;
-    let cli_ids = ids_from_cli(&["dead-letters", "list", "--queue", &queue], "task_id");
+    let cli_ids = ids_from_cli(&spec, &["dead-letters", "list", "--queue", &queue], "task_id");
     assert_eq!(cli_ids.len(), 2 * shards.len());
     assert_eq!(d.attrs("#dead-letters tr[data-task]", "data-task").await, cli_ids);
 
     // Tasks: the queue's unfinished tasks are the CLI's.
     visit(&d.b, &d.base, &format!("/tasks?queue={queue}"), "tasks").await;
-    let cli_ids = ids_from_cli(&["tasks", "list", &queue, "--page-size", "50"], "task_id");
+    let cli_ids = ids_from_cli(&spec, &["tasks", "list", &queue, "--page-size", "50"], "task_id");
     assert_eq!(cli_ids.len(), 3 * shards.len() + 3);
     assert_eq!(d.attrs("#tasks tr[data-task]", "data-task").await, cli_ids);
 
@@ -470,6 +480,7 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
     visit(&d.b, &d.base, "/login", "login").await;
     visit(&d.b, &d.base, "/tasks", "tasks-choose").await;
     d.stop().await;
+    own(&["down"]);
 }
 
 // One story, told in order: each step builds on the one before.
@@ -1971,4 +1982,314 @@ async fn counts_by_state_and_a_search_by_workflow_id_cover_the_fleet() {
     assert!(d.text("#partial").await.contains("shard 1"));
     d.stop().await;
     own(&["down"]);
+}
+
+// --- Schedules, rate limits, live workers and the audit log (helper "pages").
+
+/// The rows' `attr` of table `table` on the page as shown now.
+async fn rows_of(d: &Dash, table: &str, attr: &str) -> Vec<String> {
+    d.attrs(&format!("#{table} tr[{attr}]"), attr).await
+}
+
+// One story, told in order: each step builds on the one before.
+#[allow(clippy::too_many_lines)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
+    use sheaf_driver::protocol::Steps;
+    let c = client();
+    let default = fleet().default_shard();
+    let schedule = unique("ui-sched");
+    let markup = "<script>window.pwned=1</script>";
+    c.admin()
+        .create_schedule(
+            &schedule,
+            json!({"cron": "0 3 * * *", "workflow": {"name": unique("ui-nightly"), "input": {"note": markup}}}),
+        )
+        .await
+        .expect("a schedule");
+    let limit = unique("ui-rl");
+    c.admin()
+        .declare_rate_limit(&limit, json!({"rate": 5, "period": "1s", "burst": 7}))
+        .await
+        .into_result()
+        .expect("declared on every shard");
+    c.admin()
+        .set_rate_override(
+            &limit,
+            2.0,
+            Duration::from_secs(60),
+            std::time::SystemTime::now() + Duration::from_secs(3600),
+        )
+        .await
+        .expect("an override");
+    let worker = unique("ui-worker");
+    let served = vec![unique("ui-wq")];
+    let d = Dash::start(c.clone(), Some(TOKEN)).await;
+
+    // Schedules: the page's row is the CLI's, its spec shown as text.
+    visit(&d.b, &d.base, &format!("/schedules?name={schedule}"), "schedules").await;
+    let (code, cli) = cli_json(&["schedules", "list"]);
+    assert_eq!(code, Some(0), "{cli}");
+    let listed: Vec<&serde_json::Value> = cli["schedules"]
+        .as_array()
+        .expect("schedules")
+        .iter()
+        .filter(|s| s["name"] == schedule.as_str())
+        .collect();
+    assert_eq!(listed.len(), 1, "{cli}");
+    assert_eq!(
+        rows_of(&d, "schedules", "data-schedule").await,
+        [schedule.as_str()]
+    );
+    let row = format!("#schedules tr[data-schedule='{schedule}']");
+    assert_eq!(
+        d.attrs(&row, "data-shard").await,
+        [listed[0]["shard"].to_string()]
+    );
+    assert_eq!(d.text(&format!("{row} td.state")).await, "active");
+    assert!(d.text(&format!("{row} code.spec")).await.contains(markup));
+    let untouched =
+        d.b.execute("return window.pwned === undefined", vec![])
+            .await
+            .expect("a script runs");
+    assert_eq!(untouched, json!(true), "markup in a spec stays text");
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/schedules?name={schedule}&state=paused"),
+        "schedules-paused",
+    )
+    .await;
+    assert!(
+        rows_of(&d, "schedules", "data-schedule").await.is_empty(),
+        "a filter narrows"
+    );
+
+    // Rate limits: declared on every shard, overridden on every readable one.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/rate-limits?name={limit}"),
+        "rate-limits",
+    )
+    .await;
+    let (code, cli) = cli_json(&["rate-limits", "list"]);
+    assert_eq!(code, Some(0), "{cli}");
+    let mut cli_shards: Vec<String> = cli["rate_limits"]
+        .as_array()
+        .expect("rate limits")
+        .iter()
+        .filter(|l| l["name"] == limit.as_str())
+        .map(|l| l["shard"].as_str().expect("a shard").to_owned())
+        .collect();
+    cli_shards.sort();
+    assert_eq!(cli_shards.len(), fleet().shards().count());
+    let mut shown = d.attrs("#rate-limits tr[data-limit]", "data-shard").await;
+    shown.sort();
+    assert_eq!(shown, cli_shards);
+    let first = format!("#rate-limits tr[data-limit='{limit}']");
+    assert_eq!(
+        d.text(&format!("{first} td:nth-child(5)")).await,
+        "7",
+        "its burst"
+    );
+    let paced = d.text(&format!("{first} td.override")).await;
+    assert!(paced.starts_with("2 per 1m until "), "{paced}");
+
+    // Live workers: the one heartbeat, as the CLI's status lists it (each
+    // read just after a heartbeat: a worker is live for 60 s after one).
+    let beat = || c.protocol().worker_heartbeat(default, &worker, &served);
+    beat().await.expect("a heartbeat");
+    visit(&d.b, &d.base, &format!("/workers?name={worker}"), "workers").await;
+    beat().await.expect("a heartbeat");
+    let (_, status) = cli_json(&["status"]);
+    let cli_on: Vec<String> = status["shards"]
+        .as_array()
+        .expect("shards")
+        .iter()
+        .filter(|s| {
+            s["live_workers"]
+                .as_array()
+                .is_some_and(|w| w.iter().any(|w| w["name"] == worker.as_str()))
+        })
+        .map(|s| s["shard"].to_string())
+        .collect();
+    assert_eq!(cli_on, [default.to_string()]);
+    assert_eq!(d.attrs("#workers tr[data-worker]", "data-shard").await, cli_on);
+    assert_eq!(
+        d.text(&format!("#workers tr[data-worker='{worker}'] td.queues"))
+            .await,
+        served[0]
+    );
+
+    // Bad parameters are a 400 naming the parameter.
+    for (path, param) in [
+        ("/schedules?state=sleepy", "state"),
+        ("/audit?shard=99", "shard"),
+        ("/audit?shard=x", "shard"),
+        ("/audit?before=-1", "before"),
+        ("/audit?before=soon", "before"),
+        ("/confirm?action=pause_schedule", "schedule"),
+    ] {
+        let answer = get(&d.base, path).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(answer.contains(&format!("{param}:")), "{path} names {param}");
+    }
+
+    // Pausing needs a session: signed out, it is refused and nothing changes.
+    let pause_button = format!("{row} button");
+    d.b.goto(&format!("{}/schedules?name={schedule}", d.base))
+        .await
+        .expect("the page");
+    d.click(&pause_button).await;
+    assert!(d.text("#what").await.starts_with("Pause schedule"));
+    assert!(d.b.find(Locator::Css("#signed-out")).await.is_ok());
+    d.click("#do-it").await;
+    assert!(d.text("#refused").await.contains("sign in"));
+    assert_eq!(console_errors(&d.b).await.len(), 1, "only the 403");
+    assert!(!paused(&c, &schedule).await);
+
+    // Signed in: confirmed, done, and audited with the session's actor.
+    // A name of its own: the audit log is compared below by actor.
+    let operator = unique("scheduler");
+    let actor = format!("ui:{operator}");
+    assert!(sign_in(&d, &operator, TOKEN).await);
+    d.b.goto(&format!("{}/schedules?name={schedule}", d.base))
+        .await
+        .expect("the page");
+    d.click(&pause_button).await;
+    d.click("#do-it").await;
+    assert_eq!(
+        d.text(".result").await,
+        format!("Schedule \"{schedule}\" paused.")
+    );
+    assert!(paused(&c, &schedule).await);
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/schedules?name={schedule}"),
+        "schedules-after",
+    )
+    .await;
+    assert_eq!(d.text(&format!("{row} td.state")).await, "paused");
+
+    // A forged POST without the session's CSRF token is refused.
+    let cookie =
+        d.b.get_named_cookie("sheaf_ui")
+            .await
+            .expect("the session cookie");
+    let forged = post(
+        &d.base,
+        "/act/resume_schedule",
+        &format!("schedule={schedule}&csrf=guess"),
+        cookie.value(),
+        None,
+    )
+    .await;
+    assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
+    assert!(paused(&c, &schedule).await, "still paused");
+    d.click(&pause_button).await;
+    assert!(d.text("#what").await.starts_with("Resume schedule"));
+    d.click("#do-it").await;
+    assert_eq!(
+        d.text(".result").await,
+        format!("Schedule \"{schedule}\" resumed.")
+    );
+    assert!(!paused(&c, &schedule).await);
+
+    // The audit log, filtered to this session's actor: both actions, newest
+    // first, as the shard's log (and the CLI) hold them.
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/audit?shard={default}&actor={actor}"),
+        "audit",
+    )
+    .await;
+    let actions: Vec<String> = {
+        let mut out = Vec::new();
+        for e in
+            d.b.find_all(Locator::Css("#audit tr[data-entry] td.action"))
+                .await
+                .expect("cells")
+        {
+            out.push(e.text().await.expect("a cell"));
+        }
+        out
+    };
+    assert_eq!(actions, ["resume_schedule", "pause_schedule"]);
+    let shown = rows_of(&d, "audit", "data-entry").await;
+    let (code, cli) = cli_json(&["audit", "--limit", "1000"]);
+    assert_eq!(code, Some(0), "{cli}");
+    let cli_ids: Vec<String> = cli["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|e| e["actor"] == actor.as_str() && e["shard"] == default.get())
+        .map(|e| e["id"].to_string())
+        .collect();
+    assert_eq!(shown, cli_ids);
+    visit(
+        &d.b,
+        &d.base,
+        &format!("/audit?shard={default}&action=pause_schedule&actor={actor}"),
+        "audit-filtered",
+    )
+    .await;
+    assert_eq!(rows_of(&d, "audit", "data-entry").await, cli_ids[1..]);
+    // Unfiltered, the log pages by id without repeating an entry.
+    visit(&d.b, &d.base, &format!("/audit?shard={default}"), "audit-all").await;
+    let page_one = rows_of(&d, "audit", "data-entry").await;
+    if page_one.len() == 50 {
+        let next = d.attrs("#next", "href").await.remove(0);
+        assert!(next.ends_with(&format!("before={}", page_one[49])), "{next}");
+        visit(&d.b, &d.base, &next, "audit-next").await;
+        let page_two = rows_of(&d, "audit", "data-entry").await;
+        let last: i64 = page_one[49].parse().expect("an id");
+        assert!(
+            page_two.iter().all(|id| id.parse::<i64>().expect("an id") < last),
+            "the next page is older"
+        );
+    }
+    d.stop().await;
+
+    // Without public read, a visitor not signed in sees no spec or detail.
+    let hidden = UiServer::start(
+        c.clone(),
+        "127.0.0.1:0".parse().expect("an address"),
+        UiOptions::default(),
+    )
+    .await
+    .expect("the dashboard starts");
+    let base = format!("http://{}", hidden.local_addr());
+    for path in [
+        format!("/schedules?name={schedule}"),
+        // The schedule's creation, its spec (with the markup) as detail.
+        format!("/audit?shard={default}&action=create_schedule"),
+    ] {
+        let page = get(&base, &path).await;
+        assert!(page.starts_with("HTTP/1.1 200"), "{path}: {page}");
+        assert!(
+            page.contains("hidden-payload") && !page.contains("window.pwned"),
+            "{path}: {page}"
+        );
+    }
+    hidden.shutdown().await;
+    c.admin().delete_schedule(&schedule).await.expect("deleted");
+    c.protocol()
+        .worker_deregister(default, &worker)
+        .await
+        .expect("deregistered");
+}
+
+async fn paused(c: &Client, schedule: &str) -> bool {
+    c.admin()
+        .list_schedules()
+        .await
+        .ok
+        .values()
+        .flatten()
+        .find(|s| s.name == schedule)
+        .expect("the schedule")
+        .paused
 }

@@ -1,5 +1,5 @@
 //! The dashboard's actions: redrive dead letters, purge a queue's dead
-//! letters, cancel a task, and act on an execution (`runs`). `/confirm` shows what an action will do and
+//! letters, cancel a task, pause or resume a schedule, and act on an execution (`runs`). `/confirm` shows what an action will do and
 //! asks for it; `/act/{action}` does it, as a POST of a signed-in session
 //! with its CSRF token (`session`), through the session's client, so each
 //! shard's audit log records the session's actor.
@@ -17,8 +17,8 @@ use axum::response::Response;
 
 use super::runs::RunAction;
 use super::{Chrome, Shared, cut, first, pairs, read_error, render, status_of};
-use sheaf_driver::ShardId;
 use sheaf_driver::TaskId;
+use sheaf_driver::{Client, ClientError, ShardId};
 
 /// The most tasks one action may name.
 const MAX_IDS: usize = 1000;
@@ -29,6 +29,7 @@ enum Action {
     Purge { queue: String, older_than: Duration },
     Cancel { task: TaskId, reason: String },
     Run(RunAction),
+    Schedule { name: String, pause: bool },
 }
 
 impl Action {
@@ -88,6 +89,16 @@ impl Action {
                     reason: cut(first(form, "reason").trim(), 200),
                 })
             }
+            "pause_schedule" | "resume_schedule" => {
+                let name = first(form, "schedule").trim();
+                if name.is_empty() {
+                    return Err("schedule: no schedule was named".into());
+                }
+                Ok(Action::Schedule {
+                    name: name.to_owned(),
+                    pause: action == "pause_schedule",
+                })
+            }
             other => match RunAction::read(other, form) {
                 Some(run) => run.map(Action::Run),
                 None => Err(format!(
@@ -103,6 +114,8 @@ impl Action {
             Action::Redrive(_) => "redrive",
             Action::Purge { .. } => "purge",
             Action::Cancel { .. } => "cancel",
+            Action::Schedule { pause: true, .. } => "pause_schedule",
+            Action::Schedule { pause: false, .. } => "resume_schedule",
             Action::Run(run) => run.name(),
         }
     }
@@ -145,6 +158,14 @@ impl Action {
                 format!("Cancel task {task}: a running attempt is told at its next fenced call.")
             }
             Action::Run(run) => run.describe(),
+            Action::Schedule { name, pause: true } => format!(
+                "Pause schedule {}: it fires nothing until resumed.",
+                sheaf_core::excerpt::quoted(name)
+            ),
+            Action::Schedule { name, pause: false } => format!(
+                "Resume schedule {}: it fires again from its next fire time after now.",
+                sheaf_core::excerpt::quoted(name)
+            ),
         }
     }
 
@@ -165,6 +186,7 @@ impl Action {
             ],
             Action::Cancel { task, reason } => vec![("task", task.to_string()), ("reason", reason.clone())],
             Action::Run(run) => run.fields(),
+            Action::Schedule { name, .. } => vec![("schedule", name.clone())],
         }
     }
 }
@@ -263,11 +285,23 @@ pub(super) async fn act(
         }
     };
     page.back = action.back();
-    let client = &session.client;
-    // A shard that did not do its part makes it 502; a refusal of what was
-    // asked says so instead.
+    let mut status = perform(&action, &session.client, &mut page).await;
+    page.lines
+        .push(format!("Recorded in the audit log as {}.", session.actor));
+    if status == StatusCode::OK && !page.failures.is_empty() {
+        status = StatusCode::BAD_GATEWAY;
+    }
+    render(status, page)
+}
+
+/// Pauses or resumes schedule `name`: what was done, in a sentence.
+/// Does `action` through the session's `client`, writing what happened into
+/// `page`; the status to answer with. A refusal of what was asked says so
+/// with its own status; a shard that did not do its part makes it 502 (the
+/// caller's, from `page.failures`).
+async fn perform(action: &Action, client: &Client, page: &mut DonePage) -> StatusCode {
     let mut status = StatusCode::OK;
-    match &action {
+    match action {
         Action::Redrive(ids) => {
             let report = client.admin().redrive(ids).await;
             let moved: i32 = report.ok.values().sum();
@@ -309,13 +343,31 @@ pub(super) async fn act(
             page.stale = acted.stale;
             page.failures = acted.failures;
         }
+        Action::Schedule { name, pause } => match pause_or_resume(client, name, *pause).await {
+            Ok(line) => page.lines.push(line),
+            Err(e) => {
+                status = status_of(&e);
+                let shown = sheaf_core::excerpt::quoted(name);
+                page.failures.push((format!("schedule {shown}"), read_error(&e)));
+            }
+        },
     }
-    page.lines
-        .push(format!("Recorded in the audit log as {}.", session.actor));
-    if status == StatusCode::OK && !page.failures.is_empty() {
-        status = StatusCode::BAD_GATEWAY;
-    }
-    render(status, page)
+    status
+}
+
+async fn pause_or_resume(client: &Client, name: &str, pause: bool) -> Result<String, ClientError> {
+    let shown = sheaf_core::excerpt::quoted(name);
+    Ok(if pause {
+        if client.admin().pause_schedule(name).await? {
+            format!("Schedule {shown} paused.")
+        } else {
+            format!("Schedule {shown} was paused already.")
+        }
+    } else if client.admin().resume_schedule(name).await? {
+        format!("Schedule {shown} resumed.")
+    } else {
+        format!("Schedule {shown} was not paused.")
+    })
 }
 
 #[cfg(test)]
@@ -345,6 +397,14 @@ mod tests {
         assert!(Action::read("purge", &form(&[("queue", "q"), ("older_than", "soon")])).is_err());
         assert!(Action::read("cancel", &form(&[("task", id), ("task", id)])).is_err());
         assert!(Action::read("drop", &form(&[])).is_err());
+        match Action::read("resume_schedule", &form(&[("schedule", " nightly ")])) {
+            Ok(a @ Action::Schedule { pause: false, .. }) => {
+                assert_eq!(a.fields(), [("schedule", "nightly".to_owned())]);
+            }
+            _ => panic!("a resume"),
+        }
+        let e = Action::read("pause_schedule", &form(&[])).err().expect("refused");
+        assert!(e.starts_with("schedule:"), "{e}");
         // What the confirmation carries reads back as the same action.
         let purge = Action::read("purge", &form(&[("queue", "q"), ("older_than", "90m")])).expect("a purge");
         let carried: Vec<(String, String)> = purge

@@ -7,10 +7,12 @@
 //! over the last minutes and the concurrency keys near their caps
 //! (`queues`), executions and an execution's page (`executions`), dead
 //! letters (`dead_letters`), tasks (`tasks`), a task's or a dead letter's
-//! page (`task`), usage (`usage`), rebalancing (`rebalance`). Actions
-//! (redrive, purge, cancel a task; cancel, terminate, signal, pause or
-//! resume an execution: `runs`) need a signed-in session (`session`) and a
-//! confirmation (`actions`).
+//! page (`task`), usage (`usage`), rebalancing (`rebalance`), schedules
+//! (`schedules`), rate limits (`rate_limits`), live workers (`workers`)
+//! and a shard's audit log (`audit`). Actions (redrive, purge, cancel a
+//! task; pause or resume a schedule; cancel, terminate, signal, pause or
+//! resume an execution: `runs`) need a signed-in session (`session`) and
+//! a confirmation (`actions`).
 
 /// A rendered page: a template with the chrome around its content.
 trait Page: askama::Template {
@@ -29,19 +31,23 @@ macro_rules! pages {
 }
 
 mod actions;
+mod audit;
 mod dead_letters;
 mod executions;
 mod fleet;
 mod queues;
+mod rate_limits;
 mod rebalance;
 mod refresh;
 mod runs;
+mod schedules;
 mod session;
 
 pub(crate) use session::same;
 mod task;
 mod tasks;
 mod usage;
+mod workers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,7 +62,7 @@ use tokio_util::sync::CancellationToken;
 
 use sheaf_driver::ShardId;
 use sheaf_driver::served::Served;
-use sheaf_driver::{Client, ClientError};
+use sheaf_driver::{Client, ClientError, FleetReport};
 
 /// How the dashboard reads the fleet and who may act on it.
 /// `UiOptions::new()` takes the defaults; each setter says what it sets.
@@ -224,6 +230,10 @@ impl UiServer {
             .route("/tasks/{id}", get(task::task))
             .route("/usage", get(usage::page))
             .route("/rebalance", get(rebalance::page))
+            .route("/schedules", get(schedules::page))
+            .route("/rate-limits", get(rate_limits::page))
+            .route("/workers", get(workers::page))
+            .route("/audit", get(audit::page))
             .route("/login", get(session::login_page).post(session::login))
             .route("/logout", post(session::logout))
             .route("/confirm", get(actions::confirm))
@@ -445,7 +455,8 @@ fn status_of(e: &ClientError) -> StatusCode {
         ClientError::BadRequest(_) | ClientError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
         ClientError::UnknownTask { .. }
         | ClientError::UnknownExecution { .. }
-        | ClientError::UnknownQueue { .. } => StatusCode::NOT_FOUND,
+        | ClientError::UnknownQueue { .. }
+        | ClientError::UnknownSchedule { .. } => StatusCode::NOT_FOUND,
         ClientError::WrongState { .. } | ClientError::Conflict { .. } => StatusCode::CONFLICT,
         _ => StatusCode::BAD_GATEWAY,
     }
@@ -563,6 +574,32 @@ fn first<'a>(pairs: &'a [(String, String)], key: &str) -> &'a str {
         .iter()
         .find(|(k, _)| k == key)
         .map_or("", |(_, v)| v.as_str())
+}
+
+/// The most rows a fleet-wide list page shows (schedules, rate limits,
+/// workers): the rest are counted, and a name filter narrows the list.
+const LISTED: usize = 500;
+
+/// Every shard's items of `report` that `keep` keeps, by name and shard:
+/// the first [`LISTED`] of them, and how many more there were. The shards
+/// that did not answer go to the banner.
+fn listed<T>(
+    chrome: &mut Chrome,
+    report: FleetReport<Vec<T>>,
+    name: impl Fn(&T) -> &str,
+    keep: impl Fn(&T) -> bool,
+) -> (Vec<(ShardId, T)>, usize) {
+    chrome.missing(report.failed.keys());
+    let mut all: Vec<(ShardId, T)> = report
+        .ok
+        .into_iter()
+        .flat_map(|(shard, items)| items.into_iter().map(move |i| (shard, i)))
+        .filter(|(_, i)| keep(i))
+        .collect();
+    all.sort_by(|a, b| name(&a.1).cmp(name(&b.1)).then(a.0.cmp(&b.0)));
+    let more = all.len().saturating_sub(LISTED);
+    all.truncate(LISTED);
+    (all, more)
 }
 
 /// A link to `path` with `query` (empty values left out).
