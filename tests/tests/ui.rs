@@ -646,25 +646,38 @@ const TOKEN: &str = "a-token-for-the-ui-tests";
 
 /// Signs in as `name` with `token`; whether it took.
 async fn sign_in(d: &Dash, name: &str, token: &str) -> bool {
-    d.b.goto(&format!("{}/login", d.base))
-        .await
-        .expect("the sign-in page");
-    d.b.find(Locator::Css("input[name=name]"))
-        .await
-        .expect("a name")
-        .send_keys(name)
-        .await
-        .expect("typed");
-    d.b.find(Locator::Css("input[name=token]"))
-        .await
-        .expect("a token")
-        .send_keys(token)
-        .await
-        .expect("typed");
-    d.click("#login button").await;
-    // Signed in (the fleet page, with the actor) or refused (the error).
-    d.element("#actor, #error").await;
-    d.b.find(Locator::Css("#actor")).await.is_ok()
+    // A wrong sign-in just before from this source makes it wait a moment
+    // (the per-source backoff): that refusal says so, and the sign-in is
+    // tried again once the wait is over, however fast the machine.
+    for _ in 0..20 {
+        d.b.goto(&format!("{}/login", d.base))
+            .await
+            .expect("the sign-in page");
+        d.b.find(Locator::Css("input[name=name]"))
+            .await
+            .expect("a name")
+            .send_keys(name)
+            .await
+            .expect("typed");
+        d.b.find(Locator::Css("input[name=token]"))
+            .await
+            .expect("a token")
+            .send_keys(token)
+            .await
+            .expect("typed");
+        d.click("#login button").await;
+        // Signed in (the fleet page, with the actor) or refused (the error).
+        d.element("#actor, #error").await;
+        if d.b.find(Locator::Css("#actor")).await.is_ok() {
+            return true;
+        }
+        if !d.text("#error").await.contains("try again in") {
+            return false;
+        }
+        let _ = console_errors(&d.b).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("{name}: still told to wait after 20 tries");
 }
 
 /// Ticks `ids` on the dead-letter page of `queue` and asks to redrive them.
@@ -768,28 +781,21 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
 
     // A forged POST with the session cookie but without its CSRF token is
     // refused; so is one from another origin.
-    let cookie =
-        d.b.get_named_cookie("sheaf_ui")
-            .await
-            .expect("the session cookie");
+    let (cookie, csrf) = session_of(&d).await;
     let forged = post(
         &d.base,
         "/act/purge",
         &format!("queue={queue}&csrf=guess"),
-        cookie.value(),
+        &cookie,
         None,
     )
     .await;
     assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
-    let csrf = d
-        .attrs("form[action='/logout'] input[name=csrf]", "value")
-        .await
-        .remove(0);
     let cross = post(
         &d.base,
         "/act/purge",
         &format!("queue={queue}&csrf={csrf}"),
-        cookie.value(),
+        &cookie,
         Some("http://evil.example"),
     )
     .await;
@@ -837,7 +843,7 @@ async fn actions_need_the_token_a_confirmation_and_are_audited() {
         &d.base,
         "/act/purge",
         &format!("queue={queue}&csrf={csrf}"),
-        cookie.value(),
+        &cookie,
         None,
     )
     .await;
@@ -2174,15 +2180,12 @@ async fn schedules_rate_limits_workers_and_the_audit_log_have_pages() {
     assert_eq!(d.text(&format!("{row} td.state")).await, "paused");
 
     // A forged POST without the session's CSRF token is refused.
-    let cookie =
-        d.b.get_named_cookie("sheaf_ui")
-            .await
-            .expect("the session cookie");
+    let (cookie, _) = session_of(&d).await;
     let forged = post(
         &d.base,
         "/act/resume_schedule",
         &format!("schedule={schedule}&csrf=guess"),
-        cookie.value(),
+        &cookie,
         None,
     )
     .await;
