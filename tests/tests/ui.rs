@@ -200,13 +200,34 @@ impl Dash {
         panic!("{css}: no text");
     }
 
-    /// The values of `attr` of the elements `css` matches.
+    /// The values of `attr` of the elements `css` matches. A page that
+    /// reloads itself (the refresh story) can go stale between finding
+    /// the elements and reading them: then the whole page is read again.
     async fn attrs(&self, css: &str, attr: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for e in self.b.find_all(Locator::Css(css)).await.expect("elements") {
-            out.push(e.attr(attr).await.expect("an attribute").expect("an attribute"));
+        let mut last = String::new();
+        'again: for _ in 0..200 {
+            let found = match self.b.find_all(Locator::Css(css)).await {
+                Ok(found) => found,
+                Err(e) => {
+                    last = e.to_string();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let mut out = Vec::new();
+            for e in found {
+                match e.attr(attr).await {
+                    Ok(value) => out.push(value.expect("an attribute")),
+                    Err(e) => {
+                        last = e.to_string();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue 'again;
+                    }
+                }
+            }
+            return out;
         }
-        out
+        panic!("{css}: {last}");
     }
 
     /// Follows the page's *Next page* link and waits until its page is the
@@ -228,10 +249,34 @@ impl Dash {
         panic!("the next page did not load");
     }
 
+    /// Goes where the link `css` leads (a path of this dashboard).
+    async fn follow(&self, css: &str) {
+        let hrefs = self.attrs(css, "href").await;
+        let [href] = hrefs.as_slice() else {
+            panic!("{css}: {hrefs:?}");
+        };
+        assert!(href.starts_with('/'), "{css}: {href}");
+        self.b
+            .goto(&format!("{}{href}", self.base))
+            .await
+            .expect("the page");
+    }
+
     /// Clicks `css`, waiting for it to be there (a click that navigated
-    /// may still be loading the page it leads to).
+    /// may still be loading the page it leads to). An element gone stale
+    /// before the click (a page that reloads itself) was not clicked:
+    /// it is found again.
     async fn click(&self, css: &str) {
-        self.element(css).await.click().await.expect("a click");
+        let mut last = String::new();
+        for _ in 0..200 {
+            match self.element(css).await.click().await {
+                Ok(_) => return,
+                Err(e) if e.is_stale_element_reference() => last = e.to_string(),
+                Err(e) => panic!("{css}: a click: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{css}: {last}");
     }
 }
 
@@ -1381,11 +1426,13 @@ async fn refresh_is_switched_off_and_on_per_browser() {
         assert!(d.b.find(Locator::Css(meta)).await.is_err(), "{page}");
     }
 
-    // Off: the link keeps the choice for this browser and comes back.
+    // Off: the link keeps the choice for this browser and comes back. It
+    // is followed by its address, not clicked: a click can meet the page
+    // reloading itself under it.
     d.b.goto(&format!("{}/tasks?queue=q", d.base))
         .await
         .expect("the page");
-    d.click("#refresh-toggle").await;
+    d.follow("#refresh-toggle").await;
     assert!(d.text("#refresh").await.starts_with("Not reloading"));
     assert!(
         d.b.current_url()
@@ -1398,7 +1445,7 @@ async fn refresh_is_switched_off_and_on_per_browser() {
     visit(&d.b, &d.base, "/queues", "refresh-off").await;
     assert!(d.b.find(Locator::Css(meta)).await.is_err(), "off everywhere");
     // On again.
-    d.click("#refresh-toggle").await;
+    d.follow("#refresh-toggle").await;
     assert!(d.text("#refresh").await.starts_with("This page reloads"));
     assert_eq!(d.attrs(meta, "content").await, ["1"]);
     // The way back is a page of this dashboard only.
