@@ -248,7 +248,7 @@ pub struct QueueListing {
     pub unavailable_shards: BTreeMap<ShardId, ClientError>,
 }
 
-fn shard_cursor(cursor: Option<&str>, listing: u64) -> Result<ShardCursor, ClientError> {
+pub(super) fn shard_cursor(cursor: Option<&str>, listing: u64) -> Result<ShardCursor, ClientError> {
     let Some(text) = cursor else {
         return Ok(ShardCursor {
             anchors: BTreeMap::new(),
@@ -258,13 +258,13 @@ fn shard_cursor(cursor: Option<&str>, listing: u64) -> Result<ShardCursor, Clien
     let c = ShardCursor::decode(text).map_err(|e| ClientError::BadRequest(e.to_string()))?;
     if c.listing != listing {
         return Err(ClientError::BadRequest(
-            "cursor: it belongs to another listing (another queue, state or kind)".into(),
+            "cursor: it belongs to another listing (another list, queue, state or kind)".into(),
         ));
     }
     Ok(c)
 }
 
-fn check_page(page_size: usize) -> Result<(), ClientError> {
+pub(super) fn check_page(page_size: usize) -> Result<(), ClientError> {
     if page_size == 0 || page_size > MAX_TASK_PAGE {
         return Err(ClientError::BadRequest(format!(
             "page_size must be from 1 to {MAX_TASK_PAGE}, got {page_size}"
@@ -275,20 +275,20 @@ fn check_page(page_size: usize) -> Result<(), ClientError> {
 
 /// Merges the shards' runs into a page and the next cursor: per shard, the
 /// anchor of its last row taken, else the anchor it had.
-fn paginate<T>(
+pub(super) fn paginate<T, K: Ord>(
     runs: BTreeMap<ShardId, Vec<T>>,
     mut cursor: ShardCursor,
     page_size: usize,
     order: SortOrder,
-    key: impl Fn(&T) -> (i64, i64, uuid::Uuid),
-    place: impl Fn(&T) -> (ShardId, &Value),
+    key: impl Fn(&T) -> K,
+    place: impl Fn(&T) -> (ShardId, Value),
 ) -> (Vec<T>, Option<String>) {
     let fetched: usize = runs.values().map(Vec::len).sum();
     let mut items = merge_sorted(runs.into_values().collect(), order, page_size, key);
     items.truncate(page_size);
     for item in &items {
         let (shard, anchor) = place(item);
-        cursor.anchors.insert(shard.get(), anchor.clone());
+        cursor.anchors.insert(shard.get(), anchor);
     }
     let next = (fetched > items.len()).then(|| cursor.encode());
     (items, next)
@@ -384,7 +384,7 @@ impl Admin<'_> {
             page_size,
             SortOrder::Asc,
             task_key,
-            |t: &ListedTask| (t.shard, &t.anchor),
+            |t: &ListedTask| (t.shard, t.anchor.clone()),
         );
         Ok(ListPage {
             items,
@@ -430,7 +430,7 @@ impl Admin<'_> {
             page_size,
             SortOrder::Desc,
             |d: &ListedDeadLetter| (micros(d.dead_at), 0, d.task_id.as_uuid()),
-            |d: &ListedDeadLetter| (d.shard, &d.anchor),
+            |d: &ListedDeadLetter| (d.shard, d.anchor.clone()),
         );
         Ok(ListPage {
             items,
