@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sheaf_core::listing::{ShardCursor, listing_hash};
 use sheaf_driver::{Acquired, Client, ListedMutex, MutexKey, PoolOptions, ShardId};
-use sheaf_tests::{cli_json, connect, fleet, unique};
+use sheaf_tests::{cli_json, connect, fleet, mutexes_from, unique};
 use uuid::Uuid;
 
 /// Long, so no waiter's place lapses (a third of it) during the test.
@@ -21,19 +21,6 @@ const LEASE: Duration = Duration::from_secs(600);
 
 fn client() -> Arc<Client> {
     Arc::new(Client::new(fleet().clone(), PoolOptions::default()).expect("a client"))
-}
-
-/// A cursor that starts every shard's walk just after `prefix`, as if the
-/// page before ended there on each shard.
-fn cursor_at(prefix: &str) -> String {
-    ShardCursor {
-        anchors: fleet()
-            .shards()
-            .map(|s| (s.id.get(), Value::String(prefix.to_owned())))
-            .collect(),
-        listing: listing_hash(&["mutexes"]),
-    }
-    .encode()
 }
 
 /// (shard, key, holder, token, waiters): what the three listings compare.
@@ -53,7 +40,7 @@ fn seen(m: &ListedMutex) -> Seen {
 /// prefix on, until a page ends past it; also how many pages it took.
 async fn driver_listing(c: &Client, prefix: &str, page_size: usize) -> (Vec<Seen>, usize) {
     let mut out = Vec::new();
-    let mut cursor = Some(cursor_at(prefix));
+    let mut cursor = Some(mutexes_from(prefix));
     let mut pages = 0;
     while let Some(at) = cursor {
         let page = c
@@ -105,7 +92,7 @@ fn cli_listing(prefix: &str) -> Vec<Seen> {
         "mutexes",
         "list",
         "--cursor",
-        &cursor_at(prefix),
+        &mutexes_from(prefix),
         "--page-size",
         "999",
     ]);

@@ -2358,19 +2358,6 @@ async fn paused(c: &Client, schedule: &str) -> bool {
 
 // --- The mutexes page (helper "mutexes").
 
-/// A mutexes cursor that starts every shard of the shared fleet just after
-/// `prefix`, so the page begins at this test's keys whatever else is held.
-fn mutexes_from(prefix: &str) -> String {
-    sheaf_core::listing::ShardCursor {
-        anchors: fleet()
-            .shards()
-            .map(|s| (s.id.get(), serde_json::Value::String(prefix.to_owned())))
-            .collect(),
-        listing: sheaf_core::listing::listing_hash(&["mutexes"]),
-    }
-    .encode()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_mutexes_page_shows_a_held_key_with_its_holder_and_waiters() {
     use sheaf_driver::{Acquired, MutexKey};
@@ -2388,7 +2375,7 @@ async fn the_mutexes_page_shows_a_held_key_with_its_holder_and_waiters() {
         c.mutex_acquire(&key, w, lease).await.expect("queued");
     }
     let d = Dash::start(c.clone(), None).await;
-    let from = mutexes_from(&prefix);
+    let from = sheaf_tests::mutexes_from(&prefix);
     let path = format!("/mutexes?cursor={from}");
     visit(&d.b, &d.base, &path, "mutexes").await;
     assert_eq!(

@@ -30,7 +30,6 @@ use sheaf_core::page::SortOrder;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::listing::{check_page, paginate, shard_cursor};
-use super::search::{refused_argument, status};
 use super::{Admin, Call, Client, ClientError, ListPage, Owned, first_column, single};
 use crate::id::ExecutionId;
 use crate::topology::ShardId;
@@ -371,24 +370,17 @@ impl Admin<'_> {
                 }
             })
             .await;
-        refused_argument(&report.failed)?;
         // Keys merge in byte order: the shards' own order when their
         // collation is C (as `sheaf shards` makes them); under another, a
         // page still takes a prefix of each shard's walk.
-        let (items, next_cursor) = paginate(
-            report.ok,
+        paginate(
+            report,
             cursor,
             page_size,
             SortOrder::Asc,
             |m: &ListedMutex| (m.key.clone(), m.shard),
             |m: &ListedMutex| (m.shard, Value::String(m.key.clone())),
-        );
-        Ok(ListPage {
-            items,
-            next_cursor,
-            status: status(&report.failed),
-            unavailable_shards: report.failed,
-        })
+        )
     }
 }
 
