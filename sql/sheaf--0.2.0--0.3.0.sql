@@ -113,3 +113,23 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'misplaced_runs_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.misplaced_runs(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.misplaced_runs(integer) TO sheaf_worker;
+
+-- The operator's view of the mutexes (issue 38): the stored locks by key,
+-- keyset paged, with their live waiters counted.
+CREATE FUNCTION "list_mutexes"(
+	"after" TEXT DEFAULT NULL,
+	"max_rows" INT DEFAULT 100
+) RETURNS TABLE (
+	"key" TEXT,
+	"holder" uuid,
+	"token" bigint,
+	"acquired_at" timestamp with time zone,
+	"lease_expires_at" timestamp with time zone,
+	"waiters" INT
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'list_mutexes_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.list_mutexes(text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.list_mutexes(text, integer) TO sheaf_worker;

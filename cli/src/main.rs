@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use commands::{
-    Context, audit, concurrency, config, dead_letters, enqueue, executions, find, list, metrics, orphans,
-    queues, rate_limits, rebalance, rebalance_resume, relay, retention, schedules, serve, shard, start,
-    status, tasks, topology, tree, usage,
+    Context, audit, concurrency, config, dead_letters, enqueue, executions, find, list, metrics, mutexes,
+    orphans, queues, rate_limits, rebalance, rebalance_resume, relay, retention, schedules, serve, shard,
+    start, status, tasks, topology, tree, usage,
 };
 
 mod commands;
@@ -65,6 +65,7 @@ enum Command {
     Schedules(schedules::Args),
     Retention(retention::Args),
     Concurrency(concurrency::Args),
+    Mutexes(mutexes::Args),
     Tree(tree::Args),
     Orphans(orphans::Args),
     Config(config::Args),
@@ -108,6 +109,7 @@ async fn main() -> ExitCode {
         Command::Schedules(args) => schedules::run(args, &ctx).await,
         Command::Retention(args) => retention::run(args, &ctx).await,
         Command::Concurrency(args) => concurrency::run(args, &ctx).await,
+        Command::Mutexes(args) => mutexes::run(args, &ctx).await,
         Command::Tree(args) => tree::run(args, &ctx).await,
         Command::Orphans(args) => orphans::run(args, &ctx).await,
         Command::Config(args) => config::run(args, &ctx).await,

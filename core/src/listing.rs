@@ -237,7 +237,9 @@ impl ShardCursor {
         }
         let mut parts = text.splitn(3, '.');
         let (Some("s1"), Some(listing), Some(hex)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(bad("not a cursor a listing of tasks or dead letters returned"));
+            return Err(bad(
+                "not a cursor a listing of tasks, dead letters or mutexes returned",
+            ));
         };
         let listing = (listing.len() == 16
             && listing.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))

@@ -854,6 +854,23 @@ async fn mutex(t: &Tour) -> Result<(), Error> {
         status.holder == Some(a) && status.waiters == 1,
         "mutex_status {status:?}"
     );
+    // The operator's listing, paged to the tour's key.
+    let mut cursor = None;
+    let listed = loop {
+        let page = c.admin().list_mutexes(cursor.as_deref(), 999).await?;
+        if let Some(m) = page.items.iter().find(|m| m.key == key.key()) {
+            break Some(m.clone());
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break None,
+        }
+    };
+    ensure!(
+        matches!(&listed, Some(m) if m.holder == a && m.token == token && m.waiters == 1
+            && m.shard == c.mutex_shard(&key)),
+        "list_mutexes {listed:?}"
+    );
     ensure!(
         c.mutex_release(&key, a, token).await? == Some(b),
         "the lock passes to the waiter"
@@ -877,7 +894,7 @@ async fn mutex(t: &Tour) -> Result<(), Error> {
     ensure!(guard.token() > next && !guard.is_lost(), "the guard's token");
     ensure!(guard.shard() == c.mutex_shard(&key), "the guard's shard");
     guard.release().await?;
-    println!("  mutex_acquire/renew/status/release, lock, try_lock, guard: ok");
+    println!("  mutex_acquire/renew/status/release, list_mutexes, lock, try_lock, guard: ok");
     Ok(())
 }
 

@@ -130,6 +130,18 @@ const STATUS: Stmt = Stmt::read(
     &[PgBuiltInOids::TEXTOID],
 );
 
+/// A page of keys after `$1`, by the primary key's index: a seek, then
+/// `$2` rows, each with its live line counted on the line's index. Only
+/// stored locks are listed: a key's line exists only while it has a lock
+/// row (a free key is granted at once, and a hand-over that finds nobody
+/// frees it), so no key waits unlisted.
+const LIST: Stmt = Stmt::read(
+    "SELECT l.key, l.holder, l.token, l.acquired_at, l.lease_expires_at, \
+            (SELECT count(*)::int FROM mutex_waiters w WHERE w.key = l.key AND w.expires_at > now()) \
+     FROM mutex_locks l WHERE l.key > $1 ORDER BY l.key LIMIT $2",
+    &[PgBuiltInOids::TEXTOID, PgBuiltInOids::INT8OID],
+);
+
 // The 0.1.0 catalog's lines, whose waiters have no lease: a shard runs this
 // library on that catalog between installing the package and `ALTER
 // EXTENSION sheaf UPDATE` (docs/operating/upgrading.md), and its calls must work.
@@ -366,6 +378,29 @@ pub fn status(key: &str) -> Option<Status> {
     stmt.first(&[key.into()], "reading a mutex")
 }
 
+row! {
+    /// A stored lock as `list_mutexes` shows it. An expired lease not yet
+    /// passed on still shows its holder (the next acquire of the key or
+    /// `mutex_reclaim` passes it on).
+    pub struct Listed {
+        pub key: String,
+        pub holder: pgrx::Uuid,
+        pub token: i64,
+        pub acquired_at: TimestampWithTimeZone,
+        pub lease_expires_at: TimestampWithTimeZone,
+        pub waiters: i32,
+    }
+}
+
+/// The stored locks with a key after `after` (`None`: from the first), by
+/// key, at most `max`; each with its live waiters counted (lapsed places
+/// not counted, as `status`). Only a catalog with waiter leases has this
+/// function.
+pub fn list(after: Option<&str>, max: i64) -> Vec<Listed> {
+    // Every key has at least one byte, so "" is before them all.
+    LIST.all(&[after.unwrap_or("").into(), max.into()], "listing mutexes")
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
@@ -577,6 +612,122 @@ mod tests {
             Spi::get_one::<String>("SELECT holder::text FROM sheaf.mutex_status('k')").unwrap(),
             None
         );
+    }
+
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Listed {
+            key: String,
+            holder: String,
+            waiters: i32,
+            expired: bool,
+        }
+    }
+
+    /// A page of `list_mutexes`.
+    fn listed(after: Option<&str>, max_rows: i32) -> Vec<Listed> {
+        crate::testing::rows(
+            "SELECT key, holder::text, waiters, lease_expires_at <= now() \
+             FROM sheaf.list_mutexes($1, $2)",
+            &[after.into(), max_rows.into()],
+        )
+    }
+
+    fn listed_row(key: &str, holder: &str, waiters: i32, expired: bool) -> Listed {
+        Listed {
+            key: key.into(),
+            holder: holder.into(),
+            waiters,
+            expired,
+        }
+    }
+
+    fn acquire_key(key: &str, owner: &str) -> bool {
+        one::<Acquired>(
+            "SELECT granted, token, queue_position FROM sheaf.mutex_acquire($1, $2::uuid)",
+            &[key.into(), owner.into()],
+        )
+        .granted
+    }
+
+    #[pg_test]
+    fn list_mutexes_pages_by_key_from_after() {
+        init();
+        for key in ["m3", "m1", "m4", "m2"] {
+            assert!(acquire_key(key, A));
+        }
+        let keys = |page: Vec<Listed>| page.into_iter().map(|m| m.key).collect::<Vec<_>>();
+        assert_eq!(keys(listed(None, 2)), ["m1", "m2"]);
+        assert_eq!(keys(listed(Some("m2"), 2)), ["m3", "m4"]);
+        assert_eq!(
+            keys(listed(Some("m1x"), 1000)),
+            ["m2", "m3", "m4"],
+            "any text is a place"
+        );
+        assert!(listed(Some("m4"), 2).is_empty());
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM sheaf.list_mutexes()").unwrap(),
+            Some(4),
+            "the defaults list from the first key"
+        );
+        // A released key with nobody waiting is free: it has no row.
+        let token = Spi::get_one::<i64>("SELECT token FROM sheaf.mutex_status('m2')").unwrap();
+        Spi::run_with_args(
+            "SELECT sheaf.mutex_release('m2', $1::uuid, $2)",
+            &[A.into(), token.into()],
+        )
+        .unwrap();
+        assert_eq!(keys(listed(Some("m1"), 2)), ["m3", "m4"]);
+    }
+
+    #[pg_test]
+    fn list_mutexes_counts_the_live_waiters_and_shows_an_expired_holder() {
+        init();
+        acquire(A);
+        acquire(B);
+        acquire(C);
+        acquire(D);
+        lapse(C);
+        acquire_key("other", D);
+        assert_eq!(
+            listed(None, 10),
+            [listed_row("k", A, 2, false), listed_row("other", D, 0, false)],
+            "C's lapsed place is not counted"
+        );
+        Spi::run(
+            "UPDATE sheaf.mutex_locks SET lease_expires_at = now() - interval '1 second' WHERE key = 'k'",
+        )
+        .unwrap();
+        assert_eq!(
+            listed(None, 1),
+            [listed_row("k", A, 2, true)],
+            "listed until passed on"
+        );
+    }
+
+    #[pg_test]
+    fn list_mutexes_refuses_a_bad_page_size() {
+        init();
+        for (max_rows, code, message) in [
+            (
+                Some(0),
+                "22023",
+                "invalid max_rows: must be from 1 to 1000, got 0",
+            ),
+            (
+                Some(1001),
+                "22023",
+                "invalid max_rows: must be from 1 to 1000, got 1001",
+            ),
+            (None, "22004", "max_rows must not be null"),
+        ] {
+            let failed = crate::base::subxact::attempt(|| {
+                Spi::run_with_args("SELECT * FROM sheaf.list_mutexes(NULL, $1)", &[max_rows.into()])
+            })
+            .expect_err("refused");
+            assert_eq!(failed.sqlstate, code, "{max_rows:?}: {}", failed.message);
+            assert!(failed.message.contains(message), "{}", failed.message);
+        }
     }
 
     /// Seconds from now to the key's lease end.

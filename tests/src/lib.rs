@@ -328,3 +328,19 @@ pub async fn dead_letters(
     }
     claimed.iter().map(|t| t.task_id).collect()
 }
+
+/// A cursor of `Admin::list_mutexes` (and `sheaf mutexes list --cursor`,
+/// `/mutexes?cursor=`) that starts every shard of [`fleet`] just after
+/// `prefix`, as if the page before had ended there on each: a test whose
+/// keys share a unique prefix reads them whatever else the shared fleet
+/// holds.
+pub fn mutexes_from(prefix: &str) -> String {
+    sheaf_core::listing::ShardCursor {
+        anchors: fleet()
+            .shards()
+            .map(|s| (s.id.get(), serde_json::Value::String(prefix.to_owned())))
+            .collect(),
+        listing: sheaf_core::listing::listing_hash(&["mutexes"]),
+    }
+    .encode()
+}

@@ -860,6 +860,7 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &["'vc_m'", "'00000000-0000-0000-0000-00000000a001'"],
     ),
     call("sheaf.mutex_reclaim(integer)", &[], &["100"]),
+    call("sheaf.list_mutexes(text, integer)", &[], &["'vc_l'", "10"]),
 ];
 
 /// The functions of schema `sheaf` in this database, as [`ValidCall::function`]

@@ -122,6 +122,9 @@ const CASES: &str = r#"
 0 retention get
 2 retention set --executions bogus
 0 concurrency
+0 mutexes list
+2 mutexes list --page-size 0
+2 mutexes list --cursor not-a-cursor
 4 tree EXECUTION
 2 tree not-an-id
 2 orphans --no-such-flag

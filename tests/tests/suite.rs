@@ -20,6 +20,7 @@ mod hostile;
 mod listing;
 mod mutex;
 mod mutex_dead_waiters;
+mod mutex_listing;
 mod network_faults;
 mod notify;
 mod operator_actions;

@@ -521,6 +521,18 @@ async fn every_page_loads_cleanly_and_its_lists_match_the_cli() {
         .text(&format!("#usage tr[data-group='{wf}'] td:nth-child(2)"))
         .await;
     assert_eq!(row, "7");
+
+    // Mutexes: a held key with a waiter; the page's keys are the CLI's.
+    let lock = sheaf_driver::MutexKey::on_shard(unique("ui-all-lock"), shards[0]);
+    for _ in 0..2 {
+        c.mutex_acquire(&lock, uuid::Uuid::new_v4(), Duration::from_secs(600))
+            .await
+            .expect("held, then queued");
+    }
+    visit(&d.b, &d.base, "/mutexes", "mutexes-all").await;
+    let cli_keys = ids_from_cli(&spec, &["mutexes", "list"], "key");
+    assert!(cli_keys.contains(&lock.key().to_owned()), "{cli_keys:?}");
+    assert_eq!(d.attrs("#mutexes tr[data-key]", "data-key").await, cli_keys);
     visit(&d.b, &d.base, "/rebalance", "rebalance").await;
     visit(&d.b, &d.base, "/login", "login").await;
     visit(&d.b, &d.base, "/tasks", "tasks-choose").await;
@@ -2342,4 +2354,70 @@ async fn paused(c: &Client, schedule: &str) -> bool {
         .find(|s| s.name == schedule)
         .expect("the schedule")
         .paused
+}
+
+// --- The mutexes page (helper "mutexes").
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_mutexes_page_shows_a_held_key_with_its_holder_and_waiters() {
+    use sheaf_driver::{Acquired, MutexKey};
+    let c = client();
+    let prefix = unique("ui-mx");
+    let shard = fleet().default_shard();
+    let key = MutexKey::on_shard(format!("{prefix}-<b>lock</b>"), shard);
+    let lease = Duration::from_secs(600);
+    let holder = uuid::Uuid::new_v4();
+    let Acquired::Granted { token } = c.mutex_acquire(&key, holder, lease).await.expect("acquire") else {
+        panic!("a free key is granted");
+    };
+    let waiters = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()];
+    for w in waiters {
+        c.mutex_acquire(&key, w, lease).await.expect("queued");
+    }
+    let d = Dash::start(c.clone(), None).await;
+    let from = sheaf_tests::mutexes_from(&prefix);
+    let path = format!("/mutexes?cursor={from}");
+    visit(&d.b, &d.base, &path, "mutexes").await;
+    assert_eq!(
+        d.attrs("header a.here", "href").await,
+        ["/mutexes"],
+        "the nav links the page"
+    );
+    let row = format!("#mutexes tr[data-key='{}']", key.key());
+    assert_eq!(d.attrs(&row, "data-shard").await, [shard.to_string()]);
+    assert_eq!(d.text(&format!("{row} td.holder")).await, holder.to_string());
+    assert_eq!(d.text(&format!("{row} td.waiters")).await, "2");
+    assert_eq!(
+        d.text(&format!("{row} td:first-child")).await,
+        key.key(),
+        "markup in a key stays text"
+    );
+    // The CLI's page from the same place says the same.
+    let (code, cli) = cli_json(&["mutexes", "list", "--cursor", &from, "--page-size", "50"]);
+    assert_eq!(code, Some(0), "{cli}");
+    let listed = cli["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|m| m["key"] == key.key())
+        .expect("the CLI lists the key")
+        .clone();
+    assert_eq!(listed["holder"], holder.to_string());
+    assert_eq!(listed["token"], token);
+    assert_eq!(listed["waiters"], 2);
+    assert_eq!(listed["shard"], shard.get());
+    d.stop().await;
+
+    // A cursor that is not one is a 400 naming it.
+    let (server, base) = signed_out_dashboard(c.clone()).await;
+    let answer = get(&base, "/mutexes?cursor=bogus").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("cursor:"), "{answer}");
+    assert!(!answer.contains("did not answer"), "{answer}");
+    server.shutdown().await;
+
+    for w in waiters {
+        c.mutex_leave(&key, w).await.expect("leave");
+    }
+    c.mutex_release(&key, holder, token).await.expect("release");
 }

@@ -14,6 +14,7 @@ pub mod executions;
 pub mod find;
 pub mod list;
 pub mod metrics;
+pub mod mutexes;
 pub mod orphans;
 pub mod placement;
 pub mod queues;

@@ -10,8 +10,9 @@
 //! and draining, topology and shard lifecycle (`init_shard`,
 //! `publish_topology`, `topology_status`, `shard_health`, `maintain`),
 //! reports and fleet listings (`queue_stats`, `usage_report`,
-//! `list_tasks`, backlogs), the audit log, and an operator's stop of an
-//! execution (`terminate_execution`, `pause_execution`, `resume_execution`).
+//! `list_tasks`, `list_mutexes`, backlogs), the audit log, and an
+//! operator's stop of an execution (`terminate_execution`,
+//! `pause_execution`, `resume_execution`).
 //!
 //! This file also holds per-shard housekeeping: reaping expired leases,
 //! the shard's identity and library version, and initializing a new shard.

@@ -17,6 +17,7 @@ use sheaf_core::listing::{STATE_ORDER, ShardCursor, listing_hash};
 use sheaf_core::page::{SortOrder, merge_sorted};
 use sheaf_core::state::{TaskKind, TaskState};
 
+use super::fleet::FleetReport;
 use super::search::{refused_argument, status};
 use super::{Admin, Call, Client, ClientError, Owned, PageStatus, single};
 use crate::id::{ExecutionId, TaskId};
@@ -248,7 +249,7 @@ pub struct QueueListing {
     pub unavailable_shards: BTreeMap<ShardId, ClientError>,
 }
 
-fn shard_cursor(cursor: Option<&str>, listing: u64) -> Result<ShardCursor, ClientError> {
+pub(super) fn shard_cursor(cursor: Option<&str>, listing: u64) -> Result<ShardCursor, ClientError> {
     let Some(text) = cursor else {
         return Ok(ShardCursor {
             anchors: BTreeMap::new(),
@@ -258,13 +259,13 @@ fn shard_cursor(cursor: Option<&str>, listing: u64) -> Result<ShardCursor, Clien
     let c = ShardCursor::decode(text).map_err(|e| ClientError::BadRequest(e.to_string()))?;
     if c.listing != listing {
         return Err(ClientError::BadRequest(
-            "cursor: it belongs to another listing (another queue, state or kind)".into(),
+            "cursor: it belongs to another listing (another list, queue, state or kind)".into(),
         ));
     }
     Ok(c)
 }
 
-fn check_page(page_size: usize) -> Result<(), ClientError> {
+pub(super) fn check_page(page_size: usize) -> Result<(), ClientError> {
     if page_size == 0 || page_size > MAX_TASK_PAGE {
         return Err(ClientError::BadRequest(format!(
             "page_size must be from 1 to {MAX_TASK_PAGE}, got {page_size}"
@@ -273,25 +274,34 @@ fn check_page(page_size: usize) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// Merges the shards' runs into a page and the next cursor: per shard, the
-/// anchor of its last row taken, else the anchor it had.
-fn paginate<T>(
-    runs: BTreeMap<ShardId, Vec<T>>,
+/// A fleet listing's page from what the shards answered: a shard's
+/// refusal of the arguments is the caller's mistake; else the runs merged
+/// into at most `page_size` rows, and the next cursor: per shard, the
+/// anchor of its last row taken, else the anchor it had. The shards that
+/// did not answer make the page partial.
+pub(super) fn paginate<T, K: Ord>(
+    report: FleetReport<Vec<T>>,
     mut cursor: ShardCursor,
     page_size: usize,
     order: SortOrder,
-    key: impl Fn(&T) -> (i64, i64, uuid::Uuid),
-    place: impl Fn(&T) -> (ShardId, &Value),
-) -> (Vec<T>, Option<String>) {
-    let fetched: usize = runs.values().map(Vec::len).sum();
-    let mut items = merge_sorted(runs.into_values().collect(), order, page_size, key);
+    key: impl Fn(&T) -> K,
+    place: impl Fn(&T) -> (ShardId, Value),
+) -> Result<ListPage<T>, ClientError> {
+    refused_argument(&report.failed)?;
+    let fetched: usize = report.ok.values().map(Vec::len).sum();
+    let mut items = merge_sorted(report.ok.into_values().collect(), order, page_size, key);
     items.truncate(page_size);
     for item in &items {
         let (shard, anchor) = place(item);
-        cursor.anchors.insert(shard.get(), anchor.clone());
+        cursor.anchors.insert(shard.get(), anchor);
     }
-    let next = (fetched > items.len()).then(|| cursor.encode());
-    (items, next)
+    let next_cursor = (fetched > items.len()).then(|| cursor.encode());
+    Ok(ListPage {
+        items,
+        next_cursor,
+        status: status(&report.failed),
+        unavailable_shards: report.failed,
+    })
 }
 
 fn micros(at: SystemTime) -> i64 {
@@ -377,21 +387,14 @@ impl Admin<'_> {
                 }
             })
             .await;
-        refused_argument(&report.failed)?;
-        let (items, next_cursor) = paginate(
-            report.ok,
+        paginate(
+            report,
             cursor,
             page_size,
             SortOrder::Asc,
             task_key,
-            |t: &ListedTask| (t.shard, &t.anchor),
-        );
-        Ok(ListPage {
-            items,
-            next_cursor,
-            status: status(&report.failed),
-            unavailable_shards: report.failed,
-        })
+            |t: &ListedTask| (t.shard, t.anchor.clone()),
+        )
     }
 
     /// One page of dead letters (of `queue`, or of every queue) across
@@ -423,21 +426,14 @@ impl Admin<'_> {
                 }
             })
             .await;
-        refused_argument(&report.failed)?;
-        let (items, next_cursor) = paginate(
-            report.ok,
+        paginate(
+            report,
             cursor,
             page_size,
             SortOrder::Desc,
             |d: &ListedDeadLetter| (micros(d.dead_at), 0, d.task_id.as_uuid()),
-            |d: &ListedDeadLetter| (d.shard, &d.anchor),
-        );
-        Ok(ListPage {
-            items,
-            next_cursor,
-            status: status(&report.failed),
-            unavailable_shards: report.failed,
-        })
+            |d: &ListedDeadLetter| (d.shard, d.anchor.clone()),
+        )
     }
 
     /// Every queue of every readable shard, by name, with its counts per

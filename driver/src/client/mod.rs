@@ -67,7 +67,7 @@ pub use listing::{
     ListPage, ListedDeadLetter, ListedTask, MAX_TASK_PAGE, QueueCounts, QueueListing, QueueSummary, TaskInfo,
     TaskStatus,
 };
-pub use mutex::{Acquired, LockOptions, MutexGuard, MutexKey, MutexStatus};
+pub use mutex::{Acquired, ListedMutex, LockOptions, MutexGuard, MutexKey, MutexStatus};
 pub use policy::{QueueConfig, QueueOptions};
 pub use protocol::{Protocol, Steps};
 pub use rate_limits::{OverrideReport, RateLimitInfo};

@@ -23,9 +23,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use serde_json::Value;
+use sheaf_core::listing::listing_hash;
+use sheaf_core::page::SortOrder;
+
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use super::{Admin, Call, Client, ClientError, Owned, first_column, single};
+use super::listing::{check_page, paginate, shard_cursor};
+use super::{Admin, Call, Client, ClientError, ListPage, Owned, first_column, single};
 use crate::id::ExecutionId;
 use crate::topology::ShardId;
 
@@ -36,6 +41,8 @@ const RENEW: &str = "SELECT sheaf.mutex_renew($1, $2, $3, make_interval(secs => 
 const LEAVE: &str = "SELECT sheaf.mutex_leave($1, $2)";
 const STATUS: &str = "SELECT holder, token, lease_expires_at, waiters FROM sheaf.mutex_status($1)";
 const RECLAIM: &str = "SELECT sheaf.mutex_reclaim($1)";
+const LIST: &str = "SELECT key, holder, token, acquired_at, lease_expires_at, waiters \
+     FROM sheaf.list_mutexes($1, $2)";
 
 /// A mutex key and the shard it lives on (see the module's "Routing").
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -296,6 +303,28 @@ impl Client {
     }
 }
 
+/// A held mutex in a listing ([`Admin::list_mutexes`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ListedMutex {
+    /// The shard that holds it (each shard's mutexes are its own).
+    pub shard: ShardId,
+    /// Its key.
+    pub key: String,
+    /// Its holder: the owner id its acquire named (as a rule an execution
+    /// id, or a [`LockOptions::owner`]).
+    pub holder: uuid::Uuid,
+    /// The holder's fencing token.
+    pub token: i64,
+    /// When it was granted to its holder.
+    pub acquired_at: SystemTime,
+    /// When its lease ends; past: expired, passed on at the key's next
+    /// acquire or reclaim.
+    pub lease_expires_at: SystemTime,
+    /// Owners waiting in its line (lapsed places not counted).
+    pub waiters: i32,
+}
+
 impl Admin<'_> {
     /// Passes up to `max_rows` expired locks on `shard` to their next
     /// waiters (also done by `maintain` and by any acquire of the key); how many.
@@ -306,6 +335,68 @@ impl Admin<'_> {
             .await?;
         first_column(&call, &rows)
     }
+
+    /// One page of the held mutexes of every readable shard, by key (then
+    /// shard: a key may be held on two shards, each its own lock); a free
+    /// key is not stored, so not listed. `cursor` is a page's
+    /// `next_cursor`; `page_size` 1 to [`MAX_TASK_PAGE`](crate::MAX_TASK_PAGE).
+    /// Each shard walks its key index from its own anchor, so paging to
+    /// the end lists every lock that stayed held exactly once.
+    pub async fn list_mutexes(
+        self,
+        cursor: Option<&str>,
+        page_size: usize,
+    ) -> Result<ListPage<ListedMutex>, ClientError> {
+        check_page(page_size)?;
+        let cursor = shard_cursor(cursor, listing_hash(&["mutexes"]))?;
+        // Each shard's anchor is the last key listed from it.
+        if !cursor.anchors.values().all(Value::is_string) {
+            return Err(ClientError::BadRequest(
+                "cursor: not a cursor a listing of mutexes returned".into(),
+            ));
+        }
+        let ask = (page_size + 1) as i32;
+        let report = self
+            .client
+            .fan_out(self.client.readable_shards(), |shard| {
+                let after = cursor.anchors.get(&shard.get()).and_then(Value::as_str);
+                async move {
+                    let call = Call {
+                        shard,
+                        owned: Owned::Listing("listing mutexes"),
+                    };
+                    let rows = self.client.query(&call, LIST, &[&after, &ask]).await?;
+                    rows.iter().map(|row| listed_mutex(&call, row)).collect()
+                }
+            })
+            .await;
+        // Keys merge in byte order: the shards' own order when their
+        // collation is C (as `sheaf shards` makes them); under another, a
+        // page still takes a prefix of each shard's walk.
+        paginate(
+            report,
+            cursor,
+            page_size,
+            SortOrder::Asc,
+            |m: &ListedMutex| (m.key.clone(), m.shard),
+            |m: &ListedMutex| (m.shard, Value::String(m.key.clone())),
+        )
+    }
+}
+
+fn listed_mutex(call: &Call, row: &tokio_postgres::Row) -> Result<ListedMutex, ClientError> {
+    let read = || -> Result<ListedMutex, tokio_postgres::Error> {
+        Ok(ListedMutex {
+            shard: call.shard,
+            key: row.try_get("key")?,
+            holder: row.try_get("holder")?,
+            token: row.try_get("token")?,
+            acquired_at: row.try_get("acquired_at")?,
+            lease_expires_at: row.try_get("lease_expires_at")?,
+            waiters: row.try_get("waiters")?,
+        })
+    };
+    read().map_err(|e| call.error(e, 1))
 }
 
 /// How [`Client::lock`] holds a lock. `LockOptions::new()` takes the

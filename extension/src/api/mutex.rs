@@ -113,3 +113,40 @@ fn mutex_status(
         mutex::status(args::key(key, "key")).map(|s| (s.holder, s.token, s.lease_expires_at, s.waiters)),
     )
 }
+
+/// The most mutexes one `list_mutexes` page holds.
+const MAX_PAGE: i32 = 1000;
+
+/// This shard's mutexes by key: the stored locks with a key after `after`
+/// (NULL: from the first), at most `max_rows` (1..1000), each with its
+/// holder, token, when it was acquired (granted to its holder), its lease
+/// end (past: expired, passed on at the key's next acquire or reclaim) and
+/// how many wait (lapsed places not counted). A free key has no row.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn list_mutexes(
+    after: default!(Option<&str>, "NULL"),
+    max_rows: default!(Option<i32>, 100),
+) -> TableIterator<
+    'static,
+    (
+        name!(key, String),
+        name!(holder, pgrx::Uuid),
+        name!(token, i64),
+        name!(acquired_at, TimestampWithTimeZone),
+        name!(lease_expires_at, TimestampWithTimeZone),
+        name!(waiters, i32),
+    ),
+> {
+    let max_rows = args::page_rows(max_rows, MAX_PAGE);
+    TableIterator::new(mutex::list(after, max_rows).into_iter().map(|m| {
+        (
+            m.key,
+            m.holder,
+            m.token,
+            m.acquired_at,
+            m.lease_expires_at,
+            m.waiters,
+        )
+    }))
+}

@@ -8,8 +8,8 @@
 //! (`queues`), executions and an execution's page (`executions`), dead
 //! letters (`dead_letters`), tasks (`tasks`), a task's or a dead letter's
 //! page (`task`), usage (`usage`), rebalancing (`rebalance`), schedules
-//! (`schedules`), rate limits (`rate_limits`), live workers (`workers`)
-//! and a shard's audit log (`audit`). Actions (redrive, purge, cancel a
+//! (`schedules`), rate limits (`rate_limits`), live workers (`workers`),
+//! a shard's audit log (`audit`) and the held mutexes (`mutexes`). Actions (redrive, purge, cancel a
 //! task; pause or resume a schedule; cancel, terminate, signal, pause or
 //! resume an execution: `runs`) need a signed-in session (`session`) and
 //! a confirmation (`actions`).
@@ -35,6 +35,7 @@ mod audit;
 mod dead_letters;
 mod executions;
 mod fleet;
+mod mutexes;
 mod queues;
 mod rate_limits;
 mod rebalance;
@@ -234,6 +235,7 @@ impl UiServer {
             .route("/rate-limits", get(rate_limits::page))
             .route("/workers", get(workers::page))
             .route("/audit", get(audit::page))
+            .route("/mutexes", get(mutexes::page))
             .route("/login", get(session::login_page).post(session::login))
             .route("/logout", post(session::logout))
             .route("/confirm", get(actions::confirm))
