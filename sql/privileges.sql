@@ -116,7 +116,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.mutex_leave(text, uuid),
     @extschema@.mutex_renew(text, uuid, bigint, interval),
     @extschema@.mutex_reclaim(integer),
-    @extschema@.mutex_status(text)
+    @extschema@.mutex_status(text),
+    @extschema@.count_executions(jsonb, integer)
 TO sheaf_worker;
 
 -- Protocol surface: the relay's and rebalancing's steps. Each one trusts what

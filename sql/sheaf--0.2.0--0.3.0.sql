@@ -147,3 +147,19 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'get_task_started_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.get_task(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.get_task(uuid) TO sheaf_worker;
+
+-- Executions counted by state, each count bounded (the dashboard's counts).
+CREATE FUNCTION "count_executions"(
+	"filter" jsonb DEFAULT '{}',
+	"cap" INT DEFAULT 10000
+) RETURNS TABLE (
+	"state" TEXT,
+	"count" bigint,
+	"capped" bool
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'count_executions_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.count_executions(jsonb, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.count_executions(jsonb, integer) TO sheaf_worker;

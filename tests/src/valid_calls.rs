@@ -860,6 +860,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
         &["'vc_m'", "'00000000-0000-0000-0000-00000000a001'"],
     ),
     call("sheaf.mutex_reclaim(integer)", &[], &["100"]),
+    call(
+        "sheaf.count_executions(jsonb, integer)",
+        &[],
+        &[r#"'{"workflow_name": ["vc_wf"]}'"#, "100"],
+    ),
 ];
 
 /// The functions of schema `sheaf` in this database, as [`ValidCall::function`]
