@@ -117,7 +117,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.mutex_renew(text, uuid, bigint, interval),
     @extschema@.mutex_reclaim(integer),
     @extschema@.mutex_status(text),
-    @extschema@.list_mutexes(text, integer)
+    @extschema@.list_mutexes(text, integer),
+    @extschema@.count_executions(jsonb, integer)
 TO sheaf_worker;
 
 -- Protocol surface: the relay's and rebalancing's steps. Each one trusts what

@@ -133,3 +133,53 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'list_mutexes_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.list_mutexes(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.list_mutexes(text, integer) TO sheaf_worker;
+
+-- get_task says when a running task's attempt was claimed (started_at).
+-- The 0.2.0 C symbol stays in the library for a 0.2.0 catalog; this one
+-- is new.
+DROP FUNCTION get_task(uuid);
+CREATE FUNCTION "get_task"(
+	"task_id" uuid
+) RETURNS TABLE (
+	"queue" TEXT,
+	"kind" TEXT,
+	"state" TEXT,
+	"priority" INT,
+	"attempts" INT,
+	"max_attempts" INT,
+	"run_at" timestamp with time zone,
+	"enqueued_at" timestamp with time zone,
+	"concurrency_key" TEXT,
+	"lease_expires_at" timestamp with time zone,
+	"last_error" TEXT,
+	"execution_id" uuid,
+	"payload" jsonb,
+	"lease_owner" TEXT,
+	"idempotency_key" TEXT,
+	"fairness_key" TEXT,
+	"dead_at" timestamp with time zone,
+	"progress" jsonb,
+	"started_at" timestamp with time zone
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'get_task_started_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.get_task(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.get_task(uuid) TO sheaf_worker;
+
+-- Executions counted by state, each count bounded (the dashboard's counts).
+CREATE FUNCTION "count_executions"(
+	"filter" jsonb DEFAULT '{}',
+	"cap" INT DEFAULT 10000
+) RETURNS TABLE (
+	"state" TEXT,
+	"count" bigint,
+	"capped" bool
+)
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO @extschema@, pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'count_executions_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.count_executions(jsonb, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.count_executions(jsonb, integer) TO sheaf_worker;

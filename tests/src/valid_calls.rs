@@ -861,6 +861,11 @@ pub const VALID_CALLS: &[ValidCall] = &[
     ),
     call("sheaf.mutex_reclaim(integer)", &[], &["100"]),
     call("sheaf.list_mutexes(text, integer)", &[], &["'vc_l'", "10"]),
+    call(
+        "sheaf.count_executions(jsonb, integer)",
+        &[],
+        &[r#"'{"workflow_name": ["vc_wf"]}'"#, "100"],
+    ),
 ];
 
 /// The functions of schema `sheaf` in this database, as [`ValidCall::function`]

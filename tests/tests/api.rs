@@ -297,6 +297,33 @@ async fn three_runs(api: &Api) -> (String, Vec<String>) {
     (name, ids)
 }
 
+/// Each run's shard audited the action done to it, with the API's actor;
+/// a signal by its name, never its payload.
+async fn audited_as_api(done: &[(&String, &str)]) {
+    let c = client();
+    for &(id, action) in done {
+        let run: ExecutionId = id.parse().expect("an id");
+        let shard = c
+            .get_execution(run)
+            .await
+            .expect("a read")
+            .expect("the run")
+            .shard;
+        let log = c
+            .admin()
+            .audit_log(shard, None, 1000)
+            .await
+            .expect("the audit log");
+        let entry = log
+            .iter()
+            .find(|e| e.action == action && e.target.as_deref() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("{action} on {id} audited"));
+        assert_eq!(entry.actor, "api");
+        let detail = entry.detail.as_ref().map(ToString::to_string).unwrap_or_default();
+        assert!(!detail.contains("payload"), "{detail}");
+    }
+}
+
 #[tokio::test]
 async fn executions_by_id_and_by_key_are_acted_on() {
     let api = Api::start(client(), true).await;
@@ -357,6 +384,13 @@ async fn executions_by_id_and_by_key_are_acted_on() {
         (StatusCode::OK, json!(false)),
         "already ended"
     );
+    audited_as_api(&[
+        (&ids[0], "signal"),
+        (&ids[0], "cancel_execution"),
+        (&ids[1], "cancel_execution"),
+        (&ids[2], "terminate_execution"),
+    ])
+    .await;
 
     let unknown = ExecutionId::mint(first_shard()).expect("an id");
     let (status, body) = api

@@ -348,3 +348,59 @@ fn a_key_with_two_live_runs_is_refused() {
         assert_eq!(ok(&["executions", "cancel", id])["cancelled"], true);
     }
 }
+
+/// The shard audits what the CLI does to an execution, with `--actor`:
+/// pause, resume, signal (its name, never its payload) and cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execution_actions_are_audited_with_the_actor() {
+    let name = unique("verbs-audit");
+    let actor = unique("cli-operator");
+    let started = ok(&["start", &name, "a"]);
+    let (id, shard) = (execution_id(&started), shard_of(&started));
+    let target = id.to_string();
+    for action in [
+        vec!["executions", "pause", &target],
+        vec!["executions", "resume", &target],
+        vec![
+            "executions",
+            "signal",
+            &target,
+            "go",
+            "--payload",
+            r#"{"secret": 1}"#,
+        ],
+        vec!["executions", "cancel", &target, "--reason", "audited"],
+    ] {
+        let mut args = vec!["--actor", actor.as_str()];
+        args.extend(action);
+        ok(&args);
+    }
+    let shard = shards()
+        .into_iter()
+        .find(|s| u64::from(s.get()) == shard)
+        .expect("the run's shard");
+    let mut logged: Vec<(String, String)> = client()
+        .admin()
+        .audit_log(shard, None, 200)
+        .await
+        .expect("the audit log")
+        .into_iter()
+        .filter(|e| e.actor == actor && e.target.as_deref() == Some(target.as_str()))
+        .map(|e| (e.action, e.detail.map(|d| d.to_string()).unwrap_or_default()))
+        .collect();
+    logged.reverse();
+    let actions: Vec<&str> = logged.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "pause_execution",
+            "resume_execution",
+            "signal",
+            "cancel_execution"
+        ]
+    );
+    assert!(
+        logged[2].1.contains("\"go\"") && !logged[2].1.contains("secret"),
+        "{logged:?}"
+    );
+}

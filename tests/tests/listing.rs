@@ -5,7 +5,9 @@
 //! filters the listing refuses; `find_execution` with a stale ended run on
 //! one shard and the live run on another; and a stopped shard (a real
 //! cluster stopped here): a partial page naming it, exact rows from the
-//! others, an `Indeterminate` find. Runs its own four shards.
+//! others, an `Indeterminate` find; and the counts by state
+//! (`count_executions`) of every filter, capped and partial. Runs its own
+//! four shards.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -277,6 +279,40 @@ fn filters() -> Vec<Value> {
     ]
 }
 
+/// `rows` counted by state as `count_executions` sums them: each shard's
+/// count of a state bounded by `cap`, `capped` when one had more.
+fn by_state(rows: &[&Row], cap: u64) -> BTreeMap<String, (u64, bool)> {
+    let mut per_shard: BTreeMap<(String, u16), u64> = BTreeMap::new();
+    for r in rows {
+        *per_shard.entry((r.state.clone(), r.shard)).or_default() += 1;
+    }
+    let mut out: BTreeMap<String, (u64, bool)> = BTreeMap::new();
+    for ((state, _), n) in per_shard {
+        let e = out.entry(state).or_default();
+        e.0 += n.min(cap);
+        e.1 |= n > cap;
+    }
+    out
+}
+
+/// The client's counts of `filter` up to `cap` (the states with a count),
+/// and the shards that did not answer.
+async fn counted(
+    client: &Client,
+    filter: &ExecutionFilter,
+    cap: u32,
+) -> (BTreeMap<String, (u64, bool)>, Vec<u16>) {
+    let c = client.count_executions(filter, cap).await.expect("counts");
+    assert_eq!(c.status == PageStatus::Partial, !c.unavailable_shards.is_empty());
+    let counts = c
+        .counts
+        .iter()
+        .filter(|c| c.count > 0)
+        .map(|c| (c.state.as_str().to_owned(), (c.count, c.capped)))
+        .collect();
+    (counts, c.unavailable_shards.keys().map(|s| s.get()).collect())
+}
+
 // A scenario reads top to bottom as one story (set up, page under churn,
 // check every filter, stop a shard); split, it would scatter what it asserts.
 #[allow(clippy::too_many_lines)]
@@ -367,8 +403,26 @@ async fn listing_and_finding_across_four_shards() {
             assert_eq!(e.search_attrs.to_value().unwrap(), r.attrs, "{tree}");
             assert_eq!(e.state.as_str(), r.state, "{tree}");
         }
+        // Its counts by state: exact under a cap no shard reaches.
+        assert_eq!(
+            counted(&client, &filter, 1_000_000).await,
+            (by_state(&want, u64::MAX), vec![]),
+            "{tree}: counts"
+        );
         eprintln!("{tree}: {} rows", got.len());
     }
+    // A small cap bounds each shard's count of each state.
+    let everything: Vec<&Row> = truth.iter().collect();
+    let capped = counted(&client, &ExecutionFilter::new(), 100).await;
+    assert_eq!(capped, (by_state(&everything, 100), vec![]));
+    assert!(
+        capped.0.values().any(|(_, c)| *c),
+        "a state over the cap: {capped:?}"
+    );
+    assert!(matches!(
+        client.count_executions(&ExecutionFilter::new(), 0).await,
+        Err(ClientError::BadRequest(_))
+    ));
 
     // Refusals: a cursor of another filter or order, a garbled one, a bad
     // page size, an or that would scan.
@@ -464,6 +518,12 @@ async fn listing_and_finding_across_four_shards() {
         }
     }
     assert_eq!(got, want, "the answering shards' rows, exactly");
+    let answering: Vec<&Row> = others.iter().collect();
+    assert_eq!(
+        counted(&client, &all, 1_000_000).await,
+        (by_state(&answering, u64::MAX), vec![2]),
+        "the answering shards' counts, naming the one that did not answer"
+    );
     match client.find_execution("orders", "order-42").await.expect("find") {
         Resolution::Indeterminate {
             ended,

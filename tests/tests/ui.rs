@@ -1555,6 +1555,7 @@ async fn task_page_is_the_clis(d: &Dash, id: TaskId) -> serde_json::Value {
             "#lease-owner",
             cli["lease_owner"].as_str().unwrap_or("-").to_owned(),
         ),
+        ("#started", or_dash(&cli["started_at"])),
         ("#lease-expires", or_dash(&cli["lease_expires_at"])),
         ("#enqueued", ms(&cli["enqueued_at"])),
         ("#run-at", or_dash(&cli["run_at"])),
@@ -1682,6 +1683,7 @@ async fn a_task_and_a_dead_letter_have_pages_that_match_the_cli() {
     save(&d.b, "task").await;
     let cli = task_page_is_the_clis(&d, running).await;
     assert_eq!(cli["state"], "running");
+    assert!(cli["started_at"].is_string(), "a running task started: {cli}");
     assert_eq!(d.text("#lease-owner").await, "ui-worker-b");
     assert_eq!(d.text("#concurrency-key").await, key);
     assert!(d.b.find(Locator::Css("#no-failure")).await.is_ok());

@@ -467,6 +467,10 @@ const OLD_CATALOG_CALLS: &[&str] = &[
     "SELECT * FROM sheaf.mutex_status('between_m')",
     "SELECT sheaf.mutex_release('between_m', '00000000-0000-0000-0000-0000000000b1', (SELECT token FROM sheaf.mutex_status('between_m')))",
     "SELECT sheaf.reap_expired(10), sheaf.mutex_reclaim(10)",
+    // 0.2.0's get_task (no started_at) on its own C symbol (0.1.0 had none).
+    "DO $$ BEGIN IF to_regprocedure('sheaf.get_task(uuid)') IS NOT NULL THEN \
+       PERFORM queue, progress FROM sheaf.get_task((SELECT task_id FROM between_claim ORDER BY task_id OFFSET 2 LIMIT 1)); \
+     END IF; END $$",
 ];
 
 async fn run_statements(db: &Client, statements: &[&str]) -> Vec<String> {

@@ -174,6 +174,7 @@ async fn get(client: &Client, id: &str, as_json: bool) -> Exit {
         "concurrency_key": task.concurrency_key,
         "lease_owner": task.lease_owner,
         "lease_expires_at": task.lease_expires_at.map(time),
+        "started_at": task.started_at.map(time),
         "last_error": task.last_error,
         "execution_id": task.execution_id.map(|id| id.to_string()),
         "idempotency_key": task.idempotency_key,

@@ -81,10 +81,10 @@ impl Admin<'_> {
     }
 
     /// Adds an entry to `shard`'s audit log, with this client's actor, for
-    /// an action whose shard function keeps none (`sheaf.audit_note`):
-    /// `action` and `outcome` 1 to 64 bytes, `target` up to 256, `detail`
-    /// a JSON object up to 8 KiB.
-    pub async fn audit_note(
+    /// an action done across shards (`sheaf.audit_note`): a fan-out that
+    /// did not reach every shard. `action` and `outcome` 1 to 64 bytes,
+    /// `target` up to 256, `detail` a JSON object up to 8 KiB.
+    pub(crate) async fn audit_note(
         self,
         shard: ShardId,
         action: &str,

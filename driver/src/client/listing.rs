@@ -29,9 +29,8 @@ use crate::words::{word, words};
 /// more, and a shard returns at most 1000).
 pub const MAX_TASK_PAGE: usize = 999;
 
-const GET_TASK: &str = "SELECT queue, kind, state, priority, attempts, max_attempts, run_at, enqueued_at, \
-     concurrency_key, lease_expires_at, last_error, execution_id, payload, lease_owner, idempotency_key, \
-     fairness_key, dead_at, progress FROM sheaf.get_task($1)";
+// Every column, read by name: a shard still on 0.2.0 has no `started_at`.
+const GET_TASK: &str = "SELECT * FROM sheaf.get_task($1)";
 const LIST_TASKS: &str = "SELECT task_id, kind, task_state, priority, attempts, max_attempts, run_at, enqueued_at, \
      concurrency_key, lease_expires_at, last_error, execution_id, progress, anchor \
      FROM sheaf.list_tasks($1, $2, $3, $4)";
@@ -104,6 +103,9 @@ pub struct TaskInfo {
     pub dead_at: Option<SystemTime>,
     /// Its handler's last progress report ([`Client::set_progress`]).
     pub progress: Option<Value>,
+    /// When its running attempt was claimed (`None` unless it is running,
+    /// and from a shard still on schema 0.2.0).
+    pub started_at: Option<SystemTime>,
 }
 
 /// A task in a listing.
@@ -347,6 +349,11 @@ impl Client {
                 fairness_key: row.try_get("fairness_key")?,
                 dead_at: row.try_get("dead_at")?,
                 progress: row.try_get("progress")?,
+                started_at: if row.columns().iter().any(|c| c.name() == "started_at") {
+                    row.try_get("started_at")?
+                } else {
+                    None
+                },
             })
         };
         read().map_err(|e| call.error(e, 1))

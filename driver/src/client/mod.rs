@@ -79,8 +79,8 @@ pub use relay::{ChildStart, CloseKind, RelayBacklog, RelayOutcome, RelayRow, Rep
 pub use reports::{GroupBy, KeyConcurrency, Report, Usage};
 pub use schedules::{Fire, FireOutcome, MAX_FIRES_PAGE, Schedule};
 pub use search::{
-    AttrOp, ExecutionFilter, ExecutionPage, ListedExecution, MAX_LIST_PAGE, PageStatus, Resolution,
-    SortOrder, attr_equality,
+    AttrOp, ExecutionCounts, ExecutionFilter, ExecutionPage, ListedExecution, MAX_COUNT_CAP, MAX_LIST_PAGE,
+    PageStatus, Resolution, SortOrder, StateCount, attr_equality,
 };
 pub use topology::{MisplacedRun, PublishedTopology};
 pub use tx::{OnShard, ShardConnection};

@@ -21,6 +21,7 @@ use crate::topology::ShardId;
 const LIST: &str = "SELECT execution_id, workflow_name, workflow_id, state, created_at, closed_at, parent_id, \
      search_attrs FROM sheaf.list_executions($1, $2, $3, $4)";
 const UPSERT: &str = "SELECT sheaf.upsert_search_attrs($1, $2)";
+const COUNT: &str = "SELECT state, count, capped FROM sheaf.count_executions($1, $2)";
 const FIND: &str = "SELECT execution_id, workflow_name, workflow_id, state, input, result, error, \
      concurrency_key, quota_key, history_bytes, created_at, closed_at, wake_at \
      FROM sheaf.find_execution($1, $2)";
@@ -28,6 +29,10 @@ const FIND: &str = "SELECT execution_id, workflow_name, workflow_id, state, inpu
 /// The largest page: each shard is asked for one row more, and a shard
 /// returns at most 1,000.
 pub const MAX_LIST_PAGE: usize = 999;
+
+/// The largest bound on one shard's count of one state
+/// ([`Client::count_executions`]).
+pub const MAX_COUNT_CAP: u32 = 1_000_000;
 
 /// An attribute comparison of [`ExecutionFilter::attr`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +209,31 @@ pub struct ExecutionPage {
     pub unavailable_shards: BTreeMap<ShardId, ClientError>,
 }
 
+/// Executions counted by state across shards ([`Client::count_executions`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ExecutionCounts {
+    /// Each state a listing shows, in [`ExecutionState::ALL`]'s order, summed
+    /// over the shards that answered.
+    pub counts: Vec<StateCount>,
+    /// `Partial` when a shard is missing from the sums.
+    pub status: PageStatus,
+    /// Each shard that could not answer, and why.
+    pub unavailable_shards: BTreeMap<ShardId, ClientError>,
+}
+
+/// One state's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateCount {
+    /// The state.
+    pub state: ExecutionState,
+    /// How many, summed over the shards; with `capped`, at least this many.
+    pub count: u64,
+    /// Whether a shard had more than the cap in this state.
+    pub capped: bool,
+}
+
 /// Where (name, workflow id) was found, across every readable shard.
 #[derive(Debug)]
 pub enum Resolution {
@@ -375,6 +405,73 @@ impl Client {
             (best, also_live)
         });
         Ok((best, report.failed))
+    }
+}
+
+impl Client {
+    /// The executions `filter` matches on every readable shard, counted by
+    /// state (each state a listing shows) and summed: each shard counts at
+    /// most `cap` (1..=[`MAX_COUNT_CAP`]) per state, so a count says
+    /// `capped` when a shard had more (the sum is then a lower bound). One
+    /// call per shard (`sheaf.count_executions`); a shard that cannot
+    /// answer (or, during a rollout, is still on schema 0.2.0, which has no
+    /// such function) makes the answer `Partial`, named in
+    /// `unavailable_shards`; a filter the shard refuses is an error.
+    pub async fn count_executions(
+        &self,
+        filter: &ExecutionFilter,
+        cap: u32,
+    ) -> Result<ExecutionCounts, ClientError> {
+        if cap == 0 || cap > MAX_COUNT_CAP {
+            return Err(ClientError::BadRequest(format!(
+                "cap must be from 1 to {MAX_COUNT_CAP}, got {cap}"
+            )));
+        }
+        let tree = filter.to_json();
+        let cap = cap as i32;
+        let report = self
+            .fan_out(self.readable_shards(), |shard| {
+                let tree = &tree;
+                async move {
+                    let call = Call {
+                        shard,
+                        owned: Owned::Listing("counting executions"),
+                    };
+                    let rows = self.query(&call, COUNT, &[tree, &cap]).await?;
+                    rows.iter()
+                        .map(|row| {
+                            let state = read_state(&call, row)?;
+                            let read = || -> Result<(i64, bool), tokio_postgres::Error> {
+                                Ok((row.try_get("count")?, row.try_get("capped")?))
+                            };
+                            let (count, capped) = read().map_err(|e| call.error(e, 1))?;
+                            Ok((state, count, capped))
+                        })
+                        .collect::<Result<Vec<_>, ClientError>>()
+                }
+            })
+            .await;
+        refused_argument(&report.failed)?;
+        let mut counts: Vec<StateCount> = ExecutionState::ALL
+            .iter()
+            .filter(|s| !s.is_migrating())
+            .map(|&state| StateCount {
+                state,
+                count: 0,
+                capped: false,
+            })
+            .collect();
+        for (state, count, capped) in report.ok.into_values().flatten() {
+            if let Some(c) = counts.iter_mut().find(|c| c.state == state) {
+                c.count += u64::try_from(count).unwrap_or(0);
+                c.capped |= capped;
+            }
+        }
+        Ok(ExecutionCounts {
+            counts,
+            status: status(&report.failed),
+            unavailable_shards: report.failed,
+        })
     }
 }
 

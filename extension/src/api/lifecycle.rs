@@ -47,20 +47,25 @@ fn fail_execution(execution_id: Option<pgrx::Uuid>, error: Option<&str>) -> bool
     lifecycle::close(id, Close::Failed { error })
 }
 
-/// Cancels an execution (`reason` may be NULL); `false` if it had already ended.
+/// Cancels an execution (`reason` may be NULL); `false` if it had already
+/// ended. Audited (a workflow's own `cancel_external` is not: it goes
+/// through the relay, not this call).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn cancel_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> bool {
     let id = execution_arg(execution_id);
-    lifecycle::close(
+    let ended = lifecycle::close(
         id,
         Close::Cancelled {
             reason: reason.map(|r| args::text(r, "reason").to_owned()),
         },
-    )
+    );
+    audit_end("cancel_execution", id, ended, reason);
+    ended
 }
 
-/// Terminates an execution (`reason` may be NULL); `false` if it had already ended.
+/// Terminates an execution (`reason` may be NULL); `false` if it had
+/// already ended. Audited.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn terminate_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -> bool {
@@ -71,30 +76,50 @@ fn terminate_execution(execution_id: Option<pgrx::Uuid>, reason: Option<&str>) -
             reason: reason.map(|r| args::text(r, "reason").to_owned()),
         },
     );
+    audit_end("terminate_execution", id, ended, reason);
+    ended
+}
+
+/// The audit entry of an operator's cancel or terminate.
+fn audit_end(action: &str, id: pgrx::Uuid, ended: bool, reason: Option<&str>) {
     audit::record(
-        "terminate_execution",
+        action,
         &id.to_string(),
         if ended { "ok" } else { "already ended" },
         serde_json::json!({"reason": reason.map(|r| sheaf_core::children::cut(r, 256))}),
     );
-    ended
 }
 
 /// Pauses a running or suspended execution: its ready, waiting and scheduled
 /// tasks are parked (holding no slot) until it resumes; running tasks
 /// finish. `false` if it was already paused; 55000 if it has ended.
+/// Audited.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn pause_execution(execution_id: Option<pgrx::Uuid>) -> bool {
-    lifecycle::pause(execution_arg(execution_id))
+    let id = execution_arg(execution_id);
+    let paused = lifecycle::pause(id);
+    let outcome = if paused { "ok" } else { "already paused" };
+    audit::record("pause_execution", &id.to_string(), outcome, serde_json::json!({}));
+    paused
 }
 
 /// Resumes a paused execution in the state it was paused from; its parked
-/// tasks go back in line. `false` if it was not paused; 55000 if it has ended.
+/// tasks go back in line. `false` if it was not paused; 55000 if it has
+/// ended. Audited.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn resume_execution(execution_id: Option<pgrx::Uuid>) -> bool {
-    lifecycle::resume(execution_arg(execution_id))
+    let id = execution_arg(execution_id);
+    let resumed = lifecycle::resume(id);
+    let outcome = if resumed { "ok" } else { "not paused" };
+    audit::record(
+        "resume_execution",
+        &id.to_string(),
+        outcome,
+        serde_json::json!({}),
+    );
+    resumed
 }
 
 /// Suspends a running execution until `wake_execution`, or until `wake_at`
@@ -122,4 +147,75 @@ fn suspend_execution(
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn wake_execution(execution_id: Option<pgrx::Uuid>) -> bool {
     wake::wake(execution_arg(execution_id))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::base::rows::row;
+    use crate::testing::{init, rows, start};
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Entry {
+            actor: String,
+            action: String,
+            target: String,
+            outcome: String,
+            detail: String,
+        }
+    }
+
+    #[pg_test]
+    fn operators_cancel_signal_pause_and_resume_are_audited_without_payloads() {
+        init();
+        let a = start("w", "a", json!({})).id;
+        let b = start("w", "b", json!({})).id;
+        Spi::run("SELECT set_config('sheaf.actor', 'ann', true)").unwrap();
+        let run = |sql: &str, id: pgrx::Uuid| Spi::run_with_args(sql, &[id.into()]).unwrap();
+        run("SELECT sheaf.pause_execution($1)", a);
+        run("SELECT sheaf.pause_execution($1)", a);
+        run("SELECT sheaf.resume_execution($1)", a);
+        run("SELECT sheaf.resume_execution($1)", a);
+        run(
+            "SELECT sheaf.signal($1, 'go', '{\"secret\": 1}', '{\"signal_id\": \"s-1\"}')",
+            a,
+        );
+        run("SELECT sheaf.cancel_execution($1, 'no longer needed')", a);
+        run("SELECT sheaf.signal($1, 'go', '{\"secret\": 2}')", a);
+        run("SELECT sheaf.terminate_execution($1, NULL)", b);
+        // A start's signal is the application's, as its start is.
+        Spi::run("SELECT sheaf.signal_with_start('w', 'c', '{}', 'go', '{\"secret\": 3}')").unwrap();
+        let logged: Vec<Entry> = rows(
+            "SELECT actor, action, target, outcome, detail::text AS detail FROM sheaf.audit_log(NULL, 20) ORDER BY id",
+            &[],
+        );
+        let entry = |action: &str, id: pgrx::Uuid, outcome: &str, detail: &str| Entry {
+            actor: "ann".into(),
+            action: action.into(),
+            target: id.to_string(),
+            outcome: outcome.into(),
+            detail: detail.into(),
+        };
+        assert_eq!(
+            logged,
+            [
+                entry("pause_execution", a, "ok", "{}"),
+                entry("pause_execution", a, "already paused", "{}"),
+                entry("resume_execution", a, "ok", "{}"),
+                entry("resume_execution", a, "not paused", "{}"),
+                entry("signal", a, "ok", r#"{"signal": "go", "signal_id": "s-1"}"#),
+                entry("cancel_execution", a, "ok", r#"{"reason": "no longer needed"}"#),
+                entry(
+                    "signal",
+                    a,
+                    "already ended",
+                    r#"{"signal": "go", "signal_id": null}"#
+                ),
+                entry("terminate_execution", b, "ok", r#"{"reason": null}"#),
+            ]
+        );
+    }
 }

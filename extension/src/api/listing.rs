@@ -14,12 +14,10 @@ use crate::queue::{cancel, enqueue, listing, queues};
 /// The most rows one page of a listing returns.
 const MAX_PAGE: i32 = 1000;
 
-/// One task, or its dead letter (state `dead`): what `list_tasks` shows
-/// (and its queue; a column is never named like an argument),
-/// and its payload, lease owner, idempotency and fairness keys, and when it
-/// was dead-lettered, and its last progress report. A completed task is not
-/// kept: P0002 (a cancelled one says so).
-#[pg_extern(stable, parallel_safe, security_definer)]
+/// 0.2.0's `get_task`, without `started_at`: kept for a 0.2.0 catalog
+/// served by this library until `ALTER EXTENSION sheaf UPDATE` (no SQL of
+/// its own: a fresh install has `get_task_started`'s).
+#[pg_extern(sql = false, stable, parallel_safe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn get_task(
     task_id: Option<pgrx::Uuid>,
@@ -46,9 +44,94 @@ fn get_task(
         name!(progress, Option<pgrx::JsonB>),
     ),
 > {
+    TableIterator::once(task(task_id).0)
+}
+
+/// One task, or its dead letter (state `dead`): what `list_tasks` shows
+/// (and its queue; a column is never named like an argument),
+/// and its payload, lease owner, idempotency and fairness keys, when it
+/// was dead-lettered, its last progress report, and when its running
+/// attempt was claimed (`started_at`, NULL unless it is running). A
+/// completed task is not kept: P0002 (a cancelled one says so).
+#[pg_extern(name = "get_task", stable, parallel_safe, security_definer)]
+#[search_path(@extschema@, pg_catalog, pg_temp)]
+fn get_task_started(
+    task_id: Option<pgrx::Uuid>,
+) -> TableIterator<
+    'static,
+    (
+        name!(queue, String),
+        name!(kind, String),
+        name!(state, String),
+        name!(priority, i32),
+        name!(attempts, i32),
+        name!(max_attempts, i32),
+        name!(run_at, Option<TimestampWithTimeZone>),
+        name!(enqueued_at, TimestampWithTimeZone),
+        name!(concurrency_key, Option<String>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+        name!(last_error, Option<String>),
+        name!(execution_id, Option<pgrx::Uuid>),
+        name!(payload, pgrx::JsonB),
+        name!(lease_owner, Option<String>),
+        name!(idempotency_key, Option<String>),
+        name!(fairness_key, Option<String>),
+        name!(dead_at, Option<TimestampWithTimeZone>),
+        name!(progress, Option<pgrx::JsonB>),
+        name!(started_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let (
+        (
+            queue,
+            kind,
+            state,
+            priority,
+            attempts,
+            max_attempts,
+            run_at,
+            enqueued_at,
+            concurrency_key,
+            lease_expires_at,
+            last_error,
+            execution_id,
+            payload,
+            lease_owner,
+            idempotency_key,
+            fairness_key,
+            dead_at,
+            progress,
+        ),
+        started_at,
+    ) = task(task_id);
+    TableIterator::once((
+        queue,
+        kind,
+        state,
+        priority,
+        attempts,
+        max_attempts,
+        run_at,
+        enqueued_at,
+        concurrency_key,
+        lease_expires_at,
+        last_error,
+        execution_id,
+        payload,
+        lease_owner,
+        idempotency_key,
+        fairness_key,
+        dead_at,
+        progress,
+        started_at,
+    ))
+}
+
+/// The task `task_id` (or its dead letter) on this shard; P0002 if none.
+fn task(task_id: Option<pgrx::Uuid>) -> listing::Started {
     let id = required(task_id, "task_id");
     match listing::get(id) {
-        Some(task) => TableIterator::once(task),
+        Some(task) => task,
         None => match cancel::cancelled(id) {
             Some(reason) => not_found(format_args!(
                 "task {id} was cancelled{}: cancelled tasks are not kept",
@@ -215,7 +298,7 @@ fn list_queues() -> TableIterator<
 #[pg_schema]
 mod tests {
     use crate::base::rows::{Split, row};
-    use crate::testing::{enqueue, init, one, rows};
+    use crate::testing::{claim, enqueue, init, one, rows};
     use pgrx::prelude::*;
     use serde_json::json;
 
@@ -381,5 +464,26 @@ mod tests {
     fn an_unknown_task_is_not_found() {
         init();
         Spi::run("SELECT * FROM sheaf.get_task('00000000-0000-0000-0000-000000000001')").unwrap();
+    }
+
+    #[pg_test]
+    fn a_running_task_says_when_its_attempt_was_claimed() {
+        init();
+        let id = enqueue("sq", json!({}), json!({}));
+        // NULL before its claim; the claim's time while it runs.
+        let started = || {
+            Spi::get_one_with_args::<bool>(
+                "SELECT started_at = (SELECT claimed_at FROM sheaf.tasks WHERE id = $1) FROM sheaf.get_task($1)",
+                &[id.into()],
+            )
+            .unwrap()
+        };
+        assert_eq!(started(), None, "a ready task has not started");
+        assert_eq!(claim("sq", 1).len(), 1);
+        assert_eq!(
+            started(),
+            Some(true),
+            "a running task started when it was claimed"
+        );
     }
 }

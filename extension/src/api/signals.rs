@@ -6,6 +6,7 @@ use sheaf_core::options::SignalOptions;
 
 use crate::api::executions::{check_new_start, check_workflow_id, owner_elsewhere, start_options};
 use crate::base::args::required;
+use crate::base::audit;
 use crate::base::errors::{bad_argument, misplaced, require_read_committed};
 use crate::base::jsonb::Jsonb;
 use crate::base::topology;
@@ -14,7 +15,10 @@ use crate::workflow::{policy, signals, start};
 /// Delivers `signal` (1 to 128 bytes) with `payload` (at most 1 MiB of
 /// JSON) to an execution: `SignalReceived` in its history, and a wake if it
 /// is suspended. `opts.signal_id` makes a retry deliver nothing more.
-/// `false` if the execution has ended.
+/// `false` if the execution has ended. Audited with the signal's name and
+/// id, never its payload; a workflow's own signals (`signal_external`,
+/// delivered by the relay) and `signal_with_start` (a start, as
+/// `start_workflow`) are not.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn signal(
@@ -28,7 +32,17 @@ fn signal(
     let payload = check_payload(payload);
     let opts = required(opts, "opts").parse("opts");
     let o = SignalOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
-    signals::signal(id, name, payload, o.signal_id.as_deref())
+    let delivered = signals::signal(id, name, payload, o.signal_id.as_deref());
+    audit::record(
+        "signal",
+        &id.to_string(),
+        if delivered { "ok" } else { "already ended" },
+        serde_json::json!({
+            "signal": name,
+            "signal_id": o.signal_id,
+        }),
+    );
+    delivered
 }
 
 /// Signal-with-start: starts workflow `name` with `workflow_id` unless one

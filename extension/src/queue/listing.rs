@@ -408,7 +408,8 @@ pub fn tasks(
 
 /// A task or a dead letter, by id: the listed columns (its queue, not its
 /// id), then payload, lease owner, idempotency key, fairness key, when it
-/// was dead-lettered, and its progress.
+/// was dead-lettered, and its progress ([`Started`] adds when its running
+/// attempt was claimed).
 pub type TaskDetail = (
     String,
     String,
@@ -434,22 +435,27 @@ const GET: Stmt = Stmt::read(
     concat!(
         "SELECT ",
         task_columns!(),
-        ", t.payload, t.lease_owner, t.idempotency_key, t.fairness_key, NULL::timestamptz \
+        ", t.payload, t.lease_owner, t.idempotency_key, t.fairness_key, NULL::timestamptz, \
+                CASE WHEN t.state = 'running' THEN t.claimed_at END \
          FROM tasks t WHERE t.id = $1 \
          UNION ALL \
          SELECT d.id, d.queue, d.kind, 'dead', d.priority, d.attempts, d.max_attempts, NULL, d.enqueued_at, \
                 d.concurrency_key, NULL, d.last_error, d.execution_id, \
                 (SELECT p.progress FROM task_progress p WHERE p.task_id = d.id), d.payload, NULL, d.idempotency_key, \
-                d.fairness_key, d.dead_at \
+                d.fairness_key, d.dead_at, NULL \
          FROM dead_letters d WHERE d.id = $1"
     ),
     &[PgBuiltInOids::UUIDOID],
 );
 
+/// A task's detail and when its running attempt was claimed (`None`
+/// unless it is running).
+pub type Started = (TaskDetail, Option<TimestampWithTimeZone>);
+
 /// The task `id` (or its dead letter), if this shard has it.
-pub fn get(id: pgrx::Uuid) -> Option<TaskDetail> {
+pub fn get(id: pgrx::Uuid) -> Option<Started> {
     GET.first::<Detail>(&[id.into()], "reading a task").map(|d| {
-        (
+        let detail = (
             d.queue,
             d.kind,
             d.state,
@@ -468,7 +474,8 @@ pub fn get(id: pgrx::Uuid) -> Option<TaskDetail> {
             d.fairness_key,
             d.dead_at,
             d.progress,
-        )
+        );
+        (detail, d.started_at)
     })
 }
 
@@ -495,6 +502,7 @@ row! {
         idempotency_key: Option<String>,
         fairness_key: Option<String>,
         dead_at: Option<TimestampWithTimeZone>,
+        started_at: Option<TimestampWithTimeZone>,
     }
 }
 

@@ -109,6 +109,43 @@ pub fn list(filter: &Filter, after: Option<Anchor>, max_rows: i32, order: SortOr
     Spi::connect(|client| rows::all(select_once(client, &sql, &args), "listing executions"))
 }
 
+/// The most a state's count of `count_executions` may be bounded to.
+pub const MAX_COUNT_CAP: i32 = 1_000_000;
+
+row! {
+    /// One state's count: how many matched, read up to one past the cap.
+    pub struct Counted {
+        pub state: String,
+        pub seen: i64,
+    }
+}
+
+/// The executions matching `filter` in each state `list` lists (a moved
+/// run is counted once, where it lives), in `ExecutionState::ALL`'s order,
+/// each counted up to `cap + 1`: a state's count is one `executions_state`
+/// seek with a LIMIT, so it reads at most `cap + 1` of that state's index
+/// entries when the filter is empty (a filter is checked on the entries
+/// read, so a narrow one may read more before the count fills).
+pub fn count(filter: &Filter, cap: i32) -> Vec<Counted> {
+    let (condition, params) = filter.compile(1);
+    let mut args: Vec<DatumWithOid<'static>> = params.into_iter().map(datum).collect();
+    let states: Vec<String> = sheaf_core::state::ExecutionState::ALL
+        .iter()
+        .filter(|s| !s.is_migrating())
+        .map(|s| s.as_str().to_owned())
+        .collect();
+    let sql = format!(
+        "SELECT s.state, (SELECT count(*) FROM (SELECT 1 FROM executions \
+                                               WHERE state = s.state AND ({condition}) LIMIT ${}::int8) c) AS seen \
+         FROM unnest(${}::text[]) WITH ORDINALITY AS s(state, o) ORDER BY s.o",
+        args.len() + 1,
+        args.len() + 2
+    );
+    args.push((i64::from(cap) + 1).into());
+    args.push(states.into());
+    Spi::connect(|client| rows::all(select_once(client, &sql, &args), "counting executions"))
+}
+
 fn datum(param: Param) -> DatumWithOid<'static> {
     match param {
         Param::Text(s) => s.into(),
@@ -281,5 +318,58 @@ mod tests {
     fn nested_attrs_are_refused_at_start() {
         init();
         start_with("w", "a", json!({"deep": {"x": 1}}));
+    }
+
+    row! {
+        #[derive(Debug, PartialEq)]
+        struct Counted {
+            state: String,
+            count: i64,
+            capped: bool,
+        }
+    }
+
+    #[pg_test]
+    fn executions_are_counted_by_state_up_to_the_cap() {
+        init();
+        for n in 0..3 {
+            start("w", &format!("r{n}"), json!({}));
+        }
+        start("other", "r", json!({}));
+        Spi::run("SELECT sheaf.cancel_execution(execution_id, NULL) FROM sheaf.find_execution('w', 'r0')")
+            .unwrap();
+        let counted = |filter: Value, cap: i32| -> Vec<(String, i64, bool)> {
+            rows::<Counted>(
+                "SELECT state, count, capped FROM sheaf.count_executions($1, $2) WHERE count > 0",
+                &[pgrx::JsonB(filter).into(), cap.into()],
+            )
+            .into_iter()
+            .map(|c| (c.state, c.count, c.capped))
+            .collect()
+        };
+        let row = |s: &str, n: i64, capped: bool| (s.to_owned(), n, capped);
+        assert_eq!(
+            counted(json!({}), 10),
+            [row("RUNNING", 3, false), row("CANCELLED", 1, false)]
+        );
+        assert_eq!(
+            counted(json!({"workflow_name": ["w"]}), 2),
+            [row("RUNNING", 2, false), row("CANCELLED", 1, false)],
+            "two of two is not capped"
+        );
+        assert_eq!(
+            counted(json!({}), 2),
+            [row("RUNNING", 2, true), row("CANCELLED", 1, false)]
+        );
+        let states: i64 = Spi::get_one("SELECT count(*) FROM sheaf.count_executions()")
+            .unwrap()
+            .unwrap();
+        assert_eq!(states, 9, "every state but a move's");
+    }
+
+    #[pg_test(error = "invalid cap: must be from 1 to 1000000, got 0")]
+    fn a_count_needs_a_cap() {
+        init();
+        Spi::run("SELECT * FROM sheaf.count_executions('{}', 0)").unwrap();
     }
 }

@@ -31,11 +31,9 @@ const EVENTS: usize = 100;
 const SIGNED_IN: &str = "attr: filtering by a search attribute needs a signed-in session";
 /// The most characters of a payload, result or error shown.
 const SHOWN: usize = 2000;
-/// The most executions counted in one state (a count reads the rows it
-/// counts: there is no count of executions by state to ask a shard for).
-const COUNTED: usize = 500;
-/// States counted at once.
-const COUNTING: usize = 4;
+/// The most executions a shard counts in one state (`count_executions`
+/// reads at most one more entry of its state index).
+const COUNTED: u32 = 10_000;
 
 struct ExecutionRow {
     id: String,
@@ -181,53 +179,43 @@ fn filter(q: &[(String, String)]) -> Result<Filtered, String> {
     })
 }
 
-/// The executions `unstated` matches, counted by state up to [`COUNTED`]
-/// each, [`COUNTING`] states at a time (all eleven at once would hold
-/// eleven of each shard's connections), each linking to the list of that
-/// state. Also the shards that did not answer.
+/// The executions `unstated` matches, counted by state (one
+/// `count_executions` call per shard, each state up to [`COUNTED`] a
+/// shard), each linking to the list of that state. Also the shards that
+/// did not answer. The states a listing never shows (a move's) count 0,
+/// as their lists do.
 async fn counts(
     shared: &Shared,
     unstated: &ExecutionFilter,
     link_of: impl Fn(&str) -> String,
 ) -> (Counts, BTreeSet<ShardId>) {
-    use futures_util::{StreamExt, stream};
-    let pages: Vec<_> = stream::iter(ExecutionState::ALL)
-        .map(|state| {
-            let f = unstated.clone().states([state]);
-            async move {
-                let page = shared
-                    .client
-                    .list_executions(&f, None, COUNTED, SortOrder::Desc)
-                    .await;
-                (state, page)
-            }
-        })
-        .buffered(COUNTING)
-        .collect()
-        .await;
     let mut missing = BTreeSet::new();
     let mut counts = Counts {
         what: "Executions by state".into(),
         cells: Vec::new(),
         partial: false,
-        bounded: Some(COUNTED),
+        bounded: Some(COUNTED as usize),
     };
-    for (state, page) in pages {
-        let shown = match page {
-            Ok(p) => {
-                counts.partial |= !p.unavailable_shards.is_empty();
-                missing.extend(p.unavailable_shards.keys());
-                if p.next_cursor.is_some() {
-                    format!("{COUNTED}+")
-                } else {
-                    p.items.len().to_string()
-                }
-            }
-            Err(e) => {
-                counts.partial = true;
-                missing.extend(Chrome::shard_of(&e));
-                "?".into()
-            }
+    let counted = match shared.client.count_executions(unstated, COUNTED).await {
+        Ok(c) => {
+            counts.partial = !c.unavailable_shards.is_empty();
+            missing.extend(c.unavailable_shards.keys());
+            Some(c.counts)
+        }
+        Err(e) => {
+            counts.partial = true;
+            missing.extend(Chrome::shard_of(&e));
+            None
+        }
+    };
+    for state in ExecutionState::ALL {
+        let shown = match &counted {
+            None => "?".into(),
+            Some(c) => match c.iter().find(|c| c.state == state) {
+                Some(c) if c.capped => format!("{}+", c.count),
+                Some(c) => c.count.to_string(),
+                None => "0".into(),
+            },
         };
         counts.cells.push(Count {
             state: state.as_str(),

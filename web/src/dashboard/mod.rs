@@ -358,7 +358,7 @@ struct Counts {
     cells: Vec<Count>,
     /// A shard did not answer: what it holds is not counted.
     partial: bool,
-    /// Counts stop at a bound (a count shown as `500+`).
+    /// Each shard's count stops at a bound (a count shown as `N+`).
     bounded: Option<usize>,
 }
 

@@ -1,10 +1,7 @@
 //! The actions on one execution, from its page: cancel, terminate, signal,
 //! pause, resume. Each is offered only while it applies to the run's state,
 //! confirmed on `/confirm` and done on `/act/{action}` (`actions`) through
-//! the session's client. Terminating is audited by the shard itself; the
-//! others keep no audit entry of their own, so the dashboard adds one
-//! (`sheaf.audit_note`) on the shard the run lives on, with the session's
-//! actor.
+//! the session's client; the shard audits each with the session's actor.
 
 use axum::http::StatusCode;
 
@@ -201,8 +198,8 @@ impl RunAction {
         }
     }
 
-    /// Does it with `client` (the session's), unless the run no longer
-    /// allows it, and notes it in the audit log of the run's shard.
+    /// Does it with `client` (the session's, so the shard's audit log names
+    /// the session's actor), unless the run no longer allows it.
     pub(super) async fn act(&self, client: &Client) -> Acted {
         let id = self.id;
         let run = match client.get_execution(id).await {
@@ -225,22 +222,16 @@ impl RunAction {
             ));
         }
         let reason = |r: &str| Some(r.to_owned()).filter(|r| !r.is_empty());
-        let (done, audited) = match &self.op {
-            Op::Cancel { reason: r } => (client.cancel_execution(id, reason(r).as_deref()).await, false),
-            Op::Terminate { reason: r } => (
-                client.admin().terminate_execution(id, reason(r).as_deref()).await,
-                true,
-            ),
+        let done = match &self.op {
+            Op::Cancel { reason: r } => client.cancel_execution(id, reason(r).as_deref()).await,
+            Op::Terminate { reason: r } => client.admin().terminate_execution(id, reason(r).as_deref()).await,
             Op::Signal {
                 name,
                 payload,
                 signal_id,
-            } => (
-                client.signal(id, name, payload.clone(), Some(signal_id)).await,
-                false,
-            ),
-            Op::Pause => (client.admin().pause_execution(id).await, false),
-            Op::Resume => (client.admin().resume_execution(id).await, false),
+            } => client.signal(id, name, payload.clone(), Some(signal_id)).await,
+            Op::Pause => client.admin().pause_execution(id).await,
+            Op::Resume => client.admin().resume_execution(id).await,
         };
         let changed = match done {
             Ok(changed) => changed,
@@ -250,42 +241,12 @@ impl RunAction {
             }
             Err(e) => return Acted::failed(id, &e),
         };
-        let mut acted = if changed {
+        if changed {
             let mut acted = Acted::new();
             acted.lines.push(self.done_line());
             acted
         } else {
             Acted::stale(format!("this no longer applies: {}", self.unchanged()))
-        };
-        if !audited {
-            let detail = match &self.op {
-                Op::Cancel { reason } => serde_json::json!({"via": "dashboard", "reason": reason}),
-                Op::Signal { name, signal_id, .. } => {
-                    serde_json::json!({"via": "dashboard", "signal": name, "signal_id": signal_id})
-                }
-                _ => serde_json::json!({"via": "dashboard"}),
-            };
-            let outcome = if changed { "ok" } else { "unchanged" };
-            let target = id.to_string();
-            if let Err(e) = client
-                .admin()
-                .audit_note(run.shard, self.audit_action(), &target, outcome, &detail.into())
-                .await
-            {
-                acted.failures.push(("the audit entry".into(), read_error(&e)));
-            }
-        }
-        acted
-    }
-
-    /// The action's name in the audit log (the shard function's).
-    fn audit_action(&self) -> &'static str {
-        match self.op {
-            Op::Cancel { .. } => "cancel_execution",
-            Op::Terminate { .. } => "terminate_execution",
-            Op::Signal { .. } => "signal",
-            Op::Pause => "pause_execution",
-            Op::Resume => "resume_execution",
         }
     }
 
