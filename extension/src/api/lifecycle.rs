@@ -173,6 +173,9 @@ mod tests {
         init();
         let a = start("w", "a", json!({})).id;
         let b = start("w", "b", json!({})).id;
+        // An application's signal, from a session that names no actor, is
+        // not an operator's action.
+        Spi::run_with_args("SELECT sheaf.signal($1, 'app', '{}')", &[a.into()]).unwrap();
         Spi::run("SELECT set_config('sheaf.actor', 'ann', true)").unwrap();
         let run = |sql: &str, id: pgrx::Uuid| Spi::run_with_args(sql, &[id.into()]).unwrap();
         run("SELECT sheaf.pause_execution($1)", a);

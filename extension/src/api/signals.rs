@@ -16,9 +16,11 @@ use crate::workflow::{policy, signals, start};
 /// JSON) to an execution: `SignalReceived` in its history, and a wake if it
 /// is suspended. `opts.signal_id` makes a retry deliver nothing more.
 /// `false` if the execution has ended. Audited with the signal's name and
-/// id, never its payload; a workflow's own signals (`signal_external`,
-/// delivered by the relay) and `signal_with_start` (a start, as
-/// `start_workflow`) are not.
+/// id, never its payload, when the session names its actor (operator
+/// tools do; an application signalling its runs would otherwise write one
+/// entry per signal, burying the operators' actions in an unbounded log);
+/// a workflow's own signals (`signal_external`, delivered by the relay)
+/// and `signal_with_start` (a start, as `start_workflow`) are not.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(@extschema@, pg_catalog, pg_temp)]
 fn signal(
@@ -33,15 +35,17 @@ fn signal(
     let opts = required(opts, "opts").parse("opts");
     let o = SignalOptions::parse(&opts).unwrap_or_else(|e| bad_argument(&e.option, e.why));
     let delivered = signals::signal(id, name, payload, o.signal_id.as_deref());
-    audit::record(
-        "signal",
-        &id.to_string(),
-        if delivered { "ok" } else { "already ended" },
-        serde_json::json!({
-            "signal": name,
-            "signal_id": o.signal_id,
-        }),
-    );
+    if audit::actor_named() {
+        audit::record(
+            "signal",
+            &id.to_string(),
+            if delivered { "ok" } else { "already ended" },
+            serde_json::json!({
+                "signal": name,
+                "signal_id": o.signal_id,
+            }),
+        );
+    }
     delivered
 }
 

@@ -47,6 +47,18 @@ pub fn record(action: &str, target: &str, outcome: &str, detail: serde_json::Val
     ]);
 }
 
+/// Whether this session names who it acts for (`sheaf.actor`, set and not
+/// empty). Operator tools always do (the CLI's `--actor`, the dashboard,
+/// the HTTP API); an application's driver does only when told to.
+pub fn actor_named() -> bool {
+    // SAFETY: reads a setting by name in a backend; missing_ok gives NULL
+    // for one never set, and the string is the GUC's own, read at once.
+    unsafe {
+        let value = pg_sys::GetConfigOption(c"sheaf.actor".as_ptr(), true, false);
+        !value.is_null() && *value != 0
+    }
+}
+
 row! {
     /// An entry as `audit_log()` returns it.
     pub struct Entry {
