@@ -4,6 +4,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # One cargo target dir on the machine, shared by every checkout: a cache that
 # makes warm runs fast. Nothing depends on it: an empty one just builds.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/sheaf/target}"
+# Incremental state is per checkout path: every clean clone CI builds in
+# would add gigabytes to the shared dir and none of it is reused.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export PATH="$HOME/.cargo/bin:$PATH"
 # The unprivileged user that owns every Postgres cluster (Postgres refuses root).
 PG_USER="${SHEAF_PG_USER:-postgres}"

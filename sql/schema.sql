@@ -168,11 +168,21 @@ CREATE INDEX ready_aging ON ready (queue, aging_band, k1, k2, seq) WHERE aging_b
 --      insert it regardless if step 1 did not get the floor lock, or if the
 --      transaction runs under REPEATABLE READ or SERIALIZABLE (its snapshot
 --      may predate an advance). A lowering row more than needed is harmless.
+--      Step 2 is skipped, in a band of priorities, when the backend knows
+--      the band's floor is at or below m (queue::floor, known_below): it
+--      readied a key k of the band in a transaction that has not rolled
+--      back (so a floor row at or below k is committed or its own: the one
+--      it compared with, or the one it wrote), k's (k1, k2) is at or below m's (its seq
+--      is lower, taken earlier by the same backend), and ready_floor_gen
+--      has not moved since (read after the lock of step 1, which no
+--      advance holds meanwhile).
 -- Advancing (a claim, every ADVANCE_EVERY claimed rows, under READ
 -- COMMITTED only): if the late-readiers lock is free, take a generation g,
 -- then try the exclusive floor lock, never waiting (it is free only when no
 -- readying transaction of q is open), and test the late-readiers lock again;
--- with both, in one statement (one snapshot), for each band: find the first
+-- with both, take one more generation (so every advance that writes moves
+-- ready_floor_gen after any readier that held a floor lock before it), and,
+-- in one statement (one snapshot), for each band: find the first
 -- ready row at or above F (rows other transactions are claiming or deleting
 -- still show, so a claim that rolls back finds its rows above the new
 -- floor); with none, take the highest key this backend claimed from the

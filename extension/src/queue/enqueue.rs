@@ -117,9 +117,10 @@ macro_rules! insert_args {
 const ONE: &[PgBuiltInOids] = insert_args!(UUIDOID, JSONBOID, TEXTOID, FLOAT8OID);
 const MANY: &[PgBuiltInOids] = insert_args!(UUIDARRAYOID, JSONBARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID);
 /// The insert statements: [one task, one with an idempotency key, a batch],
-/// each without and with the idle probe; all of them with and without the
-/// claim floor (`queue::floor`: a catalog older than 0.2.0 has none).
-static INSERTS: [[[Stmt; 2]; 3]; 2] = [
+/// each without and with the idle probe; all of them without the claim
+/// floor (`queue::floor`: a catalog older than 0.2.0 has none), with step 2
+/// of readying, and with floors but without it (`floor::known_below`).
+static INSERTS: [[[Stmt; 2]; 3]; 3] = [
     [
         [
             Stmt::write(insert_tasks!(one_task!(), "", "false", ""), ONE),
@@ -164,6 +165,26 @@ static INSERTS: [[[Stmt; 2]; 3]; 2] = [
                 insert_tasks!(many_tasks!(), "", idle!(), lower_in_enqueue!(), banded),
                 MANY,
             ),
+        ],
+    ],
+    [
+        [
+            Stmt::write(insert_tasks!(one_task!(), "", "false", "", banded), ONE),
+            Stmt::write(insert_tasks!(one_task!(), "", idle!(), "", banded), ONE),
+        ],
+        [
+            Stmt::write(
+                insert_tasks!(one_task!(), idempotent!(), "false", "", banded),
+                ONE,
+            ),
+            Stmt::write(
+                insert_tasks!(one_task!(), idempotent!(), idle!(), "", banded),
+                ONE,
+            ),
+        ],
+        [
+            Stmt::write(insert_tasks!(many_tasks!(), "", "false", "", banded), MANY),
+            Stmt::write(insert_tasks!(many_tasks!(), "", idle!(), "", banded), MANY),
         ],
     ],
 ];
@@ -299,6 +320,43 @@ fn fair_starts(q: Queue, name: &str, o: &EnqueueOptions, n: usize, admitted: usi
     fair_start
 }
 
+/// Step 1 of readying, when any of `states` is ready.
+fn step_one(name: &str, states: &[&str]) -> floor::Readying {
+    if states.contains(&TaskState::Ready.as_str()) {
+        floor::try_readying(name)
+    } else {
+        floor::Readying {
+            floors: floor::enabled(),
+            compare: true,
+        }
+    }
+}
+
+/// Which of `INSERTS`' floor variants readies the rows of fair starts
+/// `ready` (none: nothing is readied), and, in a queue of priorities, their
+/// band and lowest k2 (an aging queue's keys are the statement's to compute).
+fn floor_step(
+    q: Queue,
+    name: &str,
+    priority: i32,
+    readying: floor::Readying,
+    ready: &[Option<f64>],
+) -> (usize, Option<(f64, f64)>) {
+    let band = (!ready.is_empty() && !matches!(q.mode, Mode::Aging { .. })).then(|| {
+        let k2 = ready
+            .iter()
+            .map(|s| s.unwrap_or(0.0))
+            .fold(f64::INFINITY, f64::min);
+        (-f64::from(priority), k2)
+    });
+    let floors = match (readying.floors, band) {
+        (false, _) => 0,
+        (true, Some((b, k2))) if floor::known_below(name, b, k2, readying) => 2,
+        (true, _) => 1,
+    };
+    (floors, band)
+}
+
 /// Inserts tasks with validated options (the queue name is checked). A task
 /// of an execution asks it whether it takes tasks (`intake`).
 pub fn insert(
@@ -405,19 +463,14 @@ pub fn insert_at(
     let first_id = new_ids[0];
     let states = states(n, due, admitted, paused);
     // Readying, step 1 (`queue::floor`); the statement does step 2.
-    let readying = if states.contains(&TaskState::Ready.as_str()) {
-        floor::try_readying(name)
-    } else {
-        floor::Readying {
-            floors: floor::enabled(),
-            compare: true,
-        }
-    };
+    let readying = step_one(name, &states);
+    let fair_starts = fair_starts(q, name, o, n, admitted);
+    let (floors, priority_band) = floor_step(q, name, o.priority, readying, &fair_starts[..admitted]);
     let (variant, args) = NewTasks {
         ids: new_ids.clone(),
         payloads,
         states,
-        fair_starts: fair_starts(q, name, o, n, admitted),
+        fair_starts,
         queue: name,
         o,
         run_at,
@@ -429,7 +482,7 @@ pub fn insert_at(
         floor_locked: readying.compare,
     }
     .statement();
-    let stmt = &INSERTS[readying.floors as usize][variant][q.notify as usize];
+    let stmt = &INSERTS[floors][variant][q.notify as usize];
     let was_idle = {
         // The probe answers once per statement, even when an idempotency
         // conflict inserted nothing.
@@ -447,6 +500,11 @@ pub fn insert_at(
             caps::release(ckey, admitted as i32);
         }
         return vec![existing];
+    }
+    if floors == 1
+        && let Some((band, k2)) = priority_band
+    {
+        floor::note_readied(name, band, k2);
     }
     if let Some(ckey) = &o.concurrency_key
         && due

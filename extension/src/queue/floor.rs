@@ -267,6 +267,7 @@ struct Since {
 thread_local! {
     static SINCE_ADVANCE: RefCell<HashMap<String, Since>> = RefCell::new(HashMap::new());
     static KEPT: RefCell<HashMap<String, KeptEntry>> = RefCell::new(HashMap::new());
+    static BELOW: RefCell<HashMap<(String, u64), Below>> = RefCell::new(HashMap::new());
     /// (Sub)transactions this backend rolled back since it first kept
     /// floors: floors read in one that rolled back may include its own
     /// advance, undone since (`on_abort`).
@@ -327,6 +328,87 @@ pub fn try_readying(queue: &str) -> Readying {
         floors,
         compare: locked && read_committed(),
     }
+}
+
+/// A bound on a band's floor this backend learnt by readying a row there:
+/// the floor is at or below `(k1, k2, s)` for every seq `s` this backend
+/// takes from now on, as long as `ready_floor_gen` stays at `generation`
+/// and no (sub)transaction of this backend rolls back (`ABORTS`).
+#[derive(Clone, Copy)]
+struct Below {
+    sequence: pg_sys::Oid,
+    aborts: u64,
+    generation: i64,
+    k2: f64,
+}
+
+/// Whether rows readied now in band `band` of `queue`, a band of priorities
+/// (so `k1 = band`), the lowest of them at `k2` and a seq this backend is
+/// about to take, need no lowering row (step 2 of readying): the band's
+/// floor is known to be at or below them. Asked after step 1 (`readying`).
+///
+/// Why it holds (`note_readied` made the bound): once a transaction that
+/// readied key m in band b commits, a floor row of b at or below m is
+/// committed (the newest row it compared with, or its own lowering row), and
+/// it stays a floor row until an advance writes a newer base row. Every
+/// advance that writes takes a generation under its exclusive lock, so
+/// after the bound's transaction held its own floor lock; this
+/// transaction holds the shared lock now (`compare`), so no advance is
+/// under way, and one that wrote since moved the generation. Lowering rows
+/// only lower floors. Every seq this backend takes later is higher, so
+/// a new row at `(band, k2 >= bound's k2, seq)` is at or above that floor
+/// row. A bound made in a (sub)transaction that rolled back is dropped: its
+/// rows may have gone with it.
+pub fn known_below(queue: &str, band: f64, k2: f64, readying: Readying) -> bool {
+    if !readying.floors || !readying.compare || is_aging(band) || band.is_nan() {
+        return false;
+    }
+    let Some(sequence) = generation_sequence() else {
+        return false;
+    };
+    let aborts = ABORTS.get();
+    let bound = BELOW.with(|b| {
+        b.borrow()
+            .get(&(queue.to_owned(), band.to_bits()))
+            .filter(|e| e.sequence == sequence && e.aborts == aborts)
+            .map(|e| (e.generation, e.k2))
+    });
+    match bound {
+        Some((generation, below)) => k2 >= below && last_generation(sequence) == generation,
+        None => false,
+    }
+}
+
+/// After step 2 of readying rows in band `band` (a band of priorities) of
+/// `queue`, the lowest of them at `k2`: the bound `known_below` reads.
+pub fn note_readied(queue: &str, band: f64, k2: f64) {
+    if is_aging(band) || band.is_nan() {
+        return;
+    }
+    let Some(sequence) = generation_sequence() else {
+        return;
+    };
+    watch_aborts();
+    let aborts = ABORTS.get();
+    let generation = last_generation(sequence);
+    BELOW.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() >= COUNTED_QUEUES {
+            b.clear();
+        }
+        let fresh = Below {
+            sequence,
+            aborts,
+            generation,
+            k2,
+        };
+        let e = b.entry((queue.to_owned(), band.to_bits())).or_insert(fresh);
+        if e.sequence == sequence && e.aborts == aborts && e.generation == generation {
+            e.k2 = e.k2.min(k2);
+        } else {
+            *e = fresh;
+        }
+    });
 }
 
 /// A band's lowest new key, for `readied`.
@@ -395,6 +477,9 @@ pub fn claimed(queue: &str, rows: impl Iterator<Item = (f64, Key)>) {
     if !locks::try_exclusive(Class::Floor, queue) || !locks::free(Class::FloorLate, queue) {
         return;
     }
+    // Once more under the lock: a readier's bound (`known_below`) read
+    // before it holds only until an advance writes.
+    GENERATION.one_value::<i64>(&[], "taking a floor generation");
     let highs = SINCE_ADVANCE.with(|since| {
         since
             .borrow_mut()
@@ -774,6 +859,40 @@ mod tests {
             assert_eq!(claim("fl-4", every as i32).len() as i64, every);
         }
         assert_eq!(aging_bands(), 0, "the empty aging bands went");
+    }
+
+    /// Once this backend readied a row in a band of priorities, a row it
+    /// readies there later (same or higher key) needs no step 2: the band's
+    /// floor is known to be below it, until a generation is taken (every
+    /// advance takes one under its lock) or a (sub)transaction rolls back.
+    /// The rows here are taken away behind the protocol's back (no
+    /// generation taken) to see which enqueues compare with the floor.
+    #[pg_test]
+    fn a_floor_known_below_skips_step_2_until_a_generation_or_a_rollback() {
+        init();
+        let rows = || count("SELECT count(*) FROM sheaf.ready_floors WHERE queue = 'fl-6'");
+        let behind_its_back =
+            || Spi::run("DELETE FROM sheaf.ready_floors WHERE queue = 'fl-6'").expect("delete");
+        enqueue("fl-6", json!({"n": 0}), json!({}));
+        assert_eq!(rows(), 1, "a new band gets its row");
+        behind_its_back();
+        enqueue("fl-6", json!({"n": 1}), json!({}));
+        assert_eq!(rows(), 0, "known below: no step 2");
+        Spi::run("SELECT nextval('sheaf.ready_floor_gen')").expect("a generation");
+        enqueue("fl-6", json!({"n": 2}), json!({}));
+        assert_eq!(rows(), 1, "a generation ends what was known");
+        behind_its_back();
+        enqueue("fl-6", json!({"n": 3}), json!({"priority": 1}));
+        assert_eq!(rows(), 1, "another band is not known");
+        behind_its_back();
+        Spi::run(
+            "DO $$ BEGIN PERFORM sheaf.enqueue('fl-6', '{}'); RAISE EXCEPTION 'undo'; \
+             EXCEPTION WHEN raise_exception THEN NULL; END $$",
+        )
+        .expect("a rolled back subtransaction");
+        assert_eq!(rows(), 0, "still known inside it");
+        enqueue("fl-6", json!({"n": 4}), json!({}));
+        assert_eq!(rows(), 1, "a rollback ends what was known");
     }
 
     #[pg_test]
