@@ -36,7 +36,12 @@ pgbench="$bin/pgbench"
 [ -x "$pgbench" ] || { echo "pgbench not found (it comes with the PostgreSQL server packages)" >&2; exit 1; }
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"; psql -X -q -d "$url" -c "DROP SCHEMA IF EXISTS budget_cycle CASCADE" >/dev/null 2>&1 || true' EXIT
+cleanup() {
+    rm -rf "$work"
+    psql -X -q -d "$url" -c "DROP SCHEMA IF EXISTS budget_cycle CASCADE" \
+        -c "SELECT sheaf.drop_queue(name, true) FROM sheaf.queues WHERE name = 'budget-cycle'" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
 
 psql -X -q -v ON_ERROR_STOP=1 -d "$url" <<'SQL'
 SET client_min_messages = warning;
@@ -50,6 +55,8 @@ CREATE INDEX ON budget_cycle.jobs (queue, priority DESC, run_at, id) WHERE state
 CREATE INDEX ON budget_cycle.jobs (fkey) WHERE state = 'running';
 CREATE INDEX ON budget_cycle.jobs (ckey) WHERE state = 'running';
 INSERT INTO budget_cycle.jobs (queue, payload) SELECT 'budget-cycle', '{}' FROM generate_series(1, 1000);
+-- A run before this one left its backlog: both sides start from 1,000.
+SELECT sheaf.drop_queue(name, true) FROM sheaf.queues WHERE name = 'budget-cycle' \g /dev/null
 SELECT count(*) FROM sheaf.enqueue_batch('budget-cycle', array_fill('{}'::jsonb, ARRAY[1000])) \g /dev/null
 SQL
 
