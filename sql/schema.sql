@@ -175,7 +175,9 @@ CREATE INDEX ready_aging ON ready (queue, aging_band, k1, k2, seq) WHERE aging_b
 --      it compared with, or the one it wrote), k's (k1, k2) is at or below m's (its seq
 --      is lower, taken earlier by the same backend), and ready_floor_gen
 --      has not moved since (read after the lock of step 1, which no
---      advance holds meanwhile).
+--      advance holds meanwhile); only on a 0.3.0 catalog or later, where no
+--      0.2.0 library (whose advances take no generation under the lock)
+--      runs. A prepared transaction counts as rolled back.
 -- Advancing (a claim, every ADVANCE_EVERY claimed rows, under READ
 -- COMMITTED only): if the late-readiers lock is free, take a generation g,
 -- then try the exclusive floor lock, never waiting (it is free only when no

@@ -64,6 +64,10 @@ pub enum Feature {
     TopologyProjections,
     /// `executions.placement` (how a caller placed a run: misplaced runs).
     PlacedRuns,
+    /// No table: every library that runs on this catalog takes a generation
+    /// under an advance's lock (0.2.0's did not), so a readier may skip
+    /// step 2 where it knows the floor is below (`queue::floor::known_below`).
+    FloorBounds,
 }
 
 impl Feature {
@@ -83,7 +87,7 @@ impl Feature {
             | Feature::Debounce
             | Feature::Schedules
             | Feature::WaiterLeases => Release::V0_2_0,
-            Feature::TopologyProjections | Feature::PlacedRuns => Release::V0_3_0,
+            Feature::TopologyProjections | Feature::PlacedRuns | Feature::FloorBounds => Release::V0_3_0,
         }
     }
 }

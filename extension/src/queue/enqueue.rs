@@ -466,6 +466,12 @@ pub fn insert_at(
     let readying = step_one(name, &states);
     let fair_starts = fair_starts(q, name, o, n, admitted);
     let (floors, priority_band) = floor_step(q, name, o.priority, readying, &fair_starts[..admitted]);
+    // One payload at most (a key names one task).
+    let retry = if o.idempotency_key.is_some() {
+        payloads.clone()
+    } else {
+        Vec::new()
+    };
     let (variant, args) = NewTasks {
         ids: new_ids.clone(),
         payloads,
@@ -489,18 +495,12 @@ pub fn insert_at(
         stmt.one_value::<bool>(&args, "enqueueing")
     };
     if let Some(key) = &o.idempotency_key
-        && let Some(existing) = by_idempotency_key(name, key)
-        && existing != first_id
+        && let Some(holder) = lost_key(name, key, first_id, o, admitted)
     {
-        // A concurrent enqueue with the same key won the insert: give back
-        // the slot taken for ours and answer with theirs.
-        if let Some(ckey) = &o.concurrency_key
-            && admitted > 0
-        {
-            caps::release(ckey, admitted as i32);
-        }
-        return vec![existing];
+        // Answer with theirs, or, if it has finished since, enqueue again.
+        return holder.map_or_else(|| insert_at(name, retry, o, run_at, intake), |id| vec![id]);
     }
+    // Only now is it certain the statement wrote the rows (and did step 2).
     if floors == 1
         && let Some((band, k2)) = priority_band
     {
@@ -517,6 +517,30 @@ pub fn insert_at(
         NOTIFY.exec(&[name.into()]);
     }
     new_ids
+}
+
+/// After an insert of task `ours` with idempotency `key`: `None` if it went
+/// in; else a concurrent enqueue with the key won the insert, the slots
+/// `admitted` for ours are given back, and the answer is the task holding
+/// the key now (`None` inside if that one has finished since: ours was
+/// never written).
+fn lost_key(
+    queue: &str,
+    key: &str,
+    ours: pgrx::Uuid,
+    o: &EnqueueOptions,
+    admitted: usize,
+) -> Option<Option<pgrx::Uuid>> {
+    let holder = by_idempotency_key(queue, key);
+    if holder == Some(ours) {
+        return None;
+    }
+    if let Some(ckey) = &o.concurrency_key
+        && admitted > 0
+    {
+        caps::release(ckey, admitted as i32);
+    }
+    Some(holder)
 }
 
 /// The unfinished task of `queue` holding idempotency `key`, if any.

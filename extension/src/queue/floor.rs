@@ -268,9 +268,9 @@ thread_local! {
     static SINCE_ADVANCE: RefCell<HashMap<String, Since>> = RefCell::new(HashMap::new());
     static KEPT: RefCell<HashMap<String, KeptEntry>> = RefCell::new(HashMap::new());
     static BELOW: RefCell<HashMap<(String, u64), Below>> = RefCell::new(HashMap::new());
-    /// (Sub)transactions this backend rolled back since it first kept
-    /// floors: floors read in one that rolled back may include its own
-    /// advance, undone since (`on_abort`).
+    /// (Sub)transactions this backend rolled back or prepared since it
+    /// first kept floors: floors read in one that rolled back may include
+    /// its own advance, undone since (`on_abort`).
     static ABORTS: Cell<u64> = const { Cell::new(0) };
     static WATCHING_ABORTS: Cell<bool> = const { Cell::new(false) };
 }
@@ -360,7 +360,12 @@ struct Below {
 /// row. A bound made in a (sub)transaction that rolled back is dropped: its
 /// rows may have gone with it.
 pub fn known_below(queue: &str, band: f64, k2: f64, readying: Readying) -> bool {
-    if !readying.floors || !readying.compare || is_aging(band) || band.is_nan() {
+    if !readying.floors
+        || !readying.compare
+        || is_aging(band)
+        || band.is_nan()
+        || !catalog::has(Feature::FloorBounds)
+    {
         return false;
     }
     let Some(sequence) = generation_sequence() else {
@@ -626,7 +631,12 @@ fn watch_aborts() {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn on_abort(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
-    if event == pg_sys::XactEvent::XACT_EVENT_ABORT || event == pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT {
+    // A prepared transaction may be rolled back by any session, and this
+    // one would not hear of it: counted as if rolled back.
+    if event == pg_sys::XactEvent::XACT_EVENT_ABORT
+        || event == pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
+        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
+    {
         ABORTS.set(ABORTS.get().wrapping_add(1));
     }
 }
